@@ -1,0 +1,51 @@
+"""rollout-queue: a Redis-backed ownership ledger between RL trainers and generation workers.
+
+Every source group is trained exactly once (in exactly one committed lease) or dead-lettered with a
+reason; no sample is trained on weights staler than the bound; operators see who owns what with
+redis-cli. This module exports the public API of DESIGN.md and nothing else.
+"""
+
+from .aio import AsyncHold, AsyncLease, AsyncRolloutQueue, AsyncWorker
+from .client import Hold, Lease, RolloutQueue, Worker
+from .config import QueueConfig
+from .errors import (
+    CheckpointPruned,
+    ConfigMismatch,
+    HoldLost,
+    InvalidInput,
+    LeaseLost,
+    MalformedCompletion,
+    MalformedReservation,
+    NotFound,
+    OutcomeUnknown,
+    OwnershipLost,
+    PayloadTooLarge,
+    ProtocolError,
+    RolloutQueueError,
+    ScriptError,
+    StaleReceipt,
+    StateConflict,
+    VersionRegression,
+)
+from .models import (
+    CompletedGroup,
+    DeadLetter,
+    HeartbeatInfo,
+    QueueStats,
+    ReapReport,
+    Receipt,
+    Reservation,
+    Sample,
+    SourceGroup,
+)
+from .transport import RetryPolicy
+
+__all__ = [
+    "AsyncHold", "AsyncLease", "AsyncRolloutQueue", "AsyncWorker", "CheckpointPruned", "CompletedGroup",
+    "ConfigMismatch", "DeadLetter", "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost",
+    "MalformedCompletion", "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnershipLost",
+    "PayloadTooLarge", "ProtocolError", "QueueConfig", "QueueStats", "ReapReport", "Receipt", "Reservation",
+    "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError", "SourceGroup", "StaleReceipt",
+    "StateConflict", "VersionRegression", "Worker",
+]
+__version__ = "0.1.0"

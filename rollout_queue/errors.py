@@ -1,0 +1,144 @@
+"""The error types of rollout-queue: one root, grouped by what the caller can do.
+
+Each error carries structured fields and a message that says what to do next. The status-word to
+exception table lives in protocol.py, not here.
+"""
+
+from __future__ import annotations
+
+
+class RolloutQueueError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+# -- lost ownership: the caller no longer holds what it named; drop its work, do not retry -------
+
+
+class OwnershipLost(RolloutQueueError):
+    """The receipt, lease or hold named no longer owns its work."""
+
+
+class StaleReceipt(OwnershipLost):
+    """The attempt named by a receipt is no longer the one executing (the reaper gave it away)."""
+
+    def __init__(self, entry_id: str, attempt: int, worker_id: str, owner: str, delivery_count: int) -> None:
+        self.entry_id, self.attempt, self.worker_id = entry_id, attempt, worker_id
+        self.owner, self.delivery_count = owner, delivery_count
+        super().__init__(
+            f"receipt {entry_id} attempt {attempt} of worker {worker_id!r} is stale: the entry is now "
+            f"owned by {owner or 'nobody'!r} at delivery count {delivery_count}. Drop this result; the "
+            "group was requeued (check the worker's heartbeat interval against worker_timeout_s)."
+        )
+
+
+class LeaseLost(OwnershipLost):
+    """The lease is not active any more (expired, rolled back, unknown, or a wrong token)."""
+
+    def __init__(self, lease_id: str, state: str) -> None:
+        self.lease_id, self.state = lease_id, state
+        super().__init__(
+            f"lease {lease_id} is lost ({state}): its groups went (or go) back to ready and will be "
+            "generated again. Do not apply this step's update as trained data; extend() leases whose "
+            "step outlasts lease_timeout_s."
+        )
+
+
+class HoldLost(OwnershipLost):
+    """The admission hold expired or was released before the call."""
+
+    def __init__(self, hold_id: str) -> None:
+        self.hold_id = hold_id
+        super().__init__(
+            f"admission hold {hold_id} expired or was released: open a new hold (raise hold_timeout_s "
+            "if weight updates take longer)."
+        )
+
+
+# -- bad input: fix the caller; nothing was lost ------------------------------------------------
+
+
+class InvalidInput(RolloutQueueError, ValueError):
+    """The caller sent something malformed; queue state is intact."""
+
+
+class MalformedCompletion(InvalidInput):
+    """A completion did not cover its group's parent slots; the attempt ended malformed (requeued)."""
+
+    def __init__(self, entry_id: str, detail: str, requeued_to: str = "ready") -> None:
+        self.entry_id, self.detail, self.requeued_to = entry_id, detail, requeued_to
+        super().__init__(
+            f"completion for {entry_id} is malformed: {detail}. The attempt ended 'malformed' and the "
+            f"group went to {requeued_to}; every output must name a slot 0..n-1 and every slot needs one."
+        )
+
+
+class PayloadTooLarge(InvalidInput):
+    """A payload exceeds the queue's max_payload_bytes; nothing was written, ownership is kept."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what, self.size, self.limit = what, size, limit
+        super().__init__(
+            f"{what} is {size} bytes, over the queue's max_payload_bytes={limit}. Nothing was written "
+            "and the reservation is still yours: shorten it, fail() it, or raise the limit."
+        )
+
+
+class MalformedReservation(InvalidInput):
+    """A source group given to submit() is not well formed."""
+
+
+# -- state conflicts -----------------------------------------------------------------------------
+
+
+class StateConflict(RolloutQueueError):
+    """The queue's state forbids the request (not a bug, not a lost connection)."""
+
+
+class ConfigMismatch(StateConflict):
+    """A client's config or script library version differs from the queue's stored one."""
+
+    def __init__(self, queue: str, field: str, stored: str, given: str) -> None:
+        self.queue, self.field, self.stored, self.given = queue, field, stored, given
+        super().__init__(
+            f"queue {queue!r} stores {field}={stored!r} but this client has {given!r}. Open it with "
+            "config=None to adopt the stored config, or change it with `rollout-queue config set` "
+            "(library mismatches mean two versions of rollout-queue share one queue: upgrade all)."
+        )
+
+
+class VersionRegression(StateConflict):
+    """publish_version was given a version at or below the current one."""
+
+    def __init__(self, version: int, current: int) -> None:
+        self.version, self.current = version, current
+        super().__init__(f"policy version {version} is not above the current {current}; versions only grow.")
+
+
+class CheckpointPruned(StateConflict):
+    """restore(step) asked to go below a checkpoint whose data was already dropped."""
+
+    def __init__(self, step: int, checkpoint: int) -> None:
+        self.step, self.checkpoint = step, checkpoint
+        super().__init__(
+            f"cannot restore to step {step}: checkpoint {checkpoint} already dropped the data committed "
+            "before it. Resume from a checkpoint at or after it."
+        )
+
+
+class NotFound(StateConflict):
+    """The named dead letter (or other record) does not exist."""
+
+
+# -- transport -----------------------------------------------------------------------------------
+
+
+class OutcomeUnknown(RolloutQueueError):
+    """The connection failed and the call could not be safely retried: it may or may not have run."""
+
+
+class ScriptError(RolloutQueueError):
+    """A script reported a bug or corrupt state (Redis error prefixed ROLLOUTQ); please report it."""
+
+
+class ProtocolError(ScriptError):
+    """A script reply did not have the documented shape (an unknown status word, say)."""

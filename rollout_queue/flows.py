@@ -1,0 +1,386 @@
+"""Every public operation as a generator of calls: written once, driven by the sync and async clients.
+
+A flow yields ``Call`` / ``Command`` values and receives their raw replies; it returns the
+operation's result or raises a typed error. Flows never touch a socket, a clock or a sleep of their
+own: the driver passes replies in, and ``clock`` is injected, so tests can drive any flow by hand.
+Operations that need several round trips (blocking waits, reaper sweeps, bounded batch loops) loop
+here; each script they call is one atomic transition, and every loop is safe to interrupt and rerun.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Callable, Generator, Sequence, TypeVar
+
+import orjson
+
+from . import protocol as p
+from .codec import SCHEMA_VERSION, CodecError, encode_completion, encode_group
+from .config import QueueConfig
+from .errors import PayloadTooLarge
+from .keys import QueueKeys
+from .models import (
+    DeadLetter,
+    HeartbeatInfo,
+    QueueStats,
+    ReapReport,
+    Receipt,
+    Reservation,
+    Sample,
+    SourceGroup,
+    check_reason_token,
+    check_worker_id,
+)
+from .scripts import LIBRARY_VERSION
+
+T = TypeVar("T")
+Flow = Generator[p.Op, Any, T]
+Clock = Callable[[], float]
+
+#: Longest single XREAD BLOCK, so a blocked call notices a dead connection within this many ms.
+MAX_BLOCK_CHUNK_MS = 2000
+#: Entries per call of the bounded loops (reaper, close, checkpoint): keeps each script to a few ms.
+BATCH = 200
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def _wait(key: str, wake_id: str, deadline: float, clock: Clock) -> Flow[bool]:
+    """Block until the wake stream moves past ``wake_id`` or the deadline passes; False on timeout."""
+    remaining_ms = int((deadline - clock()) * 1000)
+    if remaining_ms <= 0:
+        return False
+    yield p.Command(("XREAD", "BLOCK", min(remaining_ms, MAX_BLOCK_CHUNK_MS), "COUNT", 1, "STREAMS", key, wake_id or "$"))
+    return True
+
+
+# -- queue ---------------------------------------------------------------------------------------
+
+
+def open_queue(keys: QueueKeys, config: QueueConfig | None) -> Flow[QueueConfig]:
+    """Create the queue or check ``config`` (None: adopt the stored one) and the library version."""
+    chosen = config or QueueConfig()
+    flat = [x for kv in chosen.to_meta().items() for x in kv]
+    reply = yield p.build(keys, "open", library=LIBRARY_VERSION, mode="check" if config else "adopt", config=flat)
+    _, meta = p.parse_open(reply, keys.queue)
+    return QueueConfig.from_meta(meta)
+
+
+def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: int) -> Flow[list[str]]:
+    """Backlog the groups; a source_id already submitted returns its existing entry ID."""
+    flat: list[p.Arg] = []
+    for g in groups:
+        parents, body = encode_group(g)
+        size = len(g.source_id) + len(parents) + len(body)
+        if size > max_payload_bytes:
+            raise PayloadTooLarge(f"source group {g.source_id!r}", size, max_payload_bytes)
+        flat += [g.source_id, g.n, parents, body, SCHEMA_VERSION]
+    if not flat:
+        return []
+    reply = yield p.build(keys, "submit", groups=flat)
+    _, r = p.check(reply, ("ok",), {"what": "source group"})
+    return [p.s(x) for x in r[2:]]
+
+
+def publish_version(keys: QueueKeys, version: int, weights_uri: str | None, hold_id: str = "") -> Flow[bool]:
+    """Record a new policy version; True if it was new, False for a replay of the current one."""
+    reply = yield p.build(keys, "publish_version", version=version, weights_uri=weights_uri or "", hold_id=hold_id)
+    _, r = p.check(reply, ("ok",), {"version": version, "hold_id": hold_id})
+    return p.s(r[1]) == "published"
+
+
+def version(keys: QueueKeys) -> Flow[int]:
+    reply = yield p.Command(("HGET", keys["meta"], "version"))
+    return int(reply) if reply is not None else 0
+
+
+# -- worker side ---------------------------------------------------------------------------------
+
+
+def reserve(keys: QueueKeys, worker_id: str, max_groups: int, max_samples: int, block_ms: int,
+            clock: Clock) -> Flow[list[Reservation]]:
+    """Up to ``max_groups`` reservations (and at most ``max_samples`` samples, 0: no per-call cap),
+    waiting up to ``block_ms`` for work. Undecodable reservations are dead-lettered, never returned."""
+    check_worker_id(worker_id)
+    if max_groups < 1 or max_samples < 0:
+        raise ValueError("max_groups must be >= 1 and max_samples >= 0")
+    deadline = clock() + block_ms / 1000
+    while True:
+        reply = yield p.build(keys, "reserve", worker_id=worker_id, max_groups=max_groups,
+                              max_samples=max_samples, request_id=new_id())
+        r = p.parse_reserve(reply, worker_id)
+        out = []
+        for receipt, fields in r.granted:
+            try:
+                group = p.decode_reservation_group(fields)
+            except CodecError as exc:
+                yield from reject(keys, receipt, str(exc))
+                continue
+            out.append(Reservation(receipt, group, r.version))
+        if out:
+            return out
+        if r.status == "retry" or r.granted:
+            continue  # garbage was dead-lettered on the way: there may be good work behind it
+        if block_ms <= 0 or not (yield from _wait(keys["wake_work"], r.wake_id, deadline, clock)):
+            return []
+
+
+def reject(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[None]:
+    reply = yield p.build(keys, "reject", entry_id=receipt.entry_id, attempt=receipt.attempt,
+                          worker_id=receipt.worker_id, reason=reason)
+    p.check(reply, ("ok",), p.receipt_context(receipt))
+
+
+def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_payload_bytes: int) -> Flow[str]:
+    """Hand in an attempt's samples. Returns 'buffered', 'replay' or 'evicted_self' (overflow)."""
+    if not samples:
+        yield from fail(keys, receipt, "completion has no samples", terminal="malformed")
+        raise p.ERRORS["malformed"](p.receipt_context(receipt), ["malformed", "completion has no samples", "ready"])
+    payload = encode_completion(samples)
+    if len(payload) > max_payload_bytes:
+        raise PayloadTooLarge(f"completion of {receipt.entry_id}", len(payload), max_payload_bytes)
+    reply = yield p.build(keys, "complete", entry_id=receipt.entry_id, attempt=receipt.attempt,
+                          worker_id=receipt.worker_id, payload=payload,
+                          min_version=min(x.version for x in samples),
+                          slots=",".join(str(x.slot) for x in samples))
+    _, r = p.check(reply, ("ok",), {**p.receipt_context(receipt), "what": f"completion of {receipt.entry_id}"})
+    return p.s(r[1])
+
+
+def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed") -> Flow[str]:
+    """End the attempt failed (counted toward max_attempts). Returns 'ready', 'dead' or 'replay'."""
+    reply = yield p.build(keys, "fail", entry_id=receipt.entry_id, attempt=receipt.attempt,
+                          worker_id=receipt.worker_id, terminal=terminal, reason=str(reason)[:2000])
+    return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
+
+
+def abort(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
+    """End the attempt aborted (not counted). Returns 'ready' or 'replay'."""
+    reply = yield p.build(keys, "abort", entry_id=receipt.entry_id, attempt=receipt.attempt,
+                          worker_id=receipt.worker_id, reason=str(reason)[:2000])
+    return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
+
+
+def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
+    """Settle the group filtered (consumed, never trained). Returns 'filtered' or 'replay'."""
+    reply = yield p.build(keys, "filter", entry_id=receipt.entry_id, attempt=receipt.attempt,
+                          worker_id=receipt.worker_id, reason=check_reason_token(reason))
+    return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
+
+
+def heartbeat(keys: QueueKeys, worker_id: str) -> Flow[HeartbeatInfo]:
+    reply = yield p.build(keys, "heartbeat", worker_id=check_worker_id(worker_id))
+    return p.parse_heartbeat(reply)
+
+
+def close_worker(keys: QueueKeys, worker_id: str, terminal: str, reason: str) -> Flow[tuple[int, int]]:
+    """Requeue everything the worker owns and deregister it. Returns (requeued, dead-lettered)."""
+    requeued = dead = 0
+    while True:
+        reply = yield p.build(keys, "close_worker", worker_id=check_worker_id(worker_id), terminal=terminal,
+                              reason=reason, count=BATCH)
+        _, r = p.check(reply, ("ok",), {"worker_id": worker_id})
+        requeued, dead = requeued + int(r[1]), dead + int(r[2])
+        if int(r[3]):
+            return requeued, dead
+
+
+# -- trainer side --------------------------------------------------------------------------------
+
+
+def lease(keys: QueueKeys, trainer_id: str, groups: int, partial: bool, timeout_s: float | None, block_ms: int,
+          clock: Clock) -> Flow[tuple[p.LeaseReply, str] | None]:
+    """Lease exactly ``groups`` fresh completed groups (>= 1 when partial), waiting up to ``block_ms``.
+    Returns (reply, token) or None. Members whose payload does not decode (garbage written into
+    Redis) make the flow roll the lease back and try again: they are regenerated, nothing is lost."""
+    if groups < 1:
+        raise ValueError("groups must be >= 1")
+    deadline = clock() + block_ms / 1000
+    timeout_ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
+    while True:
+        lease_id, token = new_id(), secrets.token_hex(16)
+        reply = yield p.build(keys, "lease", lease_id=lease_id, token=token, trainer_id=trainer_id, groups=groups,
+                              partial=1 if partial else 0, timeout_ms=timeout_ms)
+        r = p.parse_lease(reply, lease_id)
+        if r.status == "ok" and not r.undecodable:
+            return r, token
+        if r.status == "ok":
+            yield from rollback(keys, lease_id, token)
+            continue
+        if block_ms <= 0 or not (yield from _wait(keys["wake_done"], r.wake_id, deadline, clock)):
+            return None
+
+
+def commit(keys: QueueKeys, lease_id: str, token: str, step: int | None) -> Flow[str]:
+    """Settle the lease committed. Returns the commit's ID in the commits stream."""
+    reply = yield p.build(keys, "commit", lease_id=lease_id, token=token, step="" if step is None else int(step))
+    return p.s(p.check(reply, ("ok",), {"lease_id": lease_id})[1][2])
+
+
+def rollback(keys: QueueKeys, lease_id: str, token: str) -> Flow[int]:
+    """Requeue every member of the lease. Returns how many went back to ready (0 on a replay)."""
+    reply = yield p.build(keys, "rollback", lease_id=lease_id, token=token)
+    return int(p.check(reply, ("ok",), {"lease_id": lease_id})[1][2])
+
+
+def extend(keys: QueueKeys, lease_id: str, token: str, seconds: float) -> Flow[int]:
+    """Move the deadline to ``seconds`` from now (server clock). Returns the new deadline in ms."""
+    reply = yield p.build(keys, "extend", lease_id=lease_id, token=token, ms=max(1, int(seconds * 1000)))
+    return int(p.check(reply, ("ok",), {"lease_id": lease_id})[1][1])
+
+
+# -- admission holds -----------------------------------------------------------------------------
+
+
+def hold_open(keys: QueueKeys, hold_id: str, timeout_s: float | None) -> Flow[int]:
+    """Close admission; returns how many executing attempts the hold waits for."""
+    reply = yield p.build(keys, "hold_open", hold_id=hold_id, timeout_ms=0 if timeout_s is None else int(timeout_s * 1000))
+    return int(p.check(reply, ("ok",), {"hold_id": hold_id})[1][1])
+
+
+def hold_wait(keys: QueueKeys, hold_id: str, timeout_s: float, clock: Clock) -> Flow[bool]:
+    """True once every attempt in the hold's snapshot is terminal; False if ``timeout_s`` passes."""
+    deadline = clock() + timeout_s
+    while True:
+        reply = yield p.build(keys, "hold_poll", hold_id=hold_id)
+        _, r = p.check(reply, ("ok",), {"hold_id": hold_id})
+        if int(r[1]) == 0:
+            return True
+        if not (yield from _wait(keys["wake_work"], p.s(r[2]), deadline, clock)):
+            return False
+
+
+def hold_release(keys: QueueKeys, hold_id: str) -> Flow[int]:
+    reply = yield p.build(keys, "hold_release", hold_id=hold_id)
+    return int(p.check(reply, ("ok",), {"hold_id": hold_id})[1][1])
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+
+
+def checkpoint(keys: QueueKeys, step: int) -> Flow[int]:
+    """Drop the kept payloads committed at or before ``step``. Returns how many were dropped."""
+    total = 0
+    while True:
+        reply = yield p.build(keys, "checkpoint", step=int(step), count=BATCH)
+        _, r = p.check(reply, ("ok",), {"step": step})
+        total += int(r[1])
+        if int(r[2]):
+            return total
+
+
+def restore(keys: QueueKeys, step: int) -> Flow[int]:
+    """Requeue every group committed after ``step``. Returns how many were restored."""
+    total = 0
+    while True:
+        reply = yield p.build(keys, "restore", step=int(step), count=BATCH)
+        _, r = p.check(reply, ("ok",), {"step": step})
+        total += int(r[1])
+        if int(r[2]):
+            return total
+
+
+# -- reaper --------------------------------------------------------------------------------------
+
+
+def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
+    """One reaper pass: silent workers, expired leases, stale groups, expired holds, orphans.
+    Every action is its own script that re-checks its condition, so reapers may run concurrently."""
+    reply = yield p.build(keys, "reap_scan", count=budget)
+    _, r = p.check(reply, ("ok",), {})
+    report = ReapReport()
+    for worker in [p.s(w) for w in r[1]] + [p.s(o) for o in r[5] if not p.s(o).startswith("@lease:")]:
+        report += yield from _reap_worker(keys, worker, orphan=worker in {p.s(o) for o in r[5]})
+    for lease_id in [p.s(x) for x in r[2]] + [p.s(o)[7:] for o in r[5] if p.s(o).startswith("@lease:")]:
+        reply = yield p.build(keys, "expire_lease", lease_id=lease_id)
+        status, rr = p.check(reply, ("ok", "not_due"), {"lease_id": lease_id})
+        if status == "ok":
+            report += ReapReport(expired=int(rr[2]))
+    for hold_id in [p.s(x) for x in r[3]]:
+        yield from hold_release(keys, hold_id)
+        report += ReapReport(holds_expired=1)
+    if int(r[4]):
+        while True:
+            reply = yield p.build(keys, "reap_stale", count=budget)
+            _, rr = p.check(reply, ("ok",), {})
+            report += ReapReport(stale=int(rr[1]))
+            if int(rr[2]):
+                break
+    return report
+
+
+def _reap_worker(keys: QueueKeys, worker: str, orphan: bool) -> Flow[ReapReport]:
+    report = ReapReport(orphans=1 if orphan else 0)
+    while True:
+        reply = yield p.build(keys, "reap_worker", worker_id=worker, count=BATCH)
+        status, r = p.check(reply, ("ok", "alive"), {"worker_id": worker})
+        if status == "alive":
+            return report
+        report += ReapReport(lost=int(r[1]), dead=int(r[2]))
+        if int(r[3]):
+            return report
+
+
+# -- views ---------------------------------------------------------------------------------------
+
+
+def stats(keys: QueueKeys) -> Flow[QueueStats]:
+    reply = yield p.build(keys, "stats")
+    _, r = p.check(reply, ("ok",), {})
+    meta = {k: p.s(v) for k, v in p.pairs(r[1]).items()}
+
+    def n(name: str) -> int:
+        return int(meta.get(name, 0) or 0)
+
+    published = "version" in meta
+    ver = n("version")
+    versions = [int(v) for v in r[12]]
+    stale = [ver - v for v in versions] if published else []
+    retained, kept = n("retained"), n("kept")
+    evictions = {k: n(f"evicted_{k}") for k in ("stale", "overflow")}
+    terminals = {k: n(k) for k in ("failed", "malformed", "aborted", "lost", "expired", "rolled_back")}
+    filtered_by = {k[len("filtered_reason:"):]: int(v) for k, v in meta.items() if k.startswith("filtered_reason:")}
+    counters = {k: int(v) for k, v in meta.items() if v.lstrip("-").isdigit() and not k.startswith("filtered_reason:")}
+    return QueueStats(
+        backlog=int(r[3]) - retained - kept, ready=int(r[4]), executing_groups=n("executing_groups"),
+        executing_samples=n("executing_samples"), completed=int(r[5]), leased=n("leased"), retained=retained,
+        committed=n("committed"), filtered=n("filtered"), dead=n("dead"), version=ver, version_published=published,
+        submitted=n("submitted"), kept=kept, workers_alive=int(r[6]), workers_silent=int(r[7]),
+        active_leases=int(r[8]), active_holds=int(r[9]),
+        staleness_max=max(stale) if stale else None,
+        staleness_mean=sum(stale) / len(stale) if stale else None,
+        evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
+    )
+
+
+def dead_letters(keys: QueueKeys, count: int = 100, start: str = "-") -> Flow[list[DeadLetter]]:
+    """The oldest ``count`` dead letters from ``start`` (a dlq stream ID), decoded where possible."""
+    reply = yield p.Command(("XRANGE", keys["dlq"], start, "+", "COUNT", count))
+    return [_dead_letter(p.s(dlq_id), kv) for dlq_id, kv in reply]
+
+
+def _dead_letter(dlq_id: str, kv: Sequence[Any]) -> DeadLetter:
+    f = {p.s(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+    pristine = {k[2:].encode(): v for k, v in f.items() if k.startswith("f:")}
+    try:
+        group: SourceGroup | None = p.decode_reservation_group(pristine)
+    except CodecError:
+        group = None
+    try:
+        raw = orjson.loads(f.get("history", b"[]") or b"[]")
+    except orjson.JSONDecodeError:
+        raw = []
+    # The history is stored as {"f": counted failures, "h": [attempts]} or as the bare attempt list.
+    history = tuple(raw.get("h") or () if isinstance(raw, dict) else raw or ())
+    return DeadLetter(dlq_id, f.get("entry_id", b"").decode(), f.get("source_id", b"").decode(errors="replace"),
+                      f.get("reason", b"").decode(errors="replace"), int(f.get("attempt", b"0") or 0),
+                      f.get("worker", b"").decode(errors="replace"), history, group, pristine)
+
+
+def requeue_dead_letter(keys: QueueKeys, dlq_id: str) -> Flow[str]:
+    """Submit a dead letter's pristine group again (after a fix). Returns its new entry ID."""
+    reply = yield p.build(keys, "dlq_requeue", idempotent=False, dlq_id=dlq_id)
+    return p.s(p.check(reply, ("ok",), {"what": "dead letter", "id": dlq_id})[1][1])
+

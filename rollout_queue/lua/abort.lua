@@ -1,0 +1,39 @@
+--[[
+abort: executing -> ready (terminal aborted, not counted toward max_attempts).
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  ready      requeued entry IDs
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+ARGV:
+  entry_id   the receipt's entry ID
+  attempt    the receipt's attempt
+  worker_id  the receipt's worker
+  reason     text kept in the attempt history (e.g. 'weight update', 'drain')
+Returns:
+  {'ok', 'ready' | 'replay'}
+  {'stale_receipt', owner, delivery_count}   nothing written
+Invariant:
+  the entry is owned by @ready and indexed in ready; its counted failures are unchanged (an abort is
+  not the group's fault: weight updates, drains).
+]]
+-- @include now_ms
+-- @include load_config
+-- @include parse_receipt
+-- @include check_receipt
+-- @include ledger
+-- @include end_attempt
+local now = now_ms()
+local cfg = load_config()
+local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
+local owns, owner, count = check_receipt(id, attempt, worker)
+if not owns then
+  if redis.call('HGET', K.ledger, id) == ledger_attempt(attempt, worker, 'aborted') then
+    return {'ok', 'replay'}
+  end
+  return {'stale_receipt', owner, count}
+end
+return {'ok', end_attempt(id, attempt, worker, 'aborted', A.reason, false, cfg, now)}

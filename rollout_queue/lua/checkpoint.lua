@@ -1,0 +1,30 @@
+--[[
+checkpoint: settled(committed, kept) -> gone: a model checkpoint now covers `step`, so the pristine
+entries committed at or before it are no longer needed for restore.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  kept       committed entry IDs kept for restore, scored by step
+ARGV:
+  step       integer, the checkpointed trainer step
+  count      at most this many entries per call
+Returns:
+  {'ok', pruned, done 0|1}   call again until done = 1; `checkpoint` is recorded when done
+Invariant:
+  once done, no kept entry has step <= checkpoint, and restore refuses to go below it.
+]]
+-- @include load_config
+local cfg = load_config()
+local step, count = tonumber(A.step), tonumber(A.count)
+if not step or step < 0 or step ~= math.floor(step) then bug('bad step: ' .. tostring(A.step)) end
+local ids = redis.call('ZRANGEBYSCORE', K.kept, '-inf', step, 'LIMIT', 0, count)
+for _, id in ipairs(ids) do
+  redis.call('XDEL', K.src, id)
+  redis.call('ZREM', K.kept, id)
+end
+redis.call('HINCRBY', K.meta, 'kept', -#ids)
+local done = #ids < count
+if done and (cfg.checkpoint == nil or step > cfg.checkpoint) then
+  redis.call('HSET', K.meta, 'checkpoint', step)
+end
+return {'ok', #ids, done and 1 or 0}

@@ -1,0 +1,46 @@
+--[[
+close_worker: every attempt a worker owns: executing -> ready; then deregister the worker.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  ready      requeued entry IDs
+  workers    worker ids by last heartbeat
+  reserves   worker id -> last reserve (for replay)
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+ARGV:
+  worker_id  the worker
+  terminal   'aborted' (drain, clean close: not counted) or 'lost' (fatal engine error: counted)
+  reason     text kept in each attempt's history
+  count      at most this many entries per call
+Returns:
+  {'ok', requeued, dead_lettered, done 0|1}   call again until done = 1
+Invariant:
+  once done, the worker owns nothing in the PEL and is not registered; everything it owned is in
+  ready (or dead at max_attempts): a worker never holds work it is not executing.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include end_attempt
+local now = now_ms()
+local cfg = load_config()
+local worker = A.worker_id
+if worker == '' or string.sub(worker, 1, 1) == '@' then bug('bad worker id') end
+if A.terminal ~= 'aborted' and A.terminal ~= 'lost' then bug('bad terminal: ' .. A.terminal) end
+local counted = A.terminal == 'lost'
+local pending = redis.call('XPENDING', K.src, 'rollout', '-', '+', tonumber(A.count), worker)
+local requeued, dead = 0, 0
+for _, p in ipairs(pending) do
+  local where = end_attempt(p[1], tonumber(p[4]), worker, A.terminal, A.reason, counted, cfg, now)
+  if where == 'dead' then dead = dead + 1 else requeued = requeued + 1 end
+end
+local done = 0
+if #pending < tonumber(A.count) then
+  redis.call('ZREM', K.workers, worker)
+  redis.call('HDEL', K.reserves, worker)
+  redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker)
+  done = 1
+end
+return {'ok', requeued, dead, done}

@@ -1,0 +1,71 @@
+--[[
+commit: leased -> settled(committed): the lease's groups were trained; XACK them and record the commit.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  results    entry ID -> completion payload
+  leases     lease ids by deadline
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  commits    capped stream, one line per committed lease
+  kept       committed entry IDs kept for checkpoint restore, scored by step
+  wake_work  wake stream for blocked reservers
+  The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
+ARGV:
+  lease_id   the lease
+  token      its fencing token
+  step       the trainer step this data was consumed at, or '' (then the payload is deleted now)
+Returns:
+  {'ok', 'committed' | 'replay', commit stream ID, groups}
+  {'lease_lost', state}   state: 'unknown', 'token', 'expired', 'rolled_back' ...; nothing written
+Invariant:
+  every member is XACKed exactly once; it appears in exactly one commits line; with a step its
+  pristine entry stays in the stream (indexed in kept) until a checkpoint covers the step.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include lease_record
+-- @include ledger
+-- @include wake
+local now = now_ms()
+local cfg = load_config()
+local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
+local L = lease_record(lease_key)
+if not L then return {'lease_lost', 'unknown'} end
+if L.token ~= A.token then return {'lease_lost', 'token'} end
+if L.state == 'committed' then return {'ok', 'replay', L.commit_id, 0} end
+if L.state ~= 'active' then return {'lease_lost', L.state} end
+if L.deadline < now then return {'lease_lost', 'expired'} end
+local step = tonumber(A.step)
+if A.step ~= '' and (not step or step < 0 or step ~= math.floor(step)) then bug('bad step: ' .. A.step) end
+-- A step already covered by a checkpoint needs no kept copy.
+local keep = step ~= nil and (cfg.checkpoint == nil or step > cfg.checkpoint)
+local owner = '@lease:' .. A.lease_id
+local ids = {}
+for id in string.gmatch(L.members or '', '[^,]+') do
+  local last = redis.call('HGET', K.ledger, id) or ''
+  local attempt, worker = string.match(last, '^a|(%d+)|([^|]*)|')
+  redis.call('XACK', K.src, 'rollout', id)
+  if keep then
+    redis.call('ZADD', K.kept, step, id)
+  else
+    redis.call('XDEL', K.src, id)
+  end
+  redis.call('HDEL', K.results, id)
+  redis.call('HDEL', K.history, id)
+  ledger_set(id, 's|committed|' .. (attempt or '0') .. '|' .. (worker or '') .. '|' .. A.lease_id .. '|' .. A.step)
+  table.insert(ids, id)
+end
+local k = #ids
+local commit_id = redis.call('XADD', K.commits, 'MAXLEN', '~', cfg.commits_maxlen, '*', 'lease', A.lease_id,
+  'trainer', L.trainer or '', 'ids', table.concat(ids, ','), 'step', A.step, 'ms', now)
+redis.call('HINCRBY', K.meta, 'committed', k)
+redis.call('HINCRBY', K.meta, 'leased', -k)
+redis.call('HINCRBY', K.meta, 'retained', -k)
+if keep then redis.call('HINCRBY', K.meta, 'kept', k) end
+redis.call('HSET', lease_key, 'state', 'committed', 'commit_id', commit_id, 'step', A.step, 'closed_ms', now)
+redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms)
+redis.call('ZREM', K.leases, A.lease_id)
+redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', owner)
+wake(K.wake_work)
+return {'ok', 'committed', commit_id, k}

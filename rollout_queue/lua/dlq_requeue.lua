@@ -1,0 +1,41 @@
+--[[
+dlq_requeue: settled(dead) -> backlog: a dead letter's pristine group is submitted again (after a fix).
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  ids        hash source_id -> entry ID
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+ARGV:
+  dlq_id     the dead letter's ID in the dlq stream
+Returns:
+  {'ok', new entry ID}
+  {'not_found'}          no such dead letter; nothing written
+Invariant:
+  the dead letter leaves the dlq and its group is in the backlog exactly once, under a new entry ID
+  that its source_id now maps to; attempts start again from 1.
+]]
+-- @include load_config
+-- @include wake
+load_config()
+local r = redis.call('XRANGE', K.dlq, A.dlq_id, A.dlq_id)
+if not r[1] then return {'not_found'} end
+local kv = r[1][2]
+local args = {'XADD', K.src, '*'}
+local sid = nil
+for i = 1, #kv, 2 do
+  if string.sub(kv[i], 1, 2) == 'f:' then
+    table.insert(args, string.sub(kv[i], 3))
+    table.insert(args, kv[i + 1])
+    if kv[i] == 'f:sid' then sid = kv[i + 1] end
+  end
+end
+if #args == 3 then table.insert(args, 'v') table.insert(args, 'missing') end
+local id = redis.call(unpack(args))
+if sid and sid ~= '' then redis.call('HSET', K.ids, sid, id) end
+redis.call('XDEL', K.dlq, A.dlq_id)
+redis.call('HINCRBY', K.meta, 'dead', -1)
+redis.call('HINCRBY', K.meta, 'dead_requeued', 1)
+redis.call('HINCRBY', K.meta, 'submitted', 1)
+wake(K.wake_work)
+return {'ok', id}

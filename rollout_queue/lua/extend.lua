@@ -1,0 +1,33 @@
+--[[
+extend: push an active lease's deadline to `ms` from now (a trainer whose step runs long).
+KEYS:
+  meta       config
+  leases     lease ids by deadline
+  The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
+ARGV:
+  lease_id   the lease
+  token      its fencing token
+  ms         the new deadline is now + ms
+Returns:
+  {'ok', deadline_ms}
+  {'lease_lost', state}   also when the deadline has already passed; nothing written
+Invariant:
+  only the holder of an unexpired lease moves its deadline; an expired lease stays the reaper's.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include lease_record
+local now = now_ms()
+load_config()
+local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
+local L = lease_record(lease_key)
+if not L then return {'lease_lost', 'unknown'} end
+if L.token ~= A.token then return {'lease_lost', 'token'} end
+if L.state ~= 'active' then return {'lease_lost', L.state} end
+if L.deadline < now then return {'lease_lost', 'expired'} end
+local ms = tonumber(A.ms)
+if not ms or ms <= 0 then bug('bad extension: ' .. tostring(A.ms)) end
+local deadline = now + ms
+redis.call('HSET', lease_key, 'deadline', deadline)
+redis.call('ZADD', K.leases, deadline, A.lease_id)
+return {'ok', deadline}

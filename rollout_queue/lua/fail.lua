@@ -1,0 +1,43 @@
+--[[
+fail: executing -> ready (terminal failed or malformed, counted toward max_attempts), or -> dead.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  ready      requeued entry IDs
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+ARGV:
+  entry_id   the receipt's entry ID
+  attempt    the receipt's attempt
+  worker_id  the receipt's worker
+  terminal   'failed' or 'malformed'
+  reason     text kept in the attempt history and the dead letter
+Returns:
+  {'ok', 'ready' | 'dead' | 'replay'}
+  {'stale_receipt', owner, delivery_count}   nothing written
+Invariant:
+  the entry is owned by @ready and indexed in ready, or it is settled dead with every attempt's
+  reason once the counted failures reach max_attempts (a prompt that kills engines cannot loop).
+]]
+-- @include now_ms
+-- @include load_config
+-- @include parse_receipt
+-- @include check_receipt
+-- @include ledger
+-- @include end_attempt
+local now = now_ms()
+local cfg = load_config()
+local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
+if A.terminal ~= 'failed' and A.terminal ~= 'malformed' then bug('bad terminal: ' .. A.terminal) end
+local owns, owner, count = check_receipt(id, attempt, worker)
+if not owns then
+  local last = redis.call('HGET', K.ledger, id) or ''
+  if last == ledger_attempt(attempt, worker, A.terminal)
+      or last == 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts' then
+    return {'ok', 'replay'}
+  end
+  return {'stale_receipt', owner, count}
+end
+return {'ok', end_attempt(id, attempt, worker, A.terminal, A.reason, true, cfg, now)}

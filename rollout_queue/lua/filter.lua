@@ -1,0 +1,46 @@
+--[[
+filter: executing -> settled(filtered): consumed, never trained, never replayed.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  wake_work  wake stream for blocked reservers
+ARGV:
+  entry_id   the receipt's entry ID
+  attempt    the receipt's attempt
+  worker_id  the receipt's worker
+  reason     short token, counted per reason (e.g. 'zero_std')
+Returns:
+  {'ok', 'filtered' | 'replay'}
+  {'stale_receipt', owner, delivery_count}   nothing written
+Invariant:
+  the entry is XACKed and XDELed, its executing and retained capacity released, and the ledger says
+  s|filtered for this exact receipt.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include parse_receipt
+-- @include check_receipt
+-- @include ledger
+-- @include read_entry
+-- @include release_executing
+local now = now_ms()
+local cfg = load_config()
+local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
+local settled = 's|filtered|' .. attempt .. '|' .. worker .. '|' .. A.reason
+local owns, owner, count = check_receipt(id, attempt, worker)
+if not owns then
+  if redis.call('HGET', K.ledger, id) == settled then return {'ok', 'replay'} end
+  return {'stale_receipt', owner, count}
+end
+local f = read_entry(id)
+release_executing(tonumber(f and f.n) or 0)
+redis.call('XACK', K.src, 'rollout', id)
+redis.call('XDEL', K.src, id)
+redis.call('HDEL', K.history, id)
+ledger_set(id, settled)
+redis.call('HINCRBY', K.meta, 'retained', -1)
+redis.call('HINCRBY', K.meta, 'filtered', 1)
+redis.call('HINCRBY', K.meta, 'filtered_reason:' .. A.reason, 1)
+return {'ok', 'filtered'}

@@ -1,0 +1,30 @@
+--[[
+hold_release: remove one admission hold; admission reopens when the last unexpired hold goes.
+KEYS:
+  meta       config
+  holds      admission hold ids by deadline
+  wake_work  wake stream for blocked reservers
+  wake_done  wake stream for blocked trainers
+  The snapshot set rollout:{q}:hold:<hold_id> is built from meta's prefix (same hash tag).
+ARGV:
+  hold_id    the hold
+Returns:
+  {'ok', holds still active}
+Invariant:
+  releasing is idempotent; blocked reservers and trainers are woken when admission reopens.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include hold_active
+-- @include wake
+local now = now_ms()
+load_config()
+redis.call('ZREM', K.holds, A.hold_id)
+redis.call('DEL', string.sub(K.meta, 1, -5) .. 'hold:' .. A.hold_id)
+redis.call('ZREMRANGEBYSCORE', K.holds, '-inf', now)
+local left = redis.call('ZCARD', K.holds)
+if left == 0 then
+  wake(K.wake_work)
+  wake(K.wake_done)
+end
+return {'ok', left}

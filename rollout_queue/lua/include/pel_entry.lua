@@ -1,0 +1,10 @@
+--[[
+pel_entry: the PEL owner and delivery count of one entry, or nil when it is not pending.
+Uses: K.src. Why: the PEL is the truth of ownership; the delivery count is the attempt number.
+]]
+local function pel_entry(id)
+  local r = redis.call('XPENDING', K.src, 'rollout', id, id, 1)
+  local e = r[1]
+  if not e then return nil, nil end
+  return e[2], tonumber(e[4])
+end

@@ -1,0 +1,24 @@
+-- @include reap_worker_entries
+-- @include requeue_lease
+--[[
+reap_some: opportunistic reaping from reserve and lease: the oldest silent worker and the earliest
+expired lease, bounded by `budget` entries. Returns the number of entries requeued.
+Uses: K.workers, K.leases and what reap_worker_entries / requeue_lease use.
+Why: a queue with no reaper process must still recover (issue 3); two O(log n) reads make this
+nearly free when nothing is due.
+]]
+local function reap_some(cfg, now, budget)
+  local n = 0
+  local w = redis.call('ZRANGE', K.workers, 0, 0, 'WITHSCORES')
+  if w[1] and tonumber(w[2]) < now - cfg.worker_timeout_ms then
+    local requeued, dead = reap_worker_entries(w[1], budget, cfg, now)
+    n = n + requeued + dead
+  end
+  local l = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
+  if l[1] and tonumber(l[2]) < now then
+    local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. l[1]
+    local members = redis.call('HGET', lease_key, 'members')
+    n = n + requeue_lease(lease_key, l[1], members, 'expired', cfg, now)
+  end
+  return n
+end

@@ -1,0 +1,11 @@
+-- @include wake
+--[[
+release_executing: give back the executing capacity of one attempt (its group's n samples).
+Uses: K.meta, K.wake_work. Why: max_executing_samples reopens at the attempt's terminal transition
+and nowhere else (DESIGN, Capacity); blocked reservers are woken.
+]]
+local function release_executing(n)
+  redis.call('HINCRBY', K.meta, 'executing_groups', -1)
+  redis.call('HINCRBY', K.meta, 'executing_samples', -n)
+  wake(K.wake_work)
+end

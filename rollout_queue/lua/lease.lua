@@ -1,0 +1,113 @@
+--[[
+lease: completed -> leased: hand `groups` completed groups (never a stale one) to one trainer.
+KEYS:
+  src        the reservations stream
+  meta       config, policy version and counters
+  ready      requeued entry IDs
+  buffer     completed entry IDs by arrival
+  bufver     completed entry IDs by (min_version, arrival)
+  results    entry ID -> completion payload
+  workers    worker ids by last heartbeat
+  reserves   worker id -> last reserve
+  leases     lease ids by deadline
+  holds      admission hold ids by deadline
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+  wake_done  wake stream for blocked trainers
+  The lease record rollout:{q}:lease:<lease_id> (a hash) is built from meta's prefix (same hash tag).
+ARGV:
+  lease_id    string, chosen by the client (a retry with the same id and token replays the answer)
+  token       string, the lease's fencing token
+  trainer_id  string, who holds the lease
+  groups      count, exactly this many groups (or 1..groups when partial)
+  partial     0 or 1
+  timeout_ms  lease duration in ms (0: the queue's lease_timeout)
+Returns:
+  {'ok', lease_id, deadline_ms, version, {{entry_id, attempt, min_version, payload, fields}, ...}}
+  {'held', available, wake_id}           an admission hold is active; nothing leased
+  {'insufficient', available, wake_id}   fewer fresh groups than asked (and not partial)
+  {'lease_lost', state}                  the lease id exists with another token
+Invariant:
+  each member is owned by @lease:<lease_id>, is in no other index, and was fresh at lease time:
+  version - min_version <= max_staleness (None: 0); stale groups met on the way went back to ready.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include hold_active
+-- @include reap_some
+-- @include stale_floor
+-- @include buffer_score
+-- @include evict_buffered
+-- @include lease_reply
+-- @include wake
+local now = now_ms()
+local cfg = load_config()
+local lease_id, groups = A.lease_id, tonumber(A.groups)
+if not string.match(lease_id, '^[%w%-_%.]+$') then bug('bad lease id: ' .. lease_id) end
+if not groups or groups < 1 then bug('groups must be >= 1') end
+local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. lease_id
+local prior = redis.call('HMGET', lease_key, 'token', 'state', 'deadline', 'version', 'members', 'versions')
+if prior[1] then
+  if prior[1] ~= A.token then return {'lease_lost', 'token'} end
+  if prior[2] ~= 'active' then return {'lease_lost', prior[2]} end
+  return lease_reply(lease_id, tonumber(prior[3]), tonumber(prior[4]), prior[5], prior[6])
+end
+
+reap_some(cfg, now, 16)
+
+local floor = stale_floor(cfg)
+local stale_count = 0
+if floor then
+  stale_count = redis.call('ZCOUNT', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)))
+end
+local available = redis.call('ZCARD', K.buffer) - stale_count
+if hold_active(now) then return {'held', available, wake_id(K.wake_done)} end
+local want = groups
+if available < groups then
+  if A.partial ~= '1' or available < 1 then return {'insufficient', available, wake_id(K.wake_done)} end
+  want = available
+end
+
+-- Walk the buffer in the queue's order; stale groups met on the way go back to ready.
+local members, versions = {}, {}
+local range = 'ZRANGE'
+if cfg.buffer_order == 'lifo' then range = 'ZREVRANGE' end
+local offset = 0
+while #members < want do
+  local batch = redis.call(range, K.buffer, offset, offset + want - #members + 15)
+  if not batch[1] then bug('buffer shorter than its fresh count') end
+  for _, id in ipairs(batch) do
+    if #members >= want then break end
+    local minv = score_min_version(redis.call('ZSCORE', K.bufver, id) or 0)
+    if floor and minv < floor then
+      evict_buffered(id, 'stale', cfg, now)
+    else
+      table.insert(members, id)
+      table.insert(versions, minv)
+      offset = offset + 1
+    end
+  end
+end
+
+local timeout = tonumber(A.timeout_ms)
+if not timeout or timeout <= 0 then timeout = cfg.lease_timeout_ms end
+local deadline = now + timeout
+local was_full = redis.call('ZCARD', K.buffer) >= cfg.max_completed_groups
+for _, id in ipairs(members) do
+  local owner, count = pel_entry(id)
+  if owner ~= '@done' then bug('buffered entry ' .. id .. ' is owned by ' .. tostring(owner)) end
+  redis.call('XCLAIM', K.src, 'rollout', '@lease:' .. lease_id, 0, id, 'RETRYCOUNT', count, 'JUSTID')
+  redis.call('ZREM', K.buffer, id)
+  redis.call('ZREM', K.bufver, id)
+end
+local members_csv, versions_csv = table.concat(members, ','), table.concat(versions, ',')
+redis.call('HSET', lease_key, 'token', A.token, 'trainer', A.trainer_id, 'state', 'active',
+  'deadline', deadline, 'created_ms', now, 'version', cfg.version_eff, 'members', members_csv,
+  'versions', versions_csv)
+redis.call('ZADD', K.leases, deadline, lease_id)
+redis.call('HINCRBY', K.meta, 'leased', #members)
+redis.call('HINCRBY', K.meta, 'leases_total', 1)
+if was_full then wake(K.wake_work) end
+return lease_reply(lease_id, deadline, cfg.version_eff, members_csv, versions_csv)

@@ -1,0 +1,49 @@
+--[[
+reap_scan: read-only: what the reaper should look at now (it changes nothing itself).
+KEYS:
+  src        the reservations stream
+  meta       config, policy version
+  workers    worker ids by last heartbeat
+  leases     lease ids by deadline
+  holds      admission hold ids by deadline
+  bufver     completed entry IDs by (min_version, arrival)
+ARGV:
+  count      at most this many ids of each kind
+Returns:
+  {'ok', {silent worker ids}, {expired lease ids}, {expired hold ids}, stale groups,
+   {orphan consumers: PEL consumers with pending entries that are neither registered workers nor
+    active leases}}
+Invariant:
+  none; every id it returns is re-checked by the transition script that acts on it.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include stale_floor
+-- @include buffer_score
+local now = now_ms()
+local cfg = load_config()
+local count = tonumber(A.count)
+local silent = redis.call('ZRANGEBYSCORE', K.workers, '-inf', '(' .. (now - cfg.worker_timeout_ms), 'LIMIT', 0, count)
+local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', '(' .. now, 'LIMIT', 0, count)
+local holds = redis.call('ZRANGEBYSCORE', K.holds, '-inf', now, 'LIMIT', 0, count)
+local floor = stale_floor(cfg)
+local stale = 0
+if floor then
+  stale = redis.call('ZCOUNT', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)))
+end
+local orphans = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.src, 'rollout')) do
+  local name, pending = nil, 0
+  for i = 1, #c, 2 do
+    if c[i] == 'name' then name = c[i + 1] end
+    if c[i] == 'pending' then pending = tonumber(c[i + 1]) end
+  end
+  if pending > 0 and #orphans < count and name ~= '@ready' and name ~= '@done' then
+    if string.sub(name, 1, 7) == '@lease:' then
+      if not redis.call('ZSCORE', K.leases, string.sub(name, 8)) then table.insert(orphans, name) end
+    elseif not redis.call('ZSCORE', K.workers, name) then
+      table.insert(orphans, name)
+    end
+  end
+end
+return {'ok', silent, expired, holds, stale, orphans}

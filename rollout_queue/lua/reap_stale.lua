@@ -1,0 +1,34 @@
+--[[
+reap_stale: completed -> ready for buffered groups that became stale (the reaper, ahead of lease).
+KEYS:
+  src        the reservations stream
+  meta       config, policy version and counters
+  ready      requeued entry IDs
+  buffer     completed entry IDs by arrival
+  bufver     completed entry IDs by (min_version, arrival)
+  results    entry ID -> completion payload
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+ARGV:
+  count      at most this many groups per call
+Returns:
+  {'ok', evicted, done 0|1}
+Invariant:
+  after done, no buffered group has version - min_version > max_staleness (None: 0).
+]]
+-- @include now_ms
+-- @include load_config
+-- @include stale_floor
+-- @include buffer_score
+-- @include evict_buffered
+local now = now_ms()
+local cfg = load_config()
+local floor = stale_floor(cfg)
+if not floor then return {'ok', 0, 1} end
+local count = tonumber(A.count)
+local ids = redis.call('ZRANGEBYSCORE', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)),
+  'LIMIT', 0, count)
+for _, id in ipairs(ids) do evict_buffered(id, 'stale', cfg, now) end
+return {'ok', #ids, #ids < count and 1 or 0}

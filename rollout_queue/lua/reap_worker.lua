@@ -1,0 +1,33 @@
+--[[
+reap_worker: executing -> ready (terminal lost, counted) for a worker silent past worker_timeout.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  ready      requeued entry IDs
+  workers    worker ids by last heartbeat
+  reserves   worker id -> last reserve
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+ARGV:
+  worker_id  the worker (a registered one, or a PEL consumer with no registration at all)
+  count      at most this many entries per call
+Returns:
+  {'ok', requeued, dead_lettered, done 0|1}   call again until done = 1
+  {'alive', last_heartbeat_ms}                nothing written
+Invariant:
+  a worker is reaped only when the server clock says it has been silent past worker_timeout, judged
+  inside this script, so a heartbeat that lands first always saves it.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include reap_worker_entries
+local now = now_ms()
+local cfg = load_config()
+local worker = A.worker_id
+if worker == '' or string.sub(worker, 1, 1) == '@' then bug('bad worker id') end
+local seen = tonumber(redis.call('ZSCORE', K.workers, worker))
+if seen and seen >= now - cfg.worker_timeout_ms then return {'alive', seen} end
+local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now)
+return {'ok', requeued, dead, done and 1 or 0}

@@ -1,0 +1,42 @@
+--[[
+reject: executing -> settled(dead): the worker found the reservation's body undecodable.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  dlq        dead letters
+  wake_work  wake stream for blocked reservers
+ARGV:
+  entry_id   the receipt's entry ID
+  attempt    the receipt's attempt
+  worker_id  the receipt's worker
+  reason     why it is malformed (starts with 'malformed_reservation')
+Returns:
+  {'ok', 'dead' | 'replay'}
+  {'stale_receipt', owner, delivery_count}   nothing written
+Invariant:
+  DESIGN rule 3: a reservation that is not a well-formed group is settled dead with its reason and
+  pristine payload; it never reaches generation and never blocks the entries behind it.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include parse_receipt
+-- @include check_receipt
+-- @include read_entry
+-- @include release_executing
+-- @include settle_dead
+local now = now_ms()
+load_config()
+local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
+local owns, owner, count = check_receipt(id, attempt, worker)
+if not owns then
+  if redis.call('HGET', K.ledger, id) == 's|dead|' .. attempt .. '|' .. worker .. '|' .. A.reason then
+    return {'ok', 'replay'}
+  end
+  return {'stale_receipt', owner, count}
+end
+local f, kv = read_entry(id)
+release_executing(tonumber(f and f.n) or 0)
+settle_dead(id, kv, A.reason, redis.call('HGET', K.history, id), attempt, worker, now)
+return {'ok', 'dead'}

@@ -1,0 +1,52 @@
+--[[
+restore: settled(committed, kept) -> ready for every entry committed after `step`: the trainer resumed
+from checkpoint `step`, so the groups it trained after that must be trained again.
+KEYS:
+  src        the reservations stream
+  meta       config and counters
+  ready      requeued entry IDs
+  kept       committed entry IDs kept for restore, scored by step
+  history    counted failures and attempt reasons
+  ledger     entry ID -> last terminal or settlement
+  wake_work  wake stream for blocked reservers
+ARGV:
+  step       integer, the checkpoint the trainer resumed from
+  count      at most this many entries per call
+Returns:
+  {'ok', restored, done 0|1}   call again until done = 1
+  {'checkpoint_pruned', checkpoint}   step is below a pruned checkpoint; nothing written
+Invariant:
+  each restored entry is pending again (XCLAIM FORCE), owned by @ready and indexed in ready, with the
+  same entry ID and pristine payload; committed + retained is unchanged, so admission control stays
+  right across the restart.
+]]
+-- @include now_ms
+-- @include load_config
+-- @include history
+-- @include ready_score
+-- @include ledger
+-- @include wake
+local now = now_ms()
+local cfg = load_config()
+local step, count = tonumber(A.step), tonumber(A.count)
+if not step or step < 0 or step ~= math.floor(step) then bug('bad step: ' .. tostring(A.step)) end
+if cfg.checkpoint ~= nil and step < cfg.checkpoint then return {'checkpoint_pruned', cfg.checkpoint} end
+local ids = redis.call('ZRANGEBYSCORE', K.kept, '(' .. step, '+inf', 'LIMIT', 0, count)
+for _, id in ipairs(ids) do
+  local last = redis.call('HGET', K.ledger, id) or ''
+  local attempt = tonumber(string.match(last, '^s|committed|(%d+)|')) or 1
+  redis.call('XCLAIM', K.src, 'rollout', '@ready', 0, id, 'FORCE', 'RETRYCOUNT', attempt, 'JUSTID')
+  redis.call('ZADD', K.ready, ready_score(id), id)
+  redis.call('ZREM', K.kept, id)
+  append_history(id, attempt, '@restore', 'restored', 'restored to checkpoint ' .. step, false, now)
+  ledger_set(id, ledger_attempt(attempt, '@restore', 'restored'))
+end
+local n = #ids
+if n > 0 then
+  redis.call('HINCRBY', K.meta, 'kept', -n)
+  redis.call('HINCRBY', K.meta, 'committed', -n)
+  redis.call('HINCRBY', K.meta, 'retained', n)
+  redis.call('HINCRBY', K.meta, 'restored', n)
+  wake(K.wake_work)
+end
+return {'ok', n, n < count and 1 or 0}

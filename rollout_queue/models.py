@@ -1,0 +1,240 @@
+"""Value types of the public API: frozen, validated on construction, free of I/O.
+
+A malformed receipt or sample cannot exist: constructors raise ValueError (InvalidInput) with what is
+wrong. Token ids and logprobs are tuples, so values can be shared between threads safely.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .errors import InvalidInput
+
+_ENTRY_ID = re.compile(r"^\d+-\d+$")
+_WORKER_ID = re.compile(r"^[A-Za-z0-9_.:/\-][A-Za-z0-9_.:/\-@+]{0,199}$")
+_TOKEN = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def check_entry_id(entry_id: str) -> str:
+    if not isinstance(entry_id, str) or not _ENTRY_ID.match(entry_id):
+        raise InvalidInput(f"bad entry id {entry_id!r}: expected a stream ID like '1700000000000-0'")
+    return entry_id
+
+
+def check_worker_id(worker_id: str) -> str:
+    """Worker ids are PEL consumer names; '@' starts the queue's own owners (@ready, @done, @lease:)."""
+    if not isinstance(worker_id, str) or not _WORKER_ID.match(worker_id):
+        raise InvalidInput(
+            f"bad worker id {worker_id!r}: 1-200 characters from letters, digits and _ . : / - @ +, "
+            "not starting with '@' (reserved for the queue's own PEL owners)"
+        )
+    return worker_id
+
+
+def check_reason_token(reason: str) -> str:
+    """Reasons counted per value (filter reasons) must be short tokens so counters stay bounded."""
+    if not isinstance(reason, str) or not _TOKEN.match(reason):
+        raise InvalidInput(f"bad reason {reason!r}: use a short token of letters, digits and _ . : -")
+    return reason
+
+
+@dataclass(frozen=True)
+class SourceGroup:
+    """One prompt with ``n`` parent slots: what a producer submits and a worker reserves.
+
+    ``source_id`` is the producer's own key: submitting it twice stores it once. Each parent slot
+    ``i`` has the identity ``f"{source_id}/{i}"`` (its ``uid``).
+    """
+
+    source_id: str
+    prompt: str
+    n: int
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    prompt_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source_id, str) or not self.source_id or "|" in self.source_id:
+            raise InvalidInput(f"source_id must be a non-empty string without '|', got {self.source_id!r}")
+        if not isinstance(self.prompt, str):
+            raise InvalidInput(f"prompt must be a string, got {type(self.prompt).__name__}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 65536:
+            raise InvalidInput(f"n must be an integer in 1..65536, got {self.n!r}")
+        if not isinstance(self.metadata, Mapping):
+            raise InvalidInput("metadata must be a mapping")
+        if self.prompt_token_ids is not None:
+            ids = tuple(self.prompt_token_ids)
+            _check_int32s(ids, "prompt_token_ids")
+            object.__setattr__(self, "prompt_token_ids", ids)
+
+    def parent_uid(self, slot: int) -> str:
+        return f"{self.source_id}/{slot}"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The exact identity of an attempt: (entry_id, attempt, worker_id); attempt = PEL delivery count."""
+
+    entry_id: str
+    attempt: int
+    worker_id: str
+
+    def __post_init__(self) -> None:
+        check_entry_id(self.entry_id)
+        check_worker_id(self.worker_id)
+        if not isinstance(self.attempt, int) or isinstance(self.attempt, bool) or self.attempt < 1:
+            raise InvalidInput(f"attempt must be an integer >= 1, got {self.attempt!r}")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A reserved source group: the receipt to settle it with, the pristine group, and the policy
+    version current when it was reserved (0 before the first publish)."""
+
+    receipt: Receipt
+    group: SourceGroup
+    version: int
+
+    @property
+    def entry_id(self) -> str:
+        return self.receipt.entry_id
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated output for a parent slot. ``version`` is the oldest policy version the sample was
+    generated with; ``logprobs`` are the behaviour policy's logprobs of ``token_ids`` (may be empty)."""
+
+    slot: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+    reward: float | None = None
+    version: int = 0
+    finish_reason: str = "stop"
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slot, int) or isinstance(self.slot, bool) or self.slot < 0:
+            raise InvalidInput(f"slot must be an integer >= 0, got {self.slot!r}")
+        ids = tuple(self.token_ids)
+        _check_int32s(ids, "token_ids")
+        object.__setattr__(self, "token_ids", ids)
+        lps = tuple(float(x) for x in self.logprobs)
+        if lps and len(lps) != len(ids):
+            raise InvalidInput(f"{len(lps)} logprobs for {len(ids)} tokens: give one per token or none")
+        if not all(x <= 0.0 for x in lps):  # NaN compares False, so it is refused too
+            raise InvalidInput("logprobs must be <= 0 and not NaN")
+        object.__setattr__(self, "logprobs", lps)
+        if self.reward is not None:
+            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
+                raise InvalidInput(f"reward must be a finite number or None, got {self.reward!r}")
+            object.__setattr__(self, "reward", float(self.reward))
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or not 0 <= self.version < 2**21:
+            raise InvalidInput(f"version must be an integer in 0..2^21-1, got {self.version!r}")
+        if not isinstance(self.finish_reason, str) or len(self.finish_reason) > 32:
+            raise InvalidInput("finish_reason must be a short string")
+        vs = tuple(self.versions)
+        _check_int32s(vs, "versions")
+        object.__setattr__(self, "versions", vs)
+
+
+@dataclass(frozen=True)
+class CompletedGroup:
+    """A completed group inside a lease: the pristine group and its samples."""
+
+    entry_id: str
+    group: SourceGroup
+    samples: tuple[Sample, ...]
+    attempt: int
+    min_version: int
+
+
+@dataclass(frozen=True)
+class HeartbeatInfo:
+    """What a heartbeat learns: the policy version to generate with and whether admission is held."""
+
+    version: int
+    version_published: bool
+    weights_uri: str | None
+    held: bool
+    server_ms: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One consistent snapshot of a queue (DESIGN: stats). Group counts by state, then totals."""
+
+    backlog: int
+    ready: int
+    executing_groups: int
+    executing_samples: int
+    completed: int
+    leased: int
+    retained: int
+    committed: int
+    filtered: int
+    dead: int
+    version: int
+    version_published: bool
+    submitted: int
+    kept: int
+    workers_alive: int
+    workers_silent: int
+    active_leases: int
+    active_holds: int
+    staleness_max: int | None
+    staleness_mean: float | None
+    evictions: Mapping[str, int]
+    terminals: Mapping[str, int]
+    filtered_by_reason: Mapping[str, int]
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """What one reap pass did."""
+
+    lost: int = 0
+    expired: int = 0
+    stale: int = 0
+    dead: int = 0
+    holds_expired: int = 0
+    orphans: int = 0
+
+    def __add__(self, other: "ReapReport") -> "ReapReport":
+        return ReapReport(*(a + b for a, b in zip(_astuple(self), _astuple(other))))
+
+    @property
+    def total(self) -> int:
+        return sum(_astuple(self))
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A reservation settled dead: why, every attempt's reason, and the pristine group if decodable."""
+
+    dlq_id: str
+    entry_id: str
+    source_id: str
+    reason: str
+    attempt: int
+    worker_id: str
+    history: tuple[Mapping[str, Any], ...]
+    group: SourceGroup | None
+    fields: Mapping[str, bytes]
+
+
+def _astuple(r: ReapReport) -> tuple[int, ...]:
+    return (r.lost, r.expired, r.stale, r.dead, r.holds_expired, r.orphans)
+
+
+def _check_int32s(values: Sequence[int], what: str) -> None:
+    # array('i') checks type and range in C: a per-element Python loop costs milliseconds per group.
+    try:
+        array("i", values)
+    except (TypeError, OverflowError) as exc:
+        raise InvalidInput(f"{what} must be int32 integers: {exc}") from exc

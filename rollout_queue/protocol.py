@@ -1,0 +1,184 @@
+"""Sans-IO core: builds each script call and parses its reply. No Redis client is imported here.
+
+Rule 1: a builder turns typed arguments into an immutable ``Call`` whose keys and ARGV order come
+from the script's own header (scripts.py), so the Lua and the Python cannot drift apart.
+Rule 2: a parser turns a raw reply into a value or raises the typed error for its status word. The
+status -> exception table lives here and nowhere else; an unknown status raises ProtocolError, it is
+never read as success.
+Multi-call operations (blocking reserve, reaper sweeps, ...) are generators in flows.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from .codec import CodecError, decode_completion, decode_group
+from .errors import (
+    CheckpointPruned,
+    ConfigMismatch,
+    HoldLost,
+    LeaseLost,
+    MalformedCompletion,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolError,
+    StaleReceipt,
+    VersionRegression,
+)
+from .keys import QueueKeys
+from .models import CompletedGroup, HeartbeatInfo, Receipt, SourceGroup
+from .scripts import SCRIPTS, Script
+
+Arg = bytes | str | int | float
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script invocation. ``idempotent``: safe to send again after a lost connection."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+    idempotent: bool = True
+
+
+@dataclass(frozen=True)
+class Command:
+    """One plain Redis command (reads and blocking waits; never a state change)."""
+
+    args: tuple[Arg, ...]
+    idempotent: bool = True
+
+
+Op = Call | Command
+
+
+def build(keys: QueueKeys, name: str, *, idempotent: bool = True, **argv: Any) -> Call:
+    """A call of script ``name``; ``argv`` must name exactly the header's ARGV entries."""
+    script = SCRIPTS[name]
+    fixed = [a for a in script.argv if not a.startswith("*")]
+    expected = set(fixed) | ({script.variadic} if script.variadic else set())
+    if set(argv) != expected:
+        raise TypeError(f"script {name} takes ARGV {sorted(expected)}, got {sorted(argv)}")
+    args: list[Arg] = [argv[n] for n in fixed]
+    if script.variadic:
+        args.extend(argv[script.variadic])
+    return Call(script, tuple(keys[r] for r in script.keys), tuple(args), idempotent)
+
+
+def s(value: Any) -> str:
+    """A reply element as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def pairs(flat: Sequence[Any]) -> dict[str, Any]:
+    """A flat [name, value, ...] reply as a dict keyed by text."""
+    return {s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+# -- the status table -----------------------------------------------------------------------------
+# status word -> function(context, reply) -> exception. ``context`` names what the call was about.
+
+Raiser = Callable[[Mapping[str, Any], Sequence[Any]], Exception]
+
+ERRORS: dict[str, Raiser] = {
+    "stale_receipt": lambda c, r: StaleReceipt(c["entry_id"], c["attempt"], c["worker_id"], s(r[1]), int(r[2])),
+    "lease_lost": lambda c, r: LeaseLost(c["lease_id"], s(r[1])),
+    "hold_lost": lambda c, r: HoldLost(c["hold_id"]),
+    "payload_too_large": lambda c, r: PayloadTooLarge(c.get("what", "payload"), int(r[-2]), int(r[-1])),
+    "config_mismatch": lambda c, r: ConfigMismatch(c["queue"], s(r[1]), s(r[2]), s(r[3])),
+    "malformed": lambda c, r: MalformedCompletion(c["entry_id"], s(r[1]), s(r[2])),
+    "version_regression": lambda c, r: VersionRegression(c["version"], int(r[1])),
+    "checkpoint_pruned": lambda c, r: CheckpointPruned(c["step"], int(r[1])),
+    "not_found": lambda c, r: NotFound(f"{c.get('what', 'record')} {c.get('id', '')} not found"),
+}
+
+
+def check(reply: Any, ok: tuple[str, ...], context: Mapping[str, Any]) -> tuple[str, Sequence[Any]]:
+    """The reply's status word if it is one of ``ok``; the mapped exception for a known refusal."""
+    if not isinstance(reply, (list, tuple)) or not reply:
+        raise ProtocolError(f"reply is not a status list: {reply!r}")
+    status = s(reply[0])
+    if status in ok:
+        return status, reply
+    if status in ERRORS:
+        raise ERRORS[status](context, reply)
+    raise ProtocolError(f"unknown status {status!r} in reply {reply!r}")
+
+
+def receipt_context(r: Receipt) -> dict[str, Any]:
+    return {"entry_id": r.entry_id, "attempt": r.attempt, "worker_id": r.worker_id}
+
+
+# -- parsers of the replies that carry data ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReserveReply:
+    """A parsed reserve reply; ``granted`` still holds raw fields (flows.py decodes them)."""
+
+    status: str
+    version: int
+    version_published: bool
+    wake_id: str
+    dead_lettered: int
+    granted: tuple[tuple[Receipt, Mapping[bytes, bytes]], ...]
+
+
+RESERVE_STATUSES = ("ok", "held", "backpressure", "capacity", "admission", "retained_full", "empty", "retry")
+
+
+def parse_reserve(reply: Any, worker_id: str) -> ReserveReply:
+    status, r = check(reply, RESERVE_STATUSES, {"worker_id": worker_id})
+    granted = []
+    for entry_id, attempt, kv in r[5]:
+        fields = {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+        granted.append((Receipt(s(entry_id), int(attempt), worker_id), fields))
+    return ReserveReply(status, int(r[1]), bool(int(r[2])), s(r[3]), int(r[4]), tuple(granted))
+
+
+def decode_reservation_group(fields: Mapping[bytes, bytes]) -> SourceGroup:
+    """The pristine group of a granted entry (CodecError: the caller dead-letters it)."""
+    return decode_group(fields)
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """A parsed lease reply (granted) or why nothing was leased."""
+
+    status: str
+    available: int
+    wake_id: str
+    lease_id: str = ""
+    deadline_ms: int = 0
+    version: int = 0
+    groups: tuple[CompletedGroup, ...] = ()
+    undecodable: tuple[str, ...] = ()
+
+
+def parse_lease(reply: Any, lease_id: str) -> LeaseReply:
+    status, r = check(reply, ("ok", "held", "insufficient"), {"lease_id": lease_id})
+    if status != "ok":
+        return LeaseReply(status, int(r[1]), s(r[2]))
+    groups, bad = [], []
+    for entry_id, attempt, min_version, payload, kv in r[4]:
+        eid = s(entry_id)
+        fields = {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+        try:
+            groups.append(CompletedGroup(eid, decode_group(fields), decode_completion(bytes(payload)),
+                                         int(attempt), int(min_version)))
+        except CodecError:
+            bad.append(eid)
+    return LeaseReply("ok", len(groups), "", s(r[1]), int(r[2]), int(r[3]), tuple(groups), tuple(bad))
+
+
+def parse_heartbeat(reply: Any) -> HeartbeatInfo:
+    _, r = check(reply, ("ok",), {})
+    uri = s(r[3])
+    return HeartbeatInfo(int(r[1]), bool(int(r[2])), uri or None, bool(int(r[4])), int(r[5]))
+
+
+def parse_open(reply: Any, queue: str) -> tuple[bool, dict[str, str]]:
+    _, r = check(reply, ("ok",), {"queue": queue})
+    return bool(int(r[1])), {k: s(v) for k, v in pairs(r[2:]).items()}
