@@ -115,6 +115,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if run_walkthrough(url=args.url, groups=args.groups, kill_worker=not args.no_kill) else EXIT_FAIL
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Delegate to the generation runtime in ``workers`` (it may import torch or vLLM; the core
+    package must stay importable without them)."""
+    try:
+        from workers.cli import main as worker_main
+    except ImportError as exc:
+        print(f"rollout-queue worker: the workers package is not installed ({exc}); "
+              "pip install 'rollout-queue[workers]'", file=sys.stderr)
+        return EXIT_USAGE
+    forwarded = list(args.worker_args)
+    if args.url and "--url" not in forwarded:
+        forwarded += ["--url", args.url]
+    if args.queue and "--queue" not in forwarded:
+        forwarded += ["--queue", args.queue]
+    return int(worker_main(forwarded))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollout-queue", description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=os.environ.get("REDIS_URL"), help="Redis URL (env REDIS_URL)")
@@ -138,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--yes", action="store_true", help="confirm a state change")
     p.set_defaults(func=cmd_dlq)
+
+    p = sub.add_parser("worker", help="run a generation worker (see `rollout-queue worker --help`)",
+                       add_help=False)
+    p.add_argument("worker_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="the whole lifecycle on one machine, with a private Redis")
     p.add_argument("--groups", type=int, default=24, help="source groups to run through the queue")

@@ -77,7 +77,7 @@ class SyncTransport:
 
     def _once(self, op: Op) -> Any:
         if isinstance(op, Command):
-            return self.client.execute_command(*op.args)
+            return self._raw(op)
         try:
             return self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
         except NoScriptError:
@@ -86,6 +86,20 @@ class SyncTransport:
             return self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
         except ResponseError as exc:
             raise _script_error(exc, op) from exc
+
+    def _raw(self, op: Command) -> Any:
+        """Send a plain command and return Redis's reply unparsed (redis-py's response callbacks
+        would reshape XRANGE/XREAD replies into dicts; flows parse the RESP shape themselves)."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command(*op.args)
+            return conn.read_response()
+        except BaseException:
+            conn.disconnect()  # a half-read reply must never be read by the next command
+            raise
+        finally:
+            pool.release(conn)
 
 
 class AsyncTransport:
@@ -109,7 +123,7 @@ class AsyncTransport:
 
     async def _once(self, op: Op) -> Any:
         if isinstance(op, Command):
-            return await self.client.execute_command(*op.args)
+            return await self._raw(op)
         try:
             return await self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
         except NoScriptError:
@@ -117,3 +131,16 @@ class AsyncTransport:
             return await self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
         except ResponseError as exc:
             raise _script_error(exc, op) from exc
+
+    async def _raw(self, op: Command) -> Any:
+        """As SyncTransport._raw."""
+        pool = self.client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_command(*op.args)
+            return await conn.read_response()
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)

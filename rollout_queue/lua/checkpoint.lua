@@ -22,7 +22,8 @@ for _, id in ipairs(ids) do
   redis.call('XDEL', K.src, id)
   redis.call('ZREM', K.kept, id)
 end
-redis.call('HINCRBY', K.meta, 'kept', -#ids)
+-- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.
+if #ids > 0 then redis.call('HINCRBY', K.meta, 'kept', -#ids) end
 local done = #ids < count
 if done and (cfg.checkpoint == nil or step > cfg.checkpoint) then
   redis.call('HSET', K.meta, 'checkpoint', step)

@@ -14,9 +14,10 @@ KEYS:
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
 ARGV:
   lease_id   the lease
+  count      at most this many members per call
 Returns:
-  {'ok', 'expired', groups}
-  {'not_due', deadline_ms}    the lease is alive (or already settled); nothing written
+  {'ok', 'expired', groups requeued by this call, done 0|1}   call again until done
+  {'not_due', deadline_ms}    the lease is alive, or closed with nothing left to requeue
 Invariant:
   a lease is rolled back by the reaper only after its deadline, judged by the server clock inside
   this script, so a commit racing the reaper either lands first or gets LeaseLost: never both.
@@ -25,20 +26,19 @@ Invariant:
 -- @include load_config
 -- @include lease_record
 -- @include requeue_lease
--- @include pel_entry
 local now = now_ms()
 local cfg = load_config()
 local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
 local L = lease_record(lease_key)
 if L and L.state == 'active' then
   if L.deadline >= now then return {'not_due', L.deadline} end
-  return {'ok', 'expired', requeue_lease(lease_key, A.lease_id, L.members, 'expired', cfg, now)}
+  close_lease(lease_key, A.lease_id, 'expired', now)
+elseif L and L.state == 'committed' then
+  return {'not_due', 0}
 end
--- No active record: requeue whatever the @lease consumer still owns (bounded), if anything.
-local pending = redis.call('XPENDING', K.src, 'rollout', '-', '+', 1000, '@lease:' .. A.lease_id)
-if not pending[1] then return {'not_due', 0} end
-local ids = {}
-for _, p in ipairs(pending) do table.insert(ids, p[1]) end
-local n = requeue_lease(lease_key, A.lease_id, table.concat(ids, ','), 'expired', cfg, now)
-if not L then redis.call('DEL', lease_key) end
-return {'ok', 'expired', n}
+-- Closed (expired, rolled back, unknown record): finish requeueing what the @lease consumer owns.
+if not redis.call('XPENDING', K.src, 'rollout', '-', '+', 1, '@lease:' .. A.lease_id)[1] then
+  return {'not_due', 0}
+end
+local n, done = requeue_lease_members(lease_key, A.lease_id, 'expired', tonumber(A.count), cfg, now)
+return {'ok', 'expired', n, done and 1 or 0}

@@ -5,7 +5,6 @@ KEYS:
   holds      admission hold ids by deadline
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
-  The snapshot set rollout:{q}:hold:<hold_id> is built from meta's prefix (same hash tag).
 ARGV:
   hold_id    the hold
 Returns:
@@ -20,7 +19,6 @@ Invariant:
 local now = now_ms()
 load_config()
 redis.call('ZREM', K.holds, A.hold_id)
-redis.call('DEL', string.sub(K.meta, 1, -5) .. 'hold:' .. A.hold_id)
 redis.call('ZREMRANGEBYSCORE', K.holds, '-inf', now)
 local left = redis.call('ZCARD', K.holds)
 if left == 0 then

@@ -14,12 +14,13 @@ KEYS:
 ARGV:
   lease_id   the lease
   token      its fencing token
+  count      at most this many members per call
 Returns:
-  {'ok', 'rolled_back' | 'replay', groups}
+  {'ok', 'rolled_back' | 'replay', groups requeued by this call, done 0|1}   call again until done
   {'lease_lost', state}   state: 'unknown', 'token', 'committed', 'expired'; nothing written
 Invariant:
-  every member is owned by @ready and indexed in ready, with its pristine payload and the same entry
-  ID; the lease record says rolled_back.
+  from the first call on, the lease record says rolled_back (a later commit is refused); once done,
+  every member is owned by @ready and indexed in ready, with its pristine payload and entry ID.
 ]]
 -- @include now_ms
 -- @include load_config
@@ -31,6 +32,13 @@ local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
 local L = lease_record(lease_key)
 if not L then return {'lease_lost', 'unknown'} end
 if L.token ~= A.token then return {'lease_lost', 'token'} end
-if L.state == 'rolled_back' then return {'ok', 'replay', 0} end
-if L.state ~= 'active' then return {'lease_lost', L.state} end
-return {'ok', 'rolled_back', requeue_lease(lease_key, A.lease_id, L.members, 'rolled_back', cfg, now)}
+local word = 'rolled_back'
+if L.state == 'rolled_back' then
+  word = 'replay'
+elseif L.state == 'active' then
+  close_lease(lease_key, A.lease_id, 'rolled_back', now)
+else
+  return {'lease_lost', L.state}
+end
+local n, done = requeue_lease_members(lease_key, A.lease_id, 'rolled_back', tonumber(A.count), cfg, now)
+return {'ok', word, n, done and 1 or 0}

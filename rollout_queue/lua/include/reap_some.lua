@@ -16,9 +16,10 @@ local function reap_some(cfg, now, budget)
   end
   local l = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
   if l[1] and tonumber(l[2]) < now then
+    -- Close it now; members beyond the budget are finished by the reaper (orphan @lease consumer).
     local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. l[1]
-    local members = redis.call('HGET', lease_key, 'members')
-    n = n + requeue_lease(lease_key, l[1], members, 'expired', cfg, now)
+    close_lease(lease_key, l[1], 'expired', now)
+    n = n + requeue_lease_members(lease_key, l[1], 'expired', budget, cfg, now)
   end
   return n
 end

@@ -6,6 +6,7 @@ and nowhere else (DESIGN, Capacity); blocked reservers are woken.
 ]]
 local function release_executing(n)
   redis.call('HINCRBY', K.meta, 'executing_groups', -1)
-  redis.call('HINCRBY', K.meta, 'executing_samples', -n)
+  -- Guarded: n is 0 when the entry vanished, and Lua writes -0 as '-0', which HINCRBY refuses.
+  if n > 0 then redis.call('HINCRBY', K.meta, 'executing_samples', -n) end
   wake(K.wake_work)
 end

@@ -1,27 +1,37 @@
 -- @include pel_entry
 -- @include requeue_entry
 --[[
-requeue_lease: leased -> ready for every member of a lease, then close the lease record.
-Uses: K.src, K.meta, K.ready, K.history, K.dlq, K.ledger, K.leases, K.results, K.wake_work; builds
-the lease hash key from K.meta's prefix (same hash tag).
+close_lease / requeue_lease_members: leased -> ready for a lease that is being rolled back or has
+expired, in bounded steps.
+Uses: K.src, K.meta, K.ready, K.history, K.dlq, K.ledger, K.leases, K.results, K.wake_work; the lease
+hash key is built from K.meta's prefix (same hash tag).
 Why: rollback and expiry are not the group's fault, so they do not count toward max_attempts; the
-completion is dropped and the pristine reservation is generated again (DESIGN, state machine).
+completion is dropped and the pristine reservation is generated again. close_lease flips the record
+first (state = terminal, out of the deadline index), so a commit racing the rest of the requeue is
+refused; requeue_lease_members then moves at most `budget` members per call (a 4096-group lease
+never blocks Redis in one script) and, once the @lease consumer owns nothing, deletes it.
 ]]
-local function requeue_lease(lease_key, lease_id, members_csv, terminal, cfg, now)
-  local n = 0
-  for id in string.gmatch(members_csv or '', '[^,]+') do
-    local owner, count = pel_entry(id)
-    if owner == '@lease:' .. lease_id then
-      redis.call('HDEL', K.results, id)
-      requeue_entry(id, count, owner, terminal, terminal, false, cfg, now)
-      n = n + 1
-    end
-  end
-  redis.call('HINCRBY', K.meta, 'leased', -n)
-  redis.call('HINCRBY', K.meta, terminal, n)
+local function close_lease(lease_key, lease_id, terminal, now)
   redis.call('HSET', lease_key, 'state', terminal, 'closed_ms', now)
-  redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms)
   redis.call('ZREM', K.leases, lease_id)
-  redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', '@lease:' .. lease_id)
-  return n
+end
+
+local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg, now)
+  local owner = '@lease:' .. lease_id
+  local pending = redis.call('XPENDING', K.src, 'rollout', '-', '+', budget, owner)
+  for _, p in ipairs(pending) do
+    redis.call('HDEL', K.results, p[1])
+    requeue_entry(p[1], tonumber(p[4]), owner, terminal, terminal, false, cfg, now)
+  end
+  local n = #pending
+  if n > 0 then
+    redis.call('HINCRBY', K.meta, 'leased', -n)
+    redis.call('HINCRBY', K.meta, terminal, n)
+  end
+  local done = n < budget
+  if done then
+    redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', owner)
+    if redis.call('EXISTS', lease_key) == 1 then redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms) end
+  end
+  return n, done
 end
