@@ -24,21 +24,9 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
--- @include lease_record
 -- @include requeue_lease
 local now = now_ms()
 local cfg = load_config()
-local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
-local L = lease_record(lease_key)
-if L and L.state == 'active' then
-  if L.deadline >= now then return {'not_due', L.deadline} end
-  close_lease(lease_key, A.lease_id, 'expired', now)
-elseif L and L.state == 'committed' then
-  return {'not_due', 0}
-end
--- Closed (expired, rolled back, unknown record): finish requeueing what the @lease consumer owns.
-if not redis.call('XPENDING', K.src, 'rollout', '-', '+', 1, '@lease:' .. A.lease_id)[1] then
-  return {'not_due', 0}
-end
-local n, done = requeue_lease_members(lease_key, A.lease_id, 'expired', tonumber(A.count), cfg, now)
+local n, done = reap_lease(A.lease_id, tonumber(A.count), cfg, now)
+if n == nil then return {'not_due', 0} end
 return {'ok', 'expired', n, done and 1 or 0}

@@ -29,6 +29,6 @@ local scores = redis.call('ZRANGE', K.bufver, 0, -1, 'WITHSCORES')
 for i = 2, #scores, 2 do table.insert(versions, math.floor(tonumber(scores[i]) / 4294967296)) end
 return {'ok', redis.call('HGETALL', K.meta), now, redis.call('XLEN', K.src), redis.call('ZCARD', K.ready),
   redis.call('ZCARD', K.buffer), redis.call('ZCOUNT', K.workers, cutoff, '+inf'),
-  redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCARD', K.leases),
+  redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCOUNT', K.leases, 1, '+inf'),
   redis.call('ZCOUNT', K.holds, '(' .. now, '+inf'), redis.call('XLEN', K.dlq), redis.call('XLEN', K.commits),
   versions}

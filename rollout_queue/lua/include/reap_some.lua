@@ -16,10 +16,8 @@ local function reap_some(cfg, now, budget)
   end
   local l = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
   if l[1] and tonumber(l[2]) < now then
-    -- Close it now; members beyond the budget are finished by the reaper (orphan @lease consumer).
-    local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. l[1]
-    close_lease(lease_key, l[1], 'expired', now)
-    n = n + requeue_lease_members(lease_key, l[1], 'expired', budget, cfg, now)
+    local requeued = reap_lease(l[1], budget, cfg, now)
+    n = n + (requeued or 0)
   end
   return n
 end

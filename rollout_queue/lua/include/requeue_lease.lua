@@ -7,13 +7,14 @@ Uses: K.src, K.meta, K.ready, K.history, K.dlq, K.ledger, K.leases, K.results, K
 hash key is built from K.meta's prefix (same hash tag).
 Why: rollback and expiry are not the group's fault, so they do not count toward max_attempts; the
 completion is dropped and the pristine reservation is generated again. close_lease flips the record
-first (state = terminal, out of the deadline index), so a commit racing the rest of the requeue is
+first (state = terminal, due at once in the deadline index), so a commit racing the rest of the requeue is
 refused; requeue_lease_members then moves at most `budget` members per call (a 4096-group lease
 never blocks Redis in one script) and, once the @lease consumer owns nothing, deletes it.
 ]]
 local function close_lease(lease_key, lease_id, terminal, now)
   redis.call('HSET', lease_key, 'state', terminal, 'closed_ms', now)
-  redis.call('ZREM', K.leases, lease_id)
+  -- Score 0: due at once, so the reaper (or reap_some) finishes the requeue if this caller dies.
+  redis.call('ZADD', K.leases, 0, lease_id)
 end
 
 local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg, now)
@@ -30,8 +31,31 @@ local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg,
   end
   local done = n < budget
   if done then
+    redis.call('ZREM', K.leases, lease_id)
     redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', owner)
     if redis.call('EXISTS', lease_key) == 1 then redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms) end
   end
   return n, done
+end
+
+--[[
+reap_lease: the reaper's step for one lease id found due in K.leases (or as an orphan consumer):
+close it as expired if it is active and past its deadline, then requeue up to `budget` members;
+a lease already closed by a rollback is finished with its own terminal. Returns n, done; or nil when
+there is nothing to do (alive, or committed).
+]]
+local function reap_lease(lease_id, budget, cfg, now)
+  local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. lease_id
+  local v = redis.call('HMGET', lease_key, 'state', 'deadline')
+  local state, deadline = v[1], tonumber(v[2])
+  if state == 'active' then
+    if deadline >= now then return nil end
+    close_lease(lease_key, lease_id, 'expired', now)
+    state = 'expired'
+  elseif state == 'committed' then
+    redis.call('ZREM', K.leases, lease_id)
+    return nil
+  end
+  if state ~= 'rolled_back' then state = 'expired' end
+  return requeue_lease_members(lease_key, lease_id, state, budget, cfg, now)
 end
