@@ -40,13 +40,8 @@ from types import TracebackType
 from typing import BinaryIO
 
 __all__ = [
-    "KINDS",
-    "LocalServer",
-    "LocalServerError",
-    "ServerNotFound",
-    "ServerStartError",
-    "available_servers",
-    "find_server",
+    "KINDS", "LocalServer", "LocalServerError", "ServerNotFound", "ServerStartError",
+    "available_servers", "find_server", "pick_free_port",
 ]
 
 KINDS: tuple[str, ...] = ("valkey", "redis")  # preference order for find_server(None)
@@ -314,7 +309,7 @@ class LocalServer:
         """Spawn the server and wait until it answers PING (not LOADING).
 
         An auto-picked port that another process grabbed first is replaced by a new one; a
-        fixed port (given by the caller, or kept by ``restart``) is retried until the deadline.
+        fixed port (the caller's, or the one an earlier start used) is retried until the deadline.
 
         Raises:
             ServerStartError: the server exited, or did not answer before ``start_timeout_s``.
@@ -327,6 +322,7 @@ class LocalServer:
             deadline = time.monotonic() + self.start_timeout_s
             while True:
                 if self._spawn_and_wait(deadline):
+                    self._port_fixed = True  # clients now hold our url; it must never change
                     return self
                 # The port is in use: another process won the race for a port we picked, or a
                 # restart raced a socket still held elsewhere. A picked port is swapped; a fixed
@@ -344,7 +340,6 @@ class LocalServer:
         """
         with self._lock:
             self.stop()
-            self._port_fixed = True  # clients hold our url; the port must not change
             return self.start()
 
     def stop(self) -> None:
@@ -372,7 +367,10 @@ class LocalServer:
             proc.wait()
 
     def wait(self, timeout_s: float | None = None) -> int | None:
-        """Block until the server exits; return its exit code, or None on timeout or if never started."""
+        """Block until the server exits; its exit code, or None on timeout or if never started.
+
+        Not under the lock, so another thread can stop() or kill() the server meanwhile.
+        """
         proc = self._proc
         if proc is None:
             return None
