@@ -59,7 +59,7 @@ def decode_group(fields: Mapping[bytes, bytes]) -> SourceGroup:
     ids = body.get("prompt_token_ids")
     try:
         return SourceGroup(sid, body["prompt"], n, metadata, None if ids is None else tuple(ids))
-    except InvalidInput as exc:
+    except (InvalidInput, TypeError) as exc:  # TypeError: prompt_token_ids is not a list at all
         raise CodecError(f"malformed_reservation: {exc}") from exc
 
 
@@ -95,6 +95,8 @@ def decode_completion(blob: bytes) -> tuple[Sample, ...]:
     if not isinstance(rows, list):
         raise CodecError("completion header has no sample list")
     try:
+        if any(int(r[1]) < 0 for r in rows):
+            raise ValueError("negative token count")
         n_tokens = sum(int(r[1]) for r in rows)
         n_logprobs = sum(int(r[1]) for r in rows if r[2])
     except (TypeError, ValueError, IndexError) as exc:
@@ -111,11 +113,13 @@ def decode_completion(blob: bytes) -> tuple[Sample, ...]:
         logprobs.byteswap()
     out = []
     t = lp = 0
-    for slot, count, has_lp, reward, version, finish, versions in rows:
-        lps = logprobs[lp:lp + count] if has_lp else ()
+    for row in rows:
         try:
+            slot, count, has_lp, reward, version, finish, versions = row
+            count = int(count)
+            lps = logprobs[lp:lp + count] if has_lp else ()
             out.append(Sample(slot, tuple(tokens[t:t + count]), tuple(lps), reward, version, finish, tuple(versions)))
-        except InvalidInput as exc:
+        except (TypeError, ValueError) as exc:  # a short row, a non-list versions; InvalidInput is a ValueError
             raise CodecError(f"bad sample in completion: {exc}") from exc
         t += count
         lp += count if has_lp else 0

@@ -10,19 +10,22 @@ Multi-call operations (blocking reserve, reaper sweeps, ...) are generators in f
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from .codec import CodecError, decode_completion, decode_group
 from .errors import (
     CheckpointPruned,
     ConfigMismatch,
     HoldLost,
+    InvalidInput,
     LeaseLost,
     MalformedCompletion,
     NotFound,
     PayloadTooLarge,
     ProtocolError,
+    RolloutQueueError,
     StaleReceipt,
     VersionRegression,
 )
@@ -31,6 +34,7 @@ from .models import CompletedGroup, HeartbeatInfo, Receipt, SourceGroup
 from .scripts import SCRIPTS, Script
 
 Arg = bytes | str | int | float
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,30 @@ def check(reply: Any, ok: tuple[str, ...], context: Mapping[str, Any]) -> tuple[
     if status in ok:
         return status, reply
     if status in ERRORS:
-        raise ERRORS[status](context, reply)
+        try:
+            error = ERRORS[status](context, reply)
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed {status!r} reply {reply!r}: {exc!r}") from exc
+        raise error
     raise ProtocolError(f"unknown status {status!r} in reply {reply!r}")
+
+
+def _shaped(parse: Callable[..., T]) -> Callable[..., T]:
+    """A parser indexes into its reply: a reply of the wrong shape raises ProtocolError, never IndexError."""
+
+    @functools.wraps(parse)
+    def checked(reply: Any, *args: Any) -> T:
+        try:
+            return parse(reply, *args)
+        except RolloutQueueError as exc:
+            if type(exc) is not InvalidInput:
+                raise  # a refusal mapped by check(), or already a ProtocolError
+            bad: Exception = exc  # a reply value our own types refuse, e.g. a receipt with a bad entry ID
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
+            bad = exc
+        raise ProtocolError(f"{parse.__name__}: reply {reply!r} does not have the documented shape") from bad
+
+    return checked
 
 
 def receipt_context(r: Receipt) -> dict[str, Any]:
@@ -129,6 +155,7 @@ class ReserveReply:
 RESERVE_STATUSES = ("ok", "held", "backpressure", "capacity", "admission", "retained_full", "empty", "retry")
 
 
+@_shaped
 def parse_reserve(reply: Any, worker_id: str) -> ReserveReply:
     status, r = check(reply, RESERVE_STATUSES, {"worker_id": worker_id})
     granted = []
@@ -157,6 +184,7 @@ class LeaseReply:
     undecodable: tuple[str, ...] = ()
 
 
+@_shaped
 def parse_lease(reply: Any, lease_id: str) -> LeaseReply:
     status, r = check(reply, ("ok", "held", "insufficient"), {"lease_id": lease_id})
     if status != "ok":
@@ -173,12 +201,14 @@ def parse_lease(reply: Any, lease_id: str) -> LeaseReply:
     return LeaseReply("ok", len(groups), "", s(r[1]), int(r[2]), int(r[3]), tuple(groups), tuple(bad))
 
 
+@_shaped
 def parse_heartbeat(reply: Any) -> HeartbeatInfo:
     _, r = check(reply, ("ok",), {})
     uri = s(r[3])
     return HeartbeatInfo(int(r[1]), bool(int(r[2])), uri or None, bool(int(r[4])), int(r[5]))
 
 
+@_shaped
 def parse_open(reply: Any, queue: str) -> tuple[bool, dict[str, str]]:
     _, r = check(reply, ("ok",), {"queue": queue})
     return bool(int(r[1])), {k: s(v) for k, v in pairs(r[2:]).items()}

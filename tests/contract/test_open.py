@@ -1,0 +1,100 @@
+"""Contract of open.lua: create a queue, or check a client's config and library version against it.
+
+Header outcomes: {'ok', created, stored config...} and {'config_mismatch', field, stored, given}.
+DESIGN: `ConfigMismatch` when a client's config or script library version differs from the stored
+one; `config=None` adopts the stored config.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from rollout_queue import ConfigMismatch, QueueConfig
+from rollout_queue import protocol as p
+from rollout_queue.scripts import LIBRARY_VERSION
+from tests.contract.conftest import snapshot
+from tests.contract.worker_support import keys, meta, send
+
+CFG = QueueConfig(max_executing_samples=16, max_retained_groups=8, max_completed_groups=4, max_staleness=1,
+                  batch_groups=2, buffer_order="lifo", worker_timeout_s=0.2, max_attempts=2)
+
+
+def test_open_creates_the_queue_with_its_config(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    q = open_queue(CFG)
+    assert q.config == CFG
+    stored = meta(raw, queue_name)
+    assert stored["library"] == LIBRARY_VERSION
+    assert {k: stored[k] for k in CFG.to_meta()} == CFG.to_meta()
+    groups = raw.xinfo_groups(keys(queue_name)["src"])
+    assert [g["name"] for g in groups] == [b"rollout"]
+
+
+def test_open_reply_says_whether_it_created_and_returns_the_stored_config(open_queue, queue_name: str) -> None:
+    q = open_queue(CFG)
+    flat = [x for kv in CFG.to_meta().items() for x in kv]
+    other = keys(queue_name + "#0")  # a partition name: the queue_name fixture deletes its keys too
+    built = p.build(other, "open", library=LIBRARY_VERSION, mode="check", config=flat)
+    first, second = send(q, built), send(q, built)
+    assert (p.s(first[0]), first[1]) == ("ok", 1)
+    assert (p.s(second[0]), second[1]) == ("ok", 0)
+    stored = {k: p.s(v) for k, v in p.pairs(first[2:]).items()}
+    assert stored == {"library": LIBRARY_VERSION, **CFG.to_meta()}
+
+
+def test_reopen_with_the_same_config_changes_nothing(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    open_queue(CFG).submit([])
+    before = snapshot(raw, queue_name)
+    q = open_queue(CFG)
+    assert q.config == CFG
+    assert snapshot(raw, queue_name) == before
+
+
+@pytest.mark.parametrize("change", [{"max_attempts": 5}, {"max_staleness": None}, {"buffer_order": "fifo"},
+                                    {"batch_groups": None}, {"worker_timeout_s": 0.3}])
+def test_a_different_config_raises_config_mismatch(open_queue, raw: redis.Redis, queue_name: str,
+                                                   change: dict) -> None:
+    open_queue(CFG)
+    before = snapshot(raw, queue_name)
+    other = CFG.replace(**change)
+    with pytest.raises(ConfigMismatch) as info:
+        open_queue(other)
+    (name, _), = [(k, v) for k, v in other.to_meta().items() if CFG.to_meta()[k] != v]
+    assert (info.value.field, info.value.stored, info.value.given) == (name, CFG.to_meta()[name],
+                                                                       other.to_meta()[name])
+    assert info.value.queue == queue_name
+    assert snapshot(raw, queue_name) == before
+
+
+def test_config_none_adopts_the_stored_config(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    open_queue(CFG)
+    before = snapshot(raw, queue_name)
+    q = open_queue(None)
+    assert q.config == CFG
+    assert snapshot(raw, queue_name) == before
+
+
+def test_config_none_on_a_new_queue_stores_the_defaults(open_queue) -> None:
+    assert open_queue(None).config == QueueConfig()
+
+
+@pytest.mark.parametrize("config", [CFG, None], ids=["check", "adopt"])
+def test_a_different_library_version_raises_config_mismatch(open_queue, raw: redis.Redis, queue_name: str,
+                                                            config: QueueConfig | None) -> None:
+    open_queue(CFG)
+    raw.hset(keys(queue_name)["meta"], "library", "0.another-build")
+    before = snapshot(raw, queue_name)
+    with pytest.raises(ConfigMismatch) as info:
+        open_queue(config)
+    assert (info.value.field, info.value.stored, info.value.given) == ("library", "0.another-build",
+                                                                       LIBRARY_VERSION)
+    assert snapshot(raw, queue_name) == before
+
+
+def test_open_recreates_a_deleted_stream_and_its_consumer_group(open_queue, raw: redis.Redis,
+                                                               queue_name: str) -> None:
+    q = open_queue(CFG)
+    raw.delete(keys(queue_name)["src"])
+    open_queue(CFG)
+    assert [g["name"] for g in raw.xinfo_groups(keys(queue_name)["src"])] == [b"rollout"]
+    assert q.submit([]) == []
