@@ -73,7 +73,7 @@ class AsyncRolloutQueue:
         return await self.run(flows.stats(self.keys))
 
     def worker(self, worker_id: str | None = None) -> "AsyncWorker":
-        return AsyncWorker(self, worker_id or default_process_id())
+        return AsyncWorker(self, default_process_id() if worker_id is None else worker_id)
 
     async def lease(self, groups: int, timeout_s: float | None = None, block_ms: int = 0, partial: bool = False,
                     trainer_id: str | None = None) -> "AsyncLease | None":

@@ -119,7 +119,7 @@ class RolloutQueue:
         return self.run(flows.stats(self.keys))
 
     def worker(self, worker_id: str | None = None) -> "Worker":
-        return Worker(self, worker_id or default_process_id())
+        return Worker(self, default_process_id() if worker_id is None else worker_id)
 
     def lease(self, groups: int, timeout_s: float | None = None, block_ms: int = 0, partial: bool = False,
               trainer_id: str | None = None) -> "Lease | None":

@@ -64,7 +64,10 @@ if A.request_id ~= '' then
       local _, kv = read_entry(id)
       if owner == worker and kv then table.insert(grants, {id, count, kv}) end
     end
-    return {'ok', cfg.version_eff, published, '', 0, grants}
+    if grants[1] then return {'ok', cfg.version_eff, published, '', 0, grants} end
+    -- The replayed call granted nothing (or nothing is still owned): answer like a refusal, with a
+    -- wake ID, so a blocking caller waits from here instead of missing a wake.
+    return {'empty', cfg.version_eff, published, wake_id(K.wake_work), 0, {}}
   end
 end
 
