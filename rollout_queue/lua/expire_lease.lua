@@ -17,7 +17,7 @@ ARGV:
   count      at most this many members per call
 Returns:
   {'ok', 'expired', groups requeued by this call, done 0|1}   call again until done
-  {'not_due', deadline_ms}    the lease is alive, or closed with nothing left to requeue
+  {'not_due', 0}              the lease is alive, or closed with nothing left to requeue
 Invariant:
   a lease is rolled back by the reaper only after its deadline, judged by the server clock inside
   this script, so a commit racing the reaper either lands first or gets LeaseLost: never both.
@@ -28,5 +28,6 @@ Invariant:
 local now = now_ms()
 local cfg = load_config()
 local n, done = reap_lease(A.lease_id, tonumber(A.count), cfg, now)
-if n == nil then return {'not_due', 0} end
+-- A lease closed with nothing left to requeue (or an unknown id) gives the reaper nothing to do.
+if n == nil or (n == 0 and done) then return {'not_due', 0} end
 return {'ok', 'expired', n, done and 1 or 0}

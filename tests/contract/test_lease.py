@@ -1,0 +1,261 @@
+"""lease.lua: completed -> leased, against real servers over both transports.
+
+Proves each outcome of the header ('ok', 'held', 'insufficient', 'lease_lost', replay) and the
+DESIGN rules lease implements: buffer order, exactly `groups` or nothing, never a stale group,
+strictly on-policy with max_staleness=None, reported staleness, blocking, and `with` semantics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rollout_queue import QueueConfig, RolloutQueue
+from rollout_queue import protocol as p
+from rollout_queue.errors import ScriptError
+from tests.contract.conftest import snapshot
+from tests.contract.lifecycle import (
+    check_header,
+    execute,
+    fill_buffer,
+    history,
+    keys,
+    ledger,
+    meta,
+    owners,
+    pel,
+    reserve_all,
+    samples_for,
+    submit,
+    zmembers,
+)
+from tests.helpers import wait_until
+
+
+def test_header_matches_builder() -> None:
+    check_header(
+        "lease",
+        ["src", "meta", "ready", "buffer", "bufver", "results", "workers", "reserves", "leases", "holds",
+         "history", "ledger", "dlq", "wake_work", "wake_done"],
+        ["lease_id", "token", "trainer_id", "groups", "partial", "timeout_ms"],
+    )
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_buffer_order(open_queue, order) -> None:
+    q = open_queue(QueueConfig(buffer_order=order))
+    ids = fill_buffer(q, 3)
+    expect = ids if order == "fifo" else ids[::-1]
+    first = q.lease(1)
+    rest = q.lease(2)
+    assert [g.entry_id for g in first.groups + rest.groups] == expect
+
+
+def test_lease_records_ownership(open_queue, raw, queue_name) -> None:
+    q = open_queue()
+    ids = fill_buffer(q, 3)
+    lease = q.lease(2, timeout_s=30, trainer_id="trainer-a")
+    assert [g.entry_id for g in lease.groups] == ids[:2]
+    owner = f"@lease:{lease.lease_id}"
+    assert owners(raw, queue_name, ids) == [owner, owner, "@done"]
+    # In no other index; the completion payload stays until commit or rollback.
+    assert zmembers(raw, queue_name, "buffer") == [ids[2]]
+    assert zmembers(raw, queue_name, "bufver") == [ids[2]]
+    assert raw.hexists(keys(queue_name)["results"], ids[0])
+    record = {k.decode(): v.decode() for k, v in raw.hgetall(keys(queue_name).lease(lease.lease_id)).items()}
+    assert record["state"] == "active" and record["trainer"] == "trainer-a" and record["token"] == lease.token
+    assert record["members"] == ",".join(ids[:2])
+    assert int(record["deadline"]) == lease.deadline_ms
+    assert raw.zscore(keys(queue_name)["leases"], lease.lease_id) == lease.deadline_ms
+    assert meta(raw, queue_name)["leased"] == "2"
+    # The group and samples come back whole: pristine reservation, every slot.
+    g = lease.groups[0]
+    assert g.attempt == 1 and g.min_version == 0
+    assert g.group.source_id.endswith("-0") and g.group.n == 2
+    assert sorted(s.slot for s in g.samples) == [0, 1]
+
+
+def test_exactly_groups_or_nothing(open_queue, raw, queue_name) -> None:
+    q = open_queue()
+    fill_buffer(q, 2)
+    before = snapshot(raw, queue_name)
+    assert q.lease(3) is None
+    assert snapshot(raw, queue_name) == before, "an insufficient lease must write nothing"
+    reply = execute(q, p.build(q.keys, "lease", lease_id="l1", token="t", trainer_id="t", groups=3, partial=0,
+                               timeout_ms=0))
+    assert p.s(reply[0]) == "insufficient" and int(reply[1]) == 2
+    assert snapshot(raw, queue_name) == before
+    partial = q.lease(3, partial=True)
+    assert len(partial.groups) == 2
+    assert q.lease(1, partial=True) is None, "partial still needs at least one group"
+
+
+def test_never_a_stale_group(open_queue, raw, queue_name) -> None:
+    q = open_queue(QueueConfig(max_staleness=1))
+    ids = fill_buffer(q, 4, versions=[0, 2, 1, 3])
+    q.publish_version(3)  # floor = 3 - 1 = 2: the v0 and v1 groups are stale
+    assert q.stats().completed == 4
+    lease = q.lease(2)
+    assert [g.entry_id for g in lease.groups] == [ids[1], ids[3]]
+    assert lease.staleness == (1, 0.5)
+    stale = [ids[0], ids[2]]
+    assert owners(raw, queue_name, stale) == ["@ready", "@ready"]
+    assert zmembers(raw, queue_name, "ready") == stale
+    for entry_id in stale:
+        h = history(raw, queue_name, entry_id)
+        assert [(x["t"], x["r"]) for x in h] == [("stale", "stale")]
+        assert not raw.hexists(keys(queue_name)["results"], entry_id)
+    assert int(meta(raw, queue_name)["evicted_stale"]) == 2
+    assert q.stats().completed == 0 and q.stats().leased == 2
+    # Not counted toward max_attempts: the history's failure count stays 0.
+    import orjson
+    assert orjson.loads(raw.hget(keys(queue_name)["history"], ids[0]))["f"] == 0
+
+
+def test_never_a_stale_group_in_lifo_order(open_queue, raw, queue_name) -> None:
+    q = open_queue(QueueConfig(max_staleness=1, buffer_order="lifo"))
+    ids = fill_buffer(q, 4, versions=[0, 2, 1, 3])
+    q.publish_version(3)
+    lease = q.lease(2)
+    # Newest first: v3 is taken, v1 is met on the way and requeued, v2 is taken; v0 is not reached.
+    assert [g.entry_id for g in lease.groups] == [ids[3], ids[1]]
+    assert owners(raw, queue_name, [ids[2], ids[0]]) == ["@ready", "@done"]
+    assert q.lease(1) is None, "the last buffered group is stale: nothing fresh is left"
+
+
+def test_stale_groups_are_not_counted_as_available(open_queue) -> None:
+    q = open_queue(QueueConfig(max_staleness=0))
+    fill_buffer(q, 3, versions=[0, 1, 1])
+    q.publish_version(1)
+    assert q.lease(3) is None, "only 2 of the 3 buffered groups are fresh"
+    assert len(q.lease(2).groups) == 2
+
+
+def test_strictly_on_policy_when_max_staleness_is_none(open_queue, raw, queue_name) -> None:
+    q = open_queue(QueueConfig(max_staleness=None))
+    ids = fill_buffer(q, 3, versions=[0, 1, 1])
+    q.publish_version(1)
+    lease = q.lease(3, partial=True)
+    assert [g.entry_id for g in lease.groups] == ids[1:]
+    assert lease.staleness == (0, 0.0)
+    assert owners(raw, queue_name, ids[:1]) == ["@ready"]
+
+
+def test_nothing_is_stale_before_the_first_published_version(open_queue) -> None:
+    q = open_queue(QueueConfig(max_staleness=None))
+    fill_buffer(q, 2, versions=[0, 5])
+    lease = q.lease(2)
+    assert len(lease.groups) == 2 and lease.version == 0
+
+
+def test_lease_reports_staleness(open_queue) -> None:
+    q = open_queue(QueueConfig(max_staleness=2))
+    fill_buffer(q, 3, versions=[1, 2, 3])
+    q.publish_version(3)
+    lease = q.lease(3)
+    assert lease.version == 3
+    assert [g.min_version for g in lease.groups] == [1, 2, 3]
+    assert lease.staleness == (2, 1.0)
+
+
+def test_active_hold_hands_out_nothing(open_queue, raw, queue_name) -> None:
+    q = open_queue()
+    fill_buffer(q, 1)
+    hold = q.hold()
+    before = snapshot(raw, queue_name)
+    assert q.lease(1) is None
+    reply = execute(q, p.build(q.keys, "lease", lease_id="l1", token="t", trainer_id="t", groups=1, partial=1,
+                               timeout_ms=0))
+    assert p.s(reply[0]) == "held" and int(reply[1]) == 1
+    assert snapshot(raw, queue_name) == before
+    hold.release()
+    assert len(q.lease(1).groups) == 1
+
+
+def test_blocking_lease_wakes_on_a_completion(open_queue, redis_url, queue_name, raw) -> None:
+    q = open_queue()
+    other = RolloutQueue.from_url(redis_url, queue_name)
+    try:
+        submit(other, 1)
+        w = other.worker("w-other")
+        [res] = reserve_all(w, 1)
+
+        def complete_once_blocked() -> None:
+            # Wait for the trainer's XREAD BLOCK, a state, then hand in the completion.
+            wait_until(lambda: any("b" in c.get("flags", "") for c in raw.client_list()), timeout=5)
+            w.complete(res.receipt, samples_for(res))
+
+        t = threading.Thread(target=complete_once_blocked)
+        t.start()
+        start = time.monotonic()
+        lease = q.lease(1, block_ms=8000)
+        elapsed = time.monotonic() - start
+        t.join()
+        assert lease is not None and lease.groups[0].entry_id == res.entry_id
+        assert elapsed < 4.0, f"lease returned after {elapsed:.2f}s, not promptly"
+    finally:
+        other.close()
+
+
+def test_blocking_lease_times_out(open_queue) -> None:
+    q = open_queue()
+    start = time.monotonic()
+    assert q.lease(1, block_ms=300) is None
+    elapsed = time.monotonic() - start
+    assert 0.29 <= elapsed < 2.0
+
+
+def test_replay_answers_identically(open_queue, raw, queue_name) -> None:
+    q = open_queue()
+    fill_buffer(q, 3)
+    call = p.build(q.keys, "lease", lease_id="replay-1", token="tok-1", trainer_id="t", groups=2, partial=0,
+                   timeout_ms=0)
+    first = execute(q, call)
+    after_first = snapshot(raw, queue_name)
+    second = execute(q, call)
+    assert first == second
+    assert snapshot(raw, queue_name) == after_first, "a replay leases nothing more"
+    parsed = p.parse_lease(second, "replay-1")
+    assert parsed.status == "ok" and len(parsed.groups) == 2
+    assert [o for o, _ in pel(raw, queue_name).values()].count("@lease:replay-1") == 2
+    # The same lease id with another token is refused and writes nothing.
+    other = p.build(q.keys, "lease", lease_id="replay-1", token="tok-2", trainer_id="t", groups=2, partial=0,
+                    timeout_ms=0)
+    assert [p.s(x) for x in execute(q, other)] == ["lease_lost", "token"]
+    assert snapshot(raw, queue_name) == after_first
+    # Once the lease is settled, a late replay does not resurrect it.
+    execute(q, p.build(q.keys, "commit", lease_id="replay-1", token="tok-1", step=""))
+    assert [p.s(x) for x in execute(q, call)] == ["lease_lost", "committed"]
+
+
+def test_bad_arguments_are_script_errors(open_queue) -> None:
+    q = open_queue()
+    with pytest.raises(ScriptError, match="ROLLOUTQ"):
+        execute(q, p.build(q.keys, "lease", lease_id="bad id", token="t", trainer_id="t", groups=1, partial=0,
+                           timeout_ms=0))
+    with pytest.raises(ValueError):
+        q.lease(0)
+
+
+def test_with_commits_on_normal_exit(open_queue, raw, queue_name) -> None:
+    q = open_queue()
+    [entry_id] = fill_buffer(q, 1)
+    with q.lease(1) as lease:
+        assert len(lease) == 1
+    assert lease.closed == "committed"
+    assert entry_id not in pel(raw, queue_name)
+    assert ledger(raw, queue_name, entry_id).startswith(f"s|committed|1|w-fill|{lease.lease_id}|")
+
+
+def test_with_rolls_back_on_exception(open_queue, raw, queue_name) -> None:
+    q = open_queue()
+    [entry_id] = fill_buffer(q, 1)
+    with pytest.raises(RuntimeError, match="optimizer blew up"):
+        with q.lease(1) as lease:
+            raise RuntimeError("optimizer blew up")
+    assert lease.closed == "rolled_back"
+    assert owners(raw, queue_name, [entry_id]) == ["@ready"]
+    assert zmembers(raw, queue_name, "ready") == [entry_id]
+    assert q.stats().leased == 0
