@@ -1,0 +1,273 @@
+"""The worker runtime in-process, on the scripted test engine, against a real Redis.
+
+Each test runs a WorkerRuntime on its own loop thread (as a worker process runs it), a test trainer
+that leases and commits, and reads the ledger back from Redis.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from rollout_queue import RolloutQueue, Sample, SourceGroup
+from rollout_queue.local_server import LocalServer
+from tests.helpers import wait_until
+from tests.workers.runtime_helpers import (
+    RuntimeThread,
+    open_queue,
+    pel_owners,
+    registered_workers,
+    submit,
+    train,
+    worker_server,  # noqa: F401  # a fixture, used by name
+)
+from workers import rewards
+from workers.engines.base import SamplingConfig
+from workers.engines.scripted import ScriptedEngine
+from workers.rewards import Generated, Scorer
+from workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
+
+
+@pytest.fixture
+def url(worker_server: LocalServer) -> str:  # noqa: F811  # the fixture above, by name
+    return worker_server.url
+
+
+@pytest.fixture
+def name() -> str:
+    return f"w-{uuid.uuid4().hex[:10]}"
+
+
+def start(url: str, name: str, engine: ScriptedEngine, scorer: Scorer | None = None, **options: Any) -> RuntimeThread:
+    opts = WorkerOptions(**{"block_ms": 200, "sampling": SamplingConfig(max_tokens=32), **options})
+    return RuntimeThread(WorkerRuntime(url, name, engine, opts, worker_id=f"wk-{uuid.uuid4().hex[:6]}",
+                                       scorer=scorer)).start()
+
+
+def answer_half(prompt: str, request_id: str) -> str:
+    """Even slots answer correctly, odd slots do not (so every group has mixed rewards)."""
+    slot = int(request_id.rsplit("/", 1)[1])
+    if "What is " not in prompt:
+        return "I cannot say."
+    a = int(prompt.split("What is ")[1].split(" ")[0])
+    return f"The answer is {2 * a if slot % 2 == 0 else 2 * a + 1}."
+
+
+def assert_nothing_owned(url: str, name: str, worker_id: str) -> None:
+    assert worker_id not in pel_owners(url, name)
+    assert worker_id not in registered_workers(url, name)
+
+
+def test_full_lifecycle_generates_scores_completes_and_trains_each_group_once(url: str, name: str) -> None:
+    q = open_queue(url, name)
+    submit(q, 6, n=3)
+    engine = ScriptedEngine(text_fn=answer_half, latency_s=0.01)
+    rt = start(url, name, engine, Scorer(rewards.arithmetic_exact_match))
+    committed, trained = train(q, {f"g-{i}" for i in range(6)})
+    assert set(committed.values()) == {1}
+    for g in trained:
+        assert [s.slot for s in g.samples] == [0, 1, 2]
+        assert [s.reward for s in g.samples] == [1.0, 0.0, 1.0]
+        for s in g.samples:
+            assert engine.decode(s.token_ids).startswith("The answer is")
+            assert len(s.logprobs) == len(s.token_ids) and all(lp < 0 for lp in s.logprobs)
+            assert (s.version, s.versions, s.finish_reason) == (0, (0,), "stop")
+    assert rt.drain() is None
+    st = q.stats()
+    assert (st.committed, st.retained, st.executing_groups, st.workers_alive) == (6, 0, 0, 0)
+    assert rt.runtime.stats.settled["completed"] == 6
+    assert_nothing_owned(url, name, rt.runtime.worker_id)
+
+
+def long_tail(prompt: str, request_id: str) -> float:
+    """Slot 0 of every group is slow, the other slots are quick."""
+    return 0.6 if request_id.endswith("/0") else 0.02
+
+
+@pytest.mark.parametrize("policy", ["group", "sample"])
+def test_group_and_sample_policies_on_long_tailed_latencies(url: str, name: str, policy: str) -> None:
+    q = open_queue(url, name)
+    submit(q, 6, n=4)
+    engine = ScriptedEngine(latency_fn=long_tail, max_concurrency=64)
+    rt = start(url, name, engine, policy=policy, max_samples=8, max_groups=2 if policy == "group" else None)
+    train(q, {f"g-{i}" for i in range(6)})
+    assert rt.drain() is None
+    sched = rt.runtime.scheduler
+    assert sched is not None and engine.peak_running <= 8
+    first_batch = next(k for _, k in rt.runtime.stats.reserves if k)
+    assert first_batch == 2  # reserve batching: the idle worker took two groups in one call
+    if policy == "group":
+        # Never more than G groups: while a long sample held its group, its 3 slots stayed idle.
+        assert sched.peak_groups == 2
+    else:
+        # Freed slots were backfilled while the long-tailed samples still held their groups open.
+        assert sched.peak_groups >= 3
+        assert engine.peak_running > 4
+
+
+def test_abort_on_weight_update_requeues_uncounted_and_loads_the_weights(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)  # a counted terminal would dead-letter the group
+    submit(q, 2, n=2)
+    engine = ScriptedEngine(hang=True)
+    rt = start(url, name, engine, weights_mode="abort")
+    wait_until(lambda: engine.running == 4, 10)
+    engine.hang = False  # requests reserved from now on finish normally
+    q.publish_version(1, "file:///weights/v1")
+    committed, trained = train(q, {"g-0", "g-1"})
+    assert engine.loads == ["file:///weights/v1"]
+    assert rt.runtime.stats.settled["aborted"] == 2
+    st = q.stats()
+    assert st.terminals["aborted"] == 2 and st.dead == 0
+    for g in trained:
+        assert g.attempt == 2 and {s.version for s in g.samples} == {1}
+        assert {s.versions for s in g.samples} == {(1,)}
+    assert rt.drain() is None
+
+
+def test_continue_mode_records_every_version_a_sample_saw(url: str, name: str) -> None:
+    q = open_queue(url, name, max_staleness=4)
+    submit(q, 2, n=2)
+    engine = ScriptedEngine(hang=True)
+    rt = start(url, name, engine, weights_mode="continue")
+    wait_until(lambda: engine.running == 4, 10)
+    engine.hang = False
+    q.publish_version(3, "file:///weights/v3")
+    wait_until(lambda: engine.loads == ["file:///weights/v3"] and rt.runtime.loaded_version == 3, 10)
+    rt.on_loop(engine.finish_hanging)  # the old requests end after the update
+    submit(q, 1, n=2, prefix="late")
+    committed, trained = train(q, {"g-0", "g-1", "late-0"})
+    by_source = {g.group.source_id: g for g in trained}
+    for sid in ("g-0", "g-1"):
+        assert by_source[sid].attempt == 1  # not aborted
+        assert {(s.version, s.versions) for s in by_source[sid].samples} == {(0, (0, 3))}
+        assert by_source[sid].min_version == 0
+    assert {(s.version, s.versions) for s in by_source["late-0"].samples} == {(3, (3,))}
+    assert rt.runtime.stats.settled["aborted"] == 0
+    assert rt.drain() is None
+
+
+def test_a_reward_that_raises_fails_the_attempt_with_the_reason(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=2)
+    q.submit([SourceGroup("bad", "no arithmetic here", 2), SourceGroup("ok", "What is 1 plus 1?", 2)])
+    engine = ScriptedEngine(text_fn=answer_half)
+    rt = start(url, name, engine, Scorer(rewards.arithmetic_exact_match))
+    train(q, {"ok"})
+    wait_until(lambda: q.stats().dead == 1, 10)
+    (letter,) = q.dead_letters()
+    assert letter.source_id == "bad" and letter.attempt == 2
+    assert [h["t"] for h in letter.history] == ["failed", "failed"]
+    assert all("arithmetic_exact_match raised ValueError" in h["r"] for h in letter.history)
+    assert rt.runtime.stats.settled["failed"] == 2
+    assert rt.drain() is None
+
+
+def test_nonzero_std_filter_settles_constant_groups_filtered(url: str, name: str) -> None:
+    q = open_queue(url, name)
+    q.submit([SourceGroup(f"same-{i}", f"same {i}", 3) for i in range(3)]
+             + [SourceGroup(f"mixed-{i}", f"mixed {i}", 3) for i in range(2)])
+
+    def reward(group: SourceGroup, out: Generated) -> float:
+        return 1.0 if group.prompt.startswith("same") else float(out.slot)
+
+    rt = start(url, name, ScriptedEngine(), Scorer(reward, rewards.nonzero_std))
+    committed, _ = train(q, {"mixed-0", "mixed-1"})
+    wait_until(lambda: q.stats().filtered == 3, 10)
+    st = q.stats()
+    assert st.filtered_by_reason == {"zero_std": 3} and st.retained == 0
+    assert set(committed) == {"mixed-0", "mixed-1"}
+    assert rt.drain() is None
+
+
+def test_request_failed_fails_only_that_attempt(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("poison", "poison pill", 2), SourceGroup("fine", "fine prompt", 2)])
+    rt = start(url, name, ScriptedEngine(fail_prompt="poison"))
+    train(q, {"fine"})
+    wait_until(lambda: q.stats().dead == 1, 10)
+    assert "request failed" in q.dead_letters()[0].reason or q.dead_letters()[0].history
+    assert rt.alive and rt.runtime.stats.settled["failed"] == 1
+    assert rt.drain() is None
+
+
+def test_heartbeat_thread_keeps_a_worker_alive_while_its_loop_is_blocked(url: str, name: str) -> None:
+    q = open_queue(url, name, worker_timeout_s=0.3)
+    submit(q, 1, n=2)
+    # The first generate call blocks the event loop for 5x the worker timeout.
+    engine = ScriptedEngine(block_loop_s=1.5, block_loop_calls=1)
+    rt = start(url, name, engine, heartbeat_interval_s=0.05)
+    wait_until(lambda: engine.calls >= 1, 10)
+    beats = rt.runtime.heartbeat.beats  # type: ignore[union-attr]
+    blocked_until = time.monotonic() + 1.2
+    while time.monotonic() < blocked_until:  # reap throughout the stall
+        assert q.reap().lost == 0
+        assert q.stats().workers_silent == 0
+    assert rt.runtime.heartbeat.beats > beats + 5  # type: ignore[union-attr]
+    committed, trained = train(q, {"g-0"})
+    assert trained[0].attempt == 1 and q.stats().terminals["lost"] == 0
+    assert rt.drain() is None
+
+
+def test_a_stale_receipt_on_complete_is_dropped(url: str, name: str) -> None:
+    q = open_queue(url, name, worker_timeout_s=0.5)
+    submit(q, 1, n=1)
+    engine = ScriptedEngine(hang=True)
+    # A heartbeat far rarer than the timeout, and one slot (no reserve calls, which also refresh
+    # liveness, while it generates): the worker looks dead while it generates.
+    rt = start(url, name, engine, heartbeat_interval_s=3600, max_samples=1)
+    wait_until(lambda: engine.running == 1, 10)
+    wait_until(lambda: q.reap().lost == 1, 10)
+    rescuer = q.worker("rescuer")
+    (r,) = wait_until(lambda: rescuer.reserve(1), 10)
+    rt.on_loop(engine.finish_hanging)
+    wait_until(lambda: rt.runtime.stats.settled["stale"] == 1, 10)
+    assert rt.alive and rt.runtime.stats.settled["completed"] == 0
+    rescuer.complete(r.receipt, [Sample(0, (5,), (-0.1,))])
+    committed, trained = train(q, {"g-0"})
+    assert committed["g-0"] == 1 and trained[0].attempt == 2
+    assert rt.drain() is None
+
+
+def test_a_fatal_engine_error_returns_every_owned_attempt_before_failing(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=5)
+    submit(q, 3, n=2)
+    engine = ScriptedEngine(hang=True, fatal_after=6)  # the 6th generate call kills the engine
+    rt = start(url, name, engine)
+    error = rt.join()
+    assert isinstance(error, WorkerFailed) and "scripted fatal error" in str(error)
+    st = q.stats()
+    assert (st.ready, st.executing_groups, st.terminals["lost"], st.dead) == (3, 0, 3, 0)
+    assert_nothing_owned(url, name, rt.runtime.worker_id)
+
+
+def test_drain_deadline_aborts_what_is_still_generating(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    submit(q, 2, n=2)
+    engine = ScriptedEngine(hang=True)
+    rt = start(url, name, engine, drain_timeout_s=0.2)
+    wait_until(lambda: engine.running == 4, 10)
+    assert rt.drain() is None
+    st = q.stats()
+    assert (st.ready, st.executing_groups, st.terminals["aborted"], st.dead) == (2, 0, 2, 0)
+    assert engine.aborted == 4
+    assert_nothing_owned(url, name, rt.runtime.worker_id)
+
+
+def test_admission_hold_stops_reservations_without_spinning(url: str, name: str) -> None:
+    q: RolloutQueue = open_queue(url, name)
+    hold = q.hold(timeout_s=30)
+    submit(q, 2, n=1)
+    rt = start(url, name, ScriptedEngine(), block_ms=300)
+    wait_until(lambda: rt.runtime.held is True, 10)
+    calls_before = len(rt.runtime.stats.reserves)
+    held_for = time.monotonic() + 0.6
+    while time.monotonic() < held_for:
+        assert q.stats().executing_groups == 0
+    # Blocking reserves (300 ms each) while held: a handful of calls, not a spin.
+    assert len(rt.runtime.stats.reserves) - calls_before <= 4
+    hold.release()
+    train(q, {"g-0", "g-1"})
+    assert rt.drain() is None
+

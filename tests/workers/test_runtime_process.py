@@ -1,0 +1,129 @@
+"""Worker PROCESSES (``python -m workers --engine scripted``): SIGTERM drain, kill -9, fatal errors.
+
+These are the failure modes DESIGN's "Failure handling" promises to survive, exercised on real
+processes and a real Redis, with the ledger read back at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import uuid
+
+import pytest
+
+from rollout_queue import SourceGroup
+from rollout_queue.local_server import LocalServer
+from tests.helpers import wait_until
+from tests.workers.runtime_helpers import (
+    RuntimeThread,
+    open_queue,
+    pel_owners,
+    registered_workers,
+    spawn_worker,
+    submit,
+    train,
+    worker_server,  # noqa: F401  # a fixture, used by name
+)
+from workers.engines.scripted import ScriptedEngine
+from workers.runtime import WorkerOptions, WorkerRuntime
+
+
+@pytest.fixture
+def url(worker_server: LocalServer) -> str:  # noqa: F811  # the fixture above, by name
+    return worker_server.url
+
+
+@pytest.fixture
+def name() -> str:
+    return f"p-{uuid.uuid4().hex[:10]}"
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 20.0) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"worker did not exit; stderr:\n{err}") from None
+    return proc.returncode, err
+
+
+def test_sigterm_drains_finishes_in_flight_work_requeues_the_rest_and_exits_0(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup(f"quick-{i}", f"quick {i}", 2) for i in range(2)]
+             + [SourceGroup("stuck", "stuck forever", 2)])
+    proc = spawn_worker(url, name, "drainer", "--engine-arg", "latency_s=0.4", "--engine-arg", 'hang_prompt="stuck"',
+                        "--drain-timeout", "1.5", "--json-logs")
+    try:
+        wait_until(lambda: q.stats().executing_groups == 3, 20, message="three groups executing")
+        proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    st = q.stats()
+    # The quick attempts finished inside the deadline; the stuck one went back to ready, uncounted.
+    assert (st.completed, st.ready, st.executing_groups, st.dead) == (2, 1, 0, 0), err
+    assert st.terminals["aborted"] == 1
+    assert "drainer" not in pel_owners(url, name) and "drainer" not in registered_workers(url, name)
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    closed = [x for x in lines if x["msg"] == "worker closed"]
+    assert closed and closed[0]["worker"] == "drainer" and closed[0]["queue"] == name
+    assert (closed[0]["completed"], closed[0]["aborted"], closed[0]["requeued"]) == (2, 1, 0)
+    aborted = [x for x in lines if x["msg"] == "aborted"]
+    assert aborted and {"entry", "attempt", "worker", "queue"} <= set(aborted[0])
+
+
+def test_kill_9_mid_generation_the_reaper_requeues_and_another_worker_finishes_once(url: str, name: str) -> None:
+    q = open_queue(url, name, worker_timeout_s=0.5)
+    ids = submit(q, 6, n=2)
+    proc = spawn_worker(url, name, "doomed", "--engine-arg", "latency_s=30", "--max-samples", "6")
+    try:
+        wait_until(lambda: q.stats().executing_groups == 3, 20, message="three groups executing")
+    finally:
+        proc.kill()  # SIGKILL: no drain, no close, the heartbeat thread dies with it
+    proc.communicate()
+    assert pel_owners(url, name).get("doomed") == 3
+    lost = wait_until(lambda: q.reap().lost, 10, message="the reaper to requeue the dead worker's work")
+    assert lost == 3 and "doomed" not in pel_owners(url, name)
+    rescuer = RuntimeThread(WorkerRuntime(url, name, ScriptedEngine(latency_s=0.01),
+                                          WorkerOptions(block_ms=200), worker_id="rescuer")).start()
+    committed, trained = train(q, {f"g-{i}" for i in range(6)})
+    assert rescuer.drain() is None
+    assert len(ids) == 6 and set(committed.values()) == {1}  # every group trained exactly once
+    assert sorted(g.attempt for g in trained) == [1, 1, 1, 2, 2, 2]
+    st = q.stats()
+    assert (st.committed, st.retained, st.dead, st.terminals["lost"]) == (6, 0, 0, 3)
+
+
+def test_a_fatal_engine_error_requeues_everything_before_a_non_zero_exit(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=3)
+    submit(q, 4, n=2)
+    # Requests hang (so the worker owns work when it dies); the 5th generate call (the first of the
+    # third group: all four groups were reserved in one call) is fatal.
+    proc = spawn_worker(url, name, "fragile", "--engine-arg", "hang=true", "--engine-arg", "fatal_after=5")
+    code, err = finish(proc)
+    assert code == 1, err
+    assert "scripted fatal error" in err
+    st = q.stats()
+    assert (st.ready, st.executing_groups, st.dead) == (4, 0, 0), err
+    assert st.terminals["lost"] == 4  # counted: a prompt that kills engines must not loop forever
+    assert "fragile" not in pel_owners(url, name) and "fragile" not in registered_workers(url, name)
+    # The requeue happened before the exit: the log says so, in that order.
+    assert err.index("worker closed") < err.index("rollout-queue worker:")
+
+
+def test_the_worker_command_reports_usage_errors(url: str, name: str) -> None:
+    proc = spawn_worker(url, name, "w", "--engine-arg", "not-a-pair")
+    code, err = finish(proc)
+    assert code == 2 and "KEY=VALUE" in err
+
+
+def test_rollout_queue_worker_delegates_to_the_worker_command(url: str, name: str) -> None:
+    from rollout_queue.cli import main as rollout_queue_main
+
+    # `--` keeps the core parser from reading the worker's options as its own.
+    argv = ["--url", url, "--queue", name, "worker", "--", "--engine", "scripted", "--engine-arg", "oops"]
+    assert rollout_queue_main(argv) == 2

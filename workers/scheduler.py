@@ -1,0 +1,134 @@
+"""The submission scheduler of one worker: how much to ask ``reserve`` for, and when (sans-IO).
+
+DESIGN, "Submission scheduler". Both policies are one state machine with one accounting rule and
+one question, ``request()``; a policy only decides *when a sample slot is released*:
+
+- ``group``: a worker holds at most ``max_groups`` groups. A group's slots are released together,
+  when the group becomes terminal, so a new group is reserved only after one ends.
+- ``sample``: a worker keeps at most ``max_samples`` samples executing. Each finished sample
+  releases its slot at once, and a new group is reserved as soon as ``n`` slots are free, which
+  keeps the engine busy while one long-tailed sample holds its group open.
+
+Rules this module keeps:
+1. No I/O, no clock, no asyncio: the runtime reports events (reserved, sample done, group
+   terminal) and asks ``request()``; tests drive it by hand.
+2. Reserve batching: a request asks for every free group (up to ``max_batch``) in one call, capped
+   by the free samples, so an idle worker with many slots fills them in one round trip. The queue's
+   reserve script stops granting at ``max_samples``, so a batch never overshoots the slots.
+3. No empty asks: the sample policy asks only when ``n`` slots are free, where ``n`` is the size
+   of the last group reserved (the best guess of the next one); a call that could only be refused
+   is never made, so a busy worker never spins on ``reserve``.
+4. The counts can never go negative or leak: ``busy_samples`` always equals the slots held by the
+   groups in ``held`` (checked by ``check()``; the tests call it after every step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Literal
+
+Policy = Literal["group", "sample"]
+POLICIES: tuple[str, ...] = ("group", "sample")
+
+
+@dataclass(frozen=True)
+class ReserveRequest:
+    """What to pass to ``reserve``: at most ``max_groups`` groups and ``max_samples`` samples
+    (0: no per-call sample cap, only the queue's)."""
+
+    max_groups: int
+    max_samples: int
+
+
+@dataclass
+class _Held:
+    n: int
+    running: int  # samples of this group not yet finished
+
+
+class SubmissionScheduler:
+    """Slot accounting for the ``group`` and ``sample`` policies (see the module docstring)."""
+
+    def __init__(self, policy: Policy, *, max_samples: int | None = None, max_groups: int | None = None,
+                 max_batch: int = 64) -> None:
+        """``max_samples=None``: no sample cap (group policy only); ``max_groups=None``: no group cap
+        (sample policy only). Raises ValueError when the chosen policy has nothing to bound it."""
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy == "group" and not max_groups:
+            raise ValueError("the group policy needs max_groups >= 1")
+        if policy == "sample" and not max_samples:
+            raise ValueError("the sample policy needs max_samples >= 1")
+        for name, value in (("max_samples", max_samples), ("max_groups", max_groups), ("max_batch", max_batch)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        self.policy: Policy = policy
+        self.max_samples, self.max_groups, self.max_batch = max_samples, max_groups, max_batch
+        self.held: dict[Hashable, _Held] = {}
+        self.busy_samples = 0
+        self.n_hint = 1
+        self.peak_groups = 0
+        self.peak_samples = 0
+
+    @property
+    def free_groups(self) -> int | None:
+        return None if self.max_groups is None else self.max_groups - len(self.held)
+
+    @property
+    def free_samples(self) -> int | None:
+        return None if self.max_samples is None else self.max_samples - self.busy_samples
+
+    def request(self) -> ReserveRequest | None:
+        """How much to reserve now, or None when there is no room (wait for a slot to free)."""
+        free_g, free_s = self.free_groups, self.free_samples
+        if free_g is not None and free_g < 1:
+            return None
+        if free_s is not None and free_s < self.n_hint:
+            return None
+        groups = self.max_batch
+        for cap in (free_g, free_s):  # a group has at least one sample, so free_s caps groups too
+            if cap is not None:
+                groups = min(groups, cap)
+        return ReserveRequest(max_groups=groups, max_samples=free_s or 0)
+
+    def on_reserved(self, key: Hashable, n: int) -> None:
+        """A group of ``n`` parent slots was granted; all its samples start now."""
+        if key in self.held:
+            raise ValueError(f"group {key!r} is already held")
+        if n < 1:
+            raise ValueError(f"a group has at least one parent slot, got n={n}")
+        self.held[key] = _Held(n, n)
+        self.busy_samples += n
+        self.n_hint = n
+        self.peak_groups = max(self.peak_groups, len(self.held))
+        self.peak_samples = max(self.peak_samples, self.busy_samples)
+
+    def on_sample_done(self, key: Hashable) -> bool:
+        """One sample of group ``key`` finished (or was aborted). True when that freed a slot."""
+        held = self.held.get(key)
+        if held is None or held.running < 1:
+            raise ValueError(f"no running sample of group {key!r}")
+        held.running -= 1
+        if self.policy == "sample":
+            self.busy_samples -= 1
+            return True
+        return False
+
+    def on_group_terminal(self, key: Hashable) -> None:
+        """Group ``key`` ended (completed, failed, filtered, aborted or dropped): release its slots.
+        Unknown keys are ignored, so the runtime may report a terminal from every exit path."""
+        held = self.held.pop(key, None)
+        if held is None:
+            return
+        # group policy: every slot is still held; sample policy: only those of unfinished samples.
+        self.busy_samples -= held.n if self.policy == "group" else held.running
+
+    def check(self) -> None:
+        """Raise AssertionError if the accounting is inconsistent (for tests)."""
+        expected = sum(h.n if self.policy == "group" else h.running for h in self.held.values())
+        assert self.busy_samples == expected, (self.busy_samples, expected)
+        assert all(0 <= h.running <= h.n for h in self.held.values())
+        if self.max_groups is not None:
+            assert len(self.held) <= self.max_groups
+        if self.max_samples is not None:
+            assert self.busy_samples <= self.max_samples
