@@ -1,0 +1,180 @@
+"""Redis ACL rules for the roles that use one queue: producer, worker, trainer, reaper, operator, admin.
+
+Owns deriving each role's rules from the script library itself, so that they follow the Lua as it
+changes: which scripts a role may run (EVALSHA allow-listed by SHA1, with Redis's ``+cmd|first-arg``
+rule), which commands those scripts call (a script runs with its caller's permissions), which keys
+they declare or build (``lease:*``), plus the plain commands a role's client sends outside scripts
+(blocking XREAD on a wake stream, HGET of the version, SUBSCRIBE to the versions channel).
+It does no I/O; ``rollout-queue acl`` prints or applies the rules.
+
+What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", says it for people):
+- They confine every role to one queue's keys and channel, and each role to its own transitions: a
+  worker's EVALSHA of commit.lua is refused, and a worker cannot touch the commits, kept or ids keys
+  at all; the operator role runs no write command, in or out of a script.
+- SCRIPT LOAD is allowed: a loaded script only runs if its SHA1 is on the list, and SHA1 names the
+  content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
+- They cannot stop a holder of a role's password from sending, directly, the commands its own
+  scripts use on the keys they declare (a worker credential can XACK or XCLAIM in the source stream).
+  Redis has no "only inside this script" permission. ACLs stop the wrong process and a misconfigured
+  one and bound a leaked credential to one queue; they are not a sandbox for hostile code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .keys import QueueKeys
+from .scripts import LIBRARY_VERSION, SCRIPTS, Script
+
+#: Commands whose ACL rules name a subcommand (``xgroup|create``): granting the whole container would
+#: also grant XGROUP DESTROY, CONFIG SET and the like.
+CONTAINERS = frozenset({"XGROUP", "XINFO", "OBJECT", "MEMORY", "SCRIPT", "CLIENT", "CONFIG", "FUNCTION"})
+
+#: Redis command names a script may call. A quoted upper-case word in a script that is in this set is
+#: taken as a command the script runs; option words (COUNT, JUSTID, ...) are not in it.
+KNOWN_COMMANDS = frozenset("""
+APPEND DECR DECRBY DEL EXISTS EXPIRE EXPIREAT GET GETDEL GETEX GETSET INCR INCRBY INCRBYFLOAT MGET MSET
+PERSIST PEXPIRE PEXPIREAT PTTL SET SETNX STRLEN TTL TYPE UNLINK
+HDEL HEXISTS HGET HGETALL HINCRBY HINCRBYFLOAT HKEYS HLEN HMGET HMSET HRANDFIELD HSCAN HSET HSETNX HSTRLEN HVALS
+LINDEX LINSERT LLEN LMOVE LPOP LPOS LPUSH LRANGE LREM LSET LTRIM RPOP RPUSH
+SADD SCARD SISMEMBER SMEMBERS SMISMEMBER SPOP SRANDMEMBER SREM SSCAN
+ZADD ZCARD ZCOUNT ZINCRBY ZMSCORE ZPOPMAX ZPOPMIN ZRANGE ZRANGEBYSCORE ZRANK ZREM ZREMRANGEBYRANK
+ZREMRANGEBYSCORE ZREVRANGE ZREVRANGEBYSCORE ZREVRANK ZSCAN ZSCORE
+XACK XADD XAUTOCLAIM XCLAIM XDEL XGROUP XINFO XLEN XPENDING XRANGE XREAD XREADGROUP XREVRANGE XTRIM
+PUBLISH TIME OBJECT MEMORY
+""".split())
+
+#: Plain read commands (outside scripts) of the read-only operator: the views and OPERATIONS.md.
+READ_COMMANDS = (
+    "xpending", "xrange", "xrevrange", "xlen", "xinfo|stream", "xinfo|groups", "xinfo|consumers",
+    "zrange", "zrangebyscore", "zrevrange", "zscore", "zcard", "zcount", "hget", "hgetall", "hmget", "hlen",
+    "hstrlen", "hexists", "hkeys", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding", "scan",
+)
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one kind of process needs. ``raw`` are commands its client sends outside scripts, on the key
+    roles ``raw_keys``; ``all_keys`` grants the queue's whole prefix instead of the keys listed."""
+
+    name: str
+    summary: str
+    scripts: tuple[str, ...]
+    raw: tuple[str, ...] = ()
+    raw_keys: tuple[str, ...] = ()
+    versions_channel: bool = False
+    all_keys: bool = False
+
+
+_OPEN = ("open",)
+ROLES: dict[str, Role] = {r.name: r for r in (
+    Role("producer", "submits source groups", _OPEN + ("submit",), ("hget",), ("meta",)),
+    Role("worker", "reserves, completes, fails, aborts, filters; heartbeats",
+         _OPEN + ("reserve", "complete", "fail", "abort", "filter", "reject", "heartbeat", "close_worker"),
+         ("hget", "xread", "subscribe"), ("meta", "wake_work"), versions_channel=True),
+    Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
+         _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
+                  "publish_version", "checkpoint", "restore", "stats"),
+         ("hget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True),
+    Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
+         _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release")),
+    Role("operator", "read-only: stats, top, inspect, workers, leases, metrics, the redis-cli guide",
+         ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True),
+)}
+#: The admin may run every script and every non-dangerous command on the queue's keys (it can EVAL);
+#: it cannot run server-wide commands (FLUSHALL, CONFIG, ACL, FUNCTION, SCRIPT FLUSH, KEYS, INFO).
+ADMIN_RULES = ("+@all", "-@dangerous", "-@admin", "-function", "-script", "+script|load", "+script|exists")
+ROLE_NAMES = tuple(ROLES) + ("admin",)
+
+_CALL = re.compile(r"""'([A-Z]+)'(?:\s*,\s*'([A-Z]+)')?""")
+
+
+def script_commands(script: Script) -> set[str]:
+    """The ACL command names (lower case, ``container|sub``) a script's assembled source calls."""
+    out = set()
+    for cmd, sub in _CALL.findall(script.source):
+        if cmd not in KNOWN_COMMANDS:
+            continue
+        if cmd in CONTAINERS:
+            if not sub:
+                raise ValueError(f"script {script.name} calls {cmd} without a literal subcommand")
+            out.add(f"{cmd}|{sub}".lower())
+        else:
+            out.add(cmd.lower())
+    return out
+
+
+def script_keys(script: Script, keys: QueueKeys) -> set[str]:
+    """Key patterns of a script: its declared KEYS and the lease records it builds (same hash tag)."""
+    out = {keys[role] for role in script.keys}
+    if "'lease:'" in script.source:
+        out.add(keys.lease("*"))
+    return out
+
+
+@dataclass(frozen=True)
+class RoleRules:
+    """One role's ACL user for one queue."""
+
+    role: str
+    user: str
+    rules: tuple[str, ...]
+
+    def setuser(self) -> str:
+        """``ACL SETUSER ...`` as typed at the redis-cli prompt (no token needs quoting there)."""
+        return " ".join(("ACL", "SETUSER", self.user) + self.rules)
+
+    def aclfile(self) -> str:
+        """The line for an ``aclfile``."""
+        return " ".join(("user", self.user) + self.rules)
+
+
+def user_name(queue: str, role: str) -> str:
+    return f"rq-{queue}-{role}"
+
+
+def role_rules(queue: str, role: str, password: str | None = None,
+               library: Mapping[str, Script] = SCRIPTS) -> RoleRules:
+    """The ACL rules of ``role`` for ``queue``. Without a password the user is on but cannot log in
+    until one is added (``>secret``); with one, only its SHA-256 is written."""
+    keys = QueueKeys(queue)
+    head = ["on", "resetkeys", "resetchannels", "-@all"]
+    if password is not None:
+        head.append("#" + hashlib.sha256(password.encode()).hexdigest())
+    channel = ["&" + keys.versions_channel]
+    if role == "admin":
+        return RoleRules(role, user_name(queue, role),
+                         tuple(head + ["~" + keys.pattern, "&" + keys.pattern] + list(ADMIN_RULES)))
+    spec = ROLES[role]
+    scripts = [library[name] for name in spec.scripts]
+    commands = {"ping", "time", "script|load"} | set(spec.raw)
+    patterns = {keys[k] for k in spec.raw_keys}
+    for script in scripts:
+        commands |= script_commands(script)
+        patterns |= script_keys(script, keys)
+    key_rules = ["~" + keys.pattern] if spec.all_keys else ["~" + k for k in sorted(patterns)]
+    rules = head + key_rules + (channel if spec.versions_channel or "publish" in commands else [])
+    rules += ["+" + c for c in sorted(commands)] + [f"+evalsha|{s.sha}" for s in scripts]
+    return RoleRules(role, user_name(queue, role), tuple(rules))
+
+
+def all_rules(queue: str, roles: Sequence[str] = ROLE_NAMES,
+              passwords: Mapping[str, str] | None = None) -> list[RoleRules]:
+    passwords = passwords or {}
+    return [role_rules(queue, r, passwords.get(r)) for r in roles]
+
+
+def banner(queue: str) -> list[str]:
+    """The comment lines printed above the rules."""
+    return [
+        f"# Redis ACL users for rollout-queue queue {queue!r}, script library {LIBRARY_VERSION}.",
+        "# Regenerate and apply after every upgrade of rollout-queue: scripts are allow-listed by SHA1,",
+        "# so a new library is refused (NOPERM) until the rules match it. Create the queue as admin first:",
+        "# every role but operator may run `open`, which creates a missing queue with its own config.",
+        "# Users without a password cannot log in: add one (>secret) or use --password ROLE=SECRET.",
+    ] + [f"#   {user_name(queue, r.name)}: {r.summary}" for r in ROLES.values()] + [
+        f"#   {user_name(queue, 'admin')}: every script and non-dangerous command on the queue's keys",
+    ]

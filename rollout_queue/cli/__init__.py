@@ -1,0 +1,114 @@
+"""The ``rollout-queue`` command line: a thin shell over the public API and the operator views.
+
+Owns argument parsing, output (rich tables on a terminal, plain text in pipes, ``--json`` for
+scripts), exit codes and the log line of each state-changing action. It calls RolloutQueue, the
+read-only views (views.py) and the operator actions (actions.py); never a key or a script directly.
+One module per command group: status (stats, top, metrics), entries (inspect, workers, leases,
+requeue), admin (dlq, config, drain, acl), processes (reaper, worker, demo).
+
+Exit codes (stable; shell scripts may rely on them, the message is on stderr):
+  0  ok
+  1  runtime failure (a failed ledger check, a drain --wait that timed out, a library mismatch)
+  2  usage: bad arguments, or a destructive command without --yes (nothing was sent)
+  3  cannot reach Redis (or the outcome of a call is unknown: check with `stats` before retrying)
+  4  not found: no such queue, entry or dead letter
+  5  refused: the queue's state forbids the action, nothing changed (worker alive, attempt moved,
+     config changed meanwhile, entry not executing)
+  6  permission denied: Redis refused the credentials or the command (ACL role)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import redis
+
+from .. import logs
+from ..errors import (
+    ConfigMismatch,
+    InvalidInput,
+    NotFound,
+    OutcomeUnknown,
+    OwnershipLost,
+    RolloutQueueError,
+    StateConflict,
+)
+from . import admin, entries, processes, status
+from .common import (
+    EXIT_DENIED,
+    EXIT_FAIL,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    PermissionDenied,
+    UsageError,
+    add_connection_args,
+)
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollout-queue", description=__doc__.split("\n")[0],
+                                     epilog=__doc__[__doc__.index("Exit codes"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_connection_args(parser)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in (status, entries, admin, processes):
+        group.register(sub)
+    for name, p in sub.choices.items():
+        if name != "worker":  # worker forwards its own arguments untouched
+            add_connection_args(p, suppress=True)
+    return parser
+
+
+def _exit(code: int, message: str) -> int:
+    print(f"rollout-queue: {message}", file=sys.stderr)
+    return code
+
+
+def _is_denied(exc: BaseException | None) -> bool:
+    """An ACL refusal, possibly wrapped (the transport raises ScriptError from NoPermissionError; redis-py
+    strips the NOPERM prefix, a script's own error keeps it)."""
+    while exc is not None:
+        if isinstance(exc, (redis.exceptions.NoPermissionError, PermissionDenied)) or "NOPERM" in str(exc):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.json_logs)
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        return _exit(EXIT_USAGE, str(exc))
+    except PermissionDenied as exc:
+        return _exit(EXIT_DENIED, str(exc))
+    except OutcomeUnknown as exc:
+        cause = exc.__cause__
+        if cause is not None and isinstance(cause, redis.exceptions.AuthenticationError):
+            return _exit(EXIT_DENIED, f"Redis refused the credentials: {cause}")
+        return _exit(EXIT_UNREACHABLE, f"cannot reach Redis: {exc}")
+    except NotFound as exc:
+        return _exit(EXIT_NOT_FOUND, str(exc))
+    except ConfigMismatch as exc:
+        return _exit(EXIT_FAIL, str(exc))
+    except (StateConflict, OwnershipLost) as exc:
+        return _exit(EXIT_REFUSED, f"refused, nothing changed: {exc}")
+    except (InvalidInput, ValueError) as exc:  # bad input: an entry id, a queue name, a config value
+        return _exit(EXIT_USAGE, str(exc))
+    except (RolloutQueueError, redis.exceptions.ResponseError) as exc:
+        if _is_denied(exc):
+            return _exit(EXIT_DENIED, f"permission denied (check this user's ACL role): {exc}")
+        return _exit(EXIT_FAIL, str(exc))
+    except (ConnectionError, redis.exceptions.ConnectionError, OSError) as exc:
+        return _exit(EXIT_UNREACHABLE, f"cannot reach Redis at {args.url}: {exc}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

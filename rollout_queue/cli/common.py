@@ -1,0 +1,136 @@
+"""What every command shares: connecting (URL, queue, TLS, ACL user), exit codes, confirmation,
+JSON output and the one structured log line per state-changing action.
+
+Read-only commands get a ``QueueView`` (never opens, so never creates a queue, and works under the
+read-only operator role); commands that change state get a ``RolloutQueue`` opened on a queue that
+must already exist (a mistyped --queue is "not found", never a new empty queue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import redis
+
+from .. import views
+from ..client import RolloutQueue, redis_options
+from ..keys import QueueKeys, validate_queue_name
+from ..logs import fields
+from ..transport import RetryPolicy
+from ..views import QueueView
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_DENIED = 0, 1, 2, 3, 4, 5, 6
+#: A CLI should fail fast when Redis is down, not retry for the library default of 30 s.
+CLI_RETRY = RetryPolicy(window_s=3.0)
+
+log = logging.getLogger("rollout_queue.cli")
+
+
+class UsageError(Exception):
+    """Bad arguments or a missing --yes: exit 2 with the message, nothing was sent to Redis."""
+
+
+class PermissionDenied(Exception):
+    """Redis refused the credentials or the command (ACL): exit 6."""
+
+
+def add_connection_args(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """The connection options. ``suppress``: on a subcommand, so they may also follow it without
+    overriding the values given before it."""
+    env = os.environ.get
+
+    def default(name: str | None) -> Any:
+        return argparse.SUPPRESS if suppress else (env(name) if name else False)
+
+    parser.add_argument("--url", default=default("REDIS_URL"),
+                        help="redis://[user:password@]host:port/db, rediss:// for TLS (env REDIS_URL)")
+    parser.add_argument("--queue", default=default("ROLLOUT_QUEUE"), help="queue name (env ROLLOUT_QUEUE)")
+    parser.add_argument("--tls-ca-cert", default=default("REDIS_TLS_CA_CERT"),
+                        help="CA that signed the server certificate, for rediss:// (env REDIS_TLS_CA_CERT)")
+    parser.add_argument("--tls-cert", default=default("REDIS_TLS_CERT"), help="client certificate (env REDIS_TLS_CERT)")
+    parser.add_argument("--tls-key", default=default("REDIS_TLS_KEY"), help="client private key (env REDIS_TLS_KEY)")
+    parser.add_argument("--json-logs", action="store_true", default=default(None),
+                        help="log each state-changing action as one JSON line on stderr (default: human-readable)")
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    if urlsplit(args.url).scheme != "rediss":
+        return {}
+    options = {"ssl_ca_certs": args.tls_ca_cert, "ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key}
+    return {k: v for k, v in options.items() if v}
+
+
+def client(args: argparse.Namespace) -> redis.Redis:
+    """A connected client: PING first, so a wrong password or an unreachable server fails in
+    milliseconds with its own exit code instead of after the retry window."""
+    if not args.url:
+        raise UsageError("no Redis URL: pass --url or set REDIS_URL")
+    if not args.queue:
+        raise UsageError("no queue: pass --queue or set ROLLOUT_QUEUE")
+    try:
+        validate_queue_name(args.queue)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        c = redis.Redis.from_url(args.url, **redis_options(tls_options(args)))
+    except ValueError as exc:
+        raise UsageError(f"bad --url {args.url!r}: {exc}") from exc
+    try:
+        c.ping()
+    except redis.exceptions.AuthenticationError as exc:
+        raise PermissionDenied(f"Redis refused the credentials in --url: {exc}") from exc
+    except redis.exceptions.NoPermissionError:
+        pass  # logged in, but this role may not PING: the command itself will tell
+    return c
+
+
+def open_view(args: argparse.Namespace) -> QueueView:
+    return QueueView(client(args), args.queue, CLI_RETRY)
+
+
+def open_queue(args: argparse.Namespace, must_exist: bool = True) -> RolloutQueue:
+    """The queue for a state-changing command; NotFound (exit 4) if it does not exist, unless
+    ``must_exist`` is False (the reaper may start before the producer creates the queue)."""
+    c = client(args)
+    if must_exist:
+        QueueView(c, args.queue, CLI_RETRY).run(views.require_queue(QueueKeys(args.queue)))
+    return RolloutQueue(c, args.queue, retry=CLI_RETRY)
+
+
+def confirm(args: argparse.Namespace, what: str) -> None:
+    """Destructive commands act only with --yes (no prompt: shell scripts must not hang)."""
+    if not getattr(args, "yes", False):
+        raise UsageError(f"{what}: confirm with --yes")
+
+
+def to_json(value: Any) -> Any:
+    """Dataclasses (views, stats, groups) as plain JSON values; bytes fields dropped."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not isinstance(getattr(value, f.name), (bytes, bytearray)) and f.name != "fields"}
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(to_json(value), option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+
+
+def print_line(*values: Any) -> None:
+    """A tab-separated result line on stdout (for `cut -f`)."""
+    print("\t".join(str(v) for v in values), flush=True)
+
+
+def log_action(args: argparse.Namespace, message: str, action: str, **values: Any) -> None:
+    """The one log line of a state-changing action: JSON with --json-logs, human-readable otherwise."""
+    log.info(message, extra=fields(action=action, queue=args.queue, **values))

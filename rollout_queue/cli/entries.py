@@ -1,0 +1,82 @@
+"""Who holds what: ``inspect ENTRY_ID``, ``workers``, ``leases`` (read-only) and ``requeue ENTRY_ID``
+(the one command here that changes state: it ends exactly one executing attempt)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import actions, views
+from . import render
+from .common import EXIT_OK, confirm, log_action, open_queue, open_view, print_json, print_line
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    view = open_view(args)
+    e = view.run(views.entry(view.keys, args.entry_id))
+    if args.json:
+        print_json(e)
+    else:
+        render.emit(render.entry_sections(e))
+    return EXIT_OK
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    view = open_view(args)
+    ws = view.run(views.workers(view.keys))
+    if args.json:
+        print_json(ws)
+    else:
+        render.emit([render.workers_section(ws, limit=10_000)])
+    return EXIT_OK
+
+
+def cmd_leases(args: argparse.Namespace) -> int:
+    view = open_view(args)
+    ls = view.run(views.leases(view.keys))
+    if args.json:
+        print_json(ls)
+    else:
+        render.emit([render.leases_section(ls, limit=10_000)])
+    return EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """Prints ``ENTRY_ID<TAB>outcome`` (ready, dead, replay, already_ready). Refusals exit 5."""
+    confirm(args, f"requeue {args.entry_id} ends its executing attempt")
+    q = open_queue(args)
+    receipt, outcome = q.run(actions.requeue(q.keys, args.entry_id, force=args.force, counted=args.counted,
+                                             reason=args.reason))
+    if receipt is not None:
+        log_action(args, "requeued entry", "requeue", entry_id=args.entry_id, attempt=receipt.attempt,
+                   worker_id=receipt.worker_id, force=args.force, outcome=outcome)
+    print_line(args.entry_id, outcome)
+    return EXIT_OK
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="one entry: state, owner, attempts with reasons, versions, pristine group")
+    p.add_argument("entry_id", help="the entry's stream ID, e.g. 1717171717171-0")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("workers", help="workers with their last heartbeat and executing groups")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_workers)
+
+    p = sub.add_parser("leases", help="active leases with their trainers and deadlines")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_leases)
+
+    p = sub.add_parser("requeue", help="end one entry's executing attempt and put the entry back to ready",
+                       description="Safe by default: acts only when the owning worker is silent past "
+                                   "worker_timeout (terminal lost, as the reaper would). --force ends the attempt "
+                                   "of a live worker (terminal aborted, or failed with --counted); either way the "
+                                   "exact receipt is fenced, so that worker's late result is refused.")
+    p.add_argument("entry_id")
+    p.add_argument("--force", action="store_true", help="also when the worker still heartbeats (a stuck engine)")
+    p.add_argument("--counted", action="store_true",
+                   help="with --force: count the attempt toward max_attempts (a prompt that hangs engines)")
+    p.add_argument("--reason", default="requeued by operator", help="kept in the attempt history")
+    p.add_argument("--yes", action="store_true", help="confirm")
+    p.set_defaults(func=cmd_requeue)

@@ -1,0 +1,180 @@
+"""Formatting of the views for people: titled tables, rendered with rich when it is installed (the
+``cli`` extra) and as aligned plain text otherwise or when output is not a terminal.
+
+Pure functions from view values to ``Section``s, and two renderers. No Redis here.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..view_models import STATES, DrainStatus, EntryView, LeaseView, Snapshot, WorkerView, state_counts
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Section:
+    return Section(title, tuple(columns), tuple(tuple("" if v is None else str(v) for v in r) for r in rows))
+
+
+def duration(ms: int | float | None) -> str:
+    """A signed duration for people: 850ms, 12.3s, 4m05s, 2h10m."""
+    if ms is None:
+        return "-"
+    sign, ms = ("-" if ms < 0 else ""), abs(ms)
+    if ms < 1000:
+        return f"{sign}{int(ms)}ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def sparkline(values: Sequence[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    top = max(known, default=0) or 1
+    return "".join(" " if v is None else SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1)))]
+                   for v in values)
+
+
+def bar(n: int, most: int, width: int = 20) -> str:
+    return "█" * max(1 if n else 0, round(n / most * width)) if most else ""
+
+
+def states_section(snap: Snapshot) -> Section:
+    st = snap.stats
+    counts = state_counts(st)
+    rows = [(s, counts[s], "") for s in STATES]
+    rows[STATES.index("executing")] = ("executing", st.executing_groups, f"{st.executing_samples} samples")
+    rows[STATES.index("committed")] = ("committed", st.committed, f"{st.kept} kept until a checkpoint" if st.kept else "")
+    rows.append(("retained", st.retained, "reservations in the PEL (ready + executing + completed + leased)"))
+    return section("groups by state", ("state", "groups", ""), rows)
+
+
+def policy_section(snap: Snapshot) -> Section:
+    st, drain = snap.stats, snap.drain
+    staleness = "unknown (no version published)" if not st.version_published else (
+        "buffer empty" if st.staleness_max is None else f"max {st.staleness_max}, mean {st.staleness_mean:.2f}")
+    rows = [("policy version", st.version if st.version_published else "none published"),
+            ("buffer staleness", staleness),
+            ("admission", _admission(drain, st.active_holds))]
+    rows += [(f"evicted ({k})", v) for k, v in sorted(st.evictions.items())]
+    rows += [(f"attempts ended {k}", v) for k, v in sorted(st.terminals.items())]
+    rows += [(f"filtered ({k})", v) for k, v in sorted(st.filtered_by_reason.items())]
+    return section("policy, staleness, evictions", ("", "value"), rows)
+
+
+def _admission(drain: DrainStatus, holds: int) -> str:
+    if drain.active:
+        return f"DRAINING ({drain.reason or 'no reason given'}), ends in {duration(drain.deadline_ms - drain.server_ms)}"
+    return f"HELD by {holds} admission hold(s)" if holds else "open"
+
+
+def attempts_section(snap: Snapshot) -> Section:
+    pel = snap.pel
+    most = max(pel.attempts.values(), default=0)
+    rows = [(f"attempt {k}", v, bar(v, most)) for k, v in sorted(pel.attempts.items())]
+    title = "attempts histogram (PEL delivery counts" + (f", first {pel.sampled} entries)" if pel.truncated else ")")
+    return section(title, ("attempt", "groups", ""), rows)
+
+
+def workers_section(ws: Sequence[WorkerView], limit: int = 20) -> Section:
+    alive = sum(1 for w in ws if w.alive)
+    rows = [(w.worker_id, "alive" if w.alive else ("unregistered" if w.last_heartbeat_ms is None else "SILENT"),
+             duration(w.silent_ms), w.executing_groups, duration(w.idle_ms)) for w in ws[:limit]]
+    if len(ws) > limit:
+        rows.append((f"... {len(ws) - limit} more", "", "", "", ""))
+    return section(f"workers: {alive} alive, {len(ws) - alive} silent or unregistered",
+                   ("worker", "status", "last heartbeat", "executing", "idle"), rows)
+
+
+def leases_section(ls: Sequence[LeaseView], limit: int = 20) -> Section:
+    rows = [(lv.lease_id, lv.trainer, lv.groups, lv.version,
+             f"in {duration(lv.remaining_ms)}" if lv.remaining_ms >= 0 else f"OVERDUE {duration(-lv.remaining_ms)}")
+            for lv in ls[:limit]]
+    return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "deadline"), rows)
+
+
+def snapshot_sections(snap: Snapshot) -> list[Section]:
+    return [states_section(snap), policy_section(snap), attempts_section(snap), workers_section(snap.workers),
+            leases_section(snap.leases)]
+
+
+def entry_sections(e: EntryView) -> list[Section]:
+    rows: list[tuple[Any, ...]] = [("state", e.state), ("owner (PEL)", e.owner or "none"),
+                                   ("attempt", e.attempt), ("counted failures", e.counted_failures)]
+    if e.idle_ms is not None:
+        rows.append(("since delivery", duration(e.idle_ms)))
+    if e.worker_id:
+        beat = "never registered" if e.worker_heartbeat_ms is None else duration(e.server_ms - e.worker_heartbeat_ms) + " ago"
+        rows.append(("worker", f"{e.worker_id} ({'alive' if e.worker_alive else 'SILENT'}, last heartbeat {beat})"))
+    if e.lease_id:
+        rows.append(("lease", f"{e.lease_id} by {e.lease_trainer}, deadline in {duration(e.lease_deadline_ms - e.server_ms)}"))
+    if e.min_version is not None:
+        rows.append(("oldest sample version", f"{e.min_version} (staleness {e.staleness} at version {e.version})"))
+    if e.completion_bytes is not None:
+        rows.append(("completion", f"{e.completion_bytes} bytes"))
+    if e.dlq_id:
+        rows.append(("dead letter", f"{e.dlq_id}: {e.dead_reason}"))
+    rows += [("ledger", e.ledger or "-"), ("source_id", e.source_id or "-"), ("n", e.n or "-")]
+    if e.group is not None:
+        rows.append(("prompt", e.group.prompt if len(e.group.prompt) <= 200 else e.group.prompt[:200] + "…"))
+    history = [(a.attempt, a.worker_id, a.terminal, a.reason) for a in e.history]
+    return [section(f"entry {e.entry_id}", ("", ""), rows),
+            section("attempts that ended without a completion", ("attempt", "worker", "terminal", "reason"), history)]
+
+
+def emit(sections: Sequence[Section], rich_ok: bool = True) -> None:
+    """Print the sections: rich tables on a terminal when available, plain aligned text otherwise."""
+    group = rich_group(sections) if rich_ok and sys.stdout.isatty() else None
+    if group is not None:
+        from rich.console import Console
+
+        Console().print(group)
+        return
+    sys.stdout.write(plain(sections))
+    sys.stdout.flush()
+
+
+def rich_group(sections: Sequence[Section]) -> Any:
+    """The sections as one rich renderable, or None when rich (the ``cli`` extra) is not installed."""
+    try:
+        from rich.console import Group
+        from rich.markup import escape
+        from rich.table import Table
+    except ImportError:
+        return None
+    tables = []
+    for s in sections:
+        table = Table(title=s.title, title_justify="left", show_header=any(s.columns))
+        for c in s.columns:
+            table.add_column(c)
+        for row in s.rows:
+            table.add_row(*(escape(v) for v in row))  # reasons and prompts may hold [brackets]
+        tables.append(table)
+    return Group(*tables)
+
+
+def plain(sections: Sequence[Section]) -> str:
+    width = shutil.get_terminal_size((120, 40)).columns
+    out = []
+    for s in sections:
+        out.append(f"== {s.title}")
+        rows = ([s.columns] if any(s.columns) else []) + list(s.rows)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(s.columns))] if rows else []
+        for r in rows:
+            out.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()[:max(width, 80) * 2])
+        out.append("")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,137 @@
+"""Read-only status commands: ``stats`` (one snapshot), ``top`` (live, with rates) and ``metrics``
+(the Prometheus exporter). All run under the read-only operator role."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Mapping
+
+from .. import views
+from ..view_models import Snapshot
+from . import render
+from .common import EXIT_OK, UsageError, open_view, print_json, to_json
+
+#: (label, meta counter) of the rates `top` shows.
+RATES = (("in/s (submitted)", "submitted"), ("completed/s", "completed_total"), ("out/s (committed)", "committed"))
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """`stats --json`: the QueueStats fields at top level (as before), then the views' extras."""
+    return {**to_json(snap.stats), "attempts": to_json(snap.pel.attempts), "pel_states": to_json(snap.pel.states),
+            "pel_truncated": snap.pel.truncated, "buffer_staleness": list(snap.buffer_staleness),
+            "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain)}
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    view = open_view(args)
+    snap = view.run(views.snapshot(view.keys))
+    if args.json:
+        print_json(snapshot_json(snap))
+    else:
+        render.emit([render.section(f"queue {args.queue}", (), [])] + render.snapshot_sections(snap))
+    return EXIT_OK
+
+
+def rates(prev: tuple[float, Mapping[str, int]] | None, now: tuple[float, Mapping[str, int]]) -> dict[str, float | None]:
+    """Groups per second of each RATES counter between two frames (None on the first frame)."""
+    if prev is None or now[0] <= prev[0]:
+        return {label: None for label, _ in RATES}
+    dt = now[0] - prev[0]
+    return {label: max(0.0, (now[1].get(key, 0) - prev[1].get(key, 0)) / dt) for label, key in RATES}
+
+
+def top_sections(snap: Snapshot, r: Mapping[str, float | None], spark: list[float | None], queue: str
+                 ) -> list[render.Section]:
+    rows = [(label, "-" if v is None else f"{v:.2f}") for label, v in r.items()]
+    rows.append(("out/s history", render.sparkline(spark)))
+    head = render.section(f"queue {queue} (live; Ctrl-C quits)", ("rate", "groups/s"), rows)
+    return [head, render.states_section(snap), render.policy_section(snap), render.attempts_section(snap),
+            render.workers_section(snap.workers, 10), render.leases_section(snap.leases, 10)]
+
+
+def cmd_top(args: argparse.Namespace, clock: Callable[[], float] = time.monotonic) -> int:
+    view = open_view(args)
+    frames = 1 if args.once else args.iterations
+    spark: deque[float | None] = deque(maxlen=args.history)
+    prev: tuple[float, Mapping[str, int]] | None = None
+    live = _live() if sys.stdout.isatty() and not args.json and frames != 1 else None
+    shown = 0
+    try:
+        while True:
+            snap = view.run(views.snapshot(view.keys))
+            now = (clock(), dict(snap.stats.counters))
+            r = rates(prev, now)
+            prev = now
+            spark.append(r["out/s (committed)"])
+            sections = top_sections(snap, r, list(spark), args.queue)
+            if args.json:
+                print_json({"rates": r, **snapshot_json(snap)})
+            elif live is not None:
+                live.update(render.rich_group(sections), refresh=True)
+            else:
+                render.emit(sections, rich_ok=False)
+            shown += 1
+            if frames and shown >= frames:
+                return EXIT_OK
+            time.sleep(args.interval)  # the refresh interval of a live display
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _live() -> Any:
+    try:
+        from rich.live import Live
+    except ImportError:
+        return None  # no rich: frames are printed as plain text
+    live = Live(auto_refresh=False)
+    live.start()
+    return live
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    try:
+        from .. import metrics
+    except ImportError as exc:
+        raise UsageError(f"the exporter needs prometheus-client ({exc}): pip install 'rollout-queue[metrics]'") from exc
+    view = open_view(args)
+    view.run(views.require_queue(view.keys))
+    if args.once:
+        sys.stdout.write(metrics.exposition(view))
+        return EXIT_OK
+    server, _ = metrics.serve(view, args.port, args.addr)
+    print(f"rollout-queue: serving metrics of queue {args.queue} on http://{args.addr}:{server.server_port}/metrics",
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    return EXIT_OK
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("stats", help="one snapshot: states, staleness, evictions, attempts, workers, leases")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("top", help="live stats with rates (groups/s in and out) and a sparkline")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
+    p.add_argument("--iterations", type=int, default=0, help="stop after this many frames (default: until Ctrl-C)")
+    p.add_argument("--once", action="store_true", help="one frame, then exit (same as --iterations 1)")
+    p.add_argument("--history", type=int, default=40, help="frames in the sparkline (default 40)")
+    p.add_argument("--json", action="store_true", help="one JSON object per frame")
+    p.set_defaults(func=cmd_top)
+
+    p = sub.add_parser("metrics", help="serve Prometheus metrics of the queue (needs the `metrics` extra)")
+    p.add_argument("--port", type=int, default=9464, help="port to serve /metrics on (default 9464; 0: any free)")
+    p.add_argument("--addr", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--once", action="store_true", help="print one scrape on stdout and exit")
+    p.set_defaults(func=cmd_metrics)

@@ -1,0 +1,122 @@
+"""Fixtures of the operator-tool tests: a queue in a known state with one entry in every state, and an
+in-process runner of the ``rollout-queue`` CLI.
+
+The known state (worker_timeout 0.5 s, max_attempts 2, max_staleness 2, policy version 3):
+  g0 dead (two counted failures), g1 committed, g2 leased by trainer-0, g3 completed (oldest sample
+  version 2), g4 ready (failed once: "CUDA OOM"), g5 executing on host-a:gpu0 (alive once
+  ``refresh()`` ran), g6 executing on host-b:gpu1 (silent), g7 and g8 in the backlog.
+Nothing in the fixture calls reserve or lease after host-b went silent (both reap opportunistically),
+so the state holds until a test changes it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup, Worker
+from rollout_queue.cli import main
+from rollout_queue.local_server import LocalServer
+from tests.conftest import _delete_queue_keys
+from tests.helpers import wait_until
+
+CONFIG = QueueConfig(worker_timeout_s=0.5, max_attempts=2, max_staleness=2)
+ALIVE, SILENT, TRAINER = "host-a:gpu0", "host-b:gpu1", "trainer-0"
+
+
+def samples(n: int, version: int) -> list[Sample]:
+    return [Sample(slot=i, token_ids=(1, 2, 3), logprobs=(-0.1, -0.2, -0.3), reward=float(i), version=version)
+            for i in range(n)]
+
+
+@dataclass
+class KnownState:
+    url: str
+    queue: str
+    q: RolloutQueue
+    ids: list[str]
+    lease_id: str
+    lease: object
+    workers: dict[str, Worker] = field(default_factory=dict)
+    dlq_id: str = ""
+
+    @property
+    def prefix(self) -> str:
+        return f"rollout:{{{self.queue}}}"
+
+    def refresh(self) -> None:
+        """Heartbeat host-a, so that it counts as alive for the next worker_timeout."""
+        self.workers[ALIVE].heartbeat()
+
+    def close(self) -> None:
+        self.q.close()
+
+
+def build_known_state(url: str, queue: str) -> KnownState:
+    q = RolloutQueue.from_url(url, queue, CONFIG)
+    ids = q.submit([SourceGroup(f"prompt-{i}", f"What is {i} + {i}?", 2, {"row": i}) for i in range(9)])
+    q.publish_version(3, "s3://weights/v3")
+    a, b = q.worker(ALIVE), q.worker(SILENT)
+    r = {x.entry_id: x for x in a.reserve(6)}                        # g0..g5 executing on host-a
+    a.fail(r[ids[0]].receipt, "prompt too long for the engine")      # g0 -> ready
+    again = a.reserve(1)[0]                                           # g0 again, attempt 2
+    a.fail(again.receipt, "prompt too long for the engine")          # g0 -> dead (max_attempts 2)
+    a.complete(r[ids[1]].receipt, samples(2, 3))
+    # lease and reserve reap the oldest silent worker on the way: keep host-a fresh before each.
+    a.heartbeat()
+    committed = q.lease(1, trainer_id=TRAINER)
+    assert committed is not None and committed.groups[0].entry_id == ids[1]
+    committed.commit()                                                # g1 committed
+    a.complete(r[ids[2]].receipt, samples(2, 3))
+    a.heartbeat()
+    lease = q.lease(1, trainer_id=TRAINER)                            # g2 leased, kept open
+    assert lease is not None and lease.groups[0].entry_id == ids[2]
+    a.complete(r[ids[3]].receipt, samples(2, 2))                      # g3 completed, staleness 1
+    a.heartbeat()
+    b.reserve(1)                                                      # g6 executing on host-b
+    a.fail(r[ids[4]].receipt, "CUDA OOM")                             # g4 ready (after b's reserve)
+    # host-a's last heartbeat is older than host-b's, so both must be silent before host-a is refreshed.
+    wait_until(lambda: q.stats().workers_silent >= 2, timeout=5, interval=0.02, message="host-b silent")
+    state = KnownState(url, queue, q, ids, lease.lease_id, lease, {ALIVE: a, SILENT: b})
+    state.dlq_id = q.dead_letters()[0].dlq_id
+    state.refresh()
+    return state
+
+
+@pytest.fixture
+def known_state(server: LocalServer, queue_name: str) -> Iterator[KnownState]:
+    """A fresh known state per test (tests that change it)."""
+    state = build_known_state(server.url, queue_name)
+    yield state
+    state.close()
+
+
+@pytest.fixture(scope="module")
+def shared_state(server: LocalServer) -> Iterator[KnownState]:
+    """One known state per module and server kind, for tests that only read it."""
+    queue = f"t-{uuid.uuid4().hex[:12]}"
+    state = build_known_state(server.url, queue)
+    yield state
+    state.close()
+    if server.is_running():
+        _delete_queue_keys(server.url, queue)
+
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
+    """cli(url, queue, *args) -> (exit code, stdout, stderr), run in-process."""
+
+    def run(url: str | None, queue: str | None, *args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        argv = ([] if url is None else ["--url", url]) + ([] if queue is None else ["--queue", queue]) + list(args)
+        code = main(argv)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

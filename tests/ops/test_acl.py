@@ -1,0 +1,170 @@
+"""Role-based access: `rollout-queue acl` users on a live server. Each role does its job, and is
+refused what it must not do; and the limit the docs admit (a role may send its scripts' commands
+directly) is shown to be real, so the docs stay honest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from rollout_queue import Receipt, RolloutQueue, ScriptError, SourceGroup, StaleReceipt, acl, flows
+from rollout_queue.local_server import LocalServer
+from rollout_queue.scripts import SCRIPTS
+from tests.ops.conftest import CONFIG, Cli, samples
+
+ROLES = acl.ROLE_NAMES
+Urls = dict[str, str]
+
+
+@pytest.fixture
+def urls(server: LocalServer, queue_name: str, cli: Cli, r: redis.Redis) -> Iterator[Urls]:
+    """The queue, created by the server's own admin, and one ACL user per role applied with the CLI."""
+    RolloutQueue.from_url(server.url, queue_name, CONFIG).close()
+    args = [x for role in ROLES for x in ("--password", f"{role}=pw-{role}")]
+    assert cli(server.url, queue_name, "acl", "--apply", *args)[0] == 2  # --apply overwrites users: --yes
+    code, out, _ = cli(server.url, queue_name, "acl", "--apply", "--yes", *args)
+    assert code == 0 and out.count("applied\t") == len(ROLES)
+    host = server.url.split("//")[1].split("/")[0]
+    yield {role: f"redis://{acl.user_name(queue_name, role)}:pw-{role}@{host}/0" for role in ROLES}
+    for role in ROLES:
+        r.execute_command("ACL", "DELUSER", acl.user_name(queue_name, role))
+
+
+def denied(call: Callable[[], Any]) -> None:
+    """The call is refused by ACL (NOPERM), whether a script call or a plain command."""
+    with pytest.raises((ScriptError, redis.exceptions.NoPermissionError, redis.exceptions.ResponseError)) as info:
+        call()
+    assert "NOPERM" in str(info.value) or "no permissions" in str(info.value).lower(), info.value
+
+
+def dump(r: redis.Redis, queue: str) -> dict[bytes, Any]:
+    return {k: r.dump(k) for k in r.scan_iter(f"rollout:{{{queue}}}:*")}
+
+
+def test_acl_prints_rules_for_every_role_in_three_formats(cli: Cli) -> None:
+    code, out, _ = cli(None, "demo", "acl", "--password", "worker=s3cret")
+    lines = [x for x in out.splitlines() if not x.startswith("#")]
+    assert code == 0 and [x.split()[2] for x in lines] == [acl.user_name("demo", r) for r in ROLES]
+    worker = lines[ROLES.index("worker")]
+    assert "#" + hashlib.sha256(b"s3cret").hexdigest() in worker and "s3cret" not in worker
+    assert f"+evalsha|{SCRIPTS['reserve'].sha}" in worker and f"evalsha|{SCRIPTS['commit'].sha}" not in worker
+    assert "~rollout:{demo}:commits" not in worker and "~rollout:{demo}:src" in worker
+    assert f"script library {acl.LIBRARY_VERSION}" in out
+    code, out, _ = cli(None, "demo", "acl", "--format", "aclfile", "--role", "operator")
+    assert code == 0 and [x for x in out.splitlines() if not x.startswith("#")][0].startswith("user rq-demo-operator on")
+    code, out, _ = cli(None, "demo", "acl", "--format", "shell", "--role", "admin")
+    assert code == 0 and "redis-cli ACL SETUSER rq-demo-admin on" in out and "'~rollout:{demo}:*'" in out
+    assert cli(None, "demo", "acl", "--password", "nobody=x")[0] == 2
+
+
+def test_every_command_a_script_calls_is_known_to_the_rule_builder() -> None:
+    """A new command in a script must reach the roles' rules (else the script dies mid-way on NOPERM)."""
+    for script in SCRIPTS.values():
+        called = set(re.findall(r"redis\.p?call\(\s*'([A-Z]+)'", script.source))
+        assert called <= acl.KNOWN_COMMANDS, (script.name, called - acl.KNOWN_COMMANDS)
+        assert {c.lower() for c in called if c not in acl.CONTAINERS} <= acl.script_commands(script)
+
+
+def test_each_role_does_its_job(urls: Urls, queue_name: str, cli: Cli) -> None:
+    producer = RolloutQueue.from_url(urls["producer"], queue_name)
+    ids = producer.submit([SourceGroup(f"s-{i}", f"prompt {i}", 2) for i in range(4)])
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    assert trainer.publish_version(1)
+    wq = RolloutQueue.from_url(urls["worker"], queue_name)
+    pubsub = wq.client.pubsub()
+    pubsub.subscribe(wq.keys.versions_channel)  # workers learn new versions by pub/sub
+    w = wq.worker("gpu-0")
+    got = w.reserve(3, block_ms=100)
+    assert w.heartbeat().version == 1
+    w.complete(got[0].receipt, samples(2, 1))
+    w.fail(got[1].receipt, "engine crashed")
+    with trainer.hold(timeout_s=5) as hold:
+        assert not hold.wait_terminal(0.05)  # got[2] still executes
+    lease = trainer.lease(1, block_ms=100)
+    assert lease is not None and lease.groups[0].entry_id == ids[0]
+    lease.commit(step=1)
+    assert trainer.checkpoint(1) == 1
+    reaper = RolloutQueue.from_url(urls["reaper"], queue_name)
+    assert reaper.reap().total == 0
+    for args in (["stats", "--json"], ["inspect", ids[1]], ["workers"], ["leases"], ["dlq", "list"],
+                 ["config", "show"], ["drain", "status"], ["metrics", "--once"], ["top", "--once"]):
+        code, out, err = cli(urls["operator"], queue_name, *args)
+        assert code == 0, (args, err)
+    assert json.loads(cli(urls["operator"], queue_name, "stats", "--json")[1])["committed"] == 1
+    for args in (["requeue", got[2].entry_id, "--yes", "--force"], ["drain", "--yes"], ["drain", "stop", "--yes"],
+                 ["config", "set", "max_attempts=3", "--yes"], ["dlq", "purge", "--all", "--yes"]):
+        code, out, err = cli(urls["admin"], queue_name, *args)
+        assert code == 0, (args, err)
+    w.close()
+    for q in (producer, trainer, wq, reaper):
+        q.close()
+
+
+def test_roles_are_refused_what_they_must_not_do(urls: Urls, queue_name: str, r: redis.Redis, cli: Cli) -> None:
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    RolloutQueue.from_url(urls["producer"], queue_name).submit([SourceGroup("s-0", "p", 2)])
+    wq = RolloutQueue.from_url(urls["worker"], queue_name)
+    (res,) = wq.worker("gpu-0").reserve(1)
+    wq.worker("gpu-0").complete(res.receipt, samples(2, 0))
+    lease = trainer.lease(1)
+    assert lease is not None
+    keys, other = wq.keys, "rollout:{someone-else}:meta"
+    before = dump(r, queue_name)
+    # A worker cannot commit a lease, even holding its id and token: the script is not on its list,
+    # and the commits stream is not among its keys at all.
+    denied(lambda: wq.run(flows.commit(keys, lease.lease_id, lease.token, None)))
+    denied(lambda: wq.client.xadd(keys["commits"], {"lease": lease.lease_id}))
+    denied(lambda: wq.run(flows.submit(keys, [SourceGroup("s-9", "p", 1)], 1 << 20)))
+    denied(lambda: wq.lease(1))
+    assert dump(r, queue_name) == before, "a refused call wrote something"
+    assert lease.commit()  # the trainer still can
+    producer = RolloutQueue.from_url(urls["producer"], queue_name)
+    denied(lambda: producer.worker("p").reserve(1))
+    denied(lambda: producer.lease(1))
+    denied(lambda: trainer.worker("t").reserve(1))
+    denied(lambda: trainer.submit([SourceGroup("s-8", "p", 1)]))
+    reaper = RolloutQueue.from_url(urls["reaper"], queue_name)
+    denied(lambda: reaper.submit([SourceGroup("s-7", "p", 1)]))
+    denied(lambda: reaper.worker("r").reserve(1))
+    # The read-only operator writes nothing, in or out of a script, and cannot even open (create) a queue.
+    op = redis.Redis.from_url(urls["operator"])
+    denied(lambda: op.hset(keys["meta"], "max_attempts", 99))
+    denied(lambda: op.delete(keys["src"]))
+    denied(lambda: op.xack(keys["src"], "rollout", res.entry_id))
+    denied(lambda: op.evalsha(SCRIPTS["reserve"].sha, 0))
+    denied(lambda: RolloutQueue.from_url(urls["operator"], queue_name))
+    for args in (["requeue", res.entry_id, "--yes"], ["drain", "--yes"], ["config", "set", "max_attempts=3", "--yes"]):
+        code, _, err = cli(urls["operator"], queue_name, *args)
+        assert code == 6 and "permission denied" in err, args
+    assert cli(urls["operator"], "no-such-queue", "stats")[0] == 6  # another queue: not its keys
+    assert r.exists("rollout:{no-such-queue}:meta") == 0
+    # Every role, admin included, is confined to its queue's keys and to non-server-wide commands.
+    for role in ROLES:
+        c = redis.Redis.from_url(urls[role])
+        denied(lambda: c.hgetall(other))
+        denied(lambda: c.flushall())
+        denied(lambda: c.config_set("maxmemory", "1"))
+    admin = redis.Redis.from_url(urls["admin"])
+    denied(lambda: admin.execute_command("ACL", "SETUSER", "intruder", "on"))
+    denied(lambda: admin.script_flush())
+    assert dump(r, queue_name) != before  # the commit above, and nothing refused, changed the queue
+
+
+def test_the_documented_limit_is_real(urls: Urls, queue_name: str) -> None:
+    """What OPERATIONS.md says ACLs cannot prevent: a credential may send, directly, the commands its
+    own scripts use on their keys (no "only inside this script" permission exists). SCRIPT LOAD of
+    new code is allowed, but EVALSHA of it is refused: only allow-listed SHA1s run."""
+    RolloutQueue.from_url(urls["producer"], queue_name).submit([SourceGroup("s-0", "p", 2)])
+    wq = RolloutQueue.from_url(urls["worker"], queue_name)
+    (res,) = wq.worker("gpu-0").reserve(1)
+    assert wq.client.xack(wq.keys["src"], "rollout", res.entry_id) == 1  # bypasses every script's checks
+    sha = wq.client.script_load("return redis.call('DEL', KEYS[1])")
+    denied(lambda: wq.client.evalsha(sha, 1, wq.keys["src"]))
+    with pytest.raises(StaleReceipt):  # the ledger no longer knows the attempt: damage done outside any script
+        wq.worker("gpu-0").complete(Receipt(res.entry_id, 1, "gpu-0"), samples(2, 0))

@@ -1,0 +1,270 @@
+"""The ``rollout-queue`` CLI against a queue in a known state: what each command shows, what each
+state-changing command does (and refuses), and the exit codes and log lines scripts rely on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from rollout_queue import Receipt, StaleReceipt
+from rollout_queue.cli import status
+from rollout_queue.local_server import pick_free_port
+from tests.ops.conftest import ALIVE, SILENT, TRAINER, Cli, KnownState, samples
+
+
+def docs(text: str) -> list[Any]:
+    """Every JSON document in ``text`` (commands that print one per frame)."""
+    out, i, dec = [], 0, json.JSONDecoder()
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        value, i = dec.raw_decode(text, i)
+        out.append(value)
+    return out
+
+
+def run(cli: Cli, st: KnownState, *args: str) -> tuple[int, str, str]:
+    return cli(st.url, st.queue, *args)
+
+
+# -- read-only views ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("resp", ["", "?protocol=2"], ids=["resp3", "resp2"])
+def test_stats_json_counts_every_state(cli: Cli, shared_state: KnownState, resp: str) -> None:
+    shared_state.refresh()
+    code, out, _ = cli(shared_state.url + resp, shared_state.queue, "stats", "--json")
+    assert code == 0
+    s = json.loads(out)
+    assert (s["backlog"], s["ready"], s["executing_groups"], s["completed"], s["leased"], s["committed"], s["dead"]) \
+        == (2, 1, 2, 1, 1, 1, 1)
+    assert s["executing_samples"] == 4 and s["retained"] == 5 and s["version"] == 3
+    assert s["staleness_max"] == 1 and s["buffer_staleness"] == [1]
+    assert s["attempts"] == {"1": 5} and s["pel_states"] == {"executing": 2, "ready": 1, "completed": 1, "leased": 1}
+    assert s["terminals"]["failed"] == 3
+    assert {w["worker_id"]: w["alive"] for w in s["workers"]} == {ALIVE: True, SILENT: False}
+    assert [(x["lease_id"], x["trainer"], x["groups"]) for x in s["leases"]] == [(shared_state.lease_id, TRAINER, 1)]
+    assert s["drain"]["active"] is False
+
+
+def test_stats_table_names_what_needs_attention(cli: Cli, shared_state: KnownState) -> None:
+    code, out, _ = run(cli, shared_state, "stats")
+    assert code == 0
+    for text in ("groups by state", "attempts histogram", "buffer staleness", "max 1, mean 1.00", SILENT, "SILENT",
+                 shared_state.lease_id, "evicted (stale)", "attempts ended failed"):
+        assert text in out, text
+
+
+@pytest.mark.parametrize("index, state, owner", [
+    (0, "dead", None), (1, "committed", None), (2, "leased", "@lease:"), (3, "completed", "@done"),
+    (4, "ready", "@ready"), (5, "executing", ALIVE), (6, "executing", SILENT), (7, "backlog", None),
+])
+def test_inspect_shows_state_owner_and_attempts(cli: Cli, shared_state: KnownState, index: int, state: str,
+                                                owner: str | None) -> None:
+    shared_state.refresh()
+    entry_id = shared_state.ids[index]
+    code, out, _ = run(cli, shared_state, "inspect", entry_id, "--json")
+    assert code == 0
+    e = json.loads(out)
+    assert e["state"] == state and e["entry_id"] == entry_id
+    assert (e["owner"] or "").startswith(owner) if owner else e["owner"] is None
+    if index == 1:  # committed without a step: the pristine payload is gone, the ledger names the lease
+        assert e["group"] is None and e["ledger"].startswith(f"s|committed|1|{ALIVE}|")
+    else:
+        assert e["source_id"] == f"prompt-{index}" and e["group"]["prompt"] == f"What is {index} + {index}?"
+    if index == 0:
+        assert e["dlq_id"] == shared_state.dlq_id and e["dead_reason"] == "max_attempts" and e["attempt"] == 2
+    if index == 2:
+        assert e["lease_id"] == shared_state.lease_id and e["lease_trainer"] == TRAINER and e["min_version"] == 3
+    if index == 3:
+        assert e["min_version"] == 2 and e["completion_bytes"] > 0
+    if index == 4:
+        assert [(a["attempt"], a["worker_id"], a["terminal"], a["reason"]) for a in e["history"]] == \
+            [(1, ALIVE, "failed", "CUDA OOM")] and e["counted_failures"] == 1
+    if index in (5, 6):
+        assert e["worker_id"] == owner and e["worker_alive"] is (index == 5)
+    code, out, _ = run(cli, shared_state, "inspect", entry_id)
+    assert code == 0 and state in out
+
+
+def test_inspect_unknown_entry_and_queue_exit_4(cli: Cli, shared_state: KnownState) -> None:
+    code, _, err = run(cli, shared_state, "inspect", "1-0")
+    assert code == 4 and "not in queue" in err
+    code, _, err = cli(shared_state.url, "no-such-queue", "stats")
+    assert code == 4 and "does not exist" in err
+    code, _, err = run(cli, shared_state, "inspect", "not-an-id")
+    assert code == 2 and "bad entry id" in err
+
+
+def test_workers_and_leases(cli: Cli, shared_state: KnownState) -> None:
+    shared_state.refresh()
+    code, out, _ = run(cli, shared_state, "workers", "--json")
+    ws = {w["worker_id"]: w for w in json.loads(out)}
+    assert code == 0 and ws[ALIVE]["alive"] and not ws[SILENT]["alive"] and ws[SILENT]["executing_groups"] == 1
+    code, out, _ = run(cli, shared_state, "leases", "--json")
+    (lease,) = json.loads(out)
+    assert code == 0 and lease["lease_id"] == shared_state.lease_id and 0 < lease["remaining_ms"] <= 600_000
+    code, out, _ = run(cli, shared_state, "workers")
+    assert code == 0 and "SILENT" in out and "alive" in out
+
+
+def test_top_prints_frames_with_rates(cli: Cli, shared_state: KnownState) -> None:
+    code, out, _ = run(cli, shared_state, "top", "--iterations", "2", "--interval", "0.01")
+    assert code == 0 and out.count("(live; Ctrl-C quits)") == 2 and "out/s history" in out
+    code, out, _ = run(cli, shared_state, "top", "--once", "--json")
+    (frame,) = docs(out)
+    assert code == 0 and frame["rates"]["in/s (submitted)"] is None and frame["backlog"] == 2
+    assert status.rates((0.0, {"submitted": 10, "committed": 1}), (2.0, {"submitted": 30, "committed": 5})) == \
+        {"in/s (submitted)": 10.0, "completed/s": 0.0, "out/s (committed)": 2.0}
+
+
+def test_config_show(cli: Cli, shared_state: KnownState) -> None:
+    code, out, _ = run(cli, shared_state, "config", "show", "--json")
+    cfg = json.loads(out)
+    assert code == 0 and cfg["max_attempts"] == 2 and cfg["worker_timeout_s"] == 0.5 and cfg["max_staleness"] == 2
+
+
+# -- state changes ---------------------------------------------------------------------------------
+
+
+def test_requeue_refuses_a_live_worker_then_force_fences_its_receipt(cli: Cli, known_state: KnownState,
+                                                                     r: redis.Redis) -> None:
+    st = known_state
+    st.refresh()
+    before = {k: r.dump(k) for k in r.scan_iter(f"{st.prefix}:*")}
+    code, out, err = run(cli, st, "requeue", st.ids[5], "--yes")
+    assert code == 5 and "still heartbeats" in err and out == ""
+    assert {k: r.dump(k) for k in r.scan_iter(f"{st.prefix}:*")} == before, "a refusal wrote something"
+    code, out, err = run(cli, st, "requeue", st.ids[5], "--yes", "--force", "--reason", "engine hung")
+    assert code == 0 and out == f"{st.ids[5]}\tready\n"
+    # The worker wakes up and hands in its result: the exact receipt no longer holds.
+    with pytest.raises(StaleReceipt):
+        st.workers[ALIVE].complete(Receipt(st.ids[5], 1, ALIVE), samples(2, 3))
+    code, out, _ = run(cli, st, "inspect", st.ids[5], "--json")
+    e = json.loads(out)
+    assert e["state"] == "ready" and e["history"][-1]["terminal"] == "aborted" and e["counted_failures"] == 0
+
+
+def test_requeue_of_a_silent_workers_attempt_is_lost_and_counted(cli: Cli, known_state: KnownState) -> None:
+    st = known_state
+    code, out, err = cli(st.url, st.queue, "--json-logs", "requeue", st.ids[6], "--yes")
+    assert code == 0 and out == f"{st.ids[6]}\tready\n"
+    (line,) = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert line["action"] == "requeue" and line["queue"] == st.queue and line["entry_id"] == st.ids[6]
+    assert line["attempt"] == 1 and line["worker_id"] == SILENT and line["outcome"] == "ready"
+    e = json.loads(run(cli, st, "inspect", st.ids[6], "--json")[1])
+    assert e["history"][-1]["terminal"] == "lost" and e["counted_failures"] == 1
+    code, out, _ = run(cli, st, "requeue", st.ids[6], "--yes")  # already back in ready
+    assert code == 0 and out.endswith("\talready_ready\n")
+
+
+@pytest.mark.parametrize("index, code, text", [(3, 5, "completed"), (2, 5, "leased"), (1, 5, "committed"),
+                                               (0, 5, "dead"), (7, 5, "backlog")])
+def test_requeue_refuses_entries_that_are_not_executing(cli: Cli, shared_state: KnownState, index: int, code: int,
+                                                        text: str) -> None:
+    got, out, err = run(cli, shared_state, "requeue", shared_state.ids[index], "--yes")
+    assert (got, out) == (code, "") and text in err
+
+
+def test_destructive_commands_need_yes(cli: Cli, shared_state: KnownState) -> None:
+    for args in (["requeue", shared_state.ids[6]], ["dlq", "requeue", shared_state.dlq_id], ["dlq", "purge", "--all"],
+                 ["drain"], ["drain", "stop"], ["config", "set", "max_attempts=3"]):
+        code, out, err = run(cli, shared_state, *args)
+        assert code == 2 and "--yes" in err and out == "", args
+    assert json.loads(run(cli, shared_state, "stats", "--json")[1])["dead"] == 1
+
+
+def test_config_set_validates_and_stores_atomically(cli: Cli, known_state: KnownState) -> None:
+    st = known_state
+    code, out, err = run(cli, st, "config", "set", "max_attempts=5", "lease_timeout_s=30", "max_staleness=none", "--yes")
+    assert code == 0 and "max_attempts\t2\t5" in out and "config changed" in err
+    cfg = json.loads(run(cli, st, "config", "show", "--json")[1])
+    assert (cfg["max_attempts"], cfg["lease_timeout_s"], cfg["max_staleness"]) == (5, 30.0, None)
+    for bad, why in (("max_attempts=0", "positive integer"), ("buffer_order=random", "fifo"),
+                     ("nope=1", "unknown config field"), ("max_attempts=x", "not a number"), ("max_attempts", "name=value")):
+        code, _, err = run(cli, st, "config", "set", bad, "--yes")
+        assert code == 2 and why in err, bad
+    assert json.loads(run(cli, st, "config", "show", "--json")[1])["max_attempts"] == 5
+
+
+def test_drain_closes_admission_until_stopped(cli: Cli, known_state: KnownState) -> None:
+    st = known_state
+    code, out, _ = run(cli, st, "drain", "--yes", "--timeout-s", "60", "--reason", "redis upgrade")
+    assert code == 0 and out.startswith("draining\texecuting=2")
+    assert st.workers[ALIVE].heartbeat().held
+    assert st.workers[ALIVE].reserve(1) == []  # granted nothing (it reaped silent host-b on the way)
+    code, out, _ = run(cli, st, "drain", "status")
+    assert code == 0 and out.startswith("draining\t1\t") and "redis upgrade" in out
+    code, _, err = run(cli, st, "drain", "--yes", "--wait", "0.05")
+    assert code == 1 and "still executing" in err
+    run(cli, st, "requeue", st.ids[5], "--yes", "--force")
+    code, out, _ = run(cli, st, "drain", "--yes", "--wait", "2")
+    assert code == 0 and "executing=0" in out
+    text = run(cli, st, "stats")[1]
+    assert "DRAINING (redis upgrade)" in text, text
+    code, out, _ = run(cli, st, "drain", "stop", "--yes")
+    assert code == 0 and out == "stopped\tholds_left=0\n"
+    assert not st.workers[ALIVE].heartbeat().held and st.workers[ALIVE].reserve(1)
+
+
+def test_dlq_list_show_requeue_purge(cli: Cli, known_state: KnownState) -> None:
+    st = known_state
+    code, out, _ = run(cli, st, "dlq", "list")
+    assert code == 0 and out.split("\t")[:4] == [st.dlq_id, st.ids[0], "prompt-0", "attempt=2"]
+    code, out, _ = run(cli, st, "dlq", "show", st.dlq_id)
+    d = json.loads(out)
+    assert code == 0 and d["reason"] == "max_attempts" and d["fields"] is None
+    assert [h["r"] for h in d["history"]] == ["prompt too long for the engine"] * 2
+    assert run(cli, st, "dlq", "show", "1-0")[0] == 4
+    code, out, err = run(cli, st, "dlq", "requeue", "--all", "--yes")
+    dlq_id, new_id = out.strip().split("\t")
+    assert code == 0 and dlq_id == st.dlq_id and "requeued dead letter" in err
+    assert json.loads(run(cli, st, "inspect", new_id, "--json")[1])["state"] == "backlog"
+    # g4 failed once already: one more counted failure makes a new dead letter. Then purge them all.
+    st.refresh()
+    (res,) = [x for x in st.workers[ALIVE].reserve(10) if x.group.source_id == "prompt-4"]
+    assert st.workers[ALIVE].fail(res.receipt, "still broken") == "dead"
+    code, out, err = run(cli, st, "dlq", "purge", "--all", "--yes")
+    assert code == 0 and out == "purged\t1\n"
+    s = json.loads(run(cli, st, "stats", "--json")[1])
+    assert s["dead"] == 0 and s["counters"]["dead_purged"] == 1
+    assert run(cli, st, "dlq", "purge", "1-0", "--yes")[1] == "purged\t0\n"
+
+
+# -- exit codes ---------------------------------------------------------------------------------------
+
+
+def test_exit_codes_for_scripts(cli: Cli, shared_state: KnownState, r: redis.Redis) -> None:
+    assert cli(None, shared_state.queue, "stats")[0] == 2
+    assert cli(shared_state.url, None, "stats")[0] == 2
+    assert cli(shared_state.url, "a{b}", "stats")[0] == 2  # braces would break the hash tag
+    code, _, err = cli(f"redis://127.0.0.1:{pick_free_port()}/0", "q", "stats")
+    assert code == 3 and "cannot reach Redis" in err
+    user = f"rq-test-{shared_state.queue}"
+    r.execute_command("ACL", "SETUSER", user, "on", ">right", "~*", "+@all")
+    try:
+        host, port = shared_state.url.split("//")[1].split("/")[0].split(":")
+        code, _, err = cli(f"redis://{user}:wrong@{host}:{port}/0", shared_state.queue, "stats")
+        assert code == 6 and "credentials" in err
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
+
+
+def test_python_m_and_console_script(shared_state: KnownState) -> None:
+    env_args = ["--url", shared_state.url, "--queue", shared_state.queue]
+    done = subprocess.run([sys.executable, "-m", "rollout_queue", *env_args, "inspect", shared_state.ids[7], "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout)["state"] == "backlog"
+    script = Path(sys.executable).with_name("rollout-queue")  # the console script, where installed
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "rollout_queue"]
+    done = subprocess.run([*command, *env_args, "requeue", shared_state.ids[3]], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr == "rollout-queue: requeue " + shared_state.ids[3] + \
+        " ends its executing attempt: confirm with --yes\n"

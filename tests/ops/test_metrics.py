@@ -1,0 +1,71 @@
+"""The Prometheus exporter over HTTP against the known state, a failed scrape, and process metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rollout_queue import metrics
+from rollout_queue.views import QueueView
+from tests.ops.conftest import Cli, KnownState
+
+
+def samples_of(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(found: dict, name: str, **labels: str) -> float:
+    return found[(name, frozenset(labels.items()))]
+
+
+def test_exporter_serves_the_queue_over_http(shared_state: KnownState) -> None:
+    shared_state.refresh()
+    view = QueueView.from_url(shared_state.url, shared_state.queue)
+    server, thread = metrics.serve(view, 0, "127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
+            found = samples_of(response.read().decode())
+    finally:
+        server.shutdown()
+        view.close()
+    q = shared_state.queue
+    for state, n in {"backlog": 2, "ready": 1, "executing": 2, "completed": 1, "leased": 1, "committed": 1,
+                     "filtered": 0, "dead": 1}.items():
+        assert value(found, "rollout_queue_groups", queue=q, state=state) == n, state
+    assert value(found, "rollout_queue_up", queue=q) == 1
+    assert value(found, "rollout_queue_policy_version", queue=q) == 3
+    assert value(found, "rollout_queue_workers", queue=q, status="alive") == 1
+    assert value(found, "rollout_queue_workers", queue=q, status="silent") == 1
+    assert value(found, "rollout_queue_leases_active", queue=q) == 1
+    assert 0 < value(found, "rollout_queue_lease_next_deadline_seconds", queue=q) <= 600
+    assert value(found, "rollout_queue_buffer_staleness_bucket", queue=q, le="0.0") == 0
+    assert value(found, "rollout_queue_buffer_staleness_bucket", queue=q, le="1.0") == 1
+    assert value(found, "rollout_queue_pel_attempts_bucket", queue=q, le="1.0") == 5
+    assert value(found, "rollout_queue_executing_attempt_age_seconds_gcount", queue=q) == 2
+    assert value(found, "rollout_queue_submitted_total", queue=q) == 9
+    assert value(found, "rollout_queue_attempts_ended_total", queue=q, terminal="failed") == 3
+    assert value(found, "rollout_queue_evictions_total", queue=q, reason="stale") == 0
+
+
+def test_a_failed_scrape_says_up_0(shared_state: KnownState, cli: Cli) -> None:
+    view = QueueView.from_url(shared_state.url, "no-such-queue")
+    found = samples_of(generate_latest(metrics.registry_for(view)).decode())
+    assert found == {("rollout_queue_up", frozenset({("queue", "no-such-queue")})): 0.0}
+    code, out, _ = cli(shared_state.url, shared_state.queue, "metrics", "--once")
+    assert code == 0 and value(samples_of(out), "rollout_queue_groups", queue=shared_state.queue, state="dead") == 1
+    assert cli(shared_state.url, "no-such-queue", "metrics", "--once")[0] == 4
+
+
+def test_process_metrics_of_workers_and_trainers() -> None:
+    pm = metrics.ProcessMetrics("q")
+    pm.completed(tokens=120, samples=4, seconds=2.5)
+    with pm.lease_wait_timer():
+        pass
+    found = samples_of(generate_latest(pm.registry).decode())
+    assert value(found, "rollout_queue_worker_tokens_total", queue="q") == 120
+    assert value(found, "rollout_queue_worker_samples_total", queue="q") == 4
+    assert value(found, "rollout_queue_worker_attempt_seconds_count", queue="q") == 1
+    assert value(found, "rollout_queue_trainer_lease_wait_seconds_count", queue="q") == 1

@@ -1,0 +1,189 @@
+"""docs/OPERATIONS.md is true: every block marked ``tested=<id>`` runs, exactly as written, against a
+queue in the known state (conftest.py), redis-cli as the read-only operator role and the CLI as admin,
+and its answer is checked against what the doc says it means. A tested block without a check here, or
+a check without its block, fails: the doc and this file move together."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from rollout_queue import acl
+from rollout_queue.local_server import LocalServer, available_servers
+from tests.ops.conftest import ALIVE, SILENT, TRAINER, KnownState
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
+BLOCK = re.compile(r"^```sh tested=([\w-]+)\n(.*?)^```", re.M | re.S)
+Check = Callable[[list[str], KnownState, redis.Redis], None]
+
+
+def blocks() -> dict[str, str]:
+    found = BLOCK.findall(DOC.read_text())
+    assert len({name for name, _ in found}) == len(found), "two blocks share a tested= id"
+    return dict(found)
+
+
+def pairs(lines: list[str]) -> dict[str, str]:
+    return dict(zip(lines[::2], lines[1::2]))
+
+
+def check_who_holds(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    entry_id, owner, idle, attempt = out
+    assert (entry_id, owner, attempt) == (st.ids[6], SILENT, "1") and int(idle) >= 0
+
+
+def check_history(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    ledger, history = out
+    assert ledger == f"a|1|{ALIVE}|failed"
+    h = json.loads(history)
+    assert h["f"] == 1 and [(a["a"], a["w"], a["t"], a["r"]) for a in h["h"]] == [(1, ALIVE, "failed", "CUDA OOM")]
+
+
+def check_trained(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    assert re.fullmatch(rf"s\|committed\|1\|{re.escape(ALIVE)}\|\w+\|", out[0])
+    line = pairs(out[2:])  # out[1] is the commit's stream ID
+    assert line["ids"] == st.ids[1] and line["trainer"] == TRAINER and line["lease"] == out[0].split("|")[4]
+
+
+def check_silent_workers(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    assert out[0] == SILENT and len(out) == 2 and float(out[1]) > 0
+
+
+def check_consumers(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    records: dict[str, dict[str, str]] = {}
+    for i, word in enumerate(out):
+        if word == "name":
+            current = records.setdefault(out[i + 1], {})
+        elif i % 2 == 0:
+            current[word] = out[i + 1]
+    assert {name: rec["pending"] for name, rec in records.items()} == {
+        ALIVE: "1", SILENT: "1", "@ready": "1", "@done": "1", f"@lease:{st.lease_id}": "1"}
+
+
+def check_attempts(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    rows = {out[i]: (out[i + 1], out[i + 3]) for i in range(0, len(out), 4)}
+    assert rows == {st.ids[2]: (f"@lease:{st.lease_id}", "1"), st.ids[3]: ("@done", "1"), st.ids[4]: ("@ready", "1"),
+                    st.ids[5]: (ALIVE, "1"), st.ids[6]: (SILENT, "1")}
+
+
+def check_buffer_empty(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    # buffer 1; no hold (an empty list prints one empty line); then the six meta values; ready 1.
+    assert out == ["1", "", "2", "5", "100000", "1", "0", "3", "1"]
+
+
+def check_leases(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    lease_id, deadline, trainer, state, deadline2, members = out
+    assert (lease_id, trainer, state, members) == (st.lease_id, TRAINER, "active", st.ids[2])
+    assert int(float(deadline)) == int(deadline2)
+
+
+def check_backlog(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    assert out == ["backlog: 2"]
+
+
+def check_dlq(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    assert out[0] == "1" and out[1] == st.dlq_id
+    letter = pairs(out[2:])
+    assert (letter["entry_id"], letter["reason"], letter["attempt"], letter["source_id"]) == \
+        (st.ids[0], "max_attempts", "2", "prompt-0")
+    assert [a["r"] for a in json.loads(letter["history"])] == ["prompt too long for the engine"] * 2
+
+
+def check_memory(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    sizes = {key: int(size) for size, key in (line.split(" ", 1) for line in out)}
+    assert set(sizes) == {k.decode() for k in r.scan_iter(f"{st.prefix}:*")}
+    assert all(v > 0 for v in sizes.values()) and list(sizes.values()) == sorted(sizes.values(), reverse=True)
+
+
+def check_config(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    meta = pairs(out)
+    assert (meta["max_attempts"], meta["worker_timeout_ms"], meta["max_staleness"], meta["version"],
+            meta["weights_uri"], meta["submitted"], meta["failed"]) == ("2", "500", "2", "3", "s3://weights/v3", "9", "3")
+
+
+def check_cli_dlq_requeue(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    listed, requeued = out
+    assert listed.split("\t")[:3] == [st.dlq_id, st.ids[0], "prompt-0"]
+    dlq_id, new_id = requeued.split("\t")
+    assert dlq_id == st.dlq_id and r.xlen(f"{st.prefix}:dlq") == 0
+    assert r.hget(f"{st.prefix}:ids", "prompt-0") == new_id.encode()
+
+
+def check_cli_requeue(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    table = "\n".join(out[:-1])
+    assert "executing" in table and SILENT in table and "SILENT" in table
+    assert out[-1] == f"{st.ids[6]}\tready"
+    assert r.xpending_range(f"{st.prefix}:src", "rollout", st.ids[6], st.ids[6], 1)[0]["consumer"] == b"@ready"
+
+
+#: block id -> (the entry $E names, its check). Blocks run in this order: redis-cli first, the CLI
+#: (which changes the state) after.
+CHECKS: dict[str, tuple[int | None, Check]] = {
+    "who-holds": (6, check_who_holds), "history": (4, check_history), "trained": (1, check_trained),
+    "silent-workers": (None, check_silent_workers), "consumers": (None, check_consumers),
+    "attempts": (None, check_attempts), "buffer-empty": (None, check_buffer_empty), "leases": (None, check_leases),
+    "backlog": (None, check_backlog), "dlq": (None, check_dlq), "memory": (None, check_memory),
+    "config": (None, check_config), "cli-requeue": (6, check_cli_requeue),
+    "cli-dlq-requeue": (None, check_cli_dlq_requeue),
+}
+
+
+def test_every_tested_block_has_a_check() -> None:
+    assert set(blocks()) == set(CHECKS)
+
+
+def _redis_cli() -> str:
+    found = shutil.which("redis-cli") or shutil.which("valkey-cli")
+    valkey = available_servers().get("valkey")
+    if found is None and valkey and Path(valkey).with_name("valkey-cli").exists():
+        found = str(Path(valkey).with_name("valkey-cli"))
+    if found is None:
+        pytest.skip("no redis-cli or valkey-cli binary to run the guide's commands with")
+    return found
+
+
+@pytest.fixture
+def shims(tmp_path: Path, known_state: KnownState, r: redis.Redis, server: LocalServer) -> Iterator[dict[str, str]]:
+    """PATH entries: ``redis-cli`` logged in as the queue's operator, ``rollout-queue`` as its admin."""
+    host = server.url.split("//")[1].split("/")[0]
+    urls = {}
+    for role in ("operator", "admin"):
+        rules = acl.role_rules(known_state.queue, role, password=f"pw-{role}")
+        r.execute_command("ACL", "SETUSER", rules.user, *rules.rules)
+        urls[role] = f"redis://{rules.user}:pw-{role}@{host}/0"
+    for name, body in (("redis-cli", f'exec "{_redis_cli()}" -u "$RQ_OPERATOR_URL" --no-auth-warning "$@"'),
+                       ("rollout-queue", f'exec "{sys.executable}" -m rollout_queue "$@"')):
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    root = Path(__file__).resolve().parents[2]
+    yield {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "RQ_OPERATOR_URL": urls["operator"],
+           "REDIS_URL": urls["admin"], "ROLLOUT_QUEUE": known_state.queue, "Q": known_state.prefix,
+           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for role in ("operator", "admin"):
+        r.execute_command("ACL", "DELUSER", acl.user_name(known_state.queue, role))
+
+
+def test_the_guide_answers_its_questions(known_state: KnownState, shims: dict[str, str], r: redis.Redis) -> None:
+    code = blocks()
+    for name, (entry, check) in CHECKS.items():
+        known_state.refresh()  # host-a must stay alive through the run, host-b silent
+        env = {**os.environ, **shims, "E": known_state.ids[entry] if entry is not None else "unset"}
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", code[name]], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, (name, done.stderr)
+        out = done.stdout.rstrip("\n").split("\n")
+        try:
+            check(out, known_state, r)
+        except (AssertionError, ValueError, KeyError) as exc:
+            raise AssertionError(f"block {name!r} of OPERATIONS.md answered:\n{done.stdout}") from exc
