@@ -4,7 +4,8 @@ Owns argument parsing, output (rich tables on a terminal, plain text in pipes, `
 scripts), exit codes and the log line of each state-changing action. It calls RolloutQueue, the
 read-only views (views.py) and the operator actions (actions.py); never a key or a script directly.
 One module per command group: status (stats, top, metrics), entries (inspect, workers, leases,
-requeue), admin (dlq, config, drain, acl), processes (reaper, worker, demo).
+requeue), admin (dlq, config, drain, acl), processes (reaper, worker, walkthrough), rl (produce, train,
+demo).
 
 Exit codes (stable; shell scripts may rely on them, the message is on stderr):
   0  ok
@@ -35,7 +36,7 @@ from ..errors import (
     RolloutQueueError,
     StateConflict,
 )
-from . import admin, entries, processes, status
+from . import admin, entries, processes, rl, status
 from .common import (
     EXIT_DENIED,
     EXIT_FAIL,
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(parser)
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (status, entries, admin, processes):
+    for group in (status, entries, admin, processes, rl):
         group.register(sub)
     for name, p in sub.choices.items():
         if name != "worker":  # worker forwards its own arguments untouched
@@ -80,8 +81,21 @@ def _is_denied(exc: BaseException | None) -> bool:
     return False
 
 
+def _split_worker(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Everything after the ``worker`` subcommand belongs to the worker's own parser: argparse's
+    REMAINDER cannot capture arguments that start with ``--`` (``worker --engine torch``)."""
+    valued = {"--url", "--queue", "--tls-ca-cert", "--tls-cert", "--tls-key"}
+    for i, word in enumerate(argv):
+        if word == "worker" and (i == 0 or argv[i - 1] not in valued):
+            return argv[: i + 1], argv[i + 1:]
+    return argv, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    head, forwarded = _split_worker(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(head)
+    if forwarded is not None:
+        args.worker_args = forwarded
     logs.configure(args.json_logs)
     try:
         return int(args.func(args))
