@@ -6,6 +6,7 @@ redis-cli. This module exports the public API of DESIGN.md and nothing else.
 """
 
 from .aio import AsyncHold, AsyncLease, AsyncRolloutQueue, AsyncWorker
+from .aio_partitioned import AsyncPartitionedQueue
 from .client import Hold, Lease, RolloutQueue, Worker
 from .config import QueueConfig
 from .errors import (
@@ -19,6 +20,7 @@ from .errors import (
     NotFound,
     OutcomeUnknown,
     OwnershipLost,
+    PartitionsUnreachable,
     PayloadTooLarge,
     ProtocolError,
     RolloutQueueError,
@@ -27,6 +29,7 @@ from .errors import (
     StateConflict,
     VersionRegression,
 )
+from .fleet import AsyncFleetReserver, FleetReserver
 from .models import (
     CompletedGroup,
     DeadLetter,
@@ -38,14 +41,16 @@ from .models import (
     Sample,
     SourceGroup,
 )
+from .partitioned import PartitionedQueue
 from .transport import RetryPolicy
 
 __all__ = [
-    "AsyncHold", "AsyncLease", "AsyncRolloutQueue", "AsyncWorker", "CheckpointPruned", "CompletedGroup",
-    "ConfigMismatch", "DeadLetter", "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost",
-    "MalformedCompletion", "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnershipLost",
-    "PayloadTooLarge", "ProtocolError", "QueueConfig", "QueueStats", "ReapReport", "Receipt", "Reservation",
-    "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError", "SourceGroup", "StaleReceipt",
-    "StateConflict", "VersionRegression", "Worker",
+    "AsyncFleetReserver", "AsyncHold", "AsyncLease", "AsyncPartitionedQueue", "AsyncRolloutQueue",
+    "AsyncWorker", "CheckpointPruned", "CompletedGroup", "ConfigMismatch", "DeadLetter", "FleetReserver",
+    "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost", "MalformedCompletion",
+    "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnershipLost", "PartitionedQueue",
+    "PartitionsUnreachable", "PayloadTooLarge", "ProtocolError", "QueueConfig", "QueueStats", "ReapReport",
+    "Receipt", "Reservation", "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError",
+    "SourceGroup", "StaleReceipt", "StateConflict", "VersionRegression", "Worker",
 ]
 __version__ = "0.1.0"

@@ -10,8 +10,6 @@ import time
 from types import TracebackType
 from typing import Any, Sequence
 
-import redis.asyncio
-
 from . import flows
 from .client import LeaseBase, default_process_id, redis_options
 from .config import QueueConfig
@@ -20,13 +18,14 @@ from .flows import Flow, T
 from .keys import QueueKeys
 from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
 from .protocol import LeaseReply
-from .transport import AsyncTransport, RetryPolicy
+from .cluster import connect_async
+from .transport import AsyncClient, AsyncTransport, RetryPolicy
 
 
 class AsyncRolloutQueue:
     """One queue on one Redis, for asyncio programs (mirrors RolloutQueue)."""
 
-    def __init__(self, client: redis.asyncio.Redis, name: str, *, retry: RetryPolicy | None = None,
+    def __init__(self, client: AsyncClient, name: str, *, retry: RetryPolicy | None = None,
                  clock: Any = time.monotonic) -> None:
         """Use ``await AsyncRolloutQueue.open(client, name, config)`` or ``from_url``: opening needs I/O."""
         self.name = name
@@ -37,7 +36,7 @@ class AsyncRolloutQueue:
         self.config = QueueConfig()
 
     @classmethod
-    async def open(cls, client: redis.asyncio.Redis, name: str, config: QueueConfig | None = None, *,
+    async def open(cls, client: AsyncClient, name: str, config: QueueConfig | None = None, *,
                    retry: RetryPolicy | None = None) -> "AsyncRolloutQueue":
         q = cls(client, name, retry=retry)
         q.config = await q.run(flows.open_queue(q.keys, config))
@@ -45,8 +44,10 @@ class AsyncRolloutQueue:
 
     @classmethod
     async def from_url(cls, url: str, name: str, config: QueueConfig | None = None, *,
-                       retry: RetryPolicy | None = None, **redis_kwargs: Any) -> "AsyncRolloutQueue":
-        return await cls.open(redis.asyncio.Redis.from_url(url, **redis_options(redis_kwargs)), name, config,
+                       retry: RetryPolicy | None = None, cluster: bool | None = None,
+                       **redis_kwargs: Any) -> "AsyncRolloutQueue":
+        """As RolloutQueue.from_url (a ``redis+cluster://`` URL or ``cluster=True``: a Redis Cluster)."""
+        return await cls.open(await connect_async(url, redis_options(redis_kwargs), cluster), name, config,
                               retry=retry)
 
     async def run(self, flow: Flow[T]) -> T:

@@ -14,7 +14,6 @@ import time
 from types import TracebackType
 from typing import Any, Sequence
 
-import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -35,7 +34,8 @@ from .models import (
     SourceGroup,
 )
 from .protocol import LeaseReply
-from .transport import RetryPolicy, SyncTransport
+from .cluster import connect
+from .transport import RetryPolicy, SyncClient, SyncTransport
 
 
 def default_process_id() -> str:
@@ -76,7 +76,7 @@ class LeaseBase:
 class RolloutQueue:
     """One queue on one Redis (DESIGN: Public API)."""
 
-    def __init__(self, client: redis.Redis, name: str, config: QueueConfig | None = None, *,
+    def __init__(self, client: SyncClient, name: str, config: QueueConfig | None = None, *,
                  retry: RetryPolicy | None = None, clock: Any = time.monotonic) -> None:
         self.name = name
         self.keys = QueueKeys(name)
@@ -87,10 +87,12 @@ class RolloutQueue:
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None, *,
-                 retry: RetryPolicy | None = None, **redis_kwargs: Any) -> "RolloutQueue":
+                 retry: RetryPolicy | None = None, cluster: bool | None = None,
+                 **redis_kwargs: Any) -> "RolloutQueue":
         """Connect and open (or create) queue ``name``. ``config=None`` adopts the stored config.
+        A ``redis+cluster://`` URL (or ``cluster=True``) connects to a Redis Cluster (cluster.py).
         Raises ConfigMismatch if ``config`` differs from the stored one."""
-        return cls(redis.Redis.from_url(url, **redis_options(redis_kwargs)), name, config, retry=retry)
+        return cls(connect(url, redis_options(redis_kwargs), cluster), name, config, retry=retry)
 
     def run(self, flow: Flow[T]) -> T:
         """Drive a flow to its result: the one driver loop of the sync client."""

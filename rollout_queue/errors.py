@@ -125,6 +125,18 @@ class CheckpointPruned(StateConflict):
         )
 
 
+class ProducerConflict(StateConflict):
+    """A producer's cursor moved under it (a second instance runs under the same name), or the name
+    was used before with another plan (other dataset, order, n or prompt)."""
+
+    def __init__(self, producer: str, detail: str) -> None:
+        self.producer, self.detail = producer, detail
+        super().__init__(
+            f"producer {producer!r}: {detail}. Run one instance per producer name; to enqueue a different "
+            "dataset or order, use a new --name (the groups already enqueued stay where they are)."
+        )
+
+
 class NotFound(StateConflict):
     """The named dead letter (or other record) does not exist."""
 
@@ -142,3 +154,19 @@ class ScriptError(RolloutQueueError):
 
 class ProtocolError(ScriptError):
     """A script reply did not have the documented shape (an unknown status word, say)."""
+
+
+class PartitionsUnreachable(OutcomeUnknown):
+    """An operation over the partitions of a logical queue reached some partitions but not others.
+
+    ``done`` names the partitions where it ran, ``failed`` those where its outcome is unknown. Every
+    such operation is idempotent per partition (submit by source_id, publish by version, holds by
+    id, close by worker), so calling it again finishes the job once the partitions are back.
+    """
+
+    def __init__(self, what: str, done: tuple[str, ...], failed: tuple[str, ...]) -> None:
+        self.what, self.done, self.failed = what, done, failed
+        super().__init__(
+            f"{what}: partitions {', '.join(failed)} could not be reached (their outcome is unknown); "
+            f"it ran on {', '.join(done) or 'none'}. Repeat the call when they are back: it is idempotent."
+        )

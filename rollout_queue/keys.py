@@ -30,6 +30,7 @@ KEY_SUFFIXES: dict[str, str] = {
     "ids": "ids",
     "commits": "commits",
     "kept": "kept",
+    "producers": "producers",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")
@@ -68,6 +69,12 @@ class QueueKeys:
     def hold(self, hold_id: str) -> str:
         """The snapshot set of one admission hold."""
         return f"{self.prefix}hold:{hold_id}"
+
+    @property
+    def partitions(self) -> str:
+        """The partition count of a logical queue split into ``<queue>#0 …`` (absent: one partition,
+        the queue itself); written once by partitioned.py, never by a script."""
+        return f"{self.prefix}partitions"
 
     @property
     def versions_channel(self) -> str:

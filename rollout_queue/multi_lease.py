@@ -1,0 +1,118 @@
+"""Composite leases: a lease of ``groups`` gathered as partial leases of several partitions.
+
+Each member is an ordinary lease of one partition (flows.lease / commit / rollback / extend), so
+each member commits atomically on its own slot. What this module adds is the gathering (fullest
+partitions first, nothing taken until enough is buffered) and the commit order: fence every member,
+then commit one by one, remembering which are done, so that exactly-once holds per group whatever
+the trainer's fate between two member commits (README "Scaling out" has the argument).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import flows
+from . import protocol as p
+from .errors import LeaseLost, OutcomeUnknown
+from .flows import Clock, Flow
+from .keys import QueueKeys
+from .partition_flows import guarded, sweep, wait_any
+from .partitions import Layout, Selector
+
+#: One leased part: (partition index, the lease reply, its token).
+Member = tuple[int, p.LeaseReply, str]
+
+
+def lease(layout: Layout, sel: Selector, trainer_id: str, groups: int, partial: bool, timeout_s: float | None,
+          block_ms: int, clock: Clock) -> Flow[list[Member] | None]:
+    """Exactly ``groups`` fresh completed groups (>= 1 when partial) gathered as partial leases from
+    the fullest partitions first. Nothing is leased until the buffers together hold enough, so the
+    members rarely need handing back; if they do (the deadline passed with fewer, after groups went
+    stale under us), they are rolled back: requeued and generated again, never lost."""
+    if groups < 1:
+        raise ValueError("groups must be >= 1")
+    deadline = clock() + block_ms / 1000
+    held: list[Member] = []
+    while True:
+        need = groups - sum(len(r.groups) for _, r, _ in held)
+        wakes, counts = yield from _buffered(layout, sel, clock)
+        if partial or held or sum(counts.values()) >= need:
+            for i in sel.order(clock()):
+                if need <= 0:
+                    break
+                if not counts.get(i):
+                    continue
+                try:
+                    got = yield from guarded(flows.lease(layout.keys[i], trainer_id, need, True, timeout_s, 0, clock),
+                                             fast=True)
+                except OutcomeUnknown:  # a lease made there anyway expires and is requeued by the reaper
+                    sel.mark_down(i, clock())
+                    continue
+                if got is not None:
+                    held.append((i, *got))
+                    need -= len(got[0].groups)
+        if need <= 0 or (partial and held):
+            return held
+        if clock() >= deadline or not (yield from wait_any(layout, sel, "wake_done", wakes, deadline, clock)):
+            yield from _hand_back(layout, held)
+            return None
+
+
+def _buffered(layout: Layout, sel: Selector, clock: Clock) -> Flow[tuple[dict[int, str], dict[int, int]]]:
+    """Each live partition's wake_done position, then its buffer size (in that order: a completion
+    after the count moves the wake stream past the position, so no wake-up is missed)."""
+    def read(i: int) -> Flow[tuple[str, int]]:
+        keys = layout.keys[i]
+        last = yield p.Command(("XREVRANGE", keys["wake_done"], "+", "-", "COUNT", 1))
+        size = yield p.Command(("ZCARD", keys["buffer"]))
+        return (p.s(last[0][0]) if last else "0-0"), int(size)
+
+    got = yield from sweep(layout, sel, read, clock)
+    for i, (_, size) in got.items():
+        sel.set_estimate(i, size)
+    return {i: w for i, (w, _) in got.items()}, {i: n for i, (_, n) in got.items()}
+
+
+def _hand_back(layout: Layout, held: Sequence[Member]) -> Flow[None]:
+    for i, r, token in held:
+        try:
+            yield from guarded(flows.rollback(layout.keys[i], r.lease_id, token), fast=False)
+        except OutcomeUnknown:
+            continue  # the lease expires at its deadline and the reaper requeues its groups
+
+
+def commit(members: Sequence[tuple[QueueKeys, str, str]], done: dict[int, str], step: int | None,
+           fence_s: float) -> Flow[list[str]]:
+    """Commit every member lease; ``done`` (member -> commit id) survives a failed call, so a retry
+    commits only the rest. First every member is fenced (extended by ``fence_s``): a member already
+    lost raises LeaseLost while nothing is committed yet, and none can expire during the commits.
+    A single member needs no fence: its one commit is atomic."""
+    for k, (keys, lease_id, token) in enumerate(members):
+        if k not in done and len(members) > 1:
+            try:
+                yield from flows.extend(keys, lease_id, token, fence_s)
+            except LeaseLost as exc:
+                if exc.state != "committed":  # committed: an earlier commit() ran but its reply was lost
+                    raise
+    for k, (keys, lease_id, token) in enumerate(members):
+        if k not in done:
+            done[k] = yield from flows.commit(keys, lease_id, token, step)
+    return [done[k] for k in range(len(members))]
+
+
+def rollback(members: Sequence[tuple[QueueKeys, str, str]], done: dict[int, str]) -> Flow[int]:
+    """Roll back every member not committed yet. Returns how many groups went back to ready."""
+    total = 0
+    for k, (keys, lease_id, token) in enumerate(members):
+        if k not in done:
+            total += yield from flows.rollback(keys, lease_id, token)
+    return total
+
+
+def extend(members: Sequence[tuple[QueueKeys, str, str]], done: dict[int, str], seconds: float) -> Flow[int]:
+    """Extend every member not committed yet. Returns the earliest new deadline (ms)."""
+    deadlines = []
+    for k, (keys, lease_id, token) in enumerate(members):
+        if k not in done:
+            deadlines.append((yield from flows.extend(keys, lease_id, token, seconds)))
+    return min(deadlines, default=0)

@@ -1,0 +1,226 @@
+"""The partitions of a logical queue: names, placement of source groups, and which partition to ask next.
+
+A logical queue ``q`` with P partitions is P ordinary queues ``q#0 … q#P-1``, each with its own hash
+tag, so every script still runs on one Redis Cluster slot and no transition spans two partitions.
+With P = 1 the only partition is ``q`` itself: exactly today's single queue, the same keys.
+
+Rules this module keeps (no I/O here; partition_flows.py drives the calls):
+
+1. Placement is stable: a source group lives in partition ``crc32(source_id) % P``, a pure function
+   of the source_id, so resubmitting a source_id reaches the same partition and stays idempotent.
+   P is therefore fixed for a queue's life (recorded once under ``keys.partitions``).
+2. Bounds are logical: ``split_config`` gives each partition ``ceil(bound / P)``.
+3. Choosing a partition is cheap: ``Selector`` orders partitions by a backlog estimate (refreshed
+   every few seconds, decremented by what this client took) in log2 buckets, and rotates the order
+   within a bucket on every call, so P partitions with similar backlogs are served in turn and a much
+   fuller one is drained first. Unreachable partitions are skipped for a growing back-off.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping, Sequence
+
+from .config import QueueConfig
+from .errors import InvalidInput
+from .keys import QueueKeys, validate_queue_name
+from .models import HeartbeatInfo, QueueStats, Receipt
+from .protocol import Call, Op
+from .transport import RetryPolicy
+
+#: Sweeps (reserve, lease, stats, reap, heartbeat) give up on a partition after this long and skip it
+#: for a while: a dead node must not stall the work the other partitions can do.
+PROBE_RETRY = RetryPolicy(window_s=0.2, first_backoff_s=0.02, max_backoff_s=0.1)
+#: Logical bounds split over the partitions by ceil(bound / P).
+SPLIT_BOUNDS = ("max_executing_samples", "max_retained_groups", "max_completed_groups", "batch_groups")
+
+
+def partition_names(name: str, count: int) -> tuple[str, ...]:
+    """``(name,)`` for one partition, else ``name#0 … name#{count-1}``."""
+    validate_queue_name(name)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 4096:
+        raise ValueError(f"partitions must be an integer in 1..4096, got {count!r}")
+    return (name,) if count == 1 else tuple(validate_queue_name(f"{name}#{i}") for i in range(count))
+
+
+def partition_index(source_id: str, count: int) -> int:
+    """The partition of a source group: a stable hash (crc32, not Python's salted hash) of its source_id."""
+    return zlib.crc32(source_id.encode("utf-8")) % count
+
+
+def split_config(config: QueueConfig | None, count: int) -> QueueConfig | None:
+    """Each partition's config: the logical bounds divided by ``count`` (rounded up)."""
+    if config is None or count == 1:
+        return config
+    changes = {name: math.ceil(getattr(config, name) / count) for name in SPLIT_BOUNDS
+               if getattr(config, name) is not None}
+    return config.replace(**changes)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Names and keys of a logical queue's partitions."""
+
+    name: str
+    count: int
+    names: tuple[str, ...] = field(init=False)
+    keys: tuple[QueueKeys, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = partition_names(self.name, self.count)
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "keys", tuple(QueueKeys(n) for n in names))
+
+    @property
+    def record(self) -> str:
+        """Where the partition count is recorded (under the logical name's own tag)."""
+        return QueueKeys(self.name).partitions
+
+    def of_source(self, source_id: str) -> int:
+        return partition_index(source_id, self.count)
+
+    def index(self, receipt: Receipt) -> int:
+        """The partition that issued ``receipt`` (a plain Receipt only names one when P = 1)."""
+        queue = getattr(receipt, "queue", "") or (self.names[0] if self.count == 1 else "")
+        if queue not in self.names:
+            raise InvalidInput(f"receipt {receipt.entry_id} names no partition of {self.name!r} (got {queue!r}): "
+                               "settle the receipt a PartitionedWorker returned, unchanged")
+        return self.names.index(queue)
+
+
+@dataclass(frozen=True)
+class PartitionReceipt(Receipt):
+    """A receipt that also names the partition (queue) that issued it: entry IDs are unique only
+    within one partition, so a settlement is routed by ``queue``."""
+
+    queue: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        validate_queue_name(self.queue)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An op whose failure the driver throws back into the flow instead of out of it, so an
+    operation over partitions can skip (or report) an unreachable one. ``fast``: send it with
+    PROBE_RETRY instead of the client's full retry window."""
+
+    op: Op
+    fast: bool = True
+
+
+class Selector:
+    """Which partition to ask next: fullest first (log2 buckets of a backlog estimate), rotating
+    within a bucket, skipping unreachable ones. One per worker or trainer; not thread-safe."""
+
+    def __init__(self, count: int, refresh_s: float = 5.0, seed: int | None = None,
+                 down_s: float = 0.5, max_down_s: float = 10.0) -> None:
+        self.count, self.refresh_s = count, refresh_s
+        self.random = random.Random(seed)
+        self.rotation = self.random.randrange(count)  # workers start spread over the partitions
+        self.estimate: list[int | None] = [None] * count  # None: unknown, ranked with the fullest
+        self.down_until = [0.0] * count
+        self.failures = [0] * count
+        self.down_s, self.max_down_s = down_s, max_down_s
+        self.next_refresh = 0.0
+        #: reserve calls whose outcome is unknown, by partition: resent (same request id) before any
+        #: new reserve there, so grants made to this worker are replayed to it, never stranded.
+        self.pending: dict[int, Call] = {}
+
+    def order(self, now: float) -> list[int]:
+        """Live partitions to try now, best first (all of them if every one is marked down)."""
+        live = [i for i in range(self.count) if self.down_until[i] <= now] or list(range(self.count))
+        start = self.rotation
+        self.rotation = (self.rotation + 1) % self.count
+        return sorted(live, key=lambda i: (-_bucket(self.estimate[i]), (i - start) % self.count))
+
+    def is_down(self, i: int, now: float) -> bool:
+        return self.down_until[i] > now
+
+    def refresh_due(self, now: float) -> bool:
+        if now < self.next_refresh:
+            return False
+        self.next_refresh = now + self.refresh_s * (0.75 + 0.5 * self.random.random())  # jitter: no herds
+        return True
+
+    def set_estimate(self, i: int, available: int) -> None:
+        self.estimate[i] = max(0, available)
+
+    def took(self, i: int, got: int, asked: int, drained: bool = True) -> None:
+        """A call asked partition ``i`` for ``asked`` and got ``got``; ``drained``: fewer than asked
+        because the partition had no more (not because a hold or a bound refused)."""
+        current = self.estimate[i]
+        if got < asked and drained:
+            self.estimate[i] = 0
+        elif current is not None:
+            self.estimate[i] = max(1 if got < asked else 0, current - got)
+
+    def woke(self, i: int) -> None:
+        """Partition i's wake stream moved: it may have work again, ask it first."""
+        self.estimate[i] = None
+
+    def mark_down(self, i: int, now: float) -> None:
+        self.failures[i] += 1
+        self.down_until[i] = now + min(self.max_down_s, self.down_s * 2 ** (self.failures[i] - 1))
+
+    def mark_up(self, i: int) -> None:
+        self.failures[i], self.down_until[i] = 0, 0.0
+
+
+def _bucket(estimate: int | None) -> int:
+    return 64 if estimate is None else estimate.bit_length()
+
+
+# -- aggregates ------------------------------------------------------------------------------------
+
+
+_CONFIG_FIELDS = frozenset(QueueConfig().to_meta())
+
+
+def _sum_maps(maps: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in maps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0) -> QueueStats:
+    """One QueueStats for the logical queue: counts summed; ``version`` is the lowest partition's
+    (the version every partition has reached); staleness over all buffered groups. The number of
+    partitions left out is in ``counters['partitions_unreachable']``."""
+    if not parts:
+        raise ValueError("no partition stats to aggregate")
+    summed: dict[str, Any] = {}
+    for f in fields(QueueStats):
+        if f.name in ("version", "staleness_max", "staleness_mean"):
+            continue  # not sums: set below
+        values = [getattr(s, f.name) for s in parts]
+        if isinstance(values[0], bool):
+            summed[f.name] = all(values)
+        elif isinstance(values[0], int):
+            summed[f.name] = sum(values)
+        else:
+            summed[f.name] = _sum_maps(values)
+    maxima = [s.staleness_max for s in parts if s.staleness_max is not None]
+    weighted = [(s.staleness_mean, s.completed) for s in parts if s.staleness_mean is not None]
+    weight = sum(n for _, n in weighted)
+    summed["version"] = min(s.version for s in parts)
+    summed["staleness_max"] = max(maxima) if maxima else None
+    summed["staleness_mean"] = sum(m * n for m, n in weighted) / weight if weight else None
+    # Config values in the counters are each partition's share: summing them would mean nothing.
+    shares = {k: v for k, v in parts[0].counters.items() if k in _CONFIG_FIELDS}
+    summed["counters"] = {**summed["counters"], **shares, "partitions": len(parts) + unreachable,
+                          "partitions_unreachable": unreachable}
+    return QueueStats(**summed)
+
+
+def merge_heartbeats(infos: Sequence[HeartbeatInfo]) -> HeartbeatInfo:
+    """The newest policy version any partition announces (with its weights), held if any is held."""
+    newest = max(infos, key=lambda h: (h.version_published, h.version))
+    return HeartbeatInfo(newest.version, newest.version_published, newest.weights_uri,
+                         any(h.held for h in infos), max(h.server_ms for h in infos))
