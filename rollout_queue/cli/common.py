@@ -21,6 +21,7 @@ import redis
 
 from .. import views
 from ..client import RolloutQueue, redis_options
+from ..cluster import connect
 from ..keys import QueueKeys, validate_queue_name
 from ..logs import fields
 from ..transport import RetryPolicy
@@ -67,7 +68,7 @@ def tls_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v}
 
 
-def client(args: argparse.Namespace) -> redis.Redis:
+def client(args: argparse.Namespace) -> redis.Redis | redis.cluster.RedisCluster:
     """A connected client: PING first, so a wrong password or an unreachable server fails in
     milliseconds with its own exit code instead of after the retry window."""
     if not args.url:
@@ -79,7 +80,8 @@ def client(args: argparse.Namespace) -> redis.Redis:
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     try:
-        c = redis.Redis.from_url(args.url, **redis_options(tls_options(args)))
+        # redis+cluster:// (or rediss+cluster://) URLs get a RedisCluster client (cluster.py).
+        c = connect(args.url, redis_options(tls_options(args)))
     except ValueError as exc:
         raise UsageError(f"bad --url {args.url!r}: {exc}") from exc
     try:
