@@ -71,7 +71,8 @@ class Role:
 
 _OPEN = ("open",)
 ROLES: dict[str, Role] = {r.name: r for r in (
-    Role("producer", "submits source groups", _OPEN + ("submit",), ("hget",), ("meta",)),
+    Role("producer", "submits source groups (submit, or produce: groups + cursor)", _OPEN + ("submit", "produce"),
+         ("hget",), ("meta", "producers")),
     Role("worker", "reserves, completes, fails, aborts, filters; heartbeats",
          _OPEN + ("reserve", "complete", "fail", "abort", "filter", "reject", "heartbeat", "close_worker"),
          ("hget", "xread", "subscribe"), ("meta", "wake_work"), versions_channel=True),

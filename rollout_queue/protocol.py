@@ -24,6 +24,7 @@ from .errors import (
     MalformedCompletion,
     NotFound,
     PayloadTooLarge,
+    ProducerConflict,
     ProtocolError,
     RolloutQueueError,
     StaleReceipt,
@@ -72,8 +73,9 @@ def build(keys: QueueKeys, name: str, *, idempotent: bool = True, **argv: Any) -
 
 
 def s(value: Any) -> str:
-    """A reply element as text."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A reply element as text (bytes that are not UTF-8, written into Redis by hand, are replaced
+    rather than failing the whole reply)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def pairs(flat: Sequence[Any]) -> dict[str, Any]:
@@ -96,6 +98,8 @@ ERRORS: dict[str, Raiser] = {
     "version_regression": lambda c, r: VersionRegression(c["version"], int(r[1])),
     "checkpoint_pruned": lambda c, r: CheckpointPruned(c["step"], int(r[1])),
     "not_found": lambda c, r: NotFound(f"{c.get('what', 'record')} {c.get('id', '')} not found"),
+    "cursor_moved": lambda c, r: ProducerConflict(c["producer"], f"its cursor is at {int(r[1])}, not {c['from']}"),
+    "plan_mismatch": lambda c, r: ProducerConflict(c["producer"], f"it was started with plan {s(r[1])}, not {c['plan']}"),
 }
 
 
@@ -196,7 +200,7 @@ def parse_lease(reply: Any, lease_id: str) -> LeaseReply:
         try:
             groups.append(CompletedGroup(eid, decode_group(fields), decode_completion(bytes(payload)),
                                          int(attempt), int(min_version)))
-        except CodecError:
+        except (CodecError, ValueError):  # ValueError: a version that is not an integer (edited by hand)
             bad.append(eid)
     return LeaseReply("ok", len(groups), "", s(r[1]), int(r[2]), int(r[3]), tuple(groups), tuple(bad))
 

@@ -1,5 +1,5 @@
 """Long-running processes started from the CLI: ``reaper``, ``worker`` (delegated to ``workers``) and
-``demo`` (the walk-through on a private Redis)."""
+``walkthrough`` (the queue's lifecycle on a private Redis, with a stand-in engine; ``demo`` is in rl.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def cmd_reaper(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_walkthrough(args: argparse.Namespace) -> int:
     from ..walkthrough import run_walkthrough
 
     return EXIT_OK if run_walkthrough(url=args.url, groups=args.groups, kill_worker=not args.no_kill) else EXIT_FAIL
@@ -57,7 +57,7 @@ def register(sub: Any) -> None:
     p.add_argument("worker_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("demo", help="the whole lifecycle on one machine, with a private Redis")
+    p = sub.add_parser("walkthrough", help="the queue's lifecycle with a stand-in engine, on a private Redis")
     p.add_argument("--groups", type=int, default=24, help="source groups to run through the queue")
     p.add_argument("--no-kill", action="store_true", help="do not kill a worker mid-run")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_walkthrough)

@@ -29,6 +29,7 @@ from rollout_queue import (
     VersionRegression,
 )
 from rollout_queue import flows
+from rollout_queue.errors import ProducerConflict
 from rollout_queue import protocol as p
 from rollout_queue.codec import SCHEMA_VERSION, encode_completion, encode_group
 from rollout_queue.keys import QueueKeys
@@ -102,6 +103,9 @@ ERROR_CASES: dict[str, tuple[list[Any], dict[str, Any], type[Exception], dict[st
     "version_regression": ([b"version_regression", 7], {"version": 5}, VersionRegression, {"version": 5, "current": 7}),
     "checkpoint_pruned": ([b"checkpoint_pruned", 10], {"step": 3}, CheckpointPruned, {"step": 3, "checkpoint": 10}),
     "not_found": ([b"not_found"], {"what": "dead letter", "id": "9-9"}, NotFound, {}),
+    "cursor_moved": ([b"cursor_moved", 12], {"producer": "ds", "from": 8}, ProducerConflict, {"producer": "ds"}),
+    "plan_mismatch": ([b"plan_mismatch", b"abc"], {"producer": "ds", "plan": "def"}, ProducerConflict,
+                      {"producer": "ds"}),
 }
 
 

@@ -1,0 +1,207 @@
+"""A real GRPO trainer on the queue: lease -> tensors -> clipped policy-gradient step -> commit ->
+publish weights; checkpoints (model + optimizer) wired to the queue's commit(step)/checkpoint(step).
+
+Used by ``rollout-queue demo`` (on the tiny model) and ``rollout-queue train`` (docker-compose's
+trainer service). It owns the optimizer loop and its checkpoint files; everything about the queue
+goes through ``rollout_queue.trainer``. Checkpoints are safetensors + JSON (never pickle), so a
+resumed trainer is exactly the one that stopped: ``resume`` requeues what was committed after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..client import RolloutQueue
+from ..trainer import grpo_loss, lease_batch, publish_weights, response_logprobs, resume, save_checkpoint
+from ..trainer import training_step
+
+log = logging.getLogger("rollout_queue.demo.grpo")
+
+
+@dataclass(frozen=True)
+class GrpoSettings:
+    """The trainer's knobs (the demo's defaults suit the tiny model on a CPU)."""
+
+    steps: int = 60
+    batch_groups: int = 8
+    lr: float = 5e-4
+    clip_eps: float = 0.2
+    max_grad_norm: float = 1.0
+    lease_timeout_s: float = 120.0
+    checkpoint_every: int = 20
+    threads: int = 1
+    device: str = "cpu"
+    seed: int = 0
+    trainer_id: str = "grpo-trainer"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one optimizer step saw and did."""
+
+    step: int
+    elapsed_s: float
+    reward: float
+    groups: int
+    tokens: int
+    staleness_max: int
+    staleness_mean: float
+    loss: float
+    ratio_mean: float
+    entry_ids: tuple[str, ...]
+    wait_s: float = 0.0      # waiting for a lease (the trainer idle: generation is behind)
+    compute_s: float = 0.0   # tensors, forward, backward, optimizer step, commit
+    publish_s: float = 0.0   # weights folder + hold + version (+ checkpoint)
+
+
+@dataclass
+class TrainerState:
+    """Shared with the dashboard thread (append-only lists; read under ``lock``)."""
+
+    records: list[StepRecord] = field(default_factory=list)
+    started_at: float | None = None
+    resumed_from: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class GrpoTrainer:
+    """Runs ``settings.steps`` GRPO steps on ``queue``, publishing weights under ``weights_dir``."""
+
+    def __init__(self, queue: RolloutQueue, model_dir: str | os.PathLike[str], weights_dir: str | os.PathLike[str],
+                 settings: GrpoSettings, *, checkpoint_dir: str | os.PathLike[str] | None = None,
+                 stop: threading.Event | None = None, state: TrainerState | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.queue, self.settings = queue, settings
+        self.weights_dir = Path(weights_dir)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.stop = stop or threading.Event()
+        self.state = state or TrainerState()
+        self.on_step = on_step
+        torch.manual_seed(settings.seed)
+        torch.set_num_threads(max(1, settings.threads))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(settings.device)
+        self.model.train()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
+        self.step = self._resume()
+        # Policy versions only grow: a trainer resumed from checkpoint k continues after the last
+        # version it published before it stopped (fresh runs: version == step).
+        self.version = queue.version
+
+    def _resume(self) -> int:
+        """Load the newest checkpoint, if any, and requeue what was committed after it."""
+        if self.checkpoint_dir is None:
+            return 0
+        done = sorted(int(p.name[5:]) for p in self.checkpoint_dir.glob("step-*") if p.name[5:].isdigit())
+        if not done:
+            return 0
+        step = done[-1]
+        folder = self.checkpoint_dir / f"step-{step}"
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(os.fspath(folder / "model.safetensors"), device=self.settings.device))
+        load_optimizer(self.optimizer, folder)
+        restored = resume(self.queue, step)
+        log.info("resumed from checkpoint", extra={"step": step, "requeued": restored})
+        self.state.resumed_from = step
+        return step
+
+    def run(self) -> list[StepRecord]:
+        """Train until ``settings.steps`` or ``stop``; returns every step's record."""
+        waited_since = time.monotonic()
+        while self.step < self.settings.steps and not self.stop.is_set():
+            lease = self.queue.lease(self.settings.batch_groups, timeout_s=self.settings.lease_timeout_s,
+                                     block_ms=500, trainer_id=self.settings.trainer_id)
+            if lease is None:
+                continue
+            if self.state.started_at is None:
+                self.state.started_at = waited_since = time.monotonic()
+            self._train_on(lease, time.monotonic() - waited_since)
+            waited_since = time.monotonic()
+        return list(self.state.records)
+
+    def _train_on(self, lease: Any, wait_s: float) -> None:
+        import torch
+
+        step = self.step + 1
+        began = time.monotonic()
+        with training_step(lease, step=step if self.checkpoint_dir else None):
+            batch = lease_batch(lease, tokenizer=self.tokenizer, pad_token_id=self.tokenizer.pad_token_id or 0,
+                                device=self.settings.device)
+            loss, metrics = grpo_loss(response_logprobs(self.model, batch), batch, clip_eps=self.settings.clip_eps)
+            self.optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
+            self.optimizer.step()
+        self.step = step
+        computed = time.monotonic()
+        self.version += 1
+        publish_weights(self.queue, self.model, self.version, self.weights_dir)
+        if self.checkpoint_dir and (step % self.settings.checkpoint_every == 0 or step == self.settings.steps):
+            save_checkpoint(self.queue, step, self._save)
+        staleness = batch.staleness.float()
+        assert self.state.started_at is not None
+        record = StepRecord(step, time.monotonic() - self.state.started_at, float(batch.rewards.mean()),
+                            len(batch.entry_ids), batch.num_response_tokens, int(staleness.max()),
+                            float(staleness.mean()), metrics["loss"], metrics["ratio_mean"], batch.entry_ids,
+                            wait_s, computed - began, time.monotonic() - computed)
+        with self.state.lock:
+            self.state.records.append(record)
+        if self.on_step:
+            self.on_step(record)
+
+    def _save(self, step: int) -> None:
+        """Model + optimizer as one folder, written aside and renamed (a crash leaves the last one)."""
+        assert self.checkpoint_dir is not None
+        folder = self.checkpoint_dir / f"step-{step}"
+        staging = self.checkpoint_dir / f".step-{step}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)  # a leftover of a crash mid-save: never loaded
+        from safetensors.torch import save_file
+
+        staging.mkdir(parents=True)
+        save_file({k: v.detach().contiguous() for k, v in self.model.state_dict().items()},
+                  os.fspath(staging / "model.safetensors"))
+        save_optimizer(self.optimizer, staging)
+        os.rename(staging, folder)
+
+
+def save_optimizer(optimizer: Any, folder: Path) -> None:
+    """An optimizer's state as safetensors (tensors) + JSON (the rest): no pickle."""
+    from safetensors.torch import save_file
+
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, entry in sd["state"].items():
+        for key, value in entry.items():
+            if hasattr(value, "detach"):
+                tensors[f"{index}/{key}"] = value.detach().contiguous()
+            else:
+                scalars[f"{index}/{key}"] = value
+    save_file(tensors, os.fspath(folder / "optimizer.safetensors"))
+    (folder / "optimizer.json").write_text(json.dumps({"param_groups": sd["param_groups"], "scalars": scalars}))
+
+
+def load_optimizer(optimizer: Any, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    meta = json.loads((folder / "optimizer.json").read_text())
+    state: dict[int, dict[str, Any]] = {}
+    tensors = load_file(os.fspath(folder / "optimizer.safetensors"))
+    for name, value in list(tensors.items()) + list(meta["scalars"].items()):
+        index, key = name.split("/", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+__all__ = ["GrpoSettings", "GrpoTrainer", "StepRecord", "TrainerState", "load_optimizer", "save_optimizer"]

@@ -1,0 +1,171 @@
+"""``rollout-queue demo``: set up (private Redis, tiny model, engine choice), run once or ``--compare``
+the strictly on-policy and async modes, print the summary, and say whether the ledger check passed.
+
+Exit status: 0 when every run's ledger check passed and no lease exceeded the staleness bound.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..local_server import LocalServer
+from .fleet import vllm_available
+from .run import DemoOptions, DemoRun, RunResult
+from .task import TASK
+
+ENGINE_NOTE = {
+    "vllm": "vLLM (CPU build here): ~10-40 s and ~1 GiB per worker to start, then fast generation",
+    "torch": "torch (transformers): starts in seconds; vLLM not installed or not chosen",
+}
+
+
+def choose_engine(engine: str) -> str:
+    """'auto': vLLM when it imports here, else torch."""
+    if engine != "auto":
+        return engine
+    return "vllm" if vllm_available() else "torch"
+
+
+def quiet_libraries() -> None:
+    """The dashboard owns the terminal: no per-save progress bars, and only warnings from the
+    library's own loggers (the reaper's per-pass lines would scroll the panel away)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    for name in ("rollout_queue", "workers"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def build_model(run_dir: Path) -> Path:
+    from workers.tiny_model import build_tiny_model
+
+    return build_tiny_model(run_dir / "tiny-model")
+
+
+def run_demo(*, url: str | None, engine: str, steps: int, batch_groups: int, n: int, max_tokens: int, lr: float,
+             max_staleness: int | None, kill_worker_after: float | None, compare: bool, target: float, seed: int,
+             keep: bool, console: Any) -> int:
+    """Run the demo; returns the exit status."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        os.environ.setdefault(name, "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    quiet_libraries()
+    run_dir = Path(tempfile.mkdtemp(prefix="rollout-demo-"))
+    server = None if url else LocalServer().start()
+    results: list[RunResult] = []
+    try:
+        url = url or server.url  # type: ignore[union-attr]
+        chosen = choose_engine(engine)
+        console.print(f"[bold]task[/]: {TASK}")
+        console.print(f"[bold]engine[/]: {ENGINE_NOTE.get(chosen, chosen)}")
+        console.print(f"[bold]redis[/]: {url} ({'private server, AOF on, stopped at exit' if server else 'given'})")
+        model_dir = build_model(run_dir)
+        base = DemoOptions(url=url, engine=chosen, model_dir=model_dir, run_dir=run_dir, steps=steps,
+                           batch_groups=batch_groups, n=n, max_tokens=max_tokens, lr=lr, max_staleness=max_staleness,
+                           kill_worker_after=kill_worker_after, target=target, seed=seed)
+        for options in plan_runs(base, compare):
+            results.append(DemoRun(options, console).execute())
+        for result in results:
+            print_summary(console, result)
+        if compare:
+            print_comparison(console, results)
+        ok = all(r.ok for r in results)
+        if not ok:
+            print_failure(console, results, run_dir)
+            keep = True
+        return 0 if ok else 1
+    finally:
+        if server is not None:
+            server.cleanup()
+        if keep:
+            console.print(f"run folder kept: {run_dir} (worker logs, weights, checkpoints)")
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)  # scratch space; nothing in it is needed after the summary
+
+
+def plan_runs(base: DemoOptions, compare: bool) -> list[DemoOptions]:
+    """One run, or --compare's two: strictly on-policy, then async. In both, no worker kill (it would
+    skew the timing being compared) and the trainer and the workers on disjoint CPUs, the stand-in
+    for separate GPU pools (it slows vLLM's start-up, which the timing excludes)."""
+    if not compare:
+        return [base if base.max_staleness is not None else replace(base, label="on-policy")]
+    bound = base.max_staleness if base.max_staleness is not None else 2
+    return [replace(base, max_staleness=None, kill_worker_after=None, pin_cpus=True, label="on-policy"),
+            replace(base, max_staleness=bound, kill_worker_after=None, pin_cpus=True, label="async")]
+
+
+def print_summary(console: Any, r: RunResult) -> None:
+    from rich.table import Table
+
+    o = r.options
+    table = Table(title=f"demo summary ({o.label}, {o.engine} workers)", title_justify="left")
+    table.add_column("")
+    table.add_column("", justify="right")
+    bound = "none (on-policy)" if o.max_staleness is None else str(o.max_staleness)
+    reached = r.reached()
+    rows = [
+        ("reward at start (mean of first 3 steps)", f"{r.reward_at(False):.3f}"),
+        ("reward at end (mean of last 3 steps)", f"{r.reward_at(True):.3f}"),
+        (f"steps / seconds to reward >= {o.target}",
+         f"{reached.step} / {reached.elapsed_s:.1f}s" if reached else "not reached"),
+        ("optimizer steps", f"{len(r.records)} of {o.steps}"),
+        ("groups trained (committed)", str(sum(x.groups for x in r.records))),
+        ("samples trained", str(sum(x.groups for x in r.records) * o.n)),
+        ("largest staleness in any lease (bound)", f"{r.max_staleness_seen} ({bound})"),
+        ("worker start-up / training time", f"{r.startup_s:.1f}s / {r.training_s:.1f}s"),
+        ("workers killed / attempts requeued as lost", f"{', '.join(r.killed) or 'none'} / {r.lost_attempts}"),
+    ]
+    ledger = r.ledger
+    if ledger is not None:
+        rows += [
+            ("source groups enqueued (expected)", f"{ledger.enqueued} ({ledger.expected})"),
+            ("committed exactly once / twice", f"{ledger.committed_once} / {ledger.committed_twice}"),
+            ("lost / still owned / dead / filtered",
+             f"{ledger.lost} / {ledger.still_owned} / {ledger.dead} / {ledger.filtered}"),
+        ]
+    verdict = "[green]PASS[/]" if r.ok else "[red]FAIL[/]"
+    rows.append(("ledger check (commits stream + ledger vs. what was enqueued)", verdict))
+    for label, value in rows:
+        table.add_row(label, value)
+    console.print(table)
+
+
+def print_comparison(console: Any, results: list[RunResult]) -> None:
+    from rich.table import Table
+
+    table = Table(title="strictly on-policy vs. async (same task, steps and workers; trainer idle = waiting for data)",
+                  title_justify="left")
+    for col in ("mode", "steps to target", "s to target", "train time", "s/step", "trainer idle", "reward end",
+                "max staleness (bound)"):
+        table.add_column(col, justify="right")
+    for r in results:
+        reached = r.reached()
+        bound = "none" if r.options.max_staleness is None else str(r.options.max_staleness)
+        per_step = r.training_s / max(1, len(r.records))
+        idle = sum(x.wait_s for x in r.records[1:]) / max(1e-9, r.training_s)
+        table.add_row(r.options.label, str(reached.step) if reached else "-",
+                      f"{reached.elapsed_s:.1f}" if reached else "-", f"{r.training_s:.1f}s", f"{per_step:.2f}",
+                      f"{idle:.0%}", f"{r.reward_at(True):.3f}", f"{r.max_staleness_seen} ({bound})")
+    console.print(table)
+
+
+def print_failure(console: Any, results: list[RunResult], run_dir: Path) -> None:
+    for r in results:
+        if r.error:
+            console.print(f"[red]{r.options.label}: {r.error}[/]")
+        if r.ledger is not None:
+            for problem in r.ledger.problems:
+                console.print(f"[red]ledger: {problem}[/]")
+        log_dir = run_dir / r.queue
+        for log in sorted(log_dir.glob("*.log")) if log_dir.exists() else []:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            console.print(f"[dim]--- {log.name} (tail) ---\n{tail}[/]", highlight=False)

@@ -1,0 +1,1 @@
+"""Tests of the trainer helpers, the producer, the compose file and the demo (issue 8)."""
