@@ -9,6 +9,7 @@ here; each script they call is one atomic transition, and every loop is safe to 
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any, Callable, Generator, Sequence, TypeVar
 
@@ -29,6 +30,7 @@ from .models import (
     Sample,
     SourceGroup,
     check_reason_token,
+    check_text,
     check_worker_id,
 )
 from .scripts import LIBRARY_VERSION
@@ -42,6 +44,12 @@ MAX_BLOCK_CHUNK_MS = 2000
 #: Entries per call of the bounded loops (reaper, close, rollback, checkpoint): each requeue costs
 #: ~40 µs of script time, so 64 keeps every call near 2-3 ms (scripts/bench_reaper.py measures it).
 BATCH = 64
+
+
+def _reason_text(reason: object) -> str:
+    """A reason as storable text: capped, and never failing the settlement it explains (a lone
+    surrogate from an engine's error message is escaped rather than raising in the encoder)."""
+    return str(reason)[:2000].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def new_id() -> str:
@@ -87,7 +95,8 @@ def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: in
 
 def publish_version(keys: QueueKeys, version: int, weights_uri: str | None, hold_id: str = "") -> Flow[bool]:
     """Record a new policy version; True if it was new, False for a replay of the current one."""
-    reply = yield p.build(keys, "publish_version", version=version, weights_uri=weights_uri or "", hold_id=hold_id)
+    uri = check_text(weights_uri or "", "weights_uri")
+    reply = yield p.build(keys, "publish_version", version=version, weights_uri=uri, hold_id=hold_id)
     _, r = p.check(reply, ("ok",), {"version": version, "hold_id": hold_id})
     return p.s(r[1]) == "published"
 
@@ -130,7 +139,7 @@ def reserve(keys: QueueKeys, worker_id: str, max_groups: int, max_samples: int, 
 
 def reject(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[None]:
     reply = yield p.build(keys, "reject", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, reason=reason)
+                          worker_id=receipt.worker_id, reason=_reason_text(reason))
     p.check(reply, ("ok",), p.receipt_context(receipt))
 
 
@@ -156,14 +165,14 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
 def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed") -> Flow[str]:
     """End the attempt failed (counted toward max_attempts). Returns 'ready', 'dead' or 'replay'."""
     reply = yield p.build(keys, "fail", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, terminal=terminal, reason=str(reason)[:2000])
+                          worker_id=receipt.worker_id, terminal=terminal, reason=_reason_text(reason))
     return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
 
 
 def abort(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
     """End the attempt aborted (not counted). Returns 'ready' or 'replay'."""
     reply = yield p.build(keys, "abort", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, reason=str(reason)[:2000])
+                          worker_id=receipt.worker_id, reason=_reason_text(reason))
     return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
 
 
@@ -184,7 +193,7 @@ def close_worker(keys: QueueKeys, worker_id: str, terminal: str, reason: str) ->
     requeued = dead = 0
     while True:
         reply = yield p.build(keys, "close_worker", worker_id=check_worker_id(worker_id), terminal=terminal,
-                              reason=reason, count=BATCH)
+                              reason=_reason_text(reason), count=BATCH)
         _, r = p.check(reply, ("ok",), {"worker_id": worker_id})
         requeued, dead = requeued + int(r[1]), dead + int(r[2])
         if int(r[3]):
@@ -301,9 +310,12 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     reply = yield p.build(keys, "reap_scan", count=budget)
     _, r = p.check(reply, ("ok",), {})
     report = ReapReport()
-    for worker in [p.s(w) for w in r[1]] + [p.s(o) for o in r[5] if not p.s(o).startswith("@lease:")]:
-        report += yield from _reap_worker(keys, worker, orphan=worker in {p.s(o) for o in r[5]})
-    for lease_id in [p.s(x) for x in r[2]] + [p.s(o)[7:] for o in r[5] if p.s(o).startswith("@lease:")]:
+    # Names go back to the scripts as the raw bytes Redis gave: a name that is not UTF-8 (garbage
+    # written by hand) is then reaped like any other instead of failing the whole pass.
+    orphans = [_raw(o) for o in r[5]]
+    for worker in [_raw(w) for w in r[1]] + [o for o in orphans if not o.startswith(b"@lease:")]:
+        report += yield from _reap_worker(keys, worker, orphan=worker in orphans)
+    for lease_id in [_raw(x) for x in r[2]] + [o[7:] for o in orphans if o.startswith(b"@lease:")]:
         while True:
             reply = yield p.build(keys, "expire_lease", lease_id=lease_id, count=budget)
             status, rr = p.check(reply, ("ok", "not_due"), {"lease_id": lease_id})
@@ -312,7 +324,7 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
             report += ReapReport(expired=int(rr[2]))
             if int(rr[3]):
                 break
-    for hold_id in [p.s(x) for x in r[3]]:
+    for hold_id in [_raw(x) for x in r[3]]:
         yield from hold_release(keys, hold_id)
         report += ReapReport(holds_expired=1)
     if int(r[4]):
@@ -325,7 +337,11 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     return report
 
 
-def _reap_worker(keys: QueueKeys, worker: str, orphan: bool) -> Flow[ReapReport]:
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _reap_worker(keys: QueueKeys, worker: bytes, orphan: bool) -> Flow[ReapReport]:
     report = ReapReport(orphans=1 if orphan else 0)
     while True:
         reply = yield p.build(keys, "reap_worker", worker_id=worker, count=BATCH)
@@ -355,8 +371,10 @@ def stats(keys: QueueKeys) -> Flow[QueueStats]:
     retained, kept = n("retained"), n("kept")
     evictions = {k: n(f"evicted_{k}") for k in ("stale", "overflow")}
     terminals = {k: n(k) for k in ("failed", "malformed", "aborted", "lost", "expired", "rolled_back")}
-    filtered_by = {k[len("filtered_reason:"):]: int(v) for k, v in meta.items() if k.startswith("filtered_reason:")}
-    counters = {k: int(v) for k, v in meta.items() if v.lstrip("-").isdigit() and not k.startswith("filtered_reason:")}
+    # Only decimal integers count (load_config refuses garbage in the known fields; others are skipped).
+    ints = {k: int(v) for k, v in meta.items() if _INTEGER.fullmatch(v)}
+    filtered_by = {k[len("filtered_reason:"):]: v for k, v in ints.items() if k.startswith("filtered_reason:")}
+    counters = {k: v for k, v in ints.items() if not k.startswith("filtered_reason:")}
     return QueueStats(
         backlog=int(r[3]) - retained - kept, ready=int(r[4]), executing_groups=n("executing_groups"),
         executing_samples=n("executing_samples"), completed=int(r[5]), leased=n("leased"), retained=retained,
@@ -367,6 +385,9 @@ def stats(keys: QueueKeys) -> Flow[QueueStats]:
         staleness_mean=sum(stale) / len(stale) if stale else None,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
     )
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def dead_letters(keys: QueueKeys, count: int = 100, start: str = "-") -> Flow[list[DeadLetter]]:
@@ -387,10 +408,14 @@ def _dead_letter(dlq_id: str, kv: Sequence[Any]) -> DeadLetter:
     except orjson.JSONDecodeError:
         raw = []
     # The history is stored as {"f": counted failures, "h": [attempts]} or as the bare attempt list.
-    history = tuple(raw.get("h") or () if isinstance(raw, dict) else raw or ())
-    return DeadLetter(dlq_id, f.get("entry_id", b"").decode(), f.get("source_id", b"").decode(errors="replace"),
-                      f.get("reason", b"").decode(errors="replace"), int(f.get("attempt", b"0") or 0),
-                      f.get("worker", b"").decode(errors="replace"), history, group, pristine)
+    attempts = raw.get("h") if isinstance(raw, dict) else raw
+    history = tuple(a for a in attempts if isinstance(a, dict)) if isinstance(attempts, list) else ()
+    attempt = f.get("attempt", b"0")
+    # A dlq line written by hand must not make the listing fail: text is decoded leniently.
+    return DeadLetter(dlq_id, f.get("entry_id", b"").decode(errors="replace"),
+                      f.get("source_id", b"").decode(errors="replace"), f.get("reason", b"").decode(errors="replace"),
+                      int(attempt) if attempt.isdigit() else 0, f.get("worker", b"").decode(errors="replace"),
+                      history, group, pristine)
 
 
 def requeue_dead_letter(keys: QueueKeys, dlq_id: str) -> Flow[str]:

@@ -62,6 +62,8 @@ class SourceGroup:
             raise InvalidInput(f"source_id must be a non-empty string without '|', got {self.source_id!r}")
         if not isinstance(self.prompt, str):
             raise InvalidInput(f"prompt must be a string, got {type(self.prompt).__name__}")
+        check_text(self.source_id, "source_id")
+        check_text(self.prompt, "prompt")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 65536:
             raise InvalidInput(f"n must be an integer in 1..65536, got {self.n!r}")
         if not isinstance(self.metadata, Mapping):
@@ -137,6 +139,7 @@ class Sample:
             raise InvalidInput(f"version must be an integer in 0..2^21-1, got {self.version!r}")
         if not isinstance(self.finish_reason, str) or len(self.finish_reason) > 32:
             raise InvalidInput("finish_reason must be a short string")
+        check_text(self.finish_reason, "finish_reason")
         vs = tuple(self.versions)
         _check_int32s(vs, "versions")
         object.__setattr__(self, "versions", vs)
@@ -230,6 +233,16 @@ class DeadLetter:
 
 def _astuple(r: ReapReport) -> tuple[int, ...]:
     return (r.lost, r.expired, r.stale, r.dead, r.holds_expired, r.orphans)
+
+
+def check_text(text: str, what: str) -> str:
+    """Text stored in Redis must be valid UTF-8: a lone surrogate (e.g. from surrogateescape
+    decoding) would otherwise fail deep in the encoder with an untyped error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{what} is not valid UTF-8 text: {exc}") from exc
+    return text
 
 
 def _check_int32s(values: Sequence[int], what: str) -> None:

@@ -9,23 +9,35 @@ ARGV:
   step       integer, the checkpointed trainer step
   count      at most this many entries per call
 Returns:
-  {'ok', pruned, done 0|1}   call again until done = 1; `checkpoint` is recorded when done
+  {'ok', pruned, done 0|1}   call again until done = 1; `checkpoint` is recorded when done; kept
+                             members that are not committed entries are dropped, not pruned
 Invariant:
-  once done, no kept entry has step <= checkpoint, and restore refuses to go below it.
+  once done, no kept entry has step <= checkpoint, and restore refuses to go below it; only payloads
+  of committed entries that nobody owns are ever deleted.
 ]]
 -- @include load_config
+-- @include kept_entry
 local cfg = load_config()
 local step, count = tonumber(A.step), tonumber(A.count)
 if not step or step < 0 or step ~= math.floor(step) then bug('bad step: ' .. tostring(A.step)) end
+local cursor = last_delivered()
 local ids = redis.call('ZRANGEBYSCORE', K.kept, '-inf', step, 'LIMIT', 0, count)
+local dropped = 0
 for _, id in ipairs(ids) do
-  redis.call('XDEL', K.src, id)
+  -- Only a committed entry that nobody owns may lose its payload: a kept member that is anything
+  -- else was written by hand (a ghost) and is removed from kept without touching the stream.
+  if kept_entry(id, cursor) then
+    redis.call('XDEL', K.src, id)
+    dropped = dropped + 1
+  else
+    redis.call('HINCRBY', K.meta, 'ghosts', 1)
+  end
   redis.call('ZREM', K.kept, id)
 end
 -- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.
-if #ids > 0 then redis.call('HINCRBY', K.meta, 'kept', -#ids) end
+if dropped > 0 then redis.call('HINCRBY', K.meta, 'kept', -dropped) end
 local done = #ids < count
 if done and (cfg.checkpoint == nil or step > cfg.checkpoint) then
   redis.call('HSET', K.meta, 'checkpoint', step)
 end
-return {'ok', #ids, done and 1 or 0}
+return {'ok', dropped, done and 1 or 0}

@@ -18,6 +18,7 @@ ARGV:
 Returns:
   {'ok', 'committed' | 'replay', commit stream ID, groups}
   {'lease_lost', state}   state: 'unknown', 'token', 'expired', 'rolled_back' ...; nothing written
+  a ROLLOUTQ error when the lease record names other members than the PEL gives it; nothing written
 Invariant:
   every member is XACKed exactly once; it appears in exactly one commits line; with a step its
   pristine entry stays in the stream (indexed in kept) until a checkpoint covers the step.
@@ -41,8 +42,19 @@ if A.step ~= '' and (not step or step < 0 or step ~= math.floor(step)) then bug(
 -- A step already covered by a checkpoint needs no kept copy.
 local keep = step ~= nil and (cfg.checkpoint == nil or step > cfg.checkpoint)
 local owner = '@lease:' .. A.lease_id
+local members = {}
+for id in string.gmatch(L.members or '', '[^,]+') do table.insert(members, id) end
+-- The record must name exactly what the PEL gives to this lease. A record edited by hand is corrupt
+-- state, refused before the first write: the lease then expires and the reaper requeues from the PEL.
+local held = {}
+local owned = redis.call('XPENDING', K.src, 'rollout', '-', '+', #members + 1, owner)
+for _, p in ipairs(owned) do held[p[1]] = true end
+for _, id in ipairs(members) do
+  if not held[id] then bug('corrupt lease record ' .. A.lease_id .. ': member ' .. id .. ' is not leased') end
+end
+if #owned ~= #members then bug('corrupt lease record ' .. A.lease_id .. ': the PEL holds other members') end
 local ids = {}
-for id in string.gmatch(L.members or '', '[^,]+') do
+for _, id in ipairs(members) do
   local last = redis.call('HGET', K.ledger, id) or ''
   local attempt, worker = string.match(last, '^a|(%d+)|([^|]*)|')
   redis.call('XACK', K.src, 'rollout', id)

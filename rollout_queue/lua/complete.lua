@@ -55,7 +55,8 @@ if #A.payload > cfg.max_payload_bytes then
   return {'payload_too_large', #A.payload, cfg.max_payload_bytes}
 end
 local min_version = tonumber(A.min_version)
-if not min_version or min_version < 0 or min_version ~= math.floor(min_version) then
+-- Versions are < 2^21 (DESIGN_NOTES; the bufver score packs them exactly): anything else is bad ARGV.
+if not min_version or min_version < 0 or min_version >= 2097152 or min_version ~= math.floor(min_version) then
   bug('bad min_version: ' .. tostring(A.min_version))
 end
 local f = read_entry(id)

@@ -31,7 +31,8 @@ Returns:
   {'lease_lost', state}                  the lease id exists with another token
 Invariant:
   each member is owned by @lease:<lease_id>, is in no other index, and was fresh at lease time:
-  version - min_version <= max_staleness (None: 0); stale groups met on the way went back to ready.
+  version - min_version <= max_staleness (None: 0); stale groups met on the way went back to ready;
+  buffer members the PEL does not give to @done (garbage) were dropped from buffer and bufver.
 ]]
 -- @include now_ms
 -- @include load_config
@@ -77,18 +78,29 @@ if cfg.buffer_order == 'lifo' then range = 'ZREVRANGE' end
 local offset = 0
 while #members < want do
   local batch = redis.call(range, K.buffer, offset, offset + want - #members + 15)
-  if not batch[1] then bug('buffer shorter than its fresh count') end
+  if not batch[1] then break end  -- ghosts dropped on the way made the buffer shorter than counted
   for _, id in ipairs(batch) do
     if #members >= want then break end
-    local minv = score_min_version(redis.call('ZSCORE', K.bufver, id) or 0)
-    if floor and minv < floor then
-      evict_buffered(id, 'stale', cfg, now)
+    if pel_entry(id) ~= '@done' then
+      -- A member the PEL does not give to @done was written by hand (a ghost): drop it, so garbage
+      -- in the buffer never blocks the completed groups behind it.
+      redis.call('ZREM', K.buffer, id)
+      redis.call('ZREM', K.bufver, id)
+      redis.call('HINCRBY', K.meta, 'ghosts', 1)
     else
-      table.insert(members, id)
-      table.insert(versions, minv)
-      offset = offset + 1
+      local minv = score_min_version(redis.call('ZSCORE', K.bufver, id) or 0)
+      if floor and minv < floor then
+        evict_buffered(id, 'stale', cfg, now)
+      else
+        table.insert(members, id)
+        table.insert(versions, minv)
+        offset = offset + 1
+      end
     end
   end
+end
+if #members == 0 or (#members < groups and A.partial ~= '1') then
+  return {'insufficient', #members, wake_id(K.wake_done)}
 end
 
 local timeout = tonumber(A.timeout_ms)

@@ -4,6 +4,15 @@ load_config: the queue's stored config and policy version, from K.meta.
 Uses: K.meta. Invariant: every script reads limits from Redis, never from ARGV, so `config set`
 takes effect for every client at once and two clients can never enforce different bounds.
 ]]
+-- Every counter the scripts HINCRBY (the per-reason filtered_reason:* counters aside).
+local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 'dead', 'dead_purged',
+  'dead_requeued', 'evicted_stale', 'evicted_overflow', 'executing_groups', 'executing_samples', 'filtered',
+  'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'submitted', 'failed', 'malformed',
+  'aborted', 'lost', 'expired', 'rolled_back'}
+local function is_integer(raw)
+  -- Absent (HMGET gives false) is the caller's call; anything present must be a decimal integer.
+  return not raw or string.match(raw, '^%-?%d+$') ~= nil
+end
 local function load_config()
   local v = redis.call('HMGET', K.meta, 'library', 'max_executing_samples', 'max_retained_groups',
     'max_completed_groups', 'max_staleness', 'batch_groups', 'buffer_order', 'lease_timeout_ms',
@@ -30,6 +39,25 @@ local function load_config()
     lease_record_ttl_ms = tonumber(v[15]),
     checkpoint = tonumber(v[16]),            -- nil until the first checkpoint
   }
+  -- Garbage written into meta must surface as a ROLLOUTQ error naming the field, never as a Lua
+  -- runtime error deep in a script (or a HINCRBY refusal) that says nothing about the cause.
+  local names = {'max_executing_samples', 'max_retained_groups', 'max_completed_groups', 'max_staleness',
+    'batch_groups', 'lease_timeout_ms', 'worker_timeout_ms', 'max_attempts', 'max_payload_bytes',
+    'hold_timeout_ms', 'commits_maxlen', 'version', 'lease_record_ttl_ms', 'checkpoint'}
+  for i, name in ipairs(names) do
+    local raw = v[i < 6 and i + 1 or i + 2]  -- v[1] is library, v[7] buffer_order
+    local optional = name == 'version' or name == 'checkpoint'
+    if (not raw and not optional) or not is_integer(raw) then
+      bug('corrupt config in meta: ' .. name .. ' = ' .. tostring(raw) .. ' (fix it with `rollout-queue config`)')
+    end
+  end
+  if c.buffer_order ~= 'fifo' and c.buffer_order ~= 'lifo' then bug('corrupt config in meta: buffer_order') end
+  local counters = redis.call('HMGET', K.meta, unpack(COUNTERS))
+  for i, name in ipairs(COUNTERS) do
+    if counters[i] and not is_integer(counters[i]) then
+      bug('corrupt counter in meta: ' .. name .. ' = ' .. counters[i])
+    end
+  end
   c.has_version = c.version ~= nil
   c.version_eff = c.version or 0
   c.staleness_bound = c.max_staleness

@@ -40,16 +40,19 @@ end
 
 --[[
 reap_lease: the reaper's step for one lease id found due in K.leases (or as an orphan consumer):
-close it as expired if it is active and past its deadline, then requeue up to `budget` members;
+close it as expired if it is active and past its deadline (its K.leases score; none: an orphan, due
+now), then requeue up to `budget` members;
 a lease already closed by a rollback is finished with its own terminal. Returns n, done; or nil when
 there is nothing to do (alive, or committed).
 ]]
 local function reap_lease(lease_id, budget, cfg, now)
   local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. lease_id
-  local v = redis.call('HMGET', lease_key, 'state', 'deadline')
-  local state, deadline = v[1], tonumber(v[2])
+  local state = redis.call('HGET', lease_key, 'state')
   if state == 'active' then
-    if deadline >= now then return nil end
+    -- The index holds the deadline (lease and extend write it with the record), so a record edited by
+    -- hand cannot keep a lease alive; an active lease that is not indexed (an orphan) is due now.
+    local deadline = tonumber(redis.call('ZSCORE', K.leases, lease_id))
+    if deadline and deadline >= now then return nil end
     close_lease(lease_key, lease_id, 'expired', now)
     state = 'expired'
   elseif state == 'committed' then

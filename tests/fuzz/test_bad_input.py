@@ -1,0 +1,149 @@
+"""Bad input through the public API and straight into the complete script, beside a well-formed group.
+
+Malformed and oversized completions, wrong and duplicate slots, non-UTF-8 text, NaN and infinite
+rewards, out-of-range and huge token arrays, bad versions, bad source groups; and, bypassing every
+Python check, raw ARGV for ``complete`` (undecodable payloads, unknown schema versions, junk slot lists
+and versions). Each must end in a typed error (a RolloutQueueError; from the raw script path a status
+word or a ROLLOUTQ error), a dead letter, or an accepted completion; and both the target group and a
+bystander submitted alongside must still be committed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollout_queue import (
+    InvalidInput,
+    MalformedCompletion,
+    PayloadTooLarge,
+    RolloutQueueError,
+    Sample,
+    SourceGroup,
+)
+from rollout_queue import protocol as p
+from rollout_queue.codec import encode_completion
+
+from .support import EXAMPLES, drive, fresh_queue, samples_for, typed
+
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+TEXT = st.text(max_size=40)  # includes lone surrogates: not valid UTF-8
+TOKENS = st.one_of(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=8),
+                   st.lists(st.integers(), max_size=4),                # out of int32 range
+                   st.just(list(range(20_000))))                       # over max_payload_bytes
+SAMPLE = st.fixed_dictionaries({
+    "slot": st.one_of(st.integers(-2, 5), st.booleans()),
+    "token_ids": TOKENS,
+    "logprobs": st.one_of(st.none(), st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=8)),
+    "reward": st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.integers(),
+                        st.text(max_size=3)),
+    "version": st.one_of(st.integers(-2, 3), st.sampled_from([2**21, 2**40])),
+    "finish_reason": st.one_of(st.sampled_from(["stop", "length"]), TEXT),
+})
+
+
+def _sample(spec: dict[str, Any]) -> Sample:
+    logprobs = spec["logprobs"]
+    if logprobs is None:
+        logprobs = [-0.5] * len(spec["token_ids"])
+    return Sample(spec["slot"], spec["token_ids"], logprobs, spec["reward"], spec["version"], spec["finish_reason"])
+
+
+def _built(specs: list[dict[str, Any]]) -> tuple[list[Sample], list[RolloutQueueError]]:
+    built, refused = [], []
+    for spec in specs:
+        try:
+            built.append(_sample(spec))
+        except InvalidInput as exc:  # refused at construction: a typed error, nothing sent
+            refused.append(exc)
+    return built, refused
+
+
+@SETTINGS
+@given(specs=st.lists(SAMPLE, max_size=6))
+def test_bad_completions_get_typed_errors_and_block_nothing(redis_url: str, specs: list[dict[str, Any]]) -> None:
+    with fresh_queue(redis_url) as (q, raw):
+        ids = q.submit([SourceGroup("target", "t", 3), SourceGroup("bystander", "b", 2)])
+        w = q.worker("fuzz-worker")
+        target, bystander = w.reserve(2)
+        samples, _ = _built(specs)  # the refused ones raised InvalidInput: typed, nothing sent
+        out = typed(lambda: w.complete(target.receipt, samples), script_errors="none")
+        slots = {s.slot for s in samples}
+        if out == "buffered":
+            assert slots == {0, 1, 2}, "a completion that misses or invents a slot was accepted"
+        elif isinstance(out, PayloadTooLarge):
+            w.complete(target.receipt, samples_for(3))  # nothing was written: still ours to settle
+        else:
+            assert isinstance(out, MalformedCompletion) and slots != {0, 1, 2}, out
+        w.complete(bystander.receipt, samples_for(2))
+        assert drive(q, raw, ids) == set(ids)
+
+
+SOURCE = st.fixed_dictionaries({
+    "source_id": st.one_of(TEXT, st.sampled_from(["", "a|b", "ok-id"])),
+    "prompt": st.one_of(TEXT, st.integers(), st.just("x" * 70_000)),
+    "n": st.one_of(st.integers(-1, 6), st.sampled_from([65_536, 65_537, 5_000]), st.booleans()),
+    "metadata": st.one_of(st.dictionaries(TEXT, st.one_of(TEXT, st.floats(allow_nan=True), st.integers()),
+                                          max_size=3), st.just({"x": object()}), st.just([1])),
+    "prompt_token_ids": st.one_of(st.none(), st.lists(st.integers(), max_size=4)),
+})
+
+
+@SETTINGS
+@given(spec=SOURCE)
+def test_bad_source_groups_are_refused_or_dead_lettered(redis_url: str, spec: dict[str, Any]) -> None:
+    with fresh_queue(redis_url) as (q, raw):
+        (bystander,) = q.submit([SourceGroup("bystander", "b", 2)])
+        try:
+            group = SourceGroup(**spec)
+        except InvalidInput:
+            group = None  # refused at construction: a typed error
+        if group is not None:
+            typed(lambda: q.submit([group]), script_errors="none")
+        assert drive(q, raw, [bystander]) == {bystander}
+        for letter in q.dead_letters():  # whatever reserve refused is a dead letter with its reason
+            assert letter.reason.startswith("malformed_reservation"), letter
+
+
+PAYLOADS = st.one_of(
+    st.binary(max_size=64),
+    st.just(b"RQC1" + b"\xff" * 8),
+    st.builds(lambda h: b"RQC1" + len(h).to_bytes(4, "little") + h,
+              st.sampled_from([orjson.dumps({"v": 2, "s": [[0, 0, 0, None, 0, "stop", []]]}), b"{", b"[]",
+                               orjson.dumps({"v": 1, "s": [[0, 5, 1, None, 0, "stop", []]]})])),
+    st.just(encode_completion(samples_for(2))),
+    st.just(b"x" * (64 * 1024 + 1)),
+)
+SLOTS = st.one_of(st.sampled_from(["0,1", "0,0,1", "1", "", "a,b", "0,,1", "-1,0,1", "1e400,0,1", "0x1,1", "0,1,2",
+                                   "0.5,1", "nan,0,1"]), st.text(max_size=8))
+MIN_VERSION = st.one_of(st.sampled_from(["0", "3", "-1", "1.5", "nan", "inf", "1e400", "", "abc", str(2**21),
+                                         str(2**40)]), st.integers(-5, 5).map(str))
+
+
+@SETTINGS
+@given(payload=PAYLOADS, slots=SLOTS, min_version=MIN_VERSION)
+def test_raw_complete_calls_get_a_status_or_a_rolloutq_error(redis_url: str, payload: bytes, slots: str,
+                                                            min_version: str) -> None:
+    with fresh_queue(redis_url) as (q, raw):
+        ids = q.submit([SourceGroup("target", "t", 2), SourceGroup("bystander", "b", 2)])
+        w = q.worker("fuzz-worker")
+        target, bystander = w.reserve(2)
+        rc = target.receipt
+        call = p.build(q.keys, "complete", entry_id=rc.entry_id, attempt=rc.attempt, worker_id=rc.worker_id,
+                       payload=payload, min_version=min_version, slots=slots)
+        reply = typed(lambda: q.transport.execute(call), script_errors="rolloutq")
+        if isinstance(reply, list):
+            status = p.s(reply[0])
+            assert status in ("ok", "malformed", "payload_too_large"), reply
+            if status == "ok":  # accepted ARGV must have been well-formed where the script relies on it
+                assert float(min_version).is_integer() and 0 <= float(min_version) < 2**21, min_version
+            if status == "payload_too_large":
+                w.complete(rc, samples_for(2))
+        else:
+            w.complete(rc, samples_for(2))  # a ROLLOUTQ refusal of bad ARGV wrote nothing
+        w.complete(bystander.receipt, samples_for(2))
+        assert drive(q, raw, ids) == set(ids)
