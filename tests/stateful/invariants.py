@@ -1,0 +1,117 @@
+"""DESIGN's invariants, checked from Redis truth and compared with the model after every step.
+
+1. every submitted source group is in exactly one state, derived index by index from Redis;
+2. nothing is committed twice: each entry is named by (commit lines - restores) in {0, 1} lines of
+   the commits stream, 1 exactly when it is committed;
+3. stats() equals a recount from Redis truth (and the model's count);
+4. nothing is lost: submitted == backlog + retained + committed + filtered + dead, counting unique
+   source_ids (a requeued dead letter is the same source under a new entry ID);
+5. (checked on every lease, in the machine) no lease holds a group staler than max_staleness.
+
+This module only reads: a Truth (redis_truth.py), a QueueStats and the model. It must never weaken
+a check to fit the code: a failure here is a bug in the queue or in the model, to be found.
+"""
+
+from __future__ import annotations
+
+from rollout_queue import QueueStats
+
+from .ledger_model import LedgerModel
+from .model_entries import COMMITTED, LEASED, RETAINED, RETIRED, STATES
+from .redis_truth import VERSION_SHIFT, Truth, check_no_ghosts, derive_state, states_of
+
+
+def check_states(t: Truth, m: LedgerModel) -> dict[str, str]:
+    """Invariant 1, and the details the model is exact about: ledger line, attempt, owner, buffer."""
+    check_no_ghosts(t)
+    assert t.ids == m.by_source, "the source_id -> entry_id map differs from the model"
+    states = {eid: derive_state(t, eid) for eid in t.ids.values()}
+    for eid, e in m.entries.items():
+        assert t.ledger.get(eid) == e.ledger, f"ledger of {eid}: {t.ledger.get(eid)!r} != model {e.ledger!r}"
+        if e.state == RETIRED:  # its dead letter was requeued under a new ID: gone from every index
+            assert eid not in states and not states_of(t, eid), f"requeued dead letter {eid}: {states_of(t, eid)}"
+            assert eid not in t.pel and eid not in t.stream, f"requeued dead letter {eid} is still in the stream"
+            continue
+        assert states[eid] == e.state, f"{eid} is {states[eid]} in Redis, {e.state} in the model"
+        if e.state in RETAINED:
+            owner, count = t.pel[eid]
+            assert count == e.attempt, f"{eid}: delivery count {count}, model attempt {e.attempt}"
+            assert e.worker is None or owner == e.worker, f"{eid} is owned by {owner}, not {e.worker}"
+            assert e.state != LEASED or owner == f"@lease:{e.lease_id}", f"{eid} owner {owner}"
+        if eid in t.bufver:
+            assert int(t.bufver[eid] // VERSION_SHIFT) == e.min_version, f"{eid}: buffered min_version"
+            assert t.buffer[eid] == e.arrival, f"{eid}: buffer order"
+    return states
+
+
+def check_commits(t: Truth, m: LedgerModel, states: dict[str, str]) -> None:
+    """Invariant 2: no entry trained twice, counting restores (a restored group is trained again)."""
+    counts = t.commit_counts
+    for line in t.commits:
+        ids = [i for i in line["ids"].split(",") if i]
+        assert len(ids) == len(set(ids)), f"commit line {line} names an entry twice"
+    for eid, e in m.entries.items():
+        assert counts[eid] == e.commits, f"{eid}: {counts[eid]} commit lines, model {e.commits}"
+        state = states.get(eid, e.state)
+        net = counts[eid] - e.restores
+        assert net == (1 if state == COMMITTED else 0), (
+            f"{eid}: {counts[eid]} commit lines - {e.restores} restores, but it is {state}")
+    assert int(t.meta.get("restored", 0)) == m.counters["restored"]
+
+
+def check_stats(t: Truth, s: QueueStats, m: LedgerModel, states: dict[str, str]) -> None:
+    """Invariants 3 and 4: stats() == a recount from Redis == the model; nothing lost."""
+    recount = {state: sum(1 for x in states.values() if x == state) for state in STATES}
+    executing = [eid for eid, (owner, _) in t.pel.items() if not owner.startswith("@")]
+    got = {"ready": s.ready, "completed": s.completed, "leased": s.leased, "executing_groups": s.executing_groups,
+           "executing_samples": s.executing_samples, "retained": s.retained, "committed": s.committed,
+           "filtered": s.filtered, "dead": s.dead, "backlog": s.backlog, "kept": s.kept, "submitted": s.submitted}
+    truth = {"ready": len(t.ready), "completed": len(t.buffer),
+             "leased": sum(1 for owner, _ in t.pel.values() if owner.startswith("@lease:")),
+             "executing_groups": len(executing), "executing_samples": sum(t.n_of(i) for i in executing),
+             "retained": len(t.pel), "committed": recount[COMMITTED], "filtered": recount["filtered"],
+             "dead": len(t.dlq), "backlog": t.xlen - len(t.pel) - len(t.kept), "kept": len(t.kept),
+             # every XADD: the current entry of each source, plus the IDs of requeued dead letters
+             "submitted": len(t.ids) + len(set(t.ledger) - set(t.ids.values()))}
+    assert got == truth, f"stats {got} != recount from Redis {truth}"
+    model = {**{k: m.count(k) for k in ("ready", "completed", "leased", "committed", "filtered", "dead", "backlog")},
+             "executing_groups": m.count("executing"), "executing_samples": m.executing_samples(),
+             "retained": m.retained(), "kept": len(m.kept()), "submitted": len(m.entries)}
+    assert got == model, f"stats {got} != model {model}"
+    assert t.xlen == len(t.stream), "XLEN disagrees with XRANGE"
+    assert truth["backlog"] == recount["backlog"], "XLEN - retained - kept is not the never-delivered count"
+    assert {k: int(v) for k, v in t.kept.items()} == m.kept(), "kept copies (by commit step) differ"
+    assert len(t.ids) == (truth["backlog"] + truth["retained"] + truth["committed"] + truth["filtered"]
+                          + truth["dead"]), f"an entry was lost: {truth}"
+    check_counters(t, s, m)
+    check_bounds(truth, m)
+
+
+def check_counters(t: Truth, s: QueueStats, m: LedgerModel) -> None:
+    """Counters by reason, versions, holds, workers and leases, as the model has them."""
+    assert dict(s.terminals) == {k: m.counters[k] for k in s.terminals}
+    assert dict(s.evictions) == {k: m.counters[f"evicted_{k}"] for k in s.evictions}
+    prefix = "filtered_reason:"
+    assert dict(s.filtered_by_reason) == {k[len(prefix):]: v for k, v in m.counters.items() if k.startswith(prefix)}
+    assert (s.version, s.version_published) == (m.version, m.published)
+    assert set(t.holds) == set(m.holds), "admission holds differ"
+    assert set(t.workers) == m.workers, "registered workers differ"
+    assert set(t.leases) == {x.lease_id for x in m.active_leases()}, "active leases differ"
+    assert (s.workers_alive, s.workers_silent, s.active_leases, s.active_holds) == (
+        len(m.workers), 0, len(m.active_leases()), len(m.holds))
+    lags = [m.version - e.min_version for e in m.buffer()] if m.published else []
+    assert s.staleness_max == (max(lags) if lags else None), "the buffer's staleness is misreported"
+
+
+def check_bounds(truth: dict[str, int], m: LedgerModel) -> None:
+    """DESIGN's capacity bounds, judged from the recount. A restore puts committed groups back in
+    the PEL without a first delivery, so it may leave more than max_retained_groups retained (reserve
+    then delivers nothing new until enough settle): that bound is checked until the first restore."""
+    cfg = m.cfg
+    if not m.counters["restored"]:
+        assert truth["retained"] <= cfg.max_retained_groups, f"retained over its bound: {truth}"
+    assert truth["executing_samples"] <= cfg.max_executing_samples, f"executing over its bound: {truth}"
+    assert truth["completed"] <= cfg.max_completed_groups, f"buffer over its bound: {truth}"
+    if cfg.batch_groups:
+        limit = (m.version + m.staleness_bound + 1) * cfg.batch_groups
+        assert truth["retained"] + truth["committed"] <= limit, f"admission past {limit}: {truth}"

@@ -1,0 +1,310 @@
+"""An in-memory model of one queue's ownership ledger, for the stateful machine.
+
+This module owns what each transition *should* do, written from DESIGN.md's state machine and the
+scripts' headers: which reservation goes where, which attempt and ledger line it gets, and which
+counter moves. The machine predicts with it, runs the real call, compares, and then checks the
+model against Redis truth (redis_truth.py). It must not import a Redis client or read Redis state:
+a model that copied its answers from Redis could never disagree with it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from rollout_queue import QueueConfig, Receipt, Sample, SourceGroup
+
+from .model_entries import (
+    BACKLOG,
+    COMMITTED,
+    COMPLETED,
+    DEAD,
+    EXECUTING,
+    FILTERED,
+    READY,
+    RETAINED,
+    RETIRED,
+    Entry,
+    LeaseRecord,
+    attempt_line,
+    id_key,
+)
+from .trainer_model import TrainerModel
+
+
+@dataclass
+class LedgerModel(TrainerModel):
+    """The expected state of one queue; every public method is one transition (or a view)."""
+
+    cfg: QueueConfig
+    entries: dict[str, Entry] = field(default_factory=dict)
+    by_source: dict[str, str] = field(default_factory=dict)
+    version: int = 0
+    published: bool = False
+    weights_uri: str = ""
+    holds: dict[str, set[tuple[str, int, str]]] = field(default_factory=dict)
+    leases: dict[str, LeaseRecord] = field(default_factory=dict)
+    workers: set[str] = field(default_factory=set)
+    receipts: list[Receipt] = field(default_factory=list)
+    arrivals: int = 0
+    checkpoint: int | None = None
+    step: int = 0                   # the trainer's last step
+    counters: Counter[str] = field(default_factory=Counter)
+    last_reserve: str = ""          # the status word of the last reserve call, for coverage events
+
+    # -- views -----------------------------------------------------------------------------------
+
+    @property
+    def staleness_bound(self) -> int:
+        return self.cfg.max_staleness or 0
+
+    def stale_floor(self) -> int | None:
+        return self.version - self.staleness_bound if self.published else None
+
+    def in_state(self, *states: str) -> list[Entry]:
+        return sorted((e for e in self.entries.values() if e.state in states), key=lambda e: id_key(e.entry_id))
+
+    def count(self, state: str) -> int:
+        return sum(1 for e in self.entries.values() if e.state == state)
+
+    def retained(self) -> int:
+        return sum(1 for e in self.entries.values() if e.state in RETAINED)
+
+    def executing_samples(self) -> int:
+        return sum(e.n for e in self.entries.values() if e.state == EXECUTING)
+
+    def buffer(self) -> list[Entry]:
+        """Completed groups in the order lease walks them."""
+        done = sorted((e for e in self.entries.values() if e.state == COMPLETED), key=lambda e: e.arrival)
+        return done[::-1] if self.cfg.buffer_order == "lifo" else done
+
+    def executing_receipts(self) -> list[Receipt]:
+        return [Receipt(e.entry_id, e.attempt, e.worker or "") for e in self.in_state(EXECUTING)]
+
+    def old_receipts(self) -> list[Receipt]:
+        """Receipts of attempts that are over: every settlement with one must change nothing."""
+        return [r for r in dict.fromkeys(self.receipts) if not self.entries[r.entry_id].owns(r)]
+
+    def active_leases(self) -> list[LeaseRecord]:
+        return [x for x in self.leases.values() if x.state == "active"]
+
+    def closed_leases(self) -> list[LeaseRecord]:
+        return [x for x in self.leases.values() if x.state != "active"]
+
+    def kept(self) -> dict[str, int]:
+        return {e.entry_id: e.kept_step for e in self.entries.values() if e.kept_step is not None}
+
+    # -- producer --------------------------------------------------------------------------------
+
+    def submitted(self, groups: Sequence[SourceGroup], ids: Sequence[str]) -> None:
+        """Record submit's answer, checking idempotency by source_id and stream order."""
+        assert len(ids) == len(groups)
+        for g, entry_id in zip(groups, ids):
+            known = self.by_source.get(g.source_id)
+            if known is not None:
+                assert entry_id == known, f"{g.source_id} resubmitted as {entry_id}, stored as {known}"
+                continue
+            assert entry_id not in self.entries, f"new source {g.source_id} got the used entry {entry_id}"
+            if self.entries:
+                newest = max(self.entries, key=id_key)
+                assert id_key(entry_id) > id_key(newest), f"{entry_id} is not after {newest}"
+            self.entries[entry_id] = Entry(entry_id, g)
+            self.by_source[g.source_id] = entry_id
+
+    def requeue_dead_letter(self, entry_id: str, new_id: str) -> None:
+        """The dead letter's pristine group goes back to the backlog under a new entry ID."""
+        old = self.entries[entry_id]
+        assert old.state == DEAD and new_id not in self.entries
+        assert id_key(new_id) > max(id_key(i) for i in self.entries), f"{new_id} is not the newest entry"
+        old.state = RETIRED
+        self.entries[new_id] = Entry(new_id, old.group)
+        self.by_source[old.group.source_id] = new_id
+
+    # -- worker side -----------------------------------------------------------------------------
+
+    def reserve(self, worker: str, max_groups: int, max_samples: int = 0,
+                reply_lost: bool = False) -> list[tuple[str, int]]:
+        """(entry_id, attempt) of each grant, in reply order. The client repeats a 'retry' at once;
+        but when the first reply was lost, the resent call replays it as 'ok' with nothing granted
+        (the request id matches), and the client stops there."""
+        self.workers.add(worker)
+        while True:
+            status, grants = self._reserve_once(worker, max_groups, max_samples)
+            self.last_reserve = status
+            if grants or status != "retry" or reply_lost:
+                return grants
+
+    def _invalid(self, e: Entry) -> str | None:
+        if e.n > self.cfg.max_executing_samples:
+            return f"malformed_reservation: n={e.n} exceeds max_executing_samples={self.cfg.max_executing_samples}"
+        return None
+
+    def _reserve_once(self, worker: str, max_groups: int, max_samples: int) -> tuple[str, list[tuple[str, int]]]:
+        """One reserve script: ready first (submission order), then the backlog (lua/reserve.lua)."""
+        if self.holds:
+            return "held", []
+        if self.count(COMPLETED) >= self.cfg.max_completed_groups:
+            return "backpressure", []
+        cap = self.cfg.max_executing_samples - self.executing_samples()
+        if 0 < max_samples < cap:  # the caller's own cap (the sample scheduler's free slots)
+            cap = max_samples
+        retained, committed = self.retained(), self.count(COMMITTED)  # read once, before any grant
+        grants: list[Entry] = []
+        dead, taken, stop = self._grant_ready(grants, max_groups, cap)
+        if stop is None and len(grants) < max_groups:
+            died, stop = self._grant_backlog(grants, worker, max_groups, cap - taken, retained, committed)
+            dead += died
+        for e in grants:
+            e.state, e.worker = EXECUTING, worker
+            self.receipts.append(Receipt(e.entry_id, e.attempt, worker))
+        if not grants:
+            return (stop or ("retry" if dead else "empty")), []
+        return "ok", [(e.entry_id, e.attempt) for e in grants]
+
+    def _grant_ready(self, grants: list[Entry], max_groups: int, cap: int) -> tuple[int, int, str | None]:
+        """Requeued work, in submission order, while samples fit. Returns (dead, taken, stop)."""
+        taken = dead = 0
+        for e in self.in_state(READY):
+            if len(grants) >= max_groups:
+                break
+            bad = self._invalid(e)
+            if bad:
+                self._settle_dead(e, bad, e.attempt, "@ready")
+                dead += 1
+                continue
+            if taken + e.n > cap:
+                return dead, taken, "capacity"
+            taken += e.n
+            e.attempt += 1
+            grants.append(e)
+        return dead, taken, None
+
+    def _grant_backlog(self, grants: list[Entry], worker: str, max_groups: int, cap: int, retained: int,
+                       committed: int) -> tuple[int, str | None]:
+        """First deliveries, bounded by retained capacity and admission; the script peeks up to 16
+        entries past what it wants, and malformed ones among those delivered die at once."""
+        stop = None
+        allow = self.cfg.max_retained_groups - retained
+        if allow <= 0:
+            stop = "retained_full"
+        if self.cfg.batch_groups:
+            room = (self.version + self.staleness_bound + 1) * self.cfg.batch_groups - retained - committed
+            allow = min(allow, room)
+            if room <= 0:
+                stop = "admission"
+        want = min(max_groups - len(grants), allow)
+        cands = self.in_state(BACKLOG)[: want + 16] if want > 0 else []
+        delivered = valid = taken = 0
+        for i, e in enumerate(cands, 1):
+            if not self._invalid(e):
+                if valid >= want:
+                    break
+                if taken + e.n > cap:
+                    stop = "capacity"
+                    break
+                valid += 1
+                taken += e.n
+            delivered = i
+        dead = 0
+        for e in cands[:delivered]:
+            e.attempt = 1
+            bad = self._invalid(e)
+            if bad:
+                self._settle_dead(e, bad, 1, worker)
+                dead += 1
+            else:
+                grants.append(e)
+        return dead, stop
+
+    def complete(self, r: Receipt, samples: Sequence[Sample]) -> tuple[str, str]:
+        """('buffered', evicted id or '') | ('evicted_self', id) | ('malformed', 'ready'|'dead')
+        | ('replay', '') | ('stale', '')."""
+        e = self.entries[r.entry_id]
+        if not samples:  # the client ends it malformed through fail() before raising
+            where = self.fail(r, "malformed")
+            return ("stale", "") if where == "stale" else ("malformed", where)
+        if not e.owns(r):
+            if e.ledger == attempt_line(r.attempt, r.worker_id, "completed") or (e.ledger or "").startswith(
+                    f"s|committed|{r.attempt}|{r.worker_id}|"):
+                return "replay", ""
+            return "stale", ""
+        slots = [s.slot for s in samples]
+        if any(not 0 <= s < e.n for s in slots) or len(set(slots)) < e.n:
+            return "malformed", self._end_attempt(e, "malformed", counted=True)
+        self.arrivals += 1
+        min_version = min(s.version for s in samples)
+        evicted = ""
+        done = [x for x in self.entries.values() if x.state == COMPLETED]
+        if len(done) >= self.cfg.max_completed_groups:
+            victim = min(done, key=lambda x: (x.min_version, x.arrival))
+            if (victim.min_version, victim.arrival) < (min_version, self.arrivals):
+                self._evict(victim, "overflow")
+                evicted = victim.entry_id
+            else:
+                self.counters["evicted_overflow"] += 1
+                self._requeue(e, counted=False)
+                e.ledger = attempt_line(r.attempt, r.worker_id, "completed")
+                return "evicted_self", e.entry_id
+        e.state, e.worker, e.samples = COMPLETED, None, tuple(samples)
+        e.min_version, e.arrival = min_version, self.arrivals
+        e.ledger = attempt_line(r.attempt, r.worker_id, "completed")
+        return "buffered", evicted
+
+    def fail(self, r: Receipt, terminal: str = "failed") -> str:
+        """'ready' | 'dead' | 'replay' | 'stale'."""
+        e = self.entries[r.entry_id]
+        if not e.owns(r):
+            replays = (attempt_line(r.attempt, r.worker_id, terminal), f"s|dead|{r.attempt}|{r.worker_id}|max_attempts")
+            return "replay" if e.ledger in replays else "stale"
+        return self._end_attempt(e, terminal, counted=True)
+
+    def abort(self, r: Receipt) -> str:
+        e = self.entries[r.entry_id]
+        if not e.owns(r):
+            return "replay" if e.ledger == attempt_line(r.attempt, r.worker_id, "aborted") else "stale"
+        return self._end_attempt(e, "aborted", counted=False)
+
+    def filter(self, r: Receipt, reason: str) -> str:
+        e = self.entries[r.entry_id]
+        line = f"s|filtered|{r.attempt}|{r.worker_id}|{reason}"
+        if not e.owns(r):
+            return "replay" if e.ledger == line else "stale"
+        e.state, e.worker, e.ledger, e.failures = FILTERED, None, line, 0
+        self.counters[f"filtered_reason:{reason}"] += 1
+        return "filtered"
+
+    def close_worker(self, worker: str, terminal: str) -> tuple[int, int]:
+        """(requeued, dead-lettered); the worker is deregistered."""
+        wheres = [self._end_attempt(e, terminal, counted=terminal == "lost")
+                  for e in self.in_state(EXECUTING) if e.worker == worker]
+        self.workers.discard(worker)
+        return wheres.count("ready"), wheres.count("dead")
+
+    # -- shared edges ----------------------------------------------------------------------------
+
+    def _end_attempt(self, e: Entry, terminal: str, counted: bool) -> str:
+        attempt, worker = e.attempt, e.worker or ""
+        self.counters[terminal] += 1
+        where = self._requeue(e, counted)
+        if where == "ready":
+            e.ledger = attempt_line(attempt, worker, terminal)
+        return where
+
+    def _requeue(self, e: Entry, counted: bool) -> str:
+        """PEL -> ready with the same attempt, or dead once counted failures reach max_attempts."""
+        if counted:
+            e.failures += 1
+            if e.failures >= self.cfg.max_attempts:
+                self._settle_dead(e, "max_attempts", e.attempt, e.worker or "")
+                return "dead"
+        e.state, e.worker, e.lease_id, e.samples = READY, None, None, ()
+        return "ready"
+
+    def _evict(self, e: Entry, reason: str) -> None:
+        self.counters[f"evicted_{reason}"] += 1
+        self._requeue(e, counted=False)
+
+    def _settle_dead(self, e: Entry, reason: str, attempt: int, worker: str) -> None:
+        e.state, e.worker, e.lease_id, e.samples, e.failures = DEAD, None, None, (), 0
+        e.ledger = f"s|dead|{attempt}|{worker}|{reason}"

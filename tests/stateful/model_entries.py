@@ -1,0 +1,67 @@
+"""The value types of the stateful model: reservation states, one entry, one lease.
+
+This module owns the names of DESIGN's states as the model spells them, and the two records the
+model keeps per source group and per lease. It does no I/O and holds no transition logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollout_queue import Receipt, Sample, SourceGroup
+
+BACKLOG, EXECUTING, READY, COMPLETED, LEASED = "backlog", "executing", "ready", "completed", "leased"
+COMMITTED, FILTERED, DEAD = "committed", "filtered", "dead"
+# Not a DESIGN state: a dead entry whose dead letter was requeued lives on under a new entry ID, so
+# the old ID must be gone from every index (its ledger line stays, for replays).
+RETIRED = "retired"
+RETAINED = frozenset({EXECUTING, READY, COMPLETED, LEASED})  # the states that hold a PEL entry
+STATES = (BACKLOG, EXECUTING, READY, COMPLETED, LEASED, COMMITTED, FILTERED, DEAD)
+
+
+def id_key(entry_id: str) -> tuple[int, int]:
+    """Stream IDs order by (ms, seq), numerically."""
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+def attempt_line(attempt: int, worker: str, terminal: str) -> str:
+    """The ledger line of an attempt that ended without a settlement (lua/include/ledger.lua)."""
+    return f"a|{attempt}|{worker}|{terminal}"
+
+
+@dataclass
+class Entry:
+    """One submitted source group as the model expects it to be."""
+
+    entry_id: str
+    group: SourceGroup
+    state: str = BACKLOG
+    attempt: int = 0               # the PEL delivery count once delivered
+    worker: str | None = None      # the executing owner
+    failures: int = 0              # counted failures since the last settlement (history's "f")
+    samples: tuple[Sample, ...] = ()
+    min_version: int = 0
+    arrival: int = 0               # buffer order
+    lease_id: str | None = None
+    kept_step: int | None = None   # committed with a kept pristine copy, at this step
+    commits: int = 0               # lines of the commits stream naming it
+    restores: int = 0
+    ledger: str | None = None      # the exact line the ledger hash should hold
+
+    @property
+    def n(self) -> int:
+        return self.group.n
+
+    def owns(self, r: Receipt) -> bool:
+        return self.state == EXECUTING and self.worker == r.worker_id and self.attempt == r.attempt
+
+
+@dataclass
+class LeaseRecord:
+    lease_id: str
+    members: list[str]
+    version: int
+    state: str = "active"          # active | committed | rolled_back | expired
+    commit_id: str | None = None
+    handle: object = None           # the client's Lease object

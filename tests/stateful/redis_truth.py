@@ -1,0 +1,194 @@
+"""Redis truth for the stateful machine: read every key of one queue and derive each entry's state.
+
+This module owns reading the queue raw (XPENDING over the whole PEL, the ready/buffer/kept sorted
+sets, the lease hashes, the ledger, commits and dlq streams) and deciding, index by index, which
+states each entry is in, so that "exactly one state" is checked against what Redis holds and not
+against what the model believes. It must not call the queue's scripts or change any key.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from rollout_queue.keys import QueueKeys
+
+from .model_entries import BACKLOG, COMMITTED, COMPLETED, DEAD, EXECUTING, FILTERED, LEASED, READY, id_key
+
+VERSION_SHIFT = 2**32  # lua/include/buffer_score.lua
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Truth:
+    """One read of a queue's keys. Not atomic, but the machine is the only client of its queue."""
+
+    pel: dict[str, tuple[str, int]]            # entry_id -> (owner, delivery count)
+    stream: dict[str, dict[str, bytes]]         # entry_id -> fields
+    xlen: int
+    last_delivered: str
+    ready: dict[str, float]
+    buffer: dict[str, float]
+    bufver: dict[str, float]
+    results: set[str]
+    leases: dict[str, float]                    # the leases zset: active lease ids by deadline
+    lease_records: dict[str, dict[str, str]]
+    commits: list[dict[str, str]]
+    dlq: list[dict[str, str]]
+    kept: dict[str, float]
+    ledger: dict[str, str]
+    ids: dict[str, str]                         # source_id -> entry_id
+    meta: dict[str, str]
+    workers: dict[str, float]
+    holds: dict[str, float]
+
+    @property
+    def dead_ids(self) -> Counter[str]:
+        return Counter(d.get("entry_id", "") for d in self.dlq)
+
+    @property
+    def commit_counts(self) -> Counter[str]:
+        return Counter(i for line in self.commits for i in line.get("ids", "").split(",") if i)
+
+    def n_of(self, entry_id: str) -> int:
+        return int(self.stream[entry_id]["n"])
+
+
+def _zset(r: redis.Redis, key: str) -> dict[str, float]:
+    return {_s(m): float(sc) for m, sc in r.zrange(key, 0, -1, withscores=True)}
+
+
+def _hash(r: redis.Redis, key: str) -> dict[str, str]:
+    return {_s(k): _s(v) for k, v in r.hgetall(key).items()}
+
+
+def _lines(r: redis.Redis, key: str) -> list[dict[str, str]]:
+    return [{_s(k): _s(v) for k, v in fields.items()} for _, fields in r.xrange(key)]
+
+
+def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
+    src = keys["src"]
+    pel = {_s(p["message_id"]): (_s(p["consumer"]), int(p["times_delivered"]))
+           for p in r.xpending_range(src, "rollout", "-", "+", 1_000_000)}
+    groups = [g for g in r.xinfo_groups(src) if _s(g["name"]) == "rollout"]
+    assert len(groups) == 1, "the consumer group rollout is missing"
+    records = {}
+    for key in r.scan_iter(match=keys.lease("*"), count=1000):
+        lease_id = _s(key)[len(keys.lease("")):]
+        records[lease_id] = _hash(r, _s(key))
+    return Truth(
+        pel=pel,
+        stream={_s(i): {_s(k): v for k, v in f.items()} for i, f in r.xrange(src)}, xlen=r.xlen(src),
+        last_delivered=_s(groups[0]["last-delivered-id"]),
+        ready=_zset(r, keys["ready"]), buffer=_zset(r, keys["buffer"]), bufver=_zset(r, keys["bufver"]),
+        results={_s(k) for k in r.hkeys(keys["results"])},
+        leases=_zset(r, keys["leases"]), lease_records=records,
+        commits=_lines(r, keys["commits"]), dlq=_lines(r, keys["dlq"]),
+        kept=_zset(r, keys["kept"]), ledger=_hash(r, keys["ledger"]), ids=_hash(r, keys["ids"]),
+        meta=_hash(r, keys["meta"]), workers=_zset(r, keys["workers"]), holds=_zset(r, keys["holds"]),
+    )
+
+
+def states_of(t: Truth, entry_id: str) -> list[str]:
+    """Every state some index of Redis puts the entry in: each index votes on its own."""
+    votes = []
+    owner = t.pel[entry_id][0] if entry_id in t.pel else None
+    ledger = t.ledger.get(entry_id, "")
+    if entry_id in t.ready:
+        votes.append(READY)
+    if entry_id in t.buffer:
+        votes.append(COMPLETED)
+    for lease_id, rec in t.lease_records.items():
+        if rec.get("state") == "active" and entry_id in rec.get("members", "").split(","):
+            votes.append(LEASED)
+    if owner is not None and not owner.startswith("@"):
+        votes.append(EXECUTING)
+    if owner is None and entry_id in t.stream and id_key(entry_id) > id_key(t.last_delivered):
+        votes.append(BACKLOG)
+    if owner is None and ledger.startswith("s|committed|"):
+        votes.append(COMMITTED)
+    if owner is None and ledger.startswith("s|filtered|"):
+        votes.append(FILTERED)
+    if entry_id in t.dead_ids:
+        votes.append(DEAD)
+    return votes
+
+
+def derive_state(t: Truth, entry_id: str) -> str:
+    """The one state Redis holds the entry in; AssertionError names the conflict otherwise."""
+    votes = states_of(t, entry_id)
+    where = _where(t, entry_id)
+    assert len(votes) == 1, f"entry {entry_id} is in {len(votes)} states {votes}: {where}"
+    state = votes[0]
+    owner = t.pel[entry_id][0] if entry_id in t.pel else None
+    in_results = entry_id in t.results
+    if state == READY:
+        assert owner == "@ready" and not in_results, f"ready entry {entry_id} is inconsistent: {where}"
+    elif state == COMPLETED:
+        assert owner == "@done" and entry_id in t.bufver and in_results, f"completed {entry_id}: {where}"
+    elif state == LEASED:
+        assert owner is not None and owner.startswith("@lease:"), f"leased {entry_id} owner {owner}: {where}"
+        lease_id = owner[len("@lease:"):]
+        rec = t.lease_records.get(lease_id, {})
+        assert rec.get("state") == "active" and entry_id in rec.get("members", "").split(","), where
+        assert lease_id in t.leases and in_results and entry_id not in t.bufver, where
+    elif state in (EXECUTING, BACKLOG):
+        assert not in_results and entry_id not in t.bufver and entry_id not in t.kept, where
+    elif state == COMMITTED:
+        assert not in_results and entry_id not in t.bufver, where
+        assert (entry_id in t.kept) == (entry_id in t.stream), f"kept copy of {entry_id}: {where}"
+    elif state in (FILTERED, DEAD):
+        assert entry_id not in t.stream and not in_results and entry_id not in t.kept, where
+        if state == DEAD:
+            assert t.dead_ids[entry_id] == 1 and t.ledger.get(entry_id, "").startswith("s|dead|"), where
+    return state
+
+
+def _where(t: Truth, entry_id: str) -> str:
+    return (f"pel={t.pel.get(entry_id)} ready={entry_id in t.ready} buffer={entry_id in t.buffer} "
+            f"bufver={entry_id in t.bufver} results={entry_id in t.results} kept={t.kept.get(entry_id)} "
+            f"stream={entry_id in t.stream} dlq={t.dead_ids[entry_id]} ledger={t.ledger.get(entry_id)!r}")
+
+
+def check_no_ghosts(t: Truth) -> None:
+    """Every id any index names is a submitted entry; every active lease is indexed and owns its members."""
+    known = set(t.ids.values())
+    for name, ids in (("pel", t.pel), ("ready", t.ready), ("buffer", t.buffer), ("bufver", t.bufver),
+                      ("results", t.results), ("kept", t.kept), ("stream", t.stream)):
+        ghosts = set(ids) - known
+        assert not ghosts, f"{name} names entries nobody submitted: {sorted(ghosts)}"
+    assert set(t.buffer) == set(t.bufver), f"buffer {sorted(t.buffer)} != bufver {sorted(t.bufver)}"
+    active = {i for i, rec in t.lease_records.items() if rec.get("state") == "active"}
+    assert active == set(t.leases), f"active lease records {sorted(active)} != leases zset {sorted(t.leases)}"
+    for owner, _ in t.pel.values():
+        assert not owner.startswith("@") or owner in ("@ready", "@done") or owner[7:] in active, (
+            f"PEL owner {owner} is neither a worker nor a live queue owner")
+
+
+def snapshot(r: redis.Redis, keys: QueueKeys) -> dict[str, Any]:
+    """Every key of the queue with its full content, minus PEL idle times (they tick on their own)."""
+    out: dict[str, Any] = {}
+    for raw_key in sorted(r.scan_iter(match=keys.pattern, count=1000)):
+        key = _s(raw_key)
+        kind = _s(r.type(key))
+        if kind == "stream":
+            groups = [{_s(k): v for k, v in g.items()} for g in r.xinfo_groups(key)]
+            pel = [(p["message_id"], p["consumer"], p["times_delivered"])
+                   for p in r.xpending_range(key, "rollout", "-", "+", 1_000_000)] if groups else []
+            consumers = sorted((_s(c["name"]), c["pending"]) for c in r.xinfo_consumers(key, "rollout")) if groups else []
+            out[key] = (r.xrange(key), groups, pel, consumers)
+        elif kind == "hash":
+            out[key] = r.hgetall(key)
+        elif kind == "zset":
+            out[key] = r.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            out[key] = sorted(r.smembers(key))
+        else:
+            out[key] = (kind, r.get(key) if kind == "string" else None)
+    return out

@@ -1,0 +1,49 @@
+"""What every group of machine steps shares: the queue under test, its raw Redis, the model, and
+the helpers that read the server clock and prove that a call wrote nothing.
+
+This module owns those helpers only. The steps live in worker_steps.py and trainer_steps.py, the
+rule and the invariants in ledger_machine.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import redis
+
+from rollout_queue import Hold, RolloutQueue
+from rollout_queue.keys import QueueKeys
+from rollout_queue.local_server import LocalServer
+
+from .ledger_model import LedgerModel
+from .redis_truth import snapshot
+
+WORKERS = ("gpu-a", "gpu-b", "gpu-c")
+
+
+class Steps:
+    """The state the step mixins read; LedgerMachine sets it up for each example. Steps may call
+    each other across the mixins (a silent worker is noticed by the next lease, say)."""
+
+    server: LocalServer
+    q: RolloutQueue
+    raw: redis.Redis
+    model: LedgerModel
+    holds: dict[str, Hold]   # the client's handle of each hold the model knows
+    restarts: int
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self.q.keys
+
+    def server_ms(self) -> int:
+        sec, usec = self.raw.time()
+        return sec * 1000 + usec // 1000
+
+    def unchanged(self, call: Callable[[], Any]) -> Any:
+        """Run ``call`` and assert that no key of the queue changed (refusals and replays)."""
+        before = snapshot(self.raw, self.keys)
+        try:
+            return call()
+        finally:
+            assert snapshot(self.raw, self.keys) == before, "a refused or replayed call wrote to Redis"

@@ -1,0 +1,36 @@
+"""Runs the ledger machine (ledger_machine.py) against each server kind, on a private server per
+test function: kill -9 and restart are part of the steps. The long variant is the slow suite's.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from rollout_queue.local_server import LocalServer
+from tests.stateful.ledger_machine import LedgerMachine
+
+# About 60-90 s per server kind on a 2-core machine; the slow suite's run takes about 6 minutes each.
+# No example database: every run explores afresh, and a failure prints its shrunk program (with
+# labelled draws) rather than relying on a replay file the next machine does not have.
+FAST = settings(max_examples=200, stateful_step_count=50, deadline=None, database=None,
+                suppress_health_check=list(HealthCheck))
+LONG = settings(FAST, max_examples=600, stateful_step_count=60)
+
+
+def bind(server: LocalServer) -> type[LedgerMachine]:
+    return type("LedgerMachineOnServer", (LedgerMachine,), {"server": server})
+
+
+@pytest.mark.timeout(900)  # a failure is shrunk for up to 300 s (hypothesis' cap) before it is shown
+def test_ledger_machine(fresh_server: LocalServer) -> None:
+    run_state_machine_as_test(bind(fresh_server), settings=FAST)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_ledger_machine_long(fresh_server: LocalServer, request: pytest.FixtureRequest) -> None:
+    if "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("the long machine run belongs to the slow suite: pytest -m slow")
+    run_state_machine_as_test(bind(fresh_server), settings=LONG)

@@ -1,0 +1,155 @@
+"""The trainer, operator and reaper transitions of the stateful model (a mixin of LedgerModel).
+
+This module owns what lease, commit, rollback, expiry, reaping, policy versions, admission holds and
+checkpoints should do to the model's entries, written from DESIGN.md and the scripts' headers. Like
+ledger_model.py, it must not read Redis: it predicts, and the machine compares.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rollout_queue import ReapReport, Receipt
+
+from .model_entries import COMMITTED, COMPLETED, EXECUTING, LEASED, READY, Entry, LeaseRecord, attempt_line
+
+
+class TrainerModel:
+    """Trainer-side transitions; ``self`` is always a LedgerModel."""
+
+    def lease(self, groups: int, partial: bool) -> list[str] | None:
+        """The members a lease gets, in order (stale groups met on the way are requeued), or None.
+        The caller binds the members to the client's lease id with ``leased``."""
+        if self.holds:
+            return None
+        floor = self.stale_floor()
+        order = self.buffer()
+        available = sum(1 for e in order if floor is None or e.min_version >= floor)
+        want = groups
+        if available < groups:
+            if not partial or available < 1:
+                return None
+            want = available
+        members: list[Entry] = []
+        for e in order:
+            if len(members) >= want:
+                break
+            if floor is not None and e.min_version < floor:
+                self._evict(e, "stale")
+            else:
+                members.append(e)
+        for e in members:
+            e.state = LEASED
+        return [e.entry_id for e in members]
+
+    def leased(self, lease_id: str, members: list[str], handle: object) -> None:
+        for entry_id in members:
+            self.entries[entry_id].lease_id = lease_id
+        self.leases[lease_id] = LeaseRecord(lease_id, members, self.version, handle=handle)
+
+    def commit(self, lease_id: str, step: int | None) -> tuple[str, str]:
+        """('committed', '') | ('replay', commit id) | ('lost', state)."""
+        lease = self.leases[lease_id]
+        if lease.state == "committed":
+            return "replay", lease.commit_id or ""
+        if lease.state != "active":
+            return "lost", lease.state
+        keep = step is not None and (self.checkpoint is None or step > self.checkpoint)
+        for entry_id in lease.members:
+            e = self.entries[entry_id]
+            parts = (e.ledger or "").split("|")
+            attempt, worker = (parts[1], parts[2]) if parts[0] == "a" else ("0", "")
+            e.ledger = f"s|committed|{attempt}|{worker}|{lease_id}|{'' if step is None else step}"
+            e.state, e.lease_id, e.samples, e.failures = COMMITTED, None, (), 0
+            e.kept_step = step if keep else None
+            e.commits += 1
+        lease.state = "committed"
+        return "committed", ""
+
+    def rollback(self, lease_id: str) -> tuple[str, int | str]:
+        """('rolled_back', n) | ('replay', 0) | ('lost', state)."""
+        lease = self.leases[lease_id]
+        if lease.state == "rolled_back":
+            return "replay", 0
+        if lease.state != "active":
+            return "lost", lease.state
+        return "rolled_back", self._requeue_lease(lease, "rolled_back")
+
+    def expire(self, lease_id: str) -> int:
+        """The reaper (or reserve/lease opportunistically) rolls back a lease past its deadline."""
+        return self._requeue_lease(self.leases[lease_id], "expired")
+
+    def reap(self, silent: Sequence[str] = (), expired: Sequence[str] = ()) -> ReapReport:
+        """One reaper pass: the silent workers, the expired leases, then every stale group."""
+        lost = dead = 0
+        for worker in silent:
+            requeued, died = self.close_worker(worker, "lost")
+            lost, dead = lost + requeued, dead + died
+        n_expired = sum(self.expire(lease_id) for lease_id in expired)
+        floor = self.stale_floor()
+        stale = 0
+        if floor is not None:
+            for e in sorted(self.in_state(COMPLETED), key=lambda x: (x.min_version, x.arrival)):
+                if e.min_version < floor:
+                    self._evict(e, "stale")
+                    stale += 1
+        return ReapReport(lost=lost, expired=n_expired, stale=stale, dead=dead)
+
+    # -- policy versions, holds and checkpoints --------------------------------------------------
+
+    def publish(self, version: int, weights_uri: str, hold_id: str | None = None) -> str:
+        """'published' | 'replay' | 'regression' | 'hold_lost'."""
+        if hold_id is not None and hold_id not in self.holds:
+            return "hold_lost"
+        if self.published:
+            if version == self.version and weights_uri == self.weights_uri:
+                return "replay"
+            if version <= self.version:
+                return "regression"
+        self.version, self.weights_uri, self.published = version, weights_uri, True
+        return "published"
+
+    def hold_open(self, hold_id: str) -> int:
+        snap = {(e.entry_id, e.attempt, e.worker or "") for e in self.in_state(EXECUTING)}
+        self.holds[hold_id] = snap
+        return len(snap)
+
+    def hold_wait(self, hold_id: str) -> bool:
+        """wait_terminal(0): True when every attempt of the snapshot is over."""
+        snap = self.holds[hold_id]
+        snap -= {x for x in snap if not self.entries[x[0]].owns(Receipt(*x))}
+        return not snap
+
+    def hold_release(self, hold_id: str) -> int:
+        self.holds.pop(hold_id, None)
+        return len(self.holds)
+
+    def checkpoint_at(self, step: int) -> int:
+        pruned = [e for e in self.entries.values() if e.kept_step is not None and e.kept_step <= step]
+        for e in pruned:
+            e.kept_step = None
+        if self.checkpoint is None or step > self.checkpoint:
+            self.checkpoint = step
+        return len(pruned)
+
+    def restore(self, step: int) -> int | None:
+        """How many groups went back to ready; None when the checkpoint was pruned (refused)."""
+        if self.checkpoint is not None and step < self.checkpoint:
+            return None
+        restored = [e for e in self.entries.values() if e.kept_step is not None and e.kept_step > step]
+        for e in restored:
+            e.attempt = int((e.ledger or "").split("|")[2]) or 1
+            e.state, e.kept_step = READY, None
+            e.ledger = attempt_line(e.attempt, "@restore", "restored")
+            e.restores += 1
+        self.counters["restored"] += len(restored)
+        return len(restored)
+
+    def _requeue_lease(self, lease: LeaseRecord, terminal: str) -> int:
+        members = [self.entries[i] for i in lease.members if self.entries[i].state == LEASED
+                   and self.entries[i].lease_id == lease.lease_id]
+        for e in members:
+            self._requeue(e, counted=False)
+        self.counters[terminal] += len(members)
+        lease.state = terminal
+        return len(members)

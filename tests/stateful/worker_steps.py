@@ -1,0 +1,164 @@
+"""The producer and worker steps of the ledger machine: submit, reserve, settle, lose workers.
+
+Each step draws its arguments, asks the model what must happen, runs the real call and compares;
+the invariants run after it. This module must not check invariants itself (invariants.py does).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import pytest
+from hypothesis import event
+from hypothesis import strategies as st
+
+from rollout_queue import MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt
+
+from .model_entries import DEAD
+from .steps_base import WORKERS, Steps
+
+SOURCES = tuple(f"p-{i}" for i in range(10))  # a small pool, so duplicate source_ids are common
+LOGPROBS = (-0.5, -0.25, -1.0)                # exact in float32: samples round-trip bit for bit
+PAYLOAD_LIMIT = 4096                          # the queue's max_payload_bytes (ledger_machine.py)
+
+
+class WorkerSteps(Steps):
+    """Producer and worker steps; each takes the example's ``data`` and draws its own arguments."""
+
+    def submit(self, data: st.DataObject) -> None:
+        """A batch of source groups, often naming a source_id already submitted (stored once). The
+        payload varies (unicode, token ids) so that every later pristine-copy check means something."""
+        groups = []
+        for i in range(data.draw(st.integers(1, 3), label="groups")):
+            tokens = (1, 2, i) if data.draw(st.booleans(), label="prompt_token_ids") else None
+            groups.append(SourceGroup(source_id=data.draw(st.sampled_from(SOURCES), label="source_id"),
+                                      prompt=f"prompt {i} \u00e9\U0001f600", n=data.draw(st.integers(1, 3), label="n"),
+                                      metadata={"i": i, "tags": ["a", "b"]}, prompt_token_ids=tokens))
+        if data.draw(st.sampled_from([False] * 9 + [True]), label="one group too large"):
+            groups.append(SourceGroup(source_id="p-huge", prompt="x" * PAYLOAD_LIMIT, n=1))
+            with pytest.raises(PayloadTooLarge):  # refused whole, before anything is sent
+                self.unchanged(partial(self.q.submit, groups))
+            return
+        self.model.submitted(groups, self.q.submit(groups))
+
+    def reserve(self, data: st.DataObject, worker: str | None = None) -> None:
+        worker = worker or data.draw(st.sampled_from(WORKERS), label="worker")
+        max_groups = data.draw(st.integers(1, 3), label="max_groups")
+        max_samples = data.draw(st.sampled_from([0, 0, 0, 2, 4]), label="max_samples")
+        expected = self.model.reserve(worker, max_groups, max_samples)
+        got = self.q.worker(worker).reserve(max_groups, max_samples=max_samples)
+        event(f"reserve -> {len(expected)} groups ({self.model.last_reserve})")
+        assert [(x.entry_id, x.receipt.attempt) for x in got] == expected
+        for x in got:
+            assert x.group == self.model.entries[x.entry_id].group, "an attempt did not see the pristine group"
+            assert x.version == self.model.version and x.receipt.worker_id == worker
+
+    def settle_attempt(self, data: st.DataObject) -> None:
+        receipt = data.draw(st.sampled_from(self.model.executing_receipts()), label="receipt")
+        op = data.draw(st.sampled_from(["complete"] * 5 + ["fail", "abort", "filter"]), label="op")
+        self.settle(op, receipt, data)
+
+    def late_settlement(self, data: st.DataObject) -> None:
+        """A paused worker wakes up with a receipt whose attempt is over: StaleReceipt (or, for the
+        very settlement that ended it, an idempotent replay), and nothing changes."""
+        receipt = data.draw(st.sampled_from(self.model.old_receipts()), label="old receipt")
+        self.settle(data.draw(st.sampled_from(["complete", "fail", "abort", "filter"]), label="op"), receipt, data)
+
+    def settle(self, op: str, receipt: Receipt, data: st.DataObject) -> None:
+        """Run one settlement with ``receipt`` and compare it with the model's prediction."""
+        w = self.q.worker(receipt.worker_id)
+        detail = ""  # complete's second answer: the evicted entry, or where a malformed attempt went
+        if op == "complete":
+            shape = data.draw(st.sampled_from(["ok"] * 6 + ["missing_slot", "bad_slot", "too_large"]),
+                              label="completion")
+            samples = self.samples_for(data, self.model.entries[receipt.entry_id].n, shape)
+            expected, detail = ("too_large", "") if shape == "too_large" else self.model.complete(receipt, samples)
+            call: Callable[[], Any] = partial(w.complete, receipt, samples)
+        elif op == "fail":
+            expected, call = self.model.fail(receipt), partial(w.fail, receipt, "engine error")
+        elif op == "abort":
+            expected, call = self.model.abort(receipt), partial(w.abort, receipt, "weight update")
+        else:
+            reason = data.draw(st.sampled_from(["all_equal", "too_long"]), label="filter reason")
+            expected, call = self.model.filter(receipt, reason), partial(w.filter, receipt, reason)
+        event(f"{op} -> {expected}" + (" (overflow eviction)" if expected == "buffered" and detail else ""))
+        if expected == "too_large":  # refused before the script: the attempt stays executing
+            with pytest.raises(PayloadTooLarge):
+                self.unchanged(call)
+        elif expected == "stale":
+            with pytest.raises(StaleReceipt):
+                self.unchanged(call)
+        elif expected == "replay":
+            assert self.unchanged(call) == "replay"
+        elif expected == "malformed":
+            with pytest.raises(MalformedCompletion) as exc:
+                call()
+            if detail != "replay":
+                assert exc.value.requeued_to == detail, f"the group went {detail}, the error says otherwise"
+        else:
+            assert call() == expected
+
+    def samples_for(self, data: st.DataObject, n: int, shape: str) -> list[Sample]:
+        v = self.model.version
+        slots = list(range(n))
+        if shape == "missing_slot":
+            slots.remove(data.draw(st.sampled_from(slots), label="missing slot"))
+        out = []
+        for slot in slots:
+            for j in range(data.draw(st.integers(1, 2), label=f"outputs of slot {slot}")):
+                # Mostly the current policy; sometimes one or two versions behind (maybe stale).
+                version = max(0, v - data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="versions behind"))
+                out.append(Sample(slot=slot, token_ids=(slot, j, 7), logprobs=LOGPROBS, reward=float(j),
+                                  version=version))
+        if shape == "bad_slot":
+            out.append(Sample(slot=n, token_ids=(1,), logprobs=(-0.5,), version=v))
+        if shape == "too_large":
+            out.append(Sample(slot=0, token_ids=(5,) * PAYLOAD_LIMIT, version=v))
+        return out
+
+    def close_worker(self, data: st.DataObject) -> None:
+        worker = data.draw(st.sampled_from(WORKERS), label="worker")
+        terminal = data.draw(st.sampled_from(["aborted", "lost"]), label="terminal")
+        assert self.q.worker(worker).close(terminal=terminal) == self.model.close_worker(worker, terminal)
+
+    def worker_goes_silent(self, data: st.DataObject) -> None:
+        """The worker's last heartbeat moves past worker_timeout: the reaper, or the next reserve or
+        lease (which reap the oldest silent worker first), requeues its work as lost (counted)."""
+        worker = data.draw(st.sampled_from(sorted(self.model.workers)), label="silent worker")
+        how = data.draw(st.sampled_from(["reap", "reserve", "lease"]), label="noticed by")
+        past = self.server_ms() - 2 * int(self.model.cfg.worker_timeout_s * 1000)
+        self.raw.zadd(self.keys["workers"], {worker: past})
+        event(f"silent worker noticed by {how}")
+        if how == "reap":
+            assert self.q.reap() == self.model.reap(silent=[worker])
+            return
+        self.model.close_worker(worker, "lost")
+        if how == "reserve":  # another worker: reserving refreshes the reserver's own heartbeat
+            self.reserve(data, worker=data.draw(st.sampled_from([w for w in WORKERS if w != worker]), label="worker"))
+        else:
+            self.lease(data)
+
+    def heartbeat(self, data: st.DataObject) -> None:
+        worker = data.draw(st.sampled_from(WORKERS), label="worker")
+        self.model.workers.add(worker)
+        info = self.q.worker(worker).heartbeat()
+        assert (info.version, info.version_published, info.weights_uri or "", info.held) == (
+            self.model.version, self.model.published, self.model.weights_uri, bool(self.model.holds))
+
+    def requeue_dead_letter(self, data: st.DataObject) -> None:
+        """Every dead letter holds its reason, last attempt and pristine group; one goes back to the
+        backlog under a new entry ID (dead -> backlog), and its source_id now maps there."""
+        letters = {d.entry_id: d for d in self.q.dead_letters(count=1000)}
+        dead = self.model.in_state(DEAD)
+        assert set(letters) == {e.entry_id for e in dead}
+        for e in dead:
+            d = letters[e.entry_id]
+            _, _, attempt, worker, reason = (e.ledger or "").split("|", 4)
+            assert (d.source_id, d.reason, d.attempt, d.worker_id) == (e.group.source_id, reason, int(attempt), worker)
+            assert d.group == e.group, "a dead letter lost its pristine group"
+            if reason == "max_attempts":  # every counted attempt's reason reaches the dead letter
+                counted = [h for h in d.history if h.get("t") in ("failed", "malformed", "lost")]
+                assert len(counted) == self.model.cfg.max_attempts, d.history
+        e = data.draw(st.sampled_from(dead), label="dead entry")
+        self.model.requeue_dead_letter(e.entry_id, self.q.requeue_dead_letter(letters[e.entry_id].dlq_id))
