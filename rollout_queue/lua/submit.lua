@@ -14,31 +14,12 @@ Invariant:
   each source_id maps to exactly one entry ID; a source_id already submitted stores nothing.
 ]]
 -- @include load_config
--- @include wake
+-- @include oversized_group
+-- @include add_groups
 local cfg = load_config()
-local g = A.groups
-if #g % 5 ~= 0 then bug('submit takes 5 values per group, got ' .. #g) end
-for i = 1, #g, 5 do
-  local size = #g[i] + #g[i + 2] + #g[i + 3]
-  if size > cfg.max_payload_bytes then
-    return {'payload_too_large', (i - 1) / 5, size, cfg.max_payload_bytes}
-  end
-end
-local out = {'ok', 0}
-local new = 0
-for i = 1, #g, 5 do
-  local sid = g[i]
-  local id = redis.call('HGET', K.ids, sid)
-  if not id then
-    id = redis.call('XADD', K.src, '*', 'v', g[i + 4], 'sid', sid, 'n', g[i + 1], 'p', g[i + 2], 'g', g[i + 3])
-    redis.call('HSET', K.ids, sid, id)
-    new = new + 1
-  end
-  table.insert(out, id)
-end
-if new > 0 then
-  redis.call('HINCRBY', K.meta, 'submitted', new)
-  wake(K.wake_work)
-end
-out[2] = new
+local refused = oversized_group(A.groups, cfg.max_payload_bytes)
+if refused then return refused end
+local ids, new = add_groups(A.groups)
+local out = {'ok', new}
+for _, id in ipairs(ids) do table.insert(out, id) end
 return out
