@@ -27,6 +27,7 @@ Invariant:
 -- @include load_config
 -- @include lease_record
 -- @include ledger
+-- @include call_batched
 -- @include wake
 local now = now_ms()
 local cfg = load_config()
@@ -53,22 +54,29 @@ for _, id in ipairs(members) do
   if not held[id] then bug('corrupt lease record ' .. A.lease_id .. ': member ' .. id .. ' is not leased') end
 end
 if #owned ~= #members then bug('corrupt lease record ' .. A.lease_id .. ': the PEL holds other members') end
-local ids = {}
-for _, id in ipairs(members) do
-  local last = redis.call('HGET', K.ledger, id) or ''
-  local attempt, worker = string.match(last, '^a|(%d+)|([^|]*)|')
-  redis.call('XACK', K.src, 'rollout', id)
-  if keep then
-    redis.call('ZADD', K.kept, step, id)
-  else
-    redis.call('XDEL', K.src, id)
-  end
-  redis.call('HDEL', K.results, id)
-  redis.call('HDEL', K.history, id)
-  ledger_set(id, 's|committed|' .. (attempt or '0') .. '|' .. (worker or '') .. '|' .. A.lease_id .. '|' .. A.step)
-  table.insert(ids, id)
-end
+local ids = members
 local k = #ids
+if k > 0 then
+  -- Batched: one command per kind over all members, instead of six per member.
+  local lasts = {}
+  for start = 1, k, 1000 do  -- chunked like call_batched: unpack() has a C-stack limit
+    local part = redis.call('HMGET', K.ledger, unpack(ids, start, math.min(k, start + 999)))
+    for _, v in ipairs(part) do table.insert(lasts, v) end
+  end
+  local settled, kept = {}, {}
+  for i, id in ipairs(ids) do
+    local attempt, worker = string.match(lasts[i] or '', '^a|(%d+)|([^|]*)|')
+    table.insert(settled, id)
+    table.insert(settled, 's|committed|' .. (attempt or '0') .. '|' .. (worker or '') .. '|' .. A.lease_id .. '|' .. A.step)
+    table.insert(kept, step)
+    table.insert(kept, id)
+  end
+  call_batched({'XACK', K.src, 'rollout'}, ids)
+  if keep then call_batched({'ZADD', K.kept}, kept) else call_batched({'XDEL', K.src}, ids) end
+  call_batched({'HDEL', K.results}, ids)
+  call_batched({'HDEL', K.history}, ids)
+  call_batched({'HSET', K.ledger}, settled)
+end
 local commit_id = redis.call('XADD', K.commits, 'MAXLEN', '~', cfg.commits_maxlen, '*', 'lease', A.lease_id,
   'trainer', L.trainer or '', 'ids', table.concat(ids, ','), 'step', A.step, 'ms', now)
 redis.call('HINCRBY', K.meta, 'committed', k)
