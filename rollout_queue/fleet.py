@@ -121,9 +121,8 @@ def plan_reserve(share: WeightedShare, max_groups: int, max_samples: int, block_
                 return [(k, r) for r in got]
 
 
-class FleetReserver:
-    """Reserve from several queues' workers by weight. ``workers``: queue name -> a Worker (or
-    PartitionedWorker) of that queue; ``weights``: queue name -> share (any positive scale)."""
+class _FleetBase:
+    """The queues, their weighted share and the clock: what the sync and async reservers share."""
 
     def __init__(self, workers: Mapping[str, Any], weights: Mapping[str, float], quantum_samples: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -133,6 +132,11 @@ class FleetReserver:
         self.workers = dict(workers)
         self.share = WeightedShare([weights[n] for n in self.names], quantum_samples)
         self.clock = clock
+
+
+class FleetReserver(_FleetBase):
+    """Reserve from several queues' workers by weight. ``workers``: queue name -> a Worker (or
+    PartitionedWorker) of that queue; ``weights``: queue name -> share (any positive scale)."""
 
     def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0) -> list[tuple[str, Reservation]]:
         plan = plan_reserve(self.share, max_groups, max_samples, block_ms, self.clock)
@@ -152,17 +156,8 @@ class FleetReserver:
         return {name: self.workers[name].close(terminal, reason) for name in self.names}
 
 
-class AsyncFleetReserver:
+class AsyncFleetReserver(_FleetBase):
     """Mirror of FleetReserver over AsyncWorker / AsyncPartitionedWorker objects."""
-
-    def __init__(self, workers: Mapping[str, Any], weights: Mapping[str, float], quantum_samples: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if set(workers) != set(weights):
-            raise ValueError(f"workers {sorted(workers)} and weights {sorted(weights)} must name the same queues")
-        self.names = list(workers)
-        self.workers = dict(workers)
-        self.share = WeightedShare([weights[n] for n in self.names], quantum_samples)
-        self.clock = clock
 
     async def reserve(self, max_groups: int = 1, block_ms: int = 0,
                       max_samples: int = 0) -> list[tuple[str, Reservation]]:
