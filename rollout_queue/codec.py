@@ -4,10 +4,15 @@ Owns the byte formats of the two payloads that live in Redis: a reservation's st
 completion blob. No pickle, ever: a payload from Redis is data, and decoding it must never run code.
 Pure functions, no I/O. Decoding garbage raises CodecError with what is wrong.
 
-Completion blob (schema 1):
+Completion blob, schema 2 (written whenever every token id is in 0..2^24-1, i.e. any real vocabulary):
+    b"RQC2" | u32 LE header length | orjson header | uint24 LE token ids | float32 LE logprobs
+Completion blob, schema 1 (written when some id is negative or >= 2^24; also what older writers stored):
     b"RQC1" | u32 LE header length | orjson header | int32 LE token ids | float32 LE logprobs
-header = {"v": 1, "s": [[slot, n_tokens, has_logprobs, reward|null, version, finish_reason,
-                          [versions...]], ...]}
+header = {"v": <schema>, "s": [[slot, n_tokens, has_logprobs, reward|null, version, finish_reason,
+                                [versions...]], ...]}
+The magic and the header's "v" name the schema (and so the id width) twice; they must agree. The
+decoder reads both schemas, so blobs stored before an upgrade stay readable; readers (trainers) must be
+upgraded before writers (workers), since an older reader refuses RQC2. Logprobs stay float32 in both.
 """
 
 from __future__ import annotations
@@ -20,12 +25,22 @@ from typing import Any, Mapping, Sequence
 import orjson
 
 from .errors import InvalidInput
-from .models import Sample, SourceGroup
+from .models import Sample, SourceGroup, logprobs_ok
 
+#: The schema of a reservation's stream fields (the ``v`` field that submit writes).
 SCHEMA_VERSION = 1
-_MAGIC = b"RQC1"
+#: The completion schema written when every token id fits 24 bits; COMPLETION_SCHEMA_WIDE otherwise.
+COMPLETION_SCHEMA = 2
+COMPLETION_SCHEMA_WIDE = 1
+#: magic -> (schema, bytes per token id)
+_SCHEMAS = {b"RQC2": (COMPLETION_SCHEMA, 3), b"RQC1": (COMPLETION_SCHEMA_WIDE, 4)}
 _HEAD = struct.Struct("<I")
 _LITTLE = sys.byteorder == "little"
+#: The high byte of a little-endian float32 that is negative (sign bit set) and not NaN or infinite
+#: (its exponent is not all ones): 0x80..0xFE. A blob whose logprobs all have such a high byte passes
+#: the logprob check with no pass over the floats in Python; any other byte (0.0, -inf, huge
+#: negatives, and every bad value) falls back to the exact check on the floats.
+_NEGATIVE_FINITE_HIGH = bytes(range(0x80, 0xFF))
 
 
 class CodecError(InvalidInput):
@@ -64,62 +79,124 @@ def decode_group(fields: Mapping[bytes, bytes]) -> SourceGroup:
 
 
 def encode_completion(samples: Sequence[Sample]) -> bytes:
-    """One blob for all samples of a completion."""
+    """One blob for all samples of a completion: schema 2 (3-byte ids) when every id is in 0..2^24-1.
+
+    Packs each sample's ids with one array('i') constructor (C speed; a per-sample extend iterates in
+    Python's slow path), then, for schema 2, drops the high byte of every little-endian int32 with three
+    strided byte copies: ~7 us per 8 x 512 group.
+    """
     head = []
     tokens = array("i")
     logprobs = array("f")
     for s in samples:
         head.append([s.slot, len(s.token_ids), 1 if s.logprobs else 0, s.reward, s.version, s.finish_reason,
                      list(s.versions)])
-        tokens.extend(s.token_ids)
-        logprobs.extend(s.logprobs)
+        tokens += array("i", s.token_ids)
+        if s.logprobs:
+            logprobs += array("f", s.logprobs)
     if not _LITTLE:
         tokens.byteswap()
         logprobs.byteswap()
-    header = orjson.dumps({"v": SCHEMA_VERSION, "s": head})
-    return b"".join((_MAGIC, _HEAD.pack(len(header)), header, tokens.tobytes(), logprobs.tobytes()))
+    wide = tokens.tobytes()
+    n = len(tokens)
+    if wide[3::4].count(0) == n:  # every high byte is 0: all ids are in 0..2^24-1
+        magic, schema = b"RQC2", COMPLETION_SCHEMA
+        packed = bytearray(3 * n)
+        packed[0::3] = wide[0::4]
+        packed[1::3] = wide[1::4]
+        packed[2::3] = wide[2::4]
+        ids = bytes(packed)
+    else:
+        magic, schema, ids = b"RQC1", COMPLETION_SCHEMA_WIDE, wide
+    header = orjson.dumps({"v": schema, "s": head})
+    return b"".join((magic, _HEAD.pack(len(header)), header, ids, logprobs.tobytes()))
 
 
 def decode_completion(blob: bytes) -> tuple[Sample, ...]:
-    """The samples of a completion blob; CodecError for anything that is not schema 1."""
-    if blob[:4] != _MAGIC or len(blob) < 8:
+    """The samples of a completion blob (schema 1 or 2); CodecError for anything else.
+
+    Per-token values are checked once for the whole blob, at C speed (the int32 array bounds the ids;
+    logprobs_ok or a byte test bounds the logprobs), and the samples are built without checking each
+    token again: that re-validation cost as much as the decode itself.
+    """
+    if not isinstance(blob, bytes):
+        blob = bytes(blob)
+    if len(blob) < 8 or blob[:4] not in _SCHEMAS:
         raise CodecError("not a completion payload (bad magic)")
+    schema, width = _SCHEMAS[blob[:4]]
     (hlen,) = _HEAD.unpack_from(blob, 4)
+    start = 8 + hlen
+    if start > len(blob):
+        raise CodecError(f"completion header length {hlen} runs past the end of a {len(blob)}-byte blob")
     try:
-        header = orjson.loads(blob[8:8 + hlen])
+        header = orjson.loads(blob[8:start])
     except orjson.JSONDecodeError as exc:
         raise CodecError(f"completion header is not JSON: {exc}") from exc
-    if not isinstance(header, dict) or header.get("v") != SCHEMA_VERSION:
-        raise CodecError(f"unknown completion schema {header.get('v') if isinstance(header, dict) else header!r}")
+    if not isinstance(header, dict) or header.get("v") != schema:
+        got = header.get("v") if isinstance(header, dict) else header
+        raise CodecError(f"unknown completion schema {got!r} (the magic {blob[:4]!r} says schema {schema})")
     rows = header.get("s")
     if not isinstance(rows, list):
         raise CodecError("completion header has no sample list")
-    try:
-        if any(int(r[1]) < 0 for r in rows):
-            raise ValueError("negative token count")
-        n_tokens = sum(int(r[1]) for r in rows)
-        n_logprobs = sum(int(r[1]) for r in rows if r[2])
-    except (TypeError, ValueError, IndexError) as exc:
-        raise CodecError(f"bad sample row: {exc}") from exc
-    body = memoryview(blob)[8 + hlen:]
-    if len(body) != 4 * (n_tokens + n_logprobs):
-        raise CodecError(f"completion body is {len(body)} bytes, header says {4 * (n_tokens + n_logprobs)}")
+    n_tokens, n_logprobs = _count(rows)
+    expected = width * n_tokens + 4 * n_logprobs
+    if len(blob) - start != expected:
+        raise CodecError(f"completion body is {len(blob) - start} bytes, header says {expected} "
+                         f"({n_tokens} ids of {width} bytes, {n_logprobs} float32 logprobs)")
+    ids, lps = _unpack(blob, start, width, n_tokens)
+    return _samples(rows, ids, lps)
+
+
+def _count(rows: list[Any]) -> tuple[int, int]:
+    """(tokens, logprobs) the sample rows promise; CodecError for a row of the wrong shape."""
+    n_tokens = n_logprobs = 0
+    for row in rows:
+        if type(row) is not list or len(row) != 7:
+            raise CodecError(f"bad sample row {row!r}: expected a list of 7 fields")
+        count = row[1]
+        if type(count) is not int or count < 0:
+            raise CodecError(f"bad sample row {row!r}: token count must be an integer >= 0")
+        if row[2] not in (0, 1):
+            raise CodecError(f"bad sample row {row!r}: has_logprobs must be 0 or 1")
+        n_tokens += count
+        n_logprobs += count if row[2] else 0
+    return n_tokens, n_logprobs
+
+
+def _unpack(blob: bytes, start: int, width: int, n_tokens: int) -> tuple[list[int], list[float]]:
+    """All token ids and all logprobs of a body whose length was checked; CodecError for a logprob
+    that is positive or NaN (the rule of Sample, applied once to the whole blob)."""
+    mid = start + width * n_tokens
     tokens = array("i")
-    tokens.frombytes(body[: 4 * n_tokens])
+    if width == 4:
+        tokens.frombytes(blob[start:mid])
+    else:  # widen each 3-byte id to a little-endian int32 with a zero high byte (bytes slicing is C speed)
+        wide = bytearray(4 * n_tokens)
+        wide[0::4] = blob[start:mid:3]
+        wide[1::4] = blob[start + 1:mid:3]
+        wide[2::4] = blob[start + 2:mid:3]
+        tokens.frombytes(wide)
+    raw_logprobs = blob[mid:]
     logprobs = array("f")
-    logprobs.frombytes(body[4 * n_tokens:])
+    logprobs.frombytes(raw_logprobs)
     if not _LITTLE:
         tokens.byteswap()
         logprobs.byteswap()
+    lps = logprobs.tolist()
+    if raw_logprobs[3::4].translate(None, _NEGATIVE_FINITE_HIGH) and not logprobs_ok(lps):
+        raise CodecError("bad sample in completion: logprobs must be <= 0 and not NaN")
+    return tokens.tolist(), lps
+
+
+def _samples(rows: list[list[Any]], ids: list[int], lps: list[float]) -> tuple[Sample, ...]:
+    """One Sample per row over the checked ids and logprobs; CodecError for a bad per-sample field."""
     out = []
     t = lp = 0
-    for row in rows:
+    for slot, count, has_lp, reward, version, finish, versions in rows:
         try:
-            slot, count, has_lp, reward, version, finish, versions = row
-            count = int(count)
-            lps = logprobs[lp:lp + count] if has_lp else ()
-            out.append(Sample(slot, tuple(tokens[t:t + count]), tuple(lps), reward, version, finish, tuple(versions)))
-        except (TypeError, ValueError) as exc:  # a short row, a non-list versions; InvalidInput is a ValueError
+            sample_lps = tuple(lps[lp:lp + count]) if has_lp else ()
+            out.append(Sample._decoded(slot, tuple(ids[t:t + count]), sample_lps, reward, version, finish, versions))
+        except (TypeError, ValueError) as exc:  # a non-list versions; InvalidInput is a ValueError
             raise CodecError(f"bad sample in completion: {exc}") from exc
         t += count
         lp += count if has_lp else 0

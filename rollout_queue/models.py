@@ -120,20 +120,38 @@ class Sample:
     versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.slot, int) or isinstance(self.slot, bool) or self.slot < 0:
-            raise InvalidInput(f"slot must be an integer >= 0, got {self.slot!r}")
         ids = tuple(self.token_ids)
         _check_int32s(ids, "token_ids")
         object.__setattr__(self, "token_ids", ids)
         lps = _float_tuple(self.logprobs)
         if lps and len(lps) != len(ids):
             raise InvalidInput(f"{len(lps)} logprobs for {len(ids)} tokens: give one per token or none")
-        # C-speed checks (a per-token Python loop cost ~0.3 ms per 8x512 group, the trainer's top
-        # profile entry): a NaN anywhere makes the sum NaN, and max finds any positive value.
-        total = sum(lps)
-        if lps and (max(lps) > 0.0 or total != total):
+        if not logprobs_ok(lps):
             raise InvalidInput("logprobs must be <= 0 and not NaN")
         object.__setattr__(self, "logprobs", lps)
+        self._check_fields()
+
+    @classmethod
+    def _decoded(cls, slot: int, token_ids: tuple[int, ...], logprobs: tuple[float, ...], reward: float | None,
+                 version: int, finish_reason: str, versions: Sequence[int]) -> "Sample":
+        """A sample whose per-token values the codec has already checked in bulk.
+
+        For codec.decode_completion only: ``token_ids`` must be a tuple of ints unpacked from an int32
+        array and ``logprobs`` a tuple of floats (empty, or one per token) that the codec checked with
+        ``logprobs_ok`` over the whole blob at once. Re-running those checks per sample cost about as much
+        as the decode itself; the per-sample fields (from the untrusted JSON header) are still checked.
+        """
+        sample = cls.__new__(cls)
+        for name, value in (("slot", slot), ("token_ids", token_ids), ("logprobs", logprobs), ("reward", reward),
+                            ("version", version), ("finish_reason", finish_reason), ("versions", versions)):
+            object.__setattr__(sample, name, value)
+        sample._check_fields()
+        return sample
+
+    def _check_fields(self) -> None:
+        """Everything but the per-token values: slot, reward, version, finish reason, versions."""
+        if not isinstance(self.slot, int) or isinstance(self.slot, bool) or self.slot < 0:
+            raise InvalidInput(f"slot must be an integer >= 0, got {self.slot!r}")
         if self.reward is not None:
             if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
                 raise InvalidInput(f"reward must be a finite number or None, got {self.reward!r}")
@@ -248,8 +266,30 @@ def check_text(text: str, what: str) -> str:
     return text
 
 
+def logprobs_ok(values: Sequence[float]) -> bool:
+    """True when every logprob is <= 0 and none is NaN (an empty sequence is fine).
+
+    C-speed checks (a per-token Python loop cost ~0.3 ms per 8x512 group, the trainer's top profile
+    entry): a NaN anywhere makes the sum NaN, and max finds any positive value.
+    """
+    if not values:
+        return True
+    total = sum(values)
+    return total == total and max(values) <= 0.0
+
+
+_FLOAT_ONLY = {float}
+_PLAIN_SEQUENCES = (tuple, list)
+
+
 def _float_tuple(values: Sequence[float]) -> tuple[float, ...]:
-    """Logprobs as a tuple of floats, converted in C (array('d') refuses non-numbers)."""
+    """Logprobs as a tuple of floats, converted in C (array('d') refuses non-numbers).
+
+    A tuple or list whose items are all exact floats (what a worker usually passes, and what decoding
+    makes) is kept or copied as it is: checking the item types in C costs half of converting them.
+    """
+    if type(values) in _PLAIN_SEQUENCES and (not values or set(map(type, values)) == _FLOAT_ONLY):
+        return tuple(values)
     try:
         return tuple(array("d", values))
     except TypeError as exc:

@@ -106,7 +106,6 @@ TARGETS: list[tuple[str, str, str, str | None, float | None]] = [
     ("reserve_p99_ms", "5 reserve(1) with work waiting, p99", "ms", None, None),
     ("bytes_per_token", "6 results hash MEMORY USAGE per token", "B/token", "<=", 9.0),
     ("payload_bytes_per_token", "6 completion blob per token (encoded)", "B/token", None, None),
-    ("bytes_per_token_uint24_ids", "6 what-if: token ids in 3 bytes (proposal)", "B/token", None, None),
     ("reap_longest_ms", "7 reaper: longest script call", "ms", "<=", 5.0),
     ("reap_p99_ms", "7 reaper: p99 script call", "ms", None, None),
     ("reap_median_ms", "7 reaper: median script call", "ms", None, None),

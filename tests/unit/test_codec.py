@@ -15,6 +15,7 @@ import pytest
 
 from rollout_queue import InvalidInput, Receipt, Sample, SourceGroup
 from rollout_queue.codec import (
+    COMPLETION_SCHEMA_WIDE,
     SCHEMA_VERSION,
     CodecError,
     decode_completion,
@@ -95,11 +96,11 @@ def test_a_completion_round_trips() -> None:
 
 
 def test_tokens_and_logprobs_are_packed_little_endian_after_the_header() -> None:
-    blob = encode_completion(SAMPLES)
+    blob = encode_completion(SAMPLES)  # ids outside 0..2^24-1: schema 1, 4-byte ids (test_codec_schema2.py)
     assert blob[:4] == b"RQC1"
     (hlen,) = struct.unpack_from("<I", blob, 4)
     header = orjson.loads(blob[8:8 + hlen])
-    assert header == {"v": SCHEMA_VERSION, "s": [[0, 3, 1, 1.0, 3, "stop", [3, 3, 4]], [0, 0, 0, None, 0, "length", []],
+    assert header == {"v": COMPLETION_SCHEMA_WIDE, "s": [[0, 3, 1, 1.0, 3, "stop", [3, 3, 4]], [0, 0, 0, None, 0, "length", []],
                                                  [1, 2, 0, -2.5, 2**21 - 1, "stop", []]]}
     body = blob[8 + hlen:]
     assert body[:20] == struct.pack("<5i", 1, 2, 3, 2**31 - 1, -(2**31))

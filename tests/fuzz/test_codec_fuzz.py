@@ -1,0 +1,108 @@
+"""The completion codec under generated input, no Redis: round trips of any valid completion in both
+schemas, and garbage (mutated blobs, arbitrary headers and bodies) that must end in CodecError.
+
+Rule under test: decode_completion(encode_completion(s)) == s for every valid list of samples (logprobs
+as float32 keeps them), and no byte string makes decode_completion raise anything but CodecError or
+return anything but a tuple of valid Samples.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_queue import Sample
+from rollout_queue.codec import CodecError, decode_completion, encode_completion
+
+from .support import EXAMPLES
+
+SETTINGS = settings(max_examples=max(EXAMPLES, 200), deadline=None)
+MAX24 = 2**24 - 1
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+IDS = st.one_of(st.integers(0, MAX24), st.integers(MAX24 - 2, MAX24 + 2), st.integers(-(2**31), 2**31 - 1))
+LOGPROB = st.one_of(st.floats(max_value=0.0, allow_nan=False, width=32), st.sampled_from([0.0, -0.0, -float("inf")]))
+
+
+@st.composite
+def samples(draw: st.DrawFn) -> Sample:
+    ids = draw(st.lists(IDS, max_size=24))
+    lps = tuple(map(_f32, draw(st.lists(LOGPROB, min_size=len(ids), max_size=len(ids))))) if draw(st.booleans()) else ()
+    return Sample(draw(st.integers(0, 70_000)), ids, lps,
+                  draw(st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False))),
+                  draw(st.integers(0, 2**21 - 1)), draw(st.text(max_size=8).filter(_utf8)),
+                  tuple(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3))))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+COMPLETIONS = st.lists(samples(), max_size=5)
+
+
+@SETTINGS
+@given(completion=COMPLETIONS)
+def test_every_valid_completion_round_trips(completion: list[Sample]) -> None:
+    blob = encode_completion(completion)
+    in_24 = all(0 <= t <= MAX24 for s in completion for t in s.token_ids)
+    assert blob[:4] == (b"RQC2" if in_24 else b"RQC1")
+    assert decode_completion(blob) == tuple(completion)
+
+
+def _decodes_or_codec_error(blob: bytes) -> None:
+    try:
+        out = decode_completion(blob)
+    except CodecError:
+        return
+    assert isinstance(out, tuple) and all(isinstance(s, Sample) for s in out)
+    for s in out:  # what decoding built skipping per-token checks must pass them
+        assert Sample(s.slot, s.token_ids, s.logprobs, s.reward, s.version, s.finish_reason, s.versions) == s
+
+
+@SETTINGS
+@given(completion=COMPLETIONS, data=st.data())
+def test_a_mutated_blob_decodes_to_valid_samples_or_raises_codec_error(completion: list[Sample],
+                                                                      data: st.DataObject) -> None:
+    blob = bytearray(encode_completion(completion))
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["flip", "cut", "insert", "delete"]))
+        at = data.draw(st.integers(0, max(len(blob) - 1, 0)))
+        if op == "flip" and blob:
+            blob[at] ^= 1 << data.draw(st.integers(0, 7))
+        elif op == "cut":
+            del blob[at:]
+        elif op == "insert":
+            blob[at:at] = data.draw(st.binary(min_size=1, max_size=4))
+        elif blob:
+            del blob[at]
+    _decodes_or_codec_error(bytes(blob))
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats() | st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                    max_leaves=24)
+ROWS = st.lists(st.lists(JSON, min_size=7, max_size=7) | JSON, max_size=4)
+
+
+@SETTINGS
+@given(magic=st.sampled_from([b"RQC1", b"RQC2"]), v=st.one_of(st.sampled_from([1, 2]), JSON),
+       rows=ROWS, body=st.binary(max_size=64))
+def test_arbitrary_headers_and_bodies_raise_only_codec_error(magic: bytes, v: object, rows: object,
+                                                              body: bytes) -> None:
+    try:
+        head = orjson.dumps({"v": v, "s": rows})
+    except (TypeError, orjson.JSONEncodeError):  # NaN is fine; a big int or a surrogate is not JSON
+        return
+    _decodes_or_codec_error(magic + struct.pack("<I", len(head)) + head + body)
