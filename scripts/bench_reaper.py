@@ -8,7 +8,7 @@ opportunistically reaping, hold_open), so a regression shows as a number, not a 
 SLOWLOG durations are wall-clock time inside the call: on a loaded machine a descheduled server
 thread shows up as a long call, so read the longest call together with its p99 and repeat the run.
 
-    python scripts/bench_reaper.py [--entries 100000] [--workers 100] [--kind redis|valkey] [--json F]
+    python scripts/bench_reaper.py [--entries 100000] [--workers 100] [--kind redis|valkey] [--history 32] [--json F]
 scripts/bench.py runs ``run_reaper`` as its scenario 7. A benchmark, not a test.
 """
 
@@ -68,9 +68,25 @@ def _setup(q: RolloutQueue, entries: int, workers: int) -> None:
     assert lease is not None and len(lease) == LEASE_GROUPS
 
 
+def _give_histories(r: redis.Redis, q: RolloutQueue, attempts: int) -> None:
+    """Give every pending entry a history of ``attempts`` earlier (aborted) attempts: the reaper's
+    structural worst case, since each requeue decodes and re-encodes the history it extends."""
+    blob = orjson.dumps({"f": 0, "h": [{"a": 1, "w": "host-a:gpu0", "t": "aborted", "r": "weight update",
+                                        "ms": 1_700_000_000_000 + i} for i in range(attempts)]})
+    last = "-"
+    while True:
+        batch = r.xrange(q.keys["src"], min=last, count=5000)
+        ids = [e[0] for e in batch if e[0] != last]
+        if not ids:
+            return
+        r.hset(q.keys["history"], mapping={i: blob for i in ids})
+        last = ids[-1]
+
+
 def run_reaper(url: str, entries: int = 100_000, workers: int = 100,
-               log: Callable[[str], None] = lambda line: None) -> dict[str, float]:
-    """One run on the server at ``url`` (its queue keys are deleted afterwards); figures in ms."""
+               log: Callable[[str], None] = lambda line: None, history: int = 0) -> dict[str, float]:
+    """One run on the server at ``url`` (its queue keys are deleted afterwards); figures in ms.
+    ``history``: earlier attempts recorded for every entry before reaping (0: first attempts)."""
     r = redis.Redis.from_url(url)
     cfg = QueueConfig(max_executing_samples=10**9, max_retained_groups=10**7, worker_timeout_s=WORKER_TIMEOUT_S,
                       lease_timeout_s=WORKER_TIMEOUT_S, max_completed_groups=10**6)
@@ -79,6 +95,8 @@ def run_reaper(url: str, entries: int = 100_000, workers: int = 100,
     names = {s.sha[:12]: s.name for s in SCRIPTS.values()}
     t0 = time.perf_counter()
     _setup(q, entries, workers)
+    if history:
+        _give_histories(r, q, history)
     st = q.stats()
     log(f"setup: {st.executing_groups} executing on {workers} workers and one lease of {st.leased} groups "
         f"in {time.perf_counter() - t0:.1f}s")
@@ -105,7 +123,7 @@ def run_reaper(url: str, entries: int = 100_000, workers: int = 100,
                         # Server CPU per call: unlike SLOWLOG's wall time, not lengthened by the
                         # server thread being descheduled on a busy machine.
                         f"{key}_cpu_ms_per_call": cpu * 1000 / max(1, len(calls)),
-                        f"{key}_calls": len(calls), f"{key}_wall_s": wall})
+                        f"{key}_calls": len(calls), f"{key}_wall_s": wall, f"{key}_cpu_s": cpu})
         by_script: dict[str, list[float]] = {}
         for usec, sha in calls:
             by_script.setdefault(names.get(sha, sha), []).append(usec / 1000)
@@ -132,6 +150,8 @@ def run_reaper(url: str, entries: int = 100_000, workers: int = 100,
     log(f"after reaping: ready={st.ready} executing={st.executing_groups} leased={st.leased} "
         f"lost attempts={st.terminals['lost']} expired={st.terminals['expired']}")
     figures["reaped"] = st.terminals["lost"] + st.terminals["expired"]
+    # Server CPU per entry reaped: the load-free cost of the reaper's work (scan, scripts, replies).
+    figures["reap_cpu_us_per_entry"] = figures["reap_cpu_s"] * 1e6 / max(1, figures["reaped"])
     r.config_set("slowlog-log-slower-than", 10_000)
     r.slowlog_reset()
     keys = list(r.scan_iter(match=f"rollout:{{{name}}}:*", count=1000))
@@ -147,11 +167,13 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=100_000)
     ap.add_argument("--workers", type=int, default=100)
     ap.add_argument("--kind", default=None)
+    ap.add_argument("--history", type=int, default=0,
+                    help="earlier attempts in every entry's history (32: the cap, the worst case)")
     ap.add_argument("--json", default=None, help="write figures to this file")
     args = ap.parse_args()
     with LocalServer(args.kind, appendfsync="everysec") as server:
         print(f"server: {server.kind}, appendfsync everysec")
-        figures = run_reaper(server.url, args.entries, args.workers, log=print)
+        figures = run_reaper(server.url, args.entries, args.workers, log=print, history=args.history)
     if args.json:
         with open(args.json, "wb") as f:
             f.write(orjson.dumps(figures, option=orjson.OPT_INDENT_2))

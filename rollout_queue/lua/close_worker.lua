@@ -23,21 +23,18 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
--- @include end_attempt
+-- @include pending_entries
+-- @include end_attempts
 local now = now_ms()
 local cfg = load_config()
 local worker = A.worker_id
 if worker == '' or string.sub(worker, 1, 1) == '@' then bug('bad worker id') end
 if A.terminal ~= 'aborted' and A.terminal ~= 'lost' then bug('bad terminal: ' .. A.terminal) end
 local counted = A.terminal == 'lost'
-local pending = redis.call('XPENDING', K.src, 'rollout', '-', '+', tonumber(A.count), worker)
-local requeued, dead = 0, 0
-for _, p in ipairs(pending) do
-  local where = end_attempt(p[1], tonumber(p[4]), worker, A.terminal, A.reason, counted, cfg, now)
-  if where == 'dead' then dead = dead + 1 else requeued = requeued + 1 end
-end
+local entries = pending_entries(worker, tonumber(A.count))
+local requeued, dead = end_attempts(worker, entries, A.terminal, A.reason, counted, cfg, now)
 local done = 0
-if #pending < tonumber(A.count) then
+if #entries < tonumber(A.count) then
   redis.call('ZREM', K.workers, worker)
   redis.call('HDEL', K.reserves, worker)
   redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker)

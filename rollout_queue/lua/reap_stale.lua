@@ -22,7 +22,7 @@ Invariant:
 -- @include load_config
 -- @include stale_floor
 -- @include buffer_score
--- @include evict_buffered
+-- @include evict_buffered_many
 local now = now_ms()
 local cfg = load_config()
 local floor = stale_floor(cfg)
@@ -30,5 +30,5 @@ if not floor then return {'ok', 0, 1} end
 local count = tonumber(A.count)
 local ids = redis.call('ZRANGEBYSCORE', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)),
   'LIMIT', 0, count)
-for _, id in ipairs(ids) do evict_buffered(id, 'stale', cfg, now) end
+evict_buffered_many(ids, 'stale', cfg, now)
 return {'ok', #ids, #ids < count and 1 or 0}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import redis
 
 from rollout_queue import QueueConfig
-from tests.contract.worker_support import call, consumers, group, history, keys, pel, ready_ids, samples
+from tests.contract.worker_support import call, consumers, group, history, keys, ledger, pel, ready_ids, samples
 
 CFG = QueueConfig(max_attempts=2)
 
@@ -75,3 +75,26 @@ def test_closing_a_worker_that_owns_nothing_deregisters_it(open_queue, raw: redi
     assert w.close() == (0, 0)
     assert not _registered(raw, queue_name, "idle")
     assert w.close() == (0, 0)  # closing again is harmless
+
+
+def test_one_close_batch_mixes_a_dead_letter_and_a_requeue(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    # close_worker ends the whole batch in one script: a, at its second counted failure, is dead;
+    # b goes back to ready with its own delivery count; the counters move once for both.
+    q = open_queue(CFG)  # max_attempts=2
+    a, b = q.submit([group("mix-a", n=2), group("mix-b", n=3)])
+    [first] = q.worker("w1").reserve(1)
+    q.worker("w1").fail(first.receipt, "flaky")
+    got = q.worker("w2").reserve(2)
+    assert [(r.entry_id, r.receipt.attempt) for r in got] == [(a, 2), (b, 1)]
+    assert call(q, "close_worker", worker_id="w2", terminal="lost", reason="engine died", count=64) == \
+        ["ok", 1, 1, 1]
+    assert pel(raw, queue_name) == {b: ("@ready", 1)}
+    assert ready_ids(raw, queue_name) == [b]
+    [dead] = q.dead_letters()
+    assert (dead.entry_id, dead.reason, dead.attempt, dead.worker_id) == (a, "max_attempts", 2, "w2")
+    assert [(h["a"], h["t"], h["r"]) for h in dead.history] == [(1, "failed", "flaky"), (2, "lost", "engine died")]
+    assert history(raw, queue_name, a) is None and history(raw, queue_name, b)["f"] == 1
+    assert (ledger(raw, queue_name, a), ledger(raw, queue_name, b)) == ("s|dead|2|w2|max_attempts", "a|1|w2|lost")
+    s = q.stats()
+    assert (s.executing_groups, s.executing_samples, s.ready, s.retained, s.dead) == (0, 0, 1, 1, 1)
+    assert s.terminals["lost"] == 2

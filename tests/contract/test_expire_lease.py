@@ -14,11 +14,12 @@ import threading
 import orjson
 import pytest
 
-from rollout_queue import LeaseLost, QueueConfig, RolloutQueue
+from rollout_queue import LeaseLost, QueueConfig, RolloutQueue, flows
 from rollout_queue import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
     check_header,
+    complete_all,
     execute,
     fill_buffer,
     keys,
@@ -26,7 +27,9 @@ from tests.contract.lifecycle import (
     meta,
     owners,
     pel,
+    reserve_all,
     server_ms,
+    submit,
     wait_past,
     zmembers,
 )
@@ -170,3 +173,46 @@ def test_expiry_in_batches(open_queue, raw, queue_name) -> None:
     assert owners(raw, queue_name, ids) == ["@ready", "@ready"]
     assert raw.zscore(keys(queue_name)["leases"], lease.lease_id) is None
     assert q.stats().leased == 0
+
+
+def test_one_expiry_batch_keeps_each_members_attempt_and_history(open_queue, raw, queue_name) -> None:
+    q = open_queue(QueueConfig(max_attempts=5))
+    ids = submit(q, 3)
+    w = q.worker("w-a")
+    [first] = w.reserve(1)
+    w.fail(first.receipt, "flaky")  # ids[0] has a history (one counted failure) and will be attempt 2
+    got = reserve_all(w, 3)
+    assert [(r.entry_id, r.receipt.attempt) for r in got] == [(ids[0], 2), (ids[1], 1), (ids[2], 1)]
+    complete_all(w, got)
+    lease = q.lease(3, timeout_s=0.05)
+    wait_past(raw, lease.deadline_ms)
+    assert _expire(q, lease.lease_id, count=flows.BATCH) == ["ok", "expired", 3, 1]
+    assert {e: pel(raw, queue_name)[e] for e in ids} == {ids[0]: ("@ready", 2), ids[1]: ("@ready", 1),
+                                                         ids[2]: ("@ready", 1)}
+    assert zmembers(raw, queue_name, "ready") == ids
+    h = [orjson.loads(raw.hget(keys(queue_name)["history"], e)) for e in ids]
+    assert h[0]["f"] == 1 and [(x["a"], x["t"], x["r"]) for x in h[0]["h"]] == [(1, "failed", "flaky"),
+                                                                               (2, "expired", "expired")]
+    assert all(x["f"] == 0 and [(y["a"], y["t"]) for y in x["h"]] == [(1, "expired")] for x in h[1:])
+    assert not any(raw.hexists(keys(queue_name)["results"], e) for e in ids)
+    assert [ledger(raw, queue_name, e) for e in ids] == ["a|2|w-a|completed", "a|1|w-a|completed", "a|1|w-a|completed"]
+    s = q.stats()
+    assert (s.leased, s.ready, s.retained, s.terminals["expired"], s.terminals["failed"]) == (0, 3, 3, 3, 1)
+    assert [r.receipt.attempt for r in q.worker("w-b").reserve(3)] == [3, 2, 2]
+
+
+def test_expiry_of_exactly_one_batch(open_queue, raw, queue_name) -> None:
+    # A full batch may leave more members: the lease stays due until a call finds the @lease
+    # consumer empty, deletes it and takes the lease out of the deadline index.
+    q = open_queue()
+    ids = fill_buffer(q, flows.BATCH, n=1)
+    lease = q.lease(flows.BATCH, timeout_s=0.05)
+    wait_past(raw, lease.deadline_ms)
+    assert _expire(q, lease.lease_id, count=flows.BATCH) == ["ok", "expired", flows.BATCH, 0]
+    assert raw.zscore(keys(queue_name)["leases"], lease.lease_id) == 0
+    assert _expire(q, lease.lease_id, count=flows.BATCH)[0] == "not_due"
+    assert raw.zscore(keys(queue_name)["leases"], lease.lease_id) is None
+    assert pel(raw, queue_name) == {e: ("@ready", 1) for e in ids}
+    assert sorted(zmembers(raw, queue_name, "ready")) == sorted(ids)
+    s = q.stats()
+    assert (s.leased, s.ready, s.terminals["expired"]) == (0, flows.BATCH, flows.BATCH)

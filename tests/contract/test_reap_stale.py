@@ -12,7 +12,19 @@ import orjson
 from rollout_queue import QueueConfig
 from rollout_queue import protocol as p
 from tests.contract.conftest import snapshot
-from tests.contract.lifecycle import check_header, execute, fill_buffer, keys, meta, owners, zmembers
+from tests.contract.lifecycle import (
+    check_header,
+    complete_all,
+    execute,
+    fill_buffer,
+    keys,
+    meta,
+    owners,
+    pel,
+    reserve_all,
+    submit,
+    zmembers,
+)
 
 
 def test_header_matches_builder() -> None:
@@ -74,3 +86,33 @@ def test_reap_stale_works_in_batches(open_queue, raw, queue_name) -> None:
     assert replies == [[1, 0], [1, 0], [0, 1]]
     assert int(meta(raw, queue_name)["evicted_stale"]) == 2
     assert q.stats().completed == 1
+
+
+def test_one_stale_batch_keeps_attempts_and_drops_a_ghost(open_queue, raw, queue_name) -> None:
+    q = open_queue(QueueConfig(max_staleness=0, max_attempts=5))
+    a, b = submit(q, 2)
+    w = q.worker("w-a")
+    [first] = w.reserve(1)
+    w.fail(first.receipt, "flaky")
+    got = reserve_all(w, 2)
+    assert [(r.entry_id, r.receipt.attempt) for r in got] == [(a, 2), (b, 1)]
+    complete_all(w, got)
+    # A member no transition wrote (a stream ID pending nowhere) in the buffer indexes: a ghost.
+    k = keys(queue_name)
+    raw.zadd(k["buffer"], {"1-1": 0})
+    raw.zadd(k["bufver"], {"1-1": 0})
+    q.publish_version(1)
+    reply = execute(q, p.build(q.keys, "reap_stale", count=64))
+    assert [p.s(reply[0]), *(int(x) for x in reply[1:])] == ["ok", 3, 1]
+    assert {e: pel(raw, queue_name)[e] for e in (a, b)} == {a: ("@ready", 2), b: ("@ready", 1)}
+    assert zmembers(raw, queue_name, "ready") == [a, b]
+    assert zmembers(raw, queue_name, "buffer") == [] and zmembers(raw, queue_name, "bufver") == []
+    m = meta(raw, queue_name)
+    assert (m["evicted_stale"], m["ghosts"]) == ("3", "1")
+    ha, hb = (orjson.loads(raw.hget(k["history"], e)) for e in (a, b))
+    assert ha["f"] == 1 and [(x["a"], x["t"]) for x in ha["h"]] == [(1, "failed"), (2, "stale")]
+    assert hb["f"] == 0 and [(x["a"], x["t"]) for x in hb["h"]] == [(1, "stale")]
+    assert not raw.hexists(k["results"], a) and not raw.hexists(k["results"], b)
+    s = q.stats()
+    assert (s.completed, s.ready, s.retained) == (0, 2, 2)
+    assert [(r.entry_id, r.receipt.attempt) for r in q.worker("w-b").reserve(2)] == [(a, 3), (b, 2)]

@@ -14,7 +14,7 @@ import threading
 import orjson
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, StaleReceipt
+from rollout_queue import QueueConfig, RolloutQueue, StaleReceipt, flows
 from rollout_queue import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
@@ -22,12 +22,14 @@ from tests.contract.lifecycle import (
     execute,
     keys,
     ledger,
+    make_groups,
     meta,
     owners,
     pel,
     reserve_all,
     samples_for,
     submit,
+    wait_past,
     wait_silent,
     zmembers,
 )
@@ -238,3 +240,72 @@ def test_a_worker_whose_registration_was_lost_is_reaped_with_exact_counters(open
     assert owners(raw, queue_name, ids) == ["@ready", "@ready"]
     s = q.stats()
     assert (s.backlog, s.ready, s.executing_groups, s.executing_samples, s.retained) == (0, 2, 0, 0, 2)
+
+
+def _ints(reply) -> list:
+    return [p.s(reply[0]), *(int(x) for x in reply[1:])]
+
+
+def test_one_batch_mixes_dead_letters_and_requeues_of_different_attempts(open_queue, raw, queue_name) -> None:
+    # One reap_worker call ends three attempts of one worker: a at its third counted failure (dead),
+    # b at attempt 2 and c at attempt 1 (ready, each keeping its own delivery count), with different n.
+    q = open_queue(QueueConfig(worker_timeout_s=0.3, max_attempts=3))
+    a, b = q.submit(make_groups(2, n=2))
+    [c] = q.submit(make_groups(1, n=3))
+    prep = q.worker("w-prep")
+    for res in reserve_all(prep, 2):
+        prep.fail(res.receipt, "boom")
+    [again] = prep.reserve(1)
+    assert again.entry_id == a
+    prep.fail(again.receipt, "boom again")
+    got = reserve_all(q.worker("w-silent"), 3)
+    assert [(r.entry_id, r.receipt.attempt) for r in got] == [(a, 3), (b, 2), (c, 1)]
+    assert q.stats().executing_samples == 7
+    wait_past(raw, int(raw.zscore(keys(queue_name)["workers"], "w-silent")) + 300)
+    call = p.build(q.keys, "reap_worker", worker_id="w-silent", count=flows.BATCH)
+    assert _ints(execute(q, call)) == ["ok", 2, 1, 1]
+    assert {e: pel(raw, queue_name).get(e) for e in (a, b, c)} == {a: None, b: ("@ready", 2), c: ("@ready", 1)}
+    assert zmembers(raw, queue_name, "ready") == [b, c]
+    [dl] = q.dead_letters()
+    assert (dl.entry_id, dl.reason, dl.attempt, dl.worker_id) == (a, "max_attempts", 3, "w-silent")
+    assert [(h["a"], h["w"], h["t"], h["r"]) for h in dl.history] == \
+        [(1, "w-prep", "failed", "boom"), (2, "w-prep", "failed", "boom again"), (3, "w-silent", "lost", LOST_REASON)]
+    assert dl.group is not None and dl.group.n == 2
+    assert not raw.hexists(keys(queue_name)["history"], a)
+    assert a not in [p.s(e[0]) for e in raw.xrange(keys(queue_name)["src"])]
+    hb = orjson.loads(raw.hget(keys(queue_name)["history"], b))
+    assert hb["f"] == 2
+    assert [(x["a"], x["w"], x["t"]) for x in hb["h"]] == [(1, "w-prep", "failed"), (2, "w-silent", "lost")]
+    hc = orjson.loads(raw.hget(keys(queue_name)["history"], c))
+    assert hc["f"] == 1
+    assert [(x["a"], x["w"], x["t"], x["r"]) for x in hc["h"]] == [(1, "w-silent", "lost", LOST_REASON)]
+    assert [ledger(raw, queue_name, e) for e in (a, b, c)] == \
+        ["s|dead|3|w-silent|max_attempts", "a|2|w-silent|lost", "a|1|w-silent|lost"]
+    s = q.stats()
+    assert (s.executing_groups, s.executing_samples, s.ready, s.retained, s.dead) == (0, 0, 2, 2, 1)
+    assert (s.terminals["lost"], s.terminals["failed"]) == (3, 3)
+    assert [(r.entry_id, r.receipt.attempt) for r in q.worker("w-next").reserve(2)] == [(b, 3), (c, 2)]
+
+
+def test_a_batch_boundary_exactly_at_batch(open_queue, raw, queue_name) -> None:
+    # A worker owning exactly BATCH entries fills one call (done = 0: it may own more) and the next
+    # call finds nothing and deregisters it; BATCH + 1 entries take a full call and a call of one.
+    q = open_queue(QueueConfig(worker_timeout_s=0.5))
+    ids = submit(q, 2 * flows.BATCH + 1, n=1)
+    reserve_all(q.worker("w-full"), flows.BATCH)
+    reserve_all(q.worker("w-over"), flows.BATCH + 1)
+    wait_silent(q, 2)
+    call = p.build(q.keys, "reap_worker", worker_id="w-full", count=flows.BATCH)
+    assert _ints(execute(q, call)) == ["ok", flows.BATCH, 0, 0]
+    assert "w-full" in _consumers(raw, queue_name), "not deregistered after a full batch"
+    assert _ints(execute(q, call)) == ["ok", 0, 0, 1]
+    assert "w-full" not in _consumers(raw, queue_name)
+    call = p.build(q.keys, "reap_worker", worker_id="w-over", count=flows.BATCH)
+    assert _ints(execute(q, call)) == ["ok", flows.BATCH, 0, 0]
+    assert _ints(execute(q, call)) == ["ok", 1, 0, 1]
+    assert pel(raw, queue_name) == {e: ("@ready", 1) for e in ids}
+    assert zmembers(raw, queue_name, "ready") == ids
+    assert all(ledger(raw, queue_name, e).endswith("|lost") for e in ids)
+    s = q.stats()
+    assert (s.executing_groups, s.executing_samples, s.ready, s.retained) == (0, 0, len(ids), len(ids))
+    assert s.terminals["lost"] == len(ids)

@@ -1,25 +1,16 @@
 -- @include history
--- @include read_entry
 -- @include settle_dead
--- @include ready_score
--- @include wake
+-- @include requeue_entries
 --[[
 requeue_entry: PEL (any owner) -> ready, same entry ID, pristine payload; or -> settled(dead) when the
 counted failures reach max_attempts. Returns 'ready' or 'dead'.
 Uses: K.src, K.ready, K.history, K.dlq, K.ledger, K.meta, K.wake_work.
-Why: DESIGN rule 4, ownership is released only by settlement: work that ends without a completion
-goes back to ready in the same script that ends it. The delivery count is kept (JUSTID), so the
-next reserve makes it attempt + 1.
+Why: DESIGN rule 4 for one entry (complete's overflow, evict_buffered, end_attempt): a batch of one
+of requeue_entries, so the single and the batched paths cannot drift apart.
+Also includes append_history and settle_dead for the scripts that reach them through this file.
 ]]
 local function requeue_entry(id, attempt, worker, terminal, reason, counted, cfg, now)
-  local failures, history_json = append_history(id, attempt, worker, terminal, reason, counted, now)
-  if counted and failures >= cfg.max_attempts then
-    local _, kv = read_entry(id)
-    settle_dead(id, kv, 'max_attempts', history_json, attempt, worker, now)
-    return 'dead'
-  end
-  redis.call('XCLAIM', K.src, 'rollout', '@ready', 0, id, 'RETRYCOUNT', attempt, 'JUSTID')
-  redis.call('ZADD', K.ready, ready_score(id), id)
-  wake(K.wake_work)
-  return 'ready'
+  local e = {id = id, attempt = attempt}
+  requeue_entries({e}, worker, terminal, reason, counted, cfg, now)
+  return e.where
 end

@@ -1,5 +1,8 @@
--- @include pel_entry
 -- @include requeue_entry
+-- @include pel_entry
+-- @include pending_entries
+-- @include requeue_entries
+-- @include call_batched
 --[[
 close_lease / requeue_lease_members: leased -> ready for a lease that is being rolled back or has
 expired, in bounded steps.
@@ -9,7 +12,9 @@ Why: rollback and expiry are not the group's fault, so they do not count toward 
 completion is dropped and the pristine reservation is generated again. close_lease flips the record
 first (state = terminal, due at once in the deadline index), so a commit racing the rest of the requeue is
 refused; requeue_lease_members then moves at most `budget` members per call (a 4096-group lease
-never blocks Redis in one script) and, once the @lease consumer owns nothing, deletes it.
+never blocks Redis in one script), one command per batch for each kind of write (requeue_entries),
+and, once the @lease consumer owns nothing, deletes it.
+Also includes requeue_entry and pel_entry for the scripts that reach them through this file.
 ]]
 local function close_lease(lease_key, lease_id, terminal, now)
   redis.call('HSET', lease_key, 'state', terminal, 'closed_ms', now)
@@ -19,13 +24,13 @@ end
 
 local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg, now)
   local owner = '@lease:' .. lease_id
-  local pending = redis.call('XPENDING', K.src, 'rollout', '-', '+', budget, owner)
-  for _, p in ipairs(pending) do
-    redis.call('HDEL', K.results, p[1])
-    requeue_entry(p[1], tonumber(p[4]), owner, terminal, terminal, false, cfg, now)
-  end
-  local n = #pending
+  local entries = pending_entries(owner, budget)
+  local ids = {}
+  for i, e in ipairs(entries) do ids[i] = e.id end
+  local n = #entries
   if n > 0 then
+    call_batched({'HDEL', K.results}, ids)
+    requeue_entries(entries, owner, terminal, terminal, false, cfg, now)
     redis.call('HINCRBY', K.meta, 'leased', -n)
     redis.call('HINCRBY', K.meta, terminal, n)
   end

@@ -1,0 +1,55 @@
+-- @include hmget_many
+-- @include call_batched
+--[[
+append_histories: record why each of a batch of attempts ended without a completion (all ended by
+one owner, with one terminal and reason), in one HMGET and one HSET of K.history.
+Sets on each record e: e.failures (its counted failures now) and, when `dead_at` is given and they
+reach it, e.dead = true and e.history = the JSON list of its attempts for the dead letter; a dying
+entry's history is not written back (settle_dead deletes it).
+Uses: K.history (entry id -> JSON {"f": counted failures, "h": last 32 attempts}).
+Why: DESIGN rule 4, failed/malformed/lost attempts count toward max_attempts and every attempt's
+reason reaches the dead letter, so each entry's record is kept. The count is kept apart from the
+capped list so capping never resets it. Most entries have no history yet (a first attempt): their
+value is built by concatenation around the batch's one encoded record tail, so cjson runs only for
+entries that already have a history (decode, append, encode once).
+]]
+local HISTORY_CAP = 32
+local function append_histories(entries, worker, terminal, reason, counted, dead_at, now)
+  local ids = {}
+  for i, e in ipairs(entries) do ids[i] = e.id end
+  local raws = hmget_many(K.history, ids)
+  -- One record's fields after "a"; numbers print as cjson prints them (%.14g, exact for ms times).
+  local tail = ',"w":' .. cjson.encode(worker) .. ',"t":' .. cjson.encode(terminal) .. ',"r":'
+    .. cjson.encode(reason) .. ',"ms":' .. now .. '}'
+  local writes = {}
+  for i, e in ipairs(entries) do
+    local h = nil
+    if raws[i] then
+      local ok, d = pcall(cjson.decode, raws[i])
+      if ok and type(d) == 'table' then h = d end
+    end
+    local value, dying = nil, nil
+    if h == nil then
+      e.failures = counted and 1 or 0
+      local record = '{"a":' .. e.attempt .. tail
+      if dead_at and e.failures >= dead_at then
+        dying = '[' .. record .. ']'
+      else
+        value = '{"f":' .. e.failures .. ',"h":[' .. record .. ']}'
+      end
+    else
+      if type(h.h) ~= 'table' then h.h = {} end
+      h.f = (tonumber(h.f) or 0) + (counted and 1 or 0)
+      e.failures = h.f
+      table.insert(h.h, {a = e.attempt, w = worker, t = terminal, r = reason, ms = now})
+      while #h.h > HISTORY_CAP do table.remove(h.h, 1) end
+      if dead_at and e.failures >= dead_at then dying = cjson.encode(h.h) else value = cjson.encode(h) end
+    end
+    e.dead, e.history = dying ~= nil, dying
+    if value then
+      table.insert(writes, e.id)
+      table.insert(writes, value)
+    end
+  end
+  if #writes > 0 then call_batched({'HSET', K.history}, writes) end
+end
