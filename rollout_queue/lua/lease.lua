@@ -42,6 +42,9 @@ Invariant:
 -- @include buffer_score
 -- @include evict_buffered
 -- @include lease_reply
+-- @include owned_counts
+-- @include claim_entries
+-- @include call_batched
 -- @include wake
 local now = now_ms()
 local cfg = load_config()
@@ -63,7 +66,8 @@ local stale_count = 0
 if floor then
   stale_count = redis.call('ZCOUNT', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)))
 end
-local available = redis.call('ZCARD', K.buffer) - stale_count
+local buffered = redis.call('ZCARD', K.buffer)
+local available = buffered - stale_count
 if hold_active(now) then return {'held', available, wake_id(K.wake_done)} end
 local want = groups
 if available < groups then
@@ -71,32 +75,42 @@ if available < groups then
   want = available
 end
 
--- Walk the buffer in the queue's order; stale groups met on the way go back to ready.
-local members, versions = {}, {}
+-- Walk the buffer in the queue's order; stale groups met on the way go back to ready. Per batch of
+-- the buffer: one XPENDING (owned_counts) and one ZMSCORE, so a member costs no command of its own.
+local members, versions, counts = {}, {}, {}
 local range = 'ZRANGE'
 if cfg.buffer_order == 'lifo' then range = 'ZREVRANGE' end
 local offset = 0
 while #members < want do
-  local batch = redis.call(range, K.buffer, offset, offset + want - #members + 15)
+  local need = math.min(want - #members, 1000)  -- keeps ZMSCORE's unpack() within Lua's C stack
+  local batch = redis.call(range, K.buffer, offset, offset + need + 15)
   if not batch[1] then break end  -- ghosts dropped on the way made the buffer shorter than counted
-  for _, id in ipairs(batch) do
+  local done = owned_counts(batch, '@done')
+  local scores = redis.call('ZMSCORE', K.bufver, unpack(batch))
+  local ghosts = {}
+  for i, id in ipairs(batch) do
     if #members >= want then break end
-    if pel_entry(id) ~= '@done' then
+    if not done[id] then
       -- A member the PEL does not give to @done was written by hand (a ghost): drop it, so garbage
       -- in the buffer never blocks the completed groups behind it.
-      redis.call('ZREM', K.buffer, id)
-      redis.call('ZREM', K.bufver, id)
-      redis.call('HINCRBY', K.meta, 'ghosts', 1)
+      table.insert(ghosts, id)
     else
-      local minv = score_min_version(redis.call('ZSCORE', K.bufver, id) or 0)
+      local minv = score_min_version(scores[i] or 0)
       if floor and minv < floor then
         evict_buffered(id, 'stale', cfg, now)
       else
         table.insert(members, id)
         table.insert(versions, minv)
+        counts[id] = done[id]
         offset = offset + 1
       end
     end
+  end
+  if ghosts[1] then
+    -- Dropped before the next ZRANGE, so `offset` (members taken, still in buffer) stays exact.
+    redis.call('ZREM', K.buffer, unpack(ghosts))
+    redis.call('ZREM', K.bufver, unpack(ghosts))
+    redis.call('HINCRBY', K.meta, 'ghosts', #ghosts)
   end
 end
 if #members == 0 or (#members < groups and A.partial ~= '1') then
@@ -106,14 +120,17 @@ end
 local timeout = tonumber(A.timeout_ms)
 if not timeout or timeout <= 0 then timeout = cfg.lease_timeout_ms end
 local deadline = now + timeout
-local was_full = redis.call('ZCARD', K.buffer) >= cfg.max_completed_groups
+-- Read before the stale and ghost drops: waking reservers once too often is harmless, and any
+-- stale eviction has already woken them.
+local was_full = buffered >= cfg.max_completed_groups
+-- One XCLAIM, ZREM buffer and ZREM bufver for all members; JUSTID keeps each delivery count.
+local claimed = claim_entries('@lease:' .. lease_id, members)
 for _, id in ipairs(members) do
-  local owner, count = pel_entry(id)
-  if owner ~= '@done' then bug('buffered entry ' .. id .. ' is owned by ' .. tostring(owner)) end
-  redis.call('XCLAIM', K.src, 'rollout', '@lease:' .. lease_id, 0, id, 'RETRYCOUNT', count, 'JUSTID')
-  redis.call('ZREM', K.buffer, id)
-  redis.call('ZREM', K.bufver, id)
+  -- An entry deleted from the stream by hand leaves the PEL on XCLAIM: answer as the replay will.
+  if not claimed[id] then counts[id] = nil end
 end
+call_batched({'ZREM', K.buffer}, members)
+call_batched({'ZREM', K.bufver}, members)
 local members_csv, versions_csv = table.concat(members, ','), table.concat(versions, ',')
 redis.call('HSET', lease_key, 'token', A.token, 'trainer', A.trainer_id, 'state', 'active',
   'deadline', deadline, 'created_ms', now, 'version', cfg.version_eff, 'members', members_csv,
@@ -122,4 +139,4 @@ redis.call('ZADD', K.leases, deadline, lease_id)
 redis.call('HINCRBY', K.meta, 'leased', #members)
 redis.call('HINCRBY', K.meta, 'leases_total', 1)
 if was_full then wake(K.wake_work) end
-return lease_reply(lease_id, deadline, cfg.version_eff, members_csv, versions_csv)
+return lease_reply(lease_id, deadline, cfg.version_eff, members_csv, versions_csv, counts)

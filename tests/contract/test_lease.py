@@ -18,6 +18,7 @@ from rollout_queue.errors import ScriptError
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
     check_header,
+    complete_all,
     execute,
     fill_buffer,
     history,
@@ -259,3 +260,102 @@ def test_with_rolls_back_on_exception(open_queue, raw, queue_name) -> None:
     assert owners(raw, queue_name, [entry_id]) == ["@ready"]
     assert zmembers(raw, queue_name, "ready") == [entry_id]
     assert q.stats().leased == 0
+
+
+def _buffer_on_attempts(q, attempts: list[int], versions: list[int]) -> list[str]:
+    """Submit one group per entry of ``attempts``, fail each until its attempt number is reached, then
+    complete them in submission order with samples of ``versions``. Returns the entry IDs."""
+    ids = submit(q, len(attempts))
+    want = dict(zip(ids, attempts))
+    w = q.worker("w-mix")
+    held = {}
+    for _ in range(4 * max(attempts)):
+        for res in w.reserve(max_groups=len(ids)):
+            if res.receipt.attempt < want[res.entry_id]:
+                w.fail(res.receipt, "once more")
+            else:
+                held[res.entry_id] = res
+        if len(held) == len(ids):
+            break
+    assert [held[i].receipt.attempt for i in ids] == attempts
+    for entry_id, v in zip(ids, versions):
+        assert w.complete(held[entry_id].receipt, samples_for(held[entry_id], v)) == "buffered"
+    return ids
+
+
+def _put_ghost(raw, queue_name: str, member: str, after: str) -> None:
+    """Write ``member`` into buffer and bufver by hand, just behind ``after`` in completion order."""
+    for role in ("buffer", "bufver"):
+        raw.zadd(keys(queue_name)[role], {member: raw.zscore(keys(queue_name)[role], after) + 0.5})
+
+
+def test_a_batch_mixing_ghosts_stale_groups_and_attempts(open_queue, raw, queue_name) -> None:
+    """One walk meets ghosts (garbage, an executing entry, an ID pending nowhere) and a stale group
+    between members of different delivery counts: the ghosts are dropped and counted, the stale group
+    goes back to ready, and every member keeps its exact attempt through the lease, a replay of it
+    and a rollback (moves between the queue's own owners never change the delivery count)."""
+    q = open_queue(QueueConfig(max_staleness=1, max_attempts=5))
+    a, b, c, d, e, f = _buffer_on_attempts(q, [1, 3, 2, 1, 3, 2], [2, 0, 2, 2, 2, 0])
+    [executing] = submit(q, 1)
+    [other] = q.worker("w-other").reserve(1)
+    _put_ghost(raw, queue_name, "not-an-id", after=a)
+    _put_ghost(raw, queue_name, executing, after=c)
+    _put_ghost(raw, queue_name, "1-1", after=d)
+    q.publish_version(2)  # floor 1: b and f (v0) are stale
+    ghosts_before = int(meta(raw, queue_name).get("ghosts", 0))
+
+    call = p.build(q.keys, "lease", lease_id="mix-1", token="tok", trainer_id="t", groups=4, partial=0,
+                   timeout_ms=0)
+    first = execute(q, call)
+    replay = execute(q, call)
+    assert first == replay, "the replay reads attempts from the PEL, the lease from its walk: they agree"
+    lease = p.parse_lease(first, "mix-1")
+    assert [(g.entry_id, g.attempt) for g in lease.groups] == [(a, 1), (c, 2), (d, 1), (e, 3)]
+    table = pel(raw, queue_name)
+    assert {i: table[i] for i in (a, c, d, e)} == {a: ("@lease:mix-1", 1), c: ("@lease:mix-1", 2),
+                                                   d: ("@lease:mix-1", 1), e: ("@lease:mix-1", 3)}
+    assert table[b] == ("@ready", 3), "a stale eviction keeps the attempt"
+    assert table[f] == ("@done", 2), "not reached by the walk"
+    assert table[executing] == ("w-other", other.receipt.attempt), "a ghost's real owner is untouched"
+    for role in ("buffer", "bufver"):
+        assert zmembers(raw, queue_name, role) == [f]
+    assert int(meta(raw, queue_name)["ghosts"]) == ghosts_before + 3
+
+    execute(q, p.build(q.keys, "rollback", lease_id="mix-1", token="tok", count=64))
+    table = pel(raw, queue_name)
+    assert [table[i] for i in (a, c, d, e)] == [("@ready", 1), ("@ready", 2), ("@ready", 1), ("@ready", 3)]
+    again = {r.entry_id: r.receipt.attempt for r in q.worker("w-again").reserve(8)}
+    assert again == {b: 4, a: 2, c: 3, d: 2, e: 4}, "only a grant to a worker raises the attempt"
+
+
+def test_members_past_the_owner_span_cut_are_asked_one_by_one(open_queue, raw, queue_name) -> None:
+    """The walk reads @done's PEL over the span of a buffer batch; when @done holds more entries in
+    that span than the read's limit, the members it did not list are still found (not taken for ghosts)."""
+    q = open_queue(QueueConfig(max_attempts=5))
+    ids = submit(q, 60, n=1)
+    w = q.worker("w-span")
+    held = {r.entry_id: r for r in reserve_all(w, 60)}
+    order = [ids[0], ids[59]] + ids[1:59]  # the first two completions span every entry
+    complete_all(w, [held[i] for i in order])
+    ghosts_before = int(meta(raw, queue_name).get("ghosts", 0))
+    lease = q.lease(2)
+    assert [g.entry_id for g in lease.groups] == [ids[0], ids[59]]
+    assert int(meta(raw, queue_name).get("ghosts", 0)) == ghosts_before
+    assert zmembers(raw, queue_name, "buffer") == ids[1:59]
+
+
+def test_a_lease_larger_than_one_command_chunk(open_queue, raw, queue_name) -> None:
+    """Submit, lease and commit batch per-member work in chunks of 1000 items: 1001 groups cross
+    every chunk boundary (HMGET/HSET ids, ZMSCORE, XCLAIM, ZREM, HMGET results)."""
+    q = open_queue(QueueConfig(max_completed_groups=2048))
+    ids = submit(q, 1001, n=1)
+    assert len(set(ids)) == 1001 and int(raw.hlen(keys(queue_name)["ids"])) == 1001
+    w = q.worker("w-big")
+    complete_all(w, reserve_all(w, 1001))
+    lease = q.lease(1001)
+    assert [g.entry_id for g in lease.groups] == ids
+    assert all(g.attempt == 1 and len(g.samples) == 1 for g in lease.groups)
+    assert set(owners(raw, queue_name, ids)) == {f"@lease:{lease.lease_id}"}
+    assert zmembers(raw, queue_name, "buffer") == [] and zmembers(raw, queue_name, "bufver") == []
+    lease.commit()
+    assert q.stats().committed == 1001
