@@ -17,7 +17,7 @@ from .errors import InvalidInput
 from .flows import Flow, T
 from .keys import QueueKeys
 from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
-from .protocol import LeaseReply
+from .protocol import CompletionOutcome, LeaseReply
 from .cluster import connect_async
 from .transport import AsyncClient, AsyncTransport, RetryPolicy
 
@@ -129,6 +129,11 @@ class AsyncWorker:
     async def complete(self, receipt: Receipt, samples: Sequence[Sample]) -> str:
         return await self.queue.run(flows.complete(self.queue.keys, self._own(receipt), samples,
                                                    self.queue.config.max_payload_bytes))
+
+    async def complete_many(self, items: Sequence[tuple[Receipt, Sequence[Sample]]]) -> list[CompletionOutcome]:
+        """As Worker.complete_many: refusals come back in their items' places, not raised."""
+        return await self.queue.run(flows.complete_many(self.queue.keys, self.worker_id, items,
+                                                        self.queue.config.max_payload_bytes))
 
     async def fail(self, receipt: Receipt, reason: str) -> str:
         return await self.queue.run(flows.fail(self.queue.keys, self._own(receipt), reason))

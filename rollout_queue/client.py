@@ -33,7 +33,7 @@ from .models import (
     Sample,
     SourceGroup,
 )
-from .protocol import LeaseReply
+from .protocol import CompletionOutcome, LeaseReply
 from .cluster import connect
 from .transport import RetryPolicy, SyncClient, SyncTransport
 
@@ -182,6 +182,16 @@ class Worker:
     def complete(self, receipt: Receipt, samples: Sequence[Sample]) -> str:
         return self.queue.run(flows.complete(self.queue.keys, self._own(receipt), samples,
                                              self.queue.config.max_payload_bytes))
+
+    def complete_many(self, items: Sequence[tuple[Receipt, Sequence[Sample]]]) -> list[CompletionOutcome]:
+        """Complete several attempts in one script call per chunk, each settled as ``complete`` would.
+
+        Returns one outcome per item: 'buffered' / 'replay' / 'evicted_self', or the item's refusal as
+        an exception instance (StaleReceipt, PayloadTooLarge, MalformedCompletion), not raised: the
+        other items are settled either way. Safe to repeat after OutcomeUnknown (settled items replay).
+        Raises InvalidInput, before anything is sent, for a receipt of another worker."""
+        return self.queue.run(flows.complete_many(self.queue.keys, self.worker_id, items,
+                                                  self.queue.config.max_payload_bytes))
 
     def fail(self, receipt: Receipt, reason: str) -> str:
         return self.queue.run(flows.fail(self.queue.keys, self._own(receipt), reason))

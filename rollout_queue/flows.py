@@ -18,7 +18,7 @@ import orjson
 from . import protocol as p
 from .codec import SCHEMA_VERSION, CodecError, encode_completion, encode_group
 from .config import QueueConfig
-from .errors import PayloadTooLarge
+from .errors import InvalidInput, PayloadTooLarge
 from .keys import QueueKeys
 from .models import (
     DeadLetter,
@@ -41,9 +41,11 @@ Clock = Callable[[], float]
 
 #: Longest single XREAD BLOCK, so a blocked call notices a dead connection within this many ms.
 MAX_BLOCK_CHUNK_MS = 2000
-#: Entries per call of the bounded loops (reaper, close, rollback, checkpoint): each requeue costs
-#: ~40 µs of script time, so 64 keeps every call near 2-3 ms (scripts/bench_reaper.py measures it).
-BATCH = 64
+#: Entries per call of the bounded loops (reaper, close, rollback, checkpoint): a batched requeue
+#: costs ~10 µs of script time per entry with a short attempt history and ~50-100 µs with a full one
+#: (32 attempts: decoding and re-encoding it dominates), so 32 keeps a call near 0.35 ms typically
+#: and under ~3 ms at worst, well inside a 5 ms bound (scripts/bench_reaper.py, benchmarks/README.md).
+BATCH = 32
 
 
 def _reason_text(reason: object) -> str:
@@ -151,15 +153,74 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
         # tell which it was; the group left this worker either way, so report the usual case.
         where = "ready" if where == "replay" else where
         raise p.ERRORS["malformed"](p.receipt_context(receipt), ["malformed", "completion has no samples", where])
+    payload, min_version, slots = _completion_args(receipt, samples, max_payload_bytes)
+    reply = yield p.build(keys, "complete", entry_id=receipt.entry_id, attempt=receipt.attempt,
+                          worker_id=receipt.worker_id, payload=payload, min_version=min_version, slots=slots)
+    _, r = p.check(reply, ("ok",), p.completion_context(receipt))
+    return p.s(r[1])
+
+
+def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_bytes: int) -> tuple[bytes, int, str]:
+    """(payload, min_version, slots) as complete.lua takes them; no samples: (b'', 0, '') (the script
+    ends such an attempt malformed). Raises PayloadTooLarge before anything is sent."""
+    if not samples:
+        return b"", 0, ""
     payload = encode_completion(samples)
     if len(payload) > max_payload_bytes:
         raise PayloadTooLarge(f"completion of {receipt.entry_id}", len(payload), max_payload_bytes)
-    reply = yield p.build(keys, "complete", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, payload=payload,
-                          min_version=min(x.version for x in samples),
-                          slots=",".join(str(x.slot) for x in samples))
-    _, r = p.check(reply, ("ok",), {**p.receipt_context(receipt), "what": f"completion of {receipt.entry_id}"})
-    return p.s(r[1])
+    return payload, min(x.version for x in samples), ",".join(str(x.slot) for x in samples)
+
+
+#: Items per complete_many script call, and their payload bytes: each item costs ~2 commands and its
+#: payload's copy inside the script, so a call stays near the cost of a few single completes.
+COMPLETE_BATCH = 32
+COMPLETE_BATCH_BYTES = 4 << 20
+
+
+def complete_many(keys: QueueKeys, worker_id: str, items: Sequence[tuple[Receipt, Sequence[Sample]]],
+                  max_payload_bytes: int) -> Flow[list[p.CompletionOutcome]]:
+    """Hand in several attempts' samples: settled in order, each exactly as its own ``complete`` would
+    be, in one script call per chunk of COMPLETE_BATCH items (or COMPLETE_BATCH_BYTES of payload).
+
+    Returns one outcome per item, in order: 'buffered', 'replay' or 'evicted_self', or the item's
+    refusal as an exception instance, not raised (StaleReceipt, PayloadTooLarge: still executing,
+    MalformedCompletion: ended and requeued), so a refused item never hides the others' outcomes.
+    A completion with no samples ends malformed, as with ``complete``. The whole call is safe to
+    repeat (each settled item then answers 'replay'). Raises InvalidInput before anything is sent if
+    a receipt names another worker; OutcomeUnknown if Redis stays unreachable (chunks already sent
+    are settled: repeat the call).
+    """
+    check_worker_id(worker_id)
+    for receipt, _ in items:
+        if receipt.worker_id != worker_id:
+            raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {worker_id!r}")
+    out: list[p.CompletionOutcome] = [""] * len(items)
+    chunk: list[tuple[int, Receipt]] = []
+    flat: list[p.Arg] = []
+    size = 0
+    for i, (receipt, samples) in enumerate(items):
+        try:
+            payload, min_version, slots = _completion_args(receipt, samples, max_payload_bytes)
+        except PayloadTooLarge as exc:
+            out[i] = exc  # nothing sent: the attempt stays executing, as with complete
+            continue
+        if chunk and (len(chunk) >= COMPLETE_BATCH or size + len(payload) > COMPLETE_BATCH_BYTES):
+            yield from _complete_chunk(keys, worker_id, chunk, flat, out)
+            chunk, flat, size = [], [], 0
+        chunk.append((i, receipt))
+        flat += [receipt.entry_id, receipt.attempt, payload, min_version, slots]
+        size += len(payload)
+    if chunk:
+        yield from _complete_chunk(keys, worker_id, chunk, flat, out)
+    return out
+
+
+def _complete_chunk(keys: QueueKeys, worker_id: str, chunk: Sequence[tuple[int, Receipt]], flat: list[p.Arg],
+                    out: list[p.CompletionOutcome]) -> Flow[None]:
+    """One complete_many call; its outcomes land in ``out`` at the items' original positions."""
+    reply = yield p.build(keys, "complete_many", worker_id=worker_id, items=flat)
+    for (i, _), outcome in zip(chunk, p.parse_complete_many(reply, [r for _, r in chunk])):
+        out[i] = outcome
 
 
 def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed") -> Flow[str]:
@@ -314,7 +375,7 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     # written by hand) is then reaped like any other instead of failing the whole pass.
     orphans = [_raw(o) for o in r[5]]
     for worker in [_raw(w) for w in r[1]] + [o for o in orphans if not o.startswith(b"@lease:")]:
-        report += yield from _reap_worker(keys, worker, orphan=worker in orphans)
+        report += yield from _reap_worker(keys, worker, orphan=worker in orphans, budget=budget)
     for lease_id in [_raw(x) for x in r[2]] + [o[7:] for o in orphans if o.startswith(b"@lease:")]:
         while True:
             reply = yield p.build(keys, "expire_lease", lease_id=lease_id, count=budget)
@@ -341,10 +402,10 @@ def _raw(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-def _reap_worker(keys: QueueKeys, worker: bytes, orphan: bool) -> Flow[ReapReport]:
+def _reap_worker(keys: QueueKeys, worker: bytes, orphan: bool, budget: int) -> Flow[ReapReport]:
     report = ReapReport(orphans=1 if orphan else 0)
     while True:
-        reply = yield p.build(keys, "reap_worker", worker_id=worker, count=BATCH)
+        reply = yield p.build(keys, "reap_worker", worker_id=worker, count=budget)
         status, r = p.check(reply, ("ok", "alive"), {"worker_id": worker})
         if status == "alive":
             return report

@@ -141,6 +141,36 @@ def receipt_context(r: Receipt) -> dict[str, Any]:
     return {"entry_id": r.entry_id, "attempt": r.attempt, "worker_id": r.worker_id}
 
 
+def completion_context(r: Receipt) -> dict[str, Any]:
+    """What a complete / complete_many refusal is about (PayloadTooLarge names the completion)."""
+    return {**receipt_context(r), "what": f"completion of {r.entry_id}"}
+
+
+# -- complete_many: refusals are per item ------------------------------------------------------------
+
+#: The refusals complete_many answers per item; each is returned in its item's place, not raised.
+COMPLETION_REFUSALS = (StaleReceipt, PayloadTooLarge, MalformedCompletion)
+#: One item's outcome: 'buffered', 'replay' or 'evicted_self', or the refusal (one of COMPLETION_REFUSALS).
+CompletionOutcome = str | RolloutQueueError
+
+
+@_shaped
+def parse_complete_many(reply: Any, receipts: Sequence[Receipt]) -> list[CompletionOutcome]:
+    """One outcome per receipt, in order. Only the refusals of COMPLETION_REFUSALS are per item: an
+    unknown status word in any item raises ProtocolError for the whole reply."""
+    _, r = check(reply, ("ok",), {})
+    items = r[1:]
+    if len(items) != len(receipts):
+        raise ProtocolError(f"complete_many answered {len(items)} items for {len(receipts)} sent")
+    out: list[CompletionOutcome] = []
+    for receipt, item in zip(receipts, items):
+        try:
+            out.append(s(check(item, ("ok",), completion_context(receipt))[1][1]))
+        except COMPLETION_REFUSALS as exc:
+            out.append(exc)
+    return out
+
+
 # -- parsers of the replies that carry data ------------------------------------------------------
 
 

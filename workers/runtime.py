@@ -6,7 +6,9 @@ What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and
    slot (request id ``<entry_id>/<attempt>/<slot>``), then rewards, the filter, and exactly one
    settlement by receipt: ``complete``, ``filter``, ``fail`` (a ``RequestFailed`` or a reward that
    raises: counted) or ``abort`` (weight update, drain: not counted). ``StaleReceipt`` means the
-   reaper gave the work away while we were slow: logged and dropped.
+   reaper gave the work away while we were slow: logged and dropped. Completions of attempts that
+   finish together share one ``complete_many`` call (``completions.BatchingWorker``), each with its
+   own outcome.
 2. Reserving. Only ``SubmissionScheduler.request()`` decides how much to ask for; ``reserve``
    blocks (``block_ms``) when nothing is granted (empty queue, admission hold, backpressure), so
    the worker never spins. Nothing is reserved while weights load or once the worker stops.
@@ -39,6 +41,7 @@ from rollout_queue import AsyncRolloutQueue, AsyncWorker, HeartbeatInfo, Receipt
 from rollout_queue.client import default_process_id
 from rollout_queue.logs import fields
 from workers.attempt import Attempt, Output, RuntimeStats, Settler, sampling_for
+from workers.completions import BatchingWorker
 from workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
 from workers.heartbeat import HeartbeatThread, VersionNotice
 from workers.rewards import Scorer
@@ -149,7 +152,9 @@ class WorkerRuntime:
             self._queue = await AsyncRolloutQueue.from_url(self.url, self.queue_name)
             try:
                 self._worker = self._queue.worker(self.worker_id)
-                self._settler = Settler(self._worker, self.scorer, self.engine.decode, self.stats, self._fields)
+                # Attempts finishing together complete in one complete_many (completions.py).
+                self._settler = Settler(BatchingWorker(self._worker), self.scorer, self.engine.decode, self.stats,
+                                        self._fields)
                 await self._serve()
             finally:
                 await self._queue.close()

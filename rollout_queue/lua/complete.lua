@@ -18,88 +18,30 @@ ARGV:
   worker_id    the receipt's worker
   payload      the encoded completion (codec.py), stored as is
   min_version  integer, the oldest policy version any sample was generated with
-  slots        comma-separated parent slot of every output, in payload order
+  slots        comma-separated parent slot of every output, in payload order ('' : no outputs)
 Returns:
   {'ok', 'buffered' | 'replay' | 'evicted_self', evicted entry ID or ''}
   {'stale_receipt', owner, delivery_count}             nothing written
   {'payload_too_large', bytes, limit}                   nothing written, the attempt stays executing
   {'malformed', detail, 'ready' | 'dead'}               the attempt ended malformed and was requeued
+  (slots '': ended as fail(terminal='malformed') ends it, and a repeat answers 'malformed' again)
+  a ROLLOUTQ error for a bad receipt or min_version, before anything is written
 Invariant:
   the entry is owned by @done and is in buffer, bufver and results, or (overflow) the stalest of the
   buffered + arriving groups went back to ready; buffer size <= max_completed_groups.
 ]]
--- @include now_ms
 -- @include load_config
 -- @include parse_receipt
--- @include check_receipt
--- @include ledger
--- @include read_entry
--- @include release_executing
--- @include end_attempt
--- @include evict_buffered
--- @include buffer_score
--- @include wake
-local now = now_ms()
+-- @include parse_min_version
+-- @include completion_batch
+-- @include complete_attempt
+-- @include finish_completions
+-- Cost: ~15 commands (receipt check, the entry's n, one counters read and write, the buffer's size,
+-- the four writes, two wakes); TIME only on a requeue path. complete_many shares all of it per batch.
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
-local owns, owner, count = check_receipt(id, attempt, worker)
-if not owns then
-  local last = redis.call('HGET', K.ledger, id) or ''
-  if last == ledger_attempt(attempt, worker, 'completed')
-      or string.sub(last, 1, #('s|committed|' .. attempt .. '|' .. worker .. '|')) == 's|committed|' .. attempt .. '|' .. worker .. '|' then
-    return {'ok', 'replay', ''}
-  end
-  return {'stale_receipt', owner, count}
-end
-if #A.payload > cfg.max_payload_bytes then
-  return {'payload_too_large', #A.payload, cfg.max_payload_bytes}
-end
-local min_version = tonumber(A.min_version)
--- Versions are < 2^21 (DESIGN_NOTES; the bufver score packs them exactly): anything else is bad ARGV.
-if not min_version or min_version < 0 or min_version >= 2097152 or min_version ~= math.floor(min_version) then
-  bug('bad min_version: ' .. tostring(A.min_version))
-end
-local f = read_entry(id)
-local n = tonumber(f and f.n) or 0
-
--- DESIGN rule 3: every output names a parent slot of this group and every slot has an output.
-local seen, covered, detail = {}, 0, nil
-for s in string.gmatch(A.slots, '[^,]+') do
-  local slot = tonumber(s)
-  if not slot or slot < 0 or slot >= n or slot ~= math.floor(slot) then
-    detail = 'output names slot ' .. s .. ' outside 0..' .. (n - 1)
-    break
-  end
-  if not seen[slot] then seen[slot] = true covered = covered + 1 end
-end
-if not detail and covered < n then detail = (n - covered) .. ' of ' .. n .. ' slots have no output' end
-if detail then
-  local where = end_attempt(id, attempt, worker, 'malformed', detail, true, cfg, now)
-  return {'malformed', detail, where}
-end
-
-release_executing(n)
-local arrival = redis.call('HINCRBY', K.meta, 'arrivals', 1)
-local score = buffer_version_score(min_version, arrival)
-local evicted = ''
-if redis.call('ZCARD', K.buffer) >= cfg.max_completed_groups then
-  -- Overflow: the stalest of the buffered groups and the arriving one goes back to ready.
-  local victim = redis.call('ZRANGE', K.bufver, 0, 0, 'WITHSCORES')
-  if victim[1] and tonumber(victim[2]) < score then
-    evict_buffered(victim[1], 'overflow', cfg, now)
-    evicted = victim[1]
-  else
-    redis.call('HINCRBY', K.meta, 'evicted_overflow', 1)
-    requeue_entry(id, attempt, worker, 'overflow', 'overflow', false, cfg, now)
-    ledger_set(id, ledger_attempt(attempt, worker, 'completed'))
-    return {'ok', 'evicted_self', id}
-  end
-end
-redis.call('XCLAIM', K.src, 'rollout', '@done', 0, id, 'RETRYCOUNT', attempt, 'JUSTID')
-redis.call('ZADD', K.buffer, arrival, id)
-redis.call('ZADD', K.bufver, fmt_score(score), id)
-redis.call('HSET', K.results, id, A.payload)
-redis.call('HINCRBY', K.meta, 'completed_total', 1)
-ledger_set(id, ledger_attempt(attempt, worker, 'completed'))
-wake(K.wake_done)
-return {'ok', 'buffered', evicted}
+local min_version = parse_min_version(A.min_version)
+local b = completion_batch()
+local reply = complete_attempt(b, cfg, id, attempt, worker, A.payload, min_version, A.slots)
+finish_completions(b)
+return reply

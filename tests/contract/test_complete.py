@@ -227,3 +227,23 @@ def test_overflow_ties_go_to_the_earliest_arrival(open_queue, raw: redis.Redis, 
         assert w.complete(res[sid].receipt, _outputs(plan[sid])) == "buffered"
     assert buffer_ids(raw, queue_name) == [res["x"].entry_id, res["z"].entry_id]
     assert ready_ids(raw, queue_name) == [res["y"].entry_id]
+
+
+def test_no_outputs_at_all_ends_the_attempt_as_fail_malformed_does(open_queue, raw: redis.Redis,
+                                                                   queue_name: str) -> None:
+    """slots '' (the header): the script ends the attempt itself, with the reason and the replay rule
+    of flows.complete's empty-completion path (fail, terminal 'malformed')."""
+    q = open_queue(CFG)
+    w, res = _reserve_one(q)
+    argv = dict(entry_id=res.entry_id, attempt=1, worker_id="w1", payload=b"", min_version=0, slots="")
+    assert call(q, "complete", **argv) == ["malformed", b"completion has no samples", b"ready"]
+    eid = res.entry_id
+    assert pel(raw, queue_name) == {eid: ("@ready", 1)} and ready_ids(raw, queue_name) == [eid]
+    assert ledger(raw, queue_name, eid) == "a|1|w1|malformed"
+    h = history(raw, queue_name, eid)
+    assert (h["f"], h["h"][-1]["t"], h["h"][-1]["r"]) == (1, "malformed", "completion has no samples")
+    before = snapshot(raw, queue_name)
+    assert call(q, "complete", **argv) == ["malformed", b"completion has no samples", b"ready"]  # a replay
+    with pytest.raises(MalformedCompletion):
+        w.complete(res.receipt, [])  # the client's own path (fail) agrees
+    assert snapshot(raw, queue_name) == before

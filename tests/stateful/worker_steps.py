@@ -13,7 +13,8 @@ import pytest
 from hypothesis import event
 from hypothesis import strategies as st
 
-from rollout_queue import MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt
+from rollout_queue import (MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt,
+                           flows, protocol)
 
 from .model_entries import DEAD
 from .steps_base import WORKERS, Steps
@@ -56,8 +57,67 @@ class WorkerSteps(Steps):
 
     def settle_attempt(self, data: st.DataObject) -> None:
         receipt = data.draw(st.sampled_from(self.model.executing_receipts()), label="receipt")
-        op = data.draw(st.sampled_from(["complete"] * 5 + ["fail", "abort", "filter"]), label="op")
-        self.settle(op, receipt, data)
+        op = data.draw(st.sampled_from(["complete"] * 5 + ["complete_many"] * 2 + ["fail", "abort", "filter"]),
+                       label="op")
+        if op == "complete_many":
+            self.complete_batch(data, receipt)
+        else:
+            self.settle(op, receipt, data)
+
+    def complete_batch(self, data: st.DataObject, first: Receipt) -> None:
+        """One worker's completions in one complete_many: its executing attempts, sometimes a receipt
+        whose attempt is over, sometimes one receipt twice. Each item must answer what its own
+        complete would (the model settles them in order); sometimes the reply is lost and the
+        transport sends the call again, which must replay and write nothing more."""
+        worker = first.worker_id
+        pool = [r for r in self.model.executing_receipts() + self.model.old_receipts() if r.worker_id == worker]
+        receipts = [first] + data.draw(st.lists(st.sampled_from(pool), max_size=3), label="more receipts")
+        items: list[tuple[Receipt, list[Sample]]] = []
+        shapes = []
+        for r in receipts:
+            shape = data.draw(st.sampled_from(["ok"] * 6 + ["missing_slot", "bad_slot", "too_large"]),
+                              label="completion")
+            items.append((r, self.samples_for(data, self.model.entries[r.entry_id].n, shape)))
+            shapes.append(shape)
+        lose_reply = data.draw(st.booleans(), label="reply lost") and any(s != "too_large" for s in shapes)
+        expected = [("too_large", "") if shape == "too_large" else self.model.complete(r, samples)
+                    for (r, samples), shape in zip(items, shapes)]
+        event(f"complete_many of {len(items)} -> {sorted(e for e, _ in expected)}" + (" (reply lost)" * lose_reply))
+        flow = flows.complete_many(self.keys, worker, items, PAYLOAD_LIMIT)
+        if lose_reply:
+            first_reply, got = self.run_losing_first_reply(flow)
+            sent = [r for (r, _), shape in zip(items, shapes) if shape != "too_large"]
+            answered = iter(protocol.parse_complete_many(first_reply, sent))
+            self.check_batch([next(answered) if s != "too_large" else o for o, s in zip(got, shapes)], expected)
+            self.check_batch(got, [self.replayed(e, samples) for e, (_, samples) in zip(expected, items)])
+        elif all(e in ("stale", "replay", "too_large") for e, _ in expected):
+            self.check_batch(self.unchanged(partial(self.q.run, flow)), expected)
+        else:
+            self.check_batch(self.q.run(flow), expected)
+
+    @staticmethod
+    def replayed(expected: tuple[str, str], samples: list[Sample]) -> tuple[str, str]:
+        """What an item answers when its call runs a second time: settled completions replay; a
+        malformed one is no longer the worker's (stale), unless it had no samples at all, which
+        answers malformed again, as complete does through fail's replay."""
+        outcome, detail = expected
+        if outcome in ("buffered", "evicted_self"):
+            return "replay", ""
+        if outcome == "malformed":
+            return ("malformed", "replay") if not samples else ("stale", "")
+        return expected
+
+    @staticmethod
+    def check_batch(got: list[Any], expected: list[tuple[str, str]]) -> None:
+        assert len(got) == len(expected)
+        kinds = {"too_large": PayloadTooLarge, "stale": StaleReceipt, "malformed": MalformedCompletion}
+        for i, (outcome, (want, detail)) in enumerate(zip(got, expected)):
+            if want in kinds:
+                assert isinstance(outcome, kinds[want]), f"item {i}: {outcome!r}, model {want}"
+                if want == "malformed" and detail != "replay":
+                    assert outcome.requeued_to == detail, f"item {i}: the group went {detail}, the error says otherwise"
+            else:
+                assert outcome == want, f"item {i}: {outcome!r}, model {want}"
 
     def late_settlement(self, data: st.DataObject) -> None:
         """A paused worker wakes up with a receipt whose attempt is over: StaleReceipt (or, for the

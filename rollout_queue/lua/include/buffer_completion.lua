@@ -1,0 +1,64 @@
+-- @include completion_batch
+-- @include completion_counters
+-- @include flush_completions
+-- @include evict_buffered
+-- @include requeue_entry
+-- @include buffer_score
+-- @include ledger
+--[[
+buffer_completion: executing -> completed for one attempt whose receipt and outputs were checked,
+with complete's overflow rule. Returns complete's reply: {'ok', 'buffered', evicted ID or ''} or
+{'ok', 'evicted_self', id}.
+Uses: K.meta, K.buffer, K.bufver and what evict_buffered, requeue_entry, flush_completions use.
+Why: DESIGN, Capacity: a completion that overflows the buffer evicts the stalest of the buffered and
+arriving groups (ties: earliest arrival) back to ready. The buffer's size is counted in Lua across a
+batch (pending members included); before an eviction decision the pending writes are flushed, so the
+victim is chosen among exactly the groups N separate complete calls would have buffered by then.
+The attempt's executing capacity and the counters are released through the batch (one write per call).
+]]
+local function buffer_completion(b, cfg, id, attempt, worker, payload, min_version, n)
+  b.delta.executing_groups = b.delta.executing_groups - 1
+  b.delta.executing_samples = b.delta.executing_samples - n
+  b.released = true
+  local base = b.base
+  if not base or b.dirty then base = read_completion_counters(b) end
+  b.delta.arrivals = b.delta.arrivals + 1
+  local arrival = base.arrivals + b.delta.arrivals
+  local score = buffer_version_score(min_version, arrival)
+  local evicted = ''
+  if not b.size then b.size = redis.call('ZCARD', K.buffer) + #b.buffer / 2 end
+  if b.size >= cfg.max_completed_groups then
+    flush_completions(b)
+    local victim = redis.call('ZRANGE', K.bufver, 0, 0, 'WITHSCORES')
+    if victim[1] and tonumber(victim[2]) < score then
+      evict_buffered(victim[1], 'overflow', cfg, batch_now(b))
+      evicted = victim[1]
+      -- Counted again rather than decremented: a victim that was garbage in bufver alone (a ghost)
+      -- frees no buffer place, and the next completion must see the size complete would see.
+      b.size = redis.call('ZCARD', K.buffer)
+    else
+      redis.call('HINCRBY', K.meta, 'evicted_overflow', 1)
+      requeue_entry(id, attempt, worker, 'overflow', 'overflow', false, cfg, batch_now(b))
+      ledger_set(id, ledger_attempt(attempt, worker, 'completed'))
+      return {'ok', 'evicted_self', id}
+    end
+  end
+  if not b.claims[attempt] then
+    b.claims[attempt] = {}
+    table.insert(b.attempts, attempt)
+  end
+  table.insert(b.claims[attempt], id)
+  table.insert(b.buffer, arrival)
+  table.insert(b.buffer, id)
+  table.insert(b.bufver, fmt_score(score))
+  table.insert(b.bufver, id)
+  table.insert(b.results, id)
+  table.insert(b.results, payload)
+  table.insert(b.ledger, id)
+  table.insert(b.ledger, ledger_attempt(attempt, worker, 'completed'))
+  b.pending[id] = true
+  b.size = b.size + 1
+  b.delta.completed_total = b.delta.completed_total + 1
+  b.buffered = true
+  return {'ok', 'buffered', evicted}
+end

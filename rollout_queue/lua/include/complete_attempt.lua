@@ -1,0 +1,53 @@
+-- @include check_receipt
+-- @include read_entry
+-- @include check_slots
+-- @include end_attempt
+-- @include completion_batch
+-- @include flush_completions
+-- @include buffer_completion
+-- @include ledger
+--[[
+complete_attempt: settle one completion named by a receipt, inside a batch, exactly as a complete
+call of its own would. Returns complete's reply for it (see complete.lua's header).
+Uses: K.src, K.ledger and what end_attempt, buffer_completion use. `slots` '' means no outputs at all:
+the attempt ends malformed as fail(terminal='malformed') ends it (the reason and the replay rule of
+flows.complete's empty-completion path), so complete_many needs no second call for it.
+Why: DESIGN rule 1 (exact receipts: a stale one changes nothing), rule 3 (outputs must fit the group,
+else the attempt ends malformed, counted, and the group is requeued) and rule 5 (the same receipt
+completed again answers 'replay'). An entry already pending in this batch is flushed first, so its
+second mention sees the first one's outcome.
+]]
+local NO_OUTPUTS = 'completion has no samples'
+local function complete_attempt(b, cfg, id, attempt, worker, payload, min_version, slots)
+  if b.pending[id] then flush_completions(b) end
+  local owns, owner, count = check_receipt(id, attempt, worker)
+  local empty = slots == ''
+  if not owns then
+    local last = redis.call('HGET', K.ledger, id) or ''
+    if empty then
+      if last == ledger_attempt(attempt, worker, 'malformed') then return {'malformed', NO_OUTPUTS, 'ready'} end
+      local dead = 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts'
+      if last == dead then return {'malformed', NO_OUTPUTS, 'dead'} end
+    else
+      local committed = 's|committed|' .. attempt .. '|' .. worker .. '|'
+      if last == ledger_attempt(attempt, worker, 'completed') or string.sub(last, 1, #committed) == committed then
+        return {'ok', 'replay', ''}
+      end
+    end
+    return {'stale_receipt', owner, count}
+  end
+  if #payload > cfg.max_payload_bytes then
+    return {'payload_too_large', #payload, cfg.max_payload_bytes}
+  end
+  local n, detail = 0, NO_OUTPUTS
+  if not empty then
+    local f = read_entry(id)
+    n = tonumber(f and f.n) or 0
+    detail = check_slots(slots, n)
+  end
+  if detail then
+    b.dirty = b.base ~= nil  -- end_attempt moves executing_* itself
+    return {'malformed', detail, end_attempt(id, attempt, worker, 'malformed', detail, true, cfg, batch_now(b))}
+  end
+  return buffer_completion(b, cfg, id, attempt, worker, payload, min_version, n)
+end
