@@ -17,6 +17,7 @@ from .errors import InvalidInput
 from .flows import Flow, T
 from .keys import QueueKeys
 from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
+from .owned import OwnedAttempt, owned_attempts
 from .protocol import CompletionOutcome, LeaseReply
 from .cluster import connect_async
 from .transport import AsyncClient, AsyncTransport, RetryPolicy
@@ -146,6 +147,10 @@ class AsyncWorker:
 
     async def heartbeat(self) -> HeartbeatInfo:
         return await self.queue.run(flows.heartbeat(self.queue.keys, self.worker_id))
+
+    async def owned(self, min_idle_ms: int = 0) -> list[OwnedAttempt]:
+        """As Worker.owned: what the PEL gives this worker now (read-only)."""
+        return await self.queue.run(owned_attempts(self.queue.keys, self.worker_id, min_idle_ms))
 
     async def close(self, terminal: str = "aborted", reason: str = "worker closed") -> tuple[int, int]:
         return await self.queue.run(flows.close_worker(self.queue.keys, self.worker_id, terminal, reason))

@@ -33,6 +33,7 @@ from .models import (
     Sample,
     SourceGroup,
 )
+from .owned import OwnedAttempt, owned_attempts
 from .protocol import CompletionOutcome, LeaseReply
 from .cluster import connect
 from .transport import RetryPolicy, SyncClient, SyncTransport
@@ -204,6 +205,13 @@ class Worker:
 
     def heartbeat(self) -> HeartbeatInfo:
         return self.queue.run(flows.heartbeat(self.queue.keys, self.worker_id))
+
+    def owned(self, min_idle_ms: int = 0) -> list[OwnedAttempt]:
+        """What the PEL gives this worker now (read-only): each entry's exact receipt and ms since its
+        delivery, oldest entry first. An attempt listed here that you do not hold is orphaned (its
+        settlement was lost in a server crash, or a reserve reply never arrived): hand it back with
+        ``abort(receipt)``, which refuses (StaleReceipt) if it moved meanwhile."""
+        return self.queue.run(owned_attempts(self.queue.keys, self.worker_id, min_idle_ms))
 
     def close(self, terminal: str = "aborted", reason: str = "worker closed") -> tuple[int, int]:
         """Requeue all owned work (terminal 'aborted', or 'lost' after a fatal engine error) and

@@ -36,6 +36,7 @@ class RuntimeStats:
     reserves: list[tuple[float, int]] = field(default_factory=list)
     settled: dict[str, int] = field(default_factory=lambda: dict.fromkeys([*SETTLED.values(), "stale"], 0))
     weight_updates: int = 0
+    reconciled: int = 0  # orphaned attempts handed back by reconcile.py
     samples: int = 0
     tokens: int = 0
 

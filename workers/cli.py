@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from rollout_queue import OutcomeUnknown, RolloutQueueError, logs
 from workers.engines.base import Engine, SamplingConfig, make_engine
+from workers.reconcile import DEFAULT_GRACE_S
 from workers.rewards import Scorer, load_function
 from workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 
@@ -66,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--worker-id", default=None, help="default host:pid:nonce")
     w.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work after SIGTERM")
     w.add_argument("--heartbeat-interval", type=float, default=None, help="default worker_timeout_s / 4")
+    w.add_argument("--reconcile-interval", type=float, default=None,
+                   help="seconds between checks that the queue gives this worker nothing it does not hold "
+                        "(orphans are aborted back to ready); default max(worker_timeout_s, 5), 0: off")
+    w.add_argument("--reconcile-grace", type=float, default=DEFAULT_GRACE_S,
+                   help="hand back an orphaned attempt only once delivered this many seconds ago "
+                        f"(default {DEFAULT_GRACE_S:g}: the client's retry window plus a socket timeout)")
     w.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
     return p
 
@@ -100,7 +107,8 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
                               stop=tuple(args.stop), seed=args.seed)
     options = WorkerOptions(policy=args.policy, max_samples=args.max_samples, max_groups=args.max_groups,
                             sampling=sampling, weights_mode=args.weights_mode, drain_timeout_s=args.drain_timeout,
-                            block_ms=args.block_ms, heartbeat_interval_s=args.heartbeat_interval)
+                            block_ms=args.block_ms, heartbeat_interval_s=args.heartbeat_interval,
+                            reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace)
     scorer = Scorer(load_function(args.reward) if args.reward else None,
                     load_function(args.filter) if args.filter else None)
     engine = build_engine(args.engine, args.model, parse_engine_args(args.engine_arg))

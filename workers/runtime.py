@@ -18,7 +18,10 @@ What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and
    mode the attempts still generating are aborted first (back to ready, not counted), in
    ``continue`` mode they keep running and each sample records every version it ran under
    (``Sample.versions``; ``Sample.version`` = the oldest).
-5. Shutdown. ``request_drain()`` (SIGTERM): stop reserving, let in-flight attempts finish until
+5. Reconciliation (``reconcile.py``). Every ``reconcile_interval_s`` the worker lists what the PEL
+   gives it; an attempt it does not hold (a settlement lost in a server crash, a reserve reply that
+   never arrived) is aborted back to ready, so a live worker never pins a group it is not executing.
+6. Shutdown. ``request_drain()`` (SIGTERM): stop reserving, let in-flight attempts finish until
    the drain deadline, abort the rest, ``close()``, deregister. A fatal error (``EngineError``, any
    other exception from the engine, or Redis unreachable past the retry window): stop reserving,
    cancel every attempt that still needs the engine (those already settling get ``abort_grace_s``),
@@ -44,6 +47,7 @@ from workers.attempt import Attempt, Output, RuntimeStats, Settler, sampling_for
 from workers.completions import BatchingWorker
 from workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
 from workers.heartbeat import HeartbeatThread, VersionNotice
+from workers.reconcile import DEFAULT_GRACE_S, Reconciler, RuntimeView, interval_for
 from workers.rewards import Scorer
 from workers.scheduler import Policy, SubmissionScheduler
 
@@ -58,7 +62,9 @@ class WorkerFailed(RuntimeError):
 @dataclass(frozen=True)
 class WorkerOptions:
     """How a worker runs. ``max_samples=None``: the engine's ``max_concurrency`` (sample policy);
-    ``max_groups=None``: 4 groups (group policy), no group cap (sample policy)."""
+    ``max_groups=None``: 4 groups (group policy), no group cap (sample policy);
+    ``reconcile_interval_s=None``: max(worker_timeout_s, 5 s), 0 disables reconciliation;
+    ``reconcile_grace_s``: an attempt is handed back only once delivered this long ago (reconcile.py)."""
 
     policy: Policy = "sample"
     max_samples: int | None = None
@@ -72,12 +78,17 @@ class WorkerOptions:
     heartbeat_interval_s: float | None = None  # None: worker_timeout_s / 4
     subscribe_versions: bool = True
     load_initial_weights: bool = True
+    reconcile_interval_s: float | None = None
+    reconcile_grace_s: float = DEFAULT_GRACE_S
 
     def __post_init__(self) -> None:
         if self.weights_mode not in ("abort", "continue"):
             raise ValueError(f"weights_mode must be 'abort' or 'continue', got {self.weights_mode!r}")
         if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
             raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
+        interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
+        if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
+            raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")
 
 
 class WorkerRuntime:
@@ -96,6 +107,7 @@ class WorkerRuntime:
         self.held: bool | None = None
         self._target: tuple[int, str | None] = (0, None)
         self._attempts: dict[Receipt, Attempt] = {}
+        self._reserving_since: float | None = None  # monotonic start of the reserve call in flight
         self._seen: dict[str, list[int]] = {}  # request id -> versions it ran under
         self._fatal: BaseException | None = None
         self._drain_deadline: float | None = None
@@ -177,6 +189,9 @@ class WorkerRuntime:
             self.heartbeat.start()
             log.info("worker started", extra=self._fields(policy=self.options.policy, version=self.loaded_version))
             tasks = [asyncio.create_task(self._reserve_loop()), asyncio.create_task(self._update_loop())]
+            reconciler = self._make_reconciler(self._queue.config.worker_timeout_s)
+            if reconciler is not None:
+                tasks.append(asyncio.create_task(reconciler.run(), name=f"reconcile:{self.worker_id}"))
             await self._ev("stopping").wait()
             await asyncio.wait([tasks[0]])  # the reserve in flight returns within block_ms
             if self._fatal is None:
@@ -199,6 +214,15 @@ class WorkerRuntime:
                                        max_batch=o.max_batch)
         return SubmissionScheduler("sample", max_samples=o.max_samples or self.engine.max_concurrency,
                                    max_groups=o.max_groups, max_batch=o.max_batch)
+
+    def _make_reconciler(self, worker_timeout_s: float) -> Reconciler | None:
+        interval = interval_for(self.options.reconcile_interval_s, worker_timeout_s)
+        if interval <= 0:
+            return None
+        assert self._worker is not None
+        view = RuntimeView(lambda: list(self._attempts), lambda: self._reserving_since, self._ev("stopping"),
+                           self._fail)
+        return Reconciler(self._worker, view, interval, self.options.reconcile_grace_s, self.stats, self._fields)
 
     async def _drain(self) -> None:
         deadline = self._drain_deadline or time.monotonic()
@@ -247,7 +271,7 @@ class WorkerRuntime:
             self._fatal = self._fatal or exc
             return
         log.info("worker closed", extra=self._fields(terminal=terminal, requeued=requeued, dead=dead,
-                                                     **self.stats.settled))
+                                                     reconciled=self.stats.reconciled, **self.stats.settled))
 
     async def _close_engine(self) -> None:
         try:
@@ -269,6 +293,9 @@ class WorkerRuntime:
                 if ask is None:
                     await self._ev("slot_freed").wait()
                     continue
+                # Until its grants are held (or handed back), the reconciler must not take them
+                # for orphans: it skips whatever was delivered after this instant.
+                self._reserving_since = time.monotonic()
                 got = await self._worker.reserve(ask.max_groups, block_ms=self.options.block_ms,
                                                  max_samples=ask.max_samples)
                 self.stats.reserves.append((time.monotonic(), len(got)))
@@ -278,6 +305,7 @@ class WorkerRuntime:
                     return
                 for r in got:
                     self._start(r)
+                self._reserving_since = None
         except Exception as exc:  # Redis unreachable past the retry window, or a bug
             self._fail(exc)
 
