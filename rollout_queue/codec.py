@@ -25,7 +25,8 @@ from typing import Any, Mapping, Sequence
 import orjson
 
 from .errors import InvalidInput
-from .models import Sample, SourceGroup, logprobs_ok
+from .columns import SampleColumns
+from .models import Sample, SourceGroup
 
 #: The schema of a reservation's stream fields (the ``v`` field that submit writes).
 SCHEMA_VERSION = 1
@@ -36,11 +37,7 @@ COMPLETION_SCHEMA_WIDE = 1
 _SCHEMAS = {b"RQC2": (COMPLETION_SCHEMA, 3), b"RQC1": (COMPLETION_SCHEMA_WIDE, 4)}
 _HEAD = struct.Struct("<I")
 _LITTLE = sys.byteorder == "little"
-#: The high byte of a little-endian float32 that is negative (sign bit set) and not NaN or infinite
-#: (its exponent is not all ones): 0x80..0xFE. A blob whose logprobs all have such a high byte passes
-#: the logprob check with no pass over the floats in Python; any other byte (0.0, -inf, huge
-#: negatives, and every bad value) falls back to the exact check on the floats.
-_NEGATIVE_FINITE_HIGH = bytes(range(0x80, 0xFF))
+_EMPTY_COLUMNS = SampleColumns(array("i"), array("f"), (), (), (), (), (), (), ())
 
 
 class CodecError(InvalidInput):
@@ -115,9 +112,18 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
 def decode_completion(blob: bytes) -> tuple[Sample, ...]:
     """The samples of a completion blob (schema 1 or 2); CodecError for anything else.
 
-    Per-token values are checked once for the whole blob, at C speed (the int32 array bounds the ids;
-    logprobs_ok or a byte test bounds the logprobs), and the samples are built without checking each
-    token again: that re-validation cost as much as the decode itself.
+    decode_columns, then one Sample per sample: the same checks, and the same errors, as the columns.
+    """
+    return decode_columns(blob).samples()
+
+
+def decode_columns(blob: bytes) -> SampleColumns:
+    """The samples of a completion blob (schema 1 or 2) as columns; CodecError for anything else.
+
+    Checks the blob completely (header, lengths, every per-sample field, and the logprob rule over the
+    whole float32 array at C speed), so an undecodable payload is found when it is leased, but
+    builds no Python object per token: the ids are widened into one array('i') and the logprobs
+    stay the blob's array('f') (SampleColumns says how to slice them).
     """
     if not isinstance(blob, bytes):
         blob = bytes(blob)
@@ -143,8 +149,12 @@ def decode_completion(blob: bytes) -> tuple[Sample, ...]:
     if len(blob) - start != expected:
         raise CodecError(f"completion body is {len(blob) - start} bytes, header says {expected} "
                          f"({n_tokens} ids of {width} bytes, {n_logprobs} float32 logprobs)")
-    ids, lps = _unpack(blob, start, width, n_tokens)
-    return _samples(rows, ids, lps)
+    tokens, logprobs = _unpack(blob, start, width, n_tokens)
+    try:
+        # The columns check the logprob rule first, then each row's fields (as Sample would).
+        return SampleColumns(tokens, logprobs, *zip(*rows)) if rows else _EMPTY_COLUMNS
+    except (TypeError, ValueError) as exc:  # a non-list versions; InvalidInput is a ValueError
+        raise CodecError(f"bad sample in completion: {exc}") from exc
 
 
 def _count(rows: list[Any]) -> tuple[int, int]:
@@ -163,9 +173,8 @@ def _count(rows: list[Any]) -> tuple[int, int]:
     return n_tokens, n_logprobs
 
 
-def _unpack(blob: bytes, start: int, width: int, n_tokens: int) -> tuple[list[int], list[float]]:
-    """All token ids and all logprobs of a body whose length was checked; CodecError for a logprob
-    that is positive or NaN (the rule of Sample, applied once to the whole blob)."""
+def _unpack(blob: bytes, start: int, width: int, n_tokens: int) -> tuple["array[int]", "array[float]"]:
+    """All token ids (widened to int32) and all logprobs of a body whose length was checked."""
     mid = start + width * n_tokens
     tokens = array("i")
     if width == 4:
@@ -176,28 +185,9 @@ def _unpack(blob: bytes, start: int, width: int, n_tokens: int) -> tuple[list[in
         wide[1::4] = blob[start + 1:mid:3]
         wide[2::4] = blob[start + 2:mid:3]
         tokens.frombytes(wide)
-    raw_logprobs = blob[mid:]
     logprobs = array("f")
-    logprobs.frombytes(raw_logprobs)
+    logprobs.frombytes(blob[mid:])
     if not _LITTLE:
         tokens.byteswap()
         logprobs.byteswap()
-    lps = logprobs.tolist()
-    if raw_logprobs[3::4].translate(None, _NEGATIVE_FINITE_HIGH) and not logprobs_ok(lps):
-        raise CodecError("bad sample in completion: logprobs must be <= 0 and not NaN")
-    return tokens.tolist(), lps
-
-
-def _samples(rows: list[list[Any]], ids: list[int], lps: list[float]) -> tuple[Sample, ...]:
-    """One Sample per row over the checked ids and logprobs; CodecError for a bad per-sample field."""
-    out = []
-    t = lp = 0
-    for slot, count, has_lp, reward, version, finish, versions in rows:
-        try:
-            sample_lps = tuple(lps[lp:lp + count]) if has_lp else ()
-            out.append(Sample._decoded(slot, tuple(ids[t:t + count]), sample_lps, reward, version, finish, versions))
-        except (TypeError, ValueError) as exc:  # a non-list versions; InvalidInput is a ValueError
-            raise CodecError(f"bad sample in completion: {exc}") from exc
-        t += count
-        lp += count if has_lp else 0
-    return tuple(out)
+    return tokens, logprobs

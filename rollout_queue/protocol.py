@@ -11,10 +11,10 @@ Multi-call operations (blocking reserve, reaper sweeps, ...) are generators in f
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from .codec import CodecError, decode_completion, decode_group
+from .codec import CodecError, decode_columns, decode_group
 from .errors import (
     CheckpointPruned,
     ConfigMismatch,
@@ -205,8 +205,19 @@ def decode_reservation_group(fields: Mapping[bytes, bytes]) -> SourceGroup:
 
 
 @dataclass(frozen=True)
+class LeaseMember:
+    """One member of a granted lease as the script names it: its payload is read after the script."""
+
+    entry_id: str
+    attempt: int
+    min_version: str  # as the lease record stores it; decode_lease reads it as an integer
+    fields: Mapping[bytes, bytes]
+
+
+@dataclass(frozen=True)
 class LeaseReply:
-    """A parsed lease reply (granted) or why nothing was leased."""
+    """A parsed lease reply (granted) or why nothing was leased. A granted reply names its
+    ``members``; ``groups`` and ``undecodable`` are filled by decode_lease once the payloads are read."""
 
     status: str
     available: int
@@ -216,23 +227,45 @@ class LeaseReply:
     version: int = 0
     groups: tuple[CompletedGroup, ...] = ()
     undecodable: tuple[str, ...] = ()
+    members: tuple[LeaseMember, ...] = ()
 
 
 @_shaped
 def parse_lease(reply: Any, lease_id: str) -> LeaseReply:
+    """The lease script's answer; a granted one lists its members without payloads (P2: the script
+    returns no payload, so its time does not grow with them). read_lease_payloads, then decode_lease."""
     status, r = check(reply, ("ok", "held", "insufficient"), {"lease_id": lease_id})
     if status != "ok":
         return LeaseReply(status, int(r[1]), s(r[2]))
-    groups, bad = [], []
-    for entry_id, attempt, min_version, payload, kv in r[4]:
-        eid = s(entry_id)
+    members = []
+    for entry_id, attempt, min_version, kv in r[4]:
         fields = {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+        members.append(LeaseMember(s(entry_id), int(attempt), s(min_version), fields))
+    return LeaseReply("ok", len(members), "", s(r[1]), int(r[2]), int(r[3]), members=tuple(members))
+
+
+def read_lease_payloads(keys: QueueKeys, reply: LeaseReply) -> Command:
+    """One HMGET of a granted lease's completion payloads, in member order (a plain read: the members
+    are owned by the lease until it is committed, rolled back or expires). Needs >= 1 member."""
+    return Command(("HMGET", keys["results"], *(m.entry_id for m in reply.members)))
+
+
+@_shaped
+def decode_lease(reply: LeaseReply, payloads: Sequence[bytes | None]) -> LeaseReply:
+    """The granted lease with its groups decoded (columns now, Samples on first access) from each
+    member's fields and payload. A member whose payload or fields do not decode, or whose payload is
+    missing (the lease expired before the read and its members were requeued, or the hash was edited
+    by hand), is listed in ``undecodable``: the caller hands the lease back, it is never trained on."""
+    if len(payloads) != len(reply.members):
+        raise ProtocolError(f"{len(payloads)} payloads read for {len(reply.members)} lease members")
+    groups, bad = [], []
+    for m, payload in zip(reply.members, payloads):
         try:
-            groups.append(CompletedGroup(eid, decode_group(fields), decode_completion(bytes(payload)),
-                                         int(attempt), int(min_version)))
+            groups.append(CompletedGroup.from_columns(m.entry_id, decode_group(m.fields),
+                                                      decode_columns(payload or b""), m.attempt, int(m.min_version)))
         except (CodecError, ValueError):  # ValueError: a version that is not an integer (edited by hand)
-            bad.append(eid)
-    return LeaseReply("ok", len(groups), "", s(r[1]), int(r[2]), int(r[3]), tuple(groups), tuple(bad))
+            bad.append(m.entry_id)
+    return replace(reply, available=len(groups), groups=tuple(groups), undecodable=tuple(bad))
 
 
 @_shaped

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInput, RolloutQueueError
 from .logs import fields
-from .models import CompletedGroup, Sample
+from .columns import SampleColumns
+from .models import CompletedGroup
 
 if TYPE_CHECKING:
     import torch
@@ -139,26 +140,29 @@ def lease_batch(lease: "Lease | Sequence[CompletedGroup]", *, tokenizer: Any = N
         response_mask=response_mask, behaviour_logprobs=behaviour,
         rewards=torch.tensor([r for group in rewards for r in group], dtype=torch.float32),
         advantages=torch.tensor(advantages, dtype=torch.float32),
-        staleness=torch.tensor([max(0, at - s.version) for _, s, _ in rows], dtype=torch.long),
-        group_index=torch.tensor([gi for _, _, gi in rows], dtype=torch.long),
+        staleness=torch.tensor([max(0, at - cols.versions[s]) for _, cols, s, _ in rows], dtype=torch.long),
+        group_index=torch.tensor([gi for _, _, _, gi in rows], dtype=torch.long),
         prompt_width=width, entry_ids=tuple(g.entry_id for g in groups), version=at,
     )
     return batch if device is None else _to(batch, device)
 
 
-Row = tuple[list[int], Sample, int]  # (prompt ids, sample, index of its group in the lease)
+#: (prompt ids, the columns of the sample's group, the sample's index in them, the group's index in the lease)
+Row = tuple[list[int], SampleColumns, int, int]
 
 
 def _rows(groups: Sequence[CompletedGroup], tokenizer: Any) -> tuple[list[Row], list[list[float]]]:
-    """One row per sample, and the rewards grouped as the lease groups them."""
+    """One row per sample, and the rewards grouped as the lease groups them. Reads each group's
+    columns, never its Samples: a lease's groups then never build a Python object per token."""
     rows: list[Row] = []
     rewards: list[list[float]] = []
     for gi, g in enumerate(groups):
         prompt = _prompt_ids(g, tokenizer)
-        if any(s.reward is None for s in g.samples):
+        cols = g.columns()
+        if any(r is None for r in cols.rewards):
             raise InvalidInput(f"group {g.entry_id} has samples without a reward: configure the workers' --reward")
-        rewards.append([float(s.reward) for s in g.samples])  # type: ignore[arg-type]  # checked above
-        rows += [(prompt, s, gi) for s in g.samples]
+        rewards.append([float(r) for r in cols.rewards])  # type: ignore[arg-type]  # checked above
+        rows += [(prompt, cols, i, gi) for i in range(len(cols.counts))]
     if not rows:
         raise InvalidInput("the lease has no samples")
     return rows, rewards
@@ -166,26 +170,33 @@ def _rows(groups: Sequence[CompletedGroup], tokenizer: Any) -> tuple[list[Row], 
 
 def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, int]:
     """(input_ids, attention_mask, response_mask, behaviour logprobs or None, prompt width): the
-    module's rule 2, prompts left-padded and responses right-padded."""
+    module's rule 2, prompts left-padded and responses right-padded. Each group's token ids and
+    logprobs are viewed as tensors in place (torch.frombuffer) and copied once, into the batch."""
     import torch
 
-    width = max(len(p) for p, _, _ in rows)
-    longest = max(1, max(len(s.token_ids) for _, s, _ in rows))
+    width = max(len(p) for p, _, _, _ in rows)
+    longest = max(1, max(cols.counts[s] for _, cols, s, _ in rows))
     n = len(rows)
     input_ids = torch.full((n, width + longest), pad_token_id, dtype=torch.long)
     attention = torch.zeros((n, width + longest), dtype=torch.long)
     response_mask = torch.zeros((n, longest), dtype=torch.float32)
     behaviour = torch.zeros((n, longest), dtype=torch.float32)
-    has_logprobs = all(len(s.logprobs) == len(s.token_ids) for _, s, _ in rows)
-    for i, (prompt, sample, _) in enumerate(rows):
-        k, m = len(prompt), len(sample.token_ids)
+    has_logprobs = all(cols.has_logprobs[s] or not cols.counts[s] for _, cols, s, _ in rows)
+    views: dict[int, tuple[Any, Any]] = {}  # group index -> (ids, logprobs) tensors sharing the columns' memory
+    for i, (prompt, cols, s, gi) in enumerate(rows):
+        k, m = len(prompt), cols.counts[s]
         input_ids[i, width - k:width] = torch.tensor(prompt, dtype=torch.long)
         attention[i, width - k:width + m] = 1
-        if m:
-            input_ids[i, width:width + m] = torch.tensor(sample.token_ids, dtype=torch.long)
-            response_mask[i, :m] = 1.0
-            if has_logprobs:
-                behaviour[i, :m] = torch.tensor(sample.logprobs, dtype=torch.float32)
+        if not m:
+            continue
+        if gi not in views:  # frombuffer refuses an empty buffer: only a group with tokens gets here
+            views[gi] = (torch.frombuffer(cols.token_ids, dtype=torch.int32),
+                         torch.frombuffer(cols.logprobs, dtype=torch.float32) if len(cols.logprobs) else None)
+        ids, lps = views[gi]
+        input_ids[i, width:width + m] = ids[cols.offsets[s]:cols.offsets[s] + m]
+        response_mask[i, :m] = 1.0
+        if has_logprobs:
+            behaviour[i, :m] = lps[cols.logprob_offsets[s]:cols.logprob_offsets[s] + m]
     return input_ids, attention, response_mask, behaviour if has_logprobs else None, width
 
 

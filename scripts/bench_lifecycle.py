@@ -88,14 +88,20 @@ def trainer_main(url: str, queue: str, payload: Payload, total: int, batch: int,
                  ready: Any, start: Any, stop: Any, results: Any) -> None:
     """The trainer (and producer): keep ``window`` groups in flight, lease ``batch`` at a time and
     commit, submitting one new group per committed one, until ``total`` are committed.
-    ``window=0``: everything was submitted beforehand; only lease and commit."""
+    ``window=0``: everything was submitted beforehand; only lease and commit.
+
+    Before each commit it touches the data as a tensor-building trainer does (``_touch``): it reads
+    every group's columns (``CompletedGroup.columns()``, what ``torch.frombuffer`` takes), copies
+    the token ids and logprobs once, checks they cover the payload's tokens and sums the token
+    counts. So a lazily decoded lease costs here what it costs a real trainer, no less; its Samples
+    are never built, as a trainer that reads the columns never builds them."""
     q = RolloutQueue.from_url(url, queue)
     run = uuid.uuid4().hex[:8]
     groups = [payload.group(f"{run}-{i}") for i in range(total)]
     ready.set()
     start.wait()
     t0, cpu0 = time.perf_counter(), time.process_time()
-    submitted = committed = leases = 0
+    submitted = committed = leases = tokens = 0
     while submitted < min(total, window):
         chunk = groups[submitted:min(total, window, submitted + batch)]
         q.submit(chunk)
@@ -105,6 +111,7 @@ def trainer_main(url: str, queue: str, payload: Payload, total: int, batch: int,
         if lease is None:
             continue
         leases += 1
+        tokens += _touch(lease.groups, payload)
         lease.commit()
         committed += len(lease)
         if window and submitted < total:
@@ -112,8 +119,24 @@ def trainer_main(url: str, queue: str, payload: Payload, total: int, batch: int,
             q.submit(chunk)
             submitted += len(chunk)
     results.put({"role": "trainer", "elapsed": time.perf_counter() - t0, "committed": committed,
-                 "leases": leases, "cpu_s": time.process_time() - cpu0})
+                 "leases": leases, "cpu_s": time.process_time() - cpu0, "tokens": tokens})
     q.close()
+
+
+def _touch(groups: Any, payload: Payload) -> int:
+    """Read each group as a trainer building tensors does: its columns, with one copy of the token ids
+    and the logprobs (what filling a tensor from ``torch.frombuffer`` costs). Returns the tokens read;
+    RuntimeError if a group does not carry the payload's tokens (the bench must not time a decode
+    that skipped them)."""
+    tokens = 0
+    for g in groups:
+        cols = g.columns()
+        ids, lps = cols.token_ids.tobytes(), cols.logprobs.tobytes()
+        want = payload.total_tokens
+        if sum(cols.counts) != want or len(ids) != 4 * want or len(lps) != (4 * want if payload.logprobs else 0):
+            raise RuntimeError(f"group {g.entry_id} holds {len(ids) // 4} token ids, the payload has {want}")
+        tokens += sum(cols.counts)
+    return tokens
 
 
 def run_lifecycle(url: str, payload: Payload, total: int, workers: int, reserve_batch: int = 8,

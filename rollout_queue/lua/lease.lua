@@ -25,7 +25,8 @@ ARGV:
   partial     0 or 1
   timeout_ms  lease duration in ms (0: the queue's lease_timeout)
 Returns:
-  {'ok', lease_id, deadline_ms, version, {{entry_id, attempt, min_version, payload, fields}, ...}}
+  {'ok', lease_id, deadline_ms, version, {{entry_id, attempt, min_version, fields}, ...}}
+                                         no payloads: the client reads them with one HMGET of results
   {'held', available, wake_id}           an admission hold is active; nothing leased
   {'insufficient', available, wake_id}   fewer fresh groups than asked (and not partial)
   {'lease_lost', state}                  the lease id exists with another token

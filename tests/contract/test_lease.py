@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue
+from rollout_queue import QueueConfig, RolloutQueue, flows
 from rollout_queue import protocol as p
+from rollout_queue.codec import decode_completion
 from rollout_queue.errors import ScriptError
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
@@ -30,6 +31,7 @@ from tests.contract.lifecycle import (
     reserve_all,
     samples_for,
     submit,
+    wait_past,
     zmembers,
 )
 from tests.helpers import wait_until
@@ -219,7 +221,9 @@ def test_replay_answers_identically(open_queue, raw, queue_name) -> None:
     assert first == second
     assert snapshot(raw, queue_name) == after_first, "a replay leases nothing more"
     parsed = p.parse_lease(second, "replay-1")
-    assert parsed.status == "ok" and len(parsed.groups) == 2
+    assert parsed.status == "ok" and len(parsed.members) == 2
+    decoded = p.decode_lease(parsed, execute(q, p.read_lease_payloads(q.keys, parsed)))
+    assert [g.entry_id for g in decoded.groups] == [m.entry_id for m in parsed.members] and not decoded.undecodable
     assert [o for o, _ in pel(raw, queue_name).values()].count("@lease:replay-1") == 2
     # The same lease id with another token is refused and writes nothing.
     other = p.build(q.keys, "lease", lease_id="replay-1", token="tok-2", trainer_id="t", groups=2, partial=0,
@@ -310,7 +314,7 @@ def test_a_batch_mixing_ghosts_stale_groups_and_attempts(open_queue, raw, queue_
     replay = execute(q, call)
     assert first == replay, "the replay reads attempts from the PEL, the lease from its walk: they agree"
     lease = p.parse_lease(first, "mix-1")
-    assert [(g.entry_id, g.attempt) for g in lease.groups] == [(a, 1), (c, 2), (d, 1), (e, 3)]
+    assert [(m.entry_id, m.attempt) for m in lease.members] == [(a, 1), (c, 2), (d, 1), (e, 3)]
     table = pel(raw, queue_name)
     assert {i: table[i] for i in (a, c, d, e)} == {a: ("@lease:mix-1", 1), c: ("@lease:mix-1", 2),
                                                    d: ("@lease:mix-1", 1), e: ("@lease:mix-1", 3)}
@@ -359,3 +363,79 @@ def test_a_lease_larger_than_one_command_chunk(open_queue, raw, queue_name) -> N
     assert zmembers(raw, queue_name, "buffer") == [] and zmembers(raw, queue_name, "bufver") == []
     lease.commit()
     assert q.stats().committed == 1001
+
+
+def test_the_reply_names_members_and_the_payloads_follow_in_one_hmget(open_queue, raw, queue_name) -> None:
+    """P2: the script answers {entry_id, attempt, min_version, fields} per member and no payload; the
+    flow reads the payloads with one HMGET after it, and the groups decode to what the workers sent."""
+    q = open_queue()
+    ids = fill_buffer(q, 3, versions=[0, 1, 2])
+    stored = [raw.hget(keys(queue_name)["results"], i) for i in ids[:2]]
+    flow = flows.lease(q.keys, "t", 2, False, None, 0, q.clock)
+    script = next(flow)
+    reply = execute(q, script)
+    assert [len(item) for item in reply[4]] == [4, 4], "entry_id, attempt, min_version, fields: no payload"
+    assert not any(blob in repr(reply).encode() for blob in stored)
+    read = flow.send(reply)
+    assert read == p.Command(("HMGET", keys(queue_name)["results"], *ids[:2]))
+    with pytest.raises(StopIteration) as stop:
+        flow.send(execute(q, read))
+    r, _ = stop.value.value
+    assert [(g.entry_id, g.attempt, g.min_version) for g in r.groups] == [(ids[0], 1, 0), (ids[1], 1, 1)]
+    for g, blob in zip(r.groups, stored):
+        assert g.samples == decode_completion(blob), "the lazy samples equal an eager decode"
+        cols = g.columns()
+        assert cols.token_ids.tolist() == [t for s in g.samples for t in s.token_ids]
+        assert list(cols.counts) == [len(s.token_ids) for s in g.samples]
+
+
+def _lease_until_the_read(q, groups: int, timeout_s: float | None = None):
+    """Drive flows.lease by hand up to its payload read; returns (flow, the HMGET, the parsed reply)."""
+    flow = flows.lease(q.keys, "t", groups, False, timeout_s, 0, q.clock)
+    reply = execute(q, next(flow))
+    read = flow.send(reply)
+    assert isinstance(read, p.Command) and read.args[0] == "HMGET"
+    return flow, read, p.parse_lease(reply, p.s(reply[1]))
+
+
+def _finish(q, flow, reply):
+    """Send ``reply`` into ``flow`` and run its remaining calls; returns the flow's result."""
+    try:
+        while True:
+            reply = execute(q, flow.send(reply))
+    except StopIteration as stop:
+        return stop.value
+
+
+def test_a_payload_deleted_before_the_read_is_undecodable_and_handed_back(open_queue, raw, queue_name) -> None:
+    """A payload gone between the script and the HMGET (edited by hand) makes its group undecodable:
+    the flow rolls the lease back (nothing trained, nothing lost) and tries again, never crashes."""
+    q = open_queue()
+    ids = fill_buffer(q, 3)
+    flow, read, parsed = _lease_until_the_read(q, 2)
+    raw.hdel(keys(queue_name)["results"], ids[0])
+    payloads = execute(q, read)
+    assert payloads[0] is None
+    decoded = p.decode_lease(parsed, payloads)
+    assert decoded.undecodable == (ids[0],) and [g.entry_id for g in decoded.groups] == [ids[1]]
+    assert _finish(q, flow, payloads) is None, "handed back, then only one fresh group is buffered"
+    assert raw.hget(keys(queue_name).lease(parsed.lease_id), "state") == b"rolled_back"
+    assert owners(raw, queue_name, ids) == ["@ready", "@ready", "@done"]
+    assert zmembers(raw, queue_name, "ready") == ids[:2]
+    assert q.stats().leased == 0
+
+
+def test_a_lease_expired_before_the_read_is_undecodable_and_left_to_the_reaper(open_queue, raw, queue_name) -> None:
+    """The lease expires between the script and the HMGET and the reaper requeues its members (their
+    payloads go): the read finds nothing, the flow's hand-back meets an expired lease, and the flow
+    tries again instead of raising LeaseLost at a trainer that never saw the lease."""
+    q = open_queue()
+    ids = fill_buffer(q, 2)
+    flow, read, parsed = _lease_until_the_read(q, 2, timeout_s=0.05)
+    wait_past(raw, parsed.deadline_ms)
+    assert q.reap().expired == 2
+    payloads = execute(q, read)
+    assert payloads == [None, None]
+    assert _finish(q, flow, payloads) is None
+    assert raw.hget(keys(queue_name).lease(parsed.lease_id), "state") == b"expired"
+    assert owners(raw, queue_name, ids) == ["@ready", "@ready"]

@@ -115,7 +115,8 @@ def test_logprobs_are_stored_as_float32() -> None:
 GOOD_ROW = [0, 1, 0, None, 0, "stop", []]
 
 
-@pytest.mark.parametrize("blob", [
+#: Garbage completions, each refused with CodecError (test_codec_columns.py runs them on decode_columns too).
+GARBAGE = [
     b"", b"RQC", b"RQC2" + b"\0" * 8, b"RQC1\x05\x00\x00\x00{nope",
     _blob({"v": 2, "s": []}), _blob([1, 2]), _blob({"v": 1}), _blob({"v": 1, "s": "rows"}),
     _blob({"v": 1, "s": [GOOD_ROW]}),                                       # body shorter than the header says
@@ -127,7 +128,10 @@ GOOD_ROW = [0, 1, 0, None, 0, "stop", []]
     _blob({"v": 1, "s": [[-1, 1, 0, None, 0, "stop", []]]}, b"\0" * 4),     # negative slot
     _blob({"v": 1, "s": [[0, 1, 1, None, 0, "stop", []]]}, b"\0\0\0\0" + struct.pack("<f", 0.5)),  # logprob > 0
     _blob({"v": 1, "s": [[0, -1, 0, None, 0, "stop", []], [1, 1, 0, None, 0, "stop", []]]}),  # negative count
-])
+]
+
+
+@pytest.mark.parametrize("blob", GARBAGE)
 def test_a_garbage_completion_raises_codec_error(blob: bytes) -> None:
     with pytest.raises(CodecError):
         decode_completion(blob)

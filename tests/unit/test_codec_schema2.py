@@ -172,7 +172,8 @@ def test_the_fixture_blob_is_good() -> None:
     assert decode_completion(_head(b"RQC2", {"v": 2, "s": [ROW]}) + GOOD_BODY) == (Sample(0, (1, 2), (-0.5, -0.25)),)
 
 
-@pytest.mark.parametrize(("blob", "message"), [
+#: (blob, what the CodecError says): one per error path; test_codec_columns.py runs them on decode_columns too.
+MALFORMED = [
     (b"RQC2", "bad magic"),                                                      # shorter than magic + length
     (b"RQC2\x01\x00\x00", "bad magic"),
     (b"RQC3" + b"\0" * 8, "bad magic"),
@@ -210,7 +211,10 @@ def test_the_fixture_blob_is_good() -> None:
     (_head(b"RQC2", {"v": 2, "s": [[0, 2, 1, None, 0, "stop", None]]}) + GOOD_BODY, "bad sample in completion"),
     (_head(b"RQC2", {"v": 2, "s": [[0, 2, 1, None, 0, "stop", [2**31]]]}) + GOOD_BODY, "versions must be"),
     (_head(b"RQC2", {"v": 2, "s": [[0, 2, 1, None, 0, "stop", ["1"]]]}) + GOOD_BODY, "versions must be"),
-], ids=lambda x: x if isinstance(x, str) else None)
+]
+
+
+@pytest.mark.parametrize(("blob", "message"), MALFORMED, ids=lambda x: x if isinstance(x, str) else None)
 def test_a_malformed_schema_2_blob_raises_codec_error_saying_what(blob: bytes, message: str) -> None:
     with pytest.raises(CodecError, match=message):
         decode_completion(blob)

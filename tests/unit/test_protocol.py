@@ -202,10 +202,13 @@ def test_parse_reserve_raises_protocol_error_for_a_malformed_reply(reply: list[A
 
 def test_parse_lease_reads_members_and_lists_the_undecodable() -> None:
     samples = (Sample(0, (1,)), Sample(1, (2,)))
-    reply = [b"ok", b"L1", 1234, 5, [[b"1-0", 2, b"4", encode_completion(samples), _kv(GROUP)],
-                                      [b"2-0", 1, b"5", b"garbage", _kv(GROUP)]]]
+    reply = [b"ok", b"L1", 1234, 5, [[b"1-0", 2, b"4", _kv(GROUP)], [b"2-0", 1, b"5", _kv(GROUP)]]]
     r = p.parse_lease(reply, "L1")
-    assert (r.status, r.lease_id, r.deadline_ms, r.version, r.undecodable) == ("ok", "L1", 1234, 5, ("2-0",))
+    assert (r.status, r.lease_id, r.deadline_ms, r.version, r.groups) == ("ok", "L1", 1234, 5, ())
+    assert [(m.entry_id, m.attempt, m.min_version) for m in r.members] == [("1-0", 2, "4"), ("2-0", 1, "5")]
+    assert p.read_lease_payloads(KEYS, r) == p.Command(("HMGET", KEYS["results"], "1-0", "2-0"))
+    r = p.decode_lease(r, [encode_completion(samples), b"garbage"])
+    assert (r.available, r.undecodable) == (1, ("2-0",))
     [g] = r.groups
     assert (g.entry_id, g.group, g.samples, g.attempt, g.min_version) == ("1-0", GROUP, samples, 2, 4)
 
@@ -216,7 +219,8 @@ def test_parse_lease_reads_each_refusal(status: str) -> None:
     assert (r.status, r.available, r.wake_id, r.groups) == (status, 3, "9-0", ())
 
 
-@pytest.mark.parametrize("reply", [[b"ok", b"L1"], [b"ok", b"L1", 1, 1, [[b"1-0"]]], [b"held"]], ids=repr)
+@pytest.mark.parametrize("reply", [[b"ok", b"L1"], [b"ok", b"L1", 1, 1, [[b"1-0"]]], [b"held"],
+                                   [b"ok", b"L1", 1, 1, [[b"1-0", 1, b"0", b"payload", []]]]], ids=repr)
 def test_parse_lease_raises_protocol_error_for_a_malformed_reply(reply: list[Any]) -> None:
     with pytest.raises(ProtocolError):
         p.parse_lease(reply, "L1")

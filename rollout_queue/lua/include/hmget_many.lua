@@ -1,7 +1,7 @@
 --[[
 hmget_many: the values of `fields` in hash `key`, in order (false where absent), in one HMGET per
 1000 fields. Uses: nothing but its arguments.
-Why: one command instead of one HGET per member (lease's payloads, submit's source_id lookups);
+Why: one command instead of one HGET per member (submit's source_id lookups, attempt histories);
 chunked so unpack() stays far below Lua's C-stack limit.
 ]]
 local function hmget_many(key, fields)
