@@ -41,6 +41,7 @@ from .models import (
     Sample,
     SourceGroup,
 )
+from .owned import OwnedAttempt
 from .partitioned import PartitionedQueue
 from .transport import RetryPolicy
 
@@ -48,7 +49,7 @@ __all__ = [
     "AsyncFleetReserver", "AsyncHold", "AsyncLease", "AsyncPartitionedQueue", "AsyncRolloutQueue",
     "AsyncWorker", "CheckpointPruned", "CompletedGroup", "ConfigMismatch", "DeadLetter", "FleetReserver",
     "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost", "MalformedCompletion",
-    "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnershipLost", "PartitionedQueue",
+    "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnedAttempt", "OwnershipLost", "PartitionedQueue",
     "PartitionsUnreachable", "PayloadTooLarge", "ProtocolError", "QueueConfig", "QueueStats", "ReapReport",
     "Receipt", "Reservation", "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError",
     "SourceGroup", "StaleReceipt", "StateConflict", "VersionRegression", "Worker",

@@ -4,7 +4,8 @@ Owns deriving each role's rules from the script library itself, so that they fol
 changes: which scripts a role may run (EVALSHA allow-listed by SHA1, with Redis's ``+cmd|first-arg``
 rule), which commands those scripts call (a script runs with its caller's permissions), which keys
 they declare or build (``lease:*``), plus the plain commands a role's client sends outside scripts
-(blocking XREAD on a wake stream, HGET of the version, SUBSCRIBE to the versions channel).
+(blocking XREAD on a wake stream, HGET of the version, the trainer's HMGET of the payloads it leased,
+SUBSCRIBE to the versions channel).
 It does no I/O; ``rollout-queue acl`` prints or applies the rules.
 
 What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", says it for people):
@@ -80,9 +81,9 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
          _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
                   "publish_version", "checkpoint", "restore", "stats"),
-         ("hget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True),
+         ("hget", "hmget", "xread"), ("meta", "results", "wake_work", "wake_done"), versions_channel=True),
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
-         _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release")),
+         _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune")),
     Role("operator", "read-only: stats, top, inspect, workers, leases, metrics, the redis-cli guide",
          ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True),
 )}

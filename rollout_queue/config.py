@@ -18,6 +18,9 @@ class QueueConfig:
 
     ``max_staleness=None`` is strictly on-policy: a completion generated before the current policy
     version is requeued at lease time. ``batch_groups=None`` disables admission control.
+    ``settled_retention_s`` is how long a settled group's ledger line and source_id mapping are
+    kept (the window in which a repeated settlement replays and a resubmitted source_id is
+    deduplicated); the reaper prunes them after it. ``None`` keeps them for the queue's life.
     """
 
     max_executing_samples: int = 4096
@@ -33,6 +36,7 @@ class QueueConfig:
     hold_timeout_s: float = 600.0
     commits_maxlen: int = 100_000
     lease_record_ttl_s: float = 86_400.0
+    settled_retention_s: float | None = 86_400.0
 
     def __post_init__(self) -> None:
         for name in ("max_executing_samples", "max_retained_groups", "max_completed_groups", "max_attempts",
@@ -44,6 +48,11 @@ class QueueConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"QueueConfig.{name} must be a positive number of seconds, got {value!r}")
+        retention = self.settled_retention_s
+        if retention is not None and (not isinstance(retention, (int, float)) or isinstance(retention, bool)
+                                      or not retention > 0 or retention == float("inf")):
+            raise ValueError("QueueConfig.settled_retention_s must be None (keep forever) or a positive, finite "
+                             f"number of seconds, got {retention!r}")
         if self.max_staleness is not None and (not isinstance(self.max_staleness, int) or self.max_staleness < 0):
             raise ValueError(f"QueueConfig.max_staleness must be None or an integer >= 0, got {self.max_staleness!r}")
         if self.batch_groups is not None and (not isinstance(self.batch_groups, int) or self.batch_groups < 1):
@@ -67,6 +76,7 @@ class QueueConfig:
             "hold_timeout_ms": str(_ms(self.hold_timeout_s)),
             "commits_maxlen": str(self.commits_maxlen),
             "lease_record_ttl_ms": str(_ms(self.lease_record_ttl_s)),
+            "settled_retention_ms": str(0 if self.settled_retention_s is None else _ms(self.settled_retention_s)),
         }
 
     @classmethod
@@ -74,6 +84,7 @@ class QueueConfig:
         """Rebuild a config from the stored form (the inverse of to_meta)."""
         staleness = int(meta["max_staleness"])
         batch = int(meta["batch_groups"])
+        retention = int(meta["settled_retention_ms"])
         return cls(
             max_executing_samples=int(meta["max_executing_samples"]),
             max_retained_groups=int(meta["max_retained_groups"]),
@@ -88,6 +99,7 @@ class QueueConfig:
             hold_timeout_s=int(meta["hold_timeout_ms"]) / 1000,
             commits_maxlen=int(meta["commits_maxlen"]),
             lease_record_ttl_s=int(meta["lease_record_ttl_ms"]) / 1000,
+            settled_retention_s=None if retention == 0 else retention / 1000,
         )
 
     def replace(self, **changes: object) -> "QueueConfig":

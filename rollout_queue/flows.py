@@ -18,7 +18,7 @@ import orjson
 from . import protocol as p
 from .codec import SCHEMA_VERSION, CodecError, encode_completion, encode_group
 from .config import QueueConfig
-from .errors import InvalidInput, PayloadTooLarge
+from .errors import InvalidInput, LeaseLost, PayloadTooLarge
 from .keys import QueueKeys
 from .models import (
     DeadLetter,
@@ -267,8 +267,9 @@ def close_worker(keys: QueueKeys, worker_id: str, terminal: str, reason: str) ->
 def lease(keys: QueueKeys, trainer_id: str, groups: int, partial: bool, timeout_s: float | None, block_ms: int,
           clock: Clock) -> Flow[tuple[p.LeaseReply, str] | None]:
     """Lease exactly ``groups`` fresh completed groups (>= 1 when partial), waiting up to ``block_ms``.
-    Returns (reply, token) or None. Members whose payload does not decode (garbage written into
-    Redis) make the flow roll the lease back and try again: they are regenerated, nothing is lost."""
+    Returns (reply, token) or None. The script answers ids and fields; the payloads follow with one
+    HMGET (P2). Members whose payload does not decode (garbage written into Redis) or is gone by
+    then make the flow hand the lease back and try again: they are regenerated, nothing is lost."""
     if groups < 1:
         raise ValueError("groups must be >= 1")
     deadline = clock() + block_ms / 1000
@@ -278,13 +279,25 @@ def lease(keys: QueueKeys, trainer_id: str, groups: int, partial: bool, timeout_
         reply = yield p.build(keys, "lease", lease_id=lease_id, token=token, trainer_id=trainer_id, groups=groups,
                               partial=1 if partial else 0, timeout_ms=timeout_ms)
         r = p.parse_lease(reply, lease_id)
-        if r.status == "ok" and not r.undecodable:
-            return r, token
         if r.status == "ok":
-            yield from rollback(keys, lease_id, token)
+            payloads = (yield p.read_lease_payloads(keys, r)) if r.members else []
+            r = p.decode_lease(r, payloads)
+            if not r.undecodable:
+                return r, token
+            yield from _hand_back(keys, lease_id, token)
             continue
         if block_ms <= 0 or not (yield from _wait(keys["wake_done"], r.wake_id, deadline, clock)):
             return None
+
+
+def _hand_back(keys: QueueKeys, lease_id: str, token: str) -> Flow[None]:
+    """Roll back a lease with undecodable members. One that already expired (a payload read after its
+    deadline finds the members requeued) has nothing left to hand back: the reaper requeued it."""
+    try:
+        yield from rollback(keys, lease_id, token)
+    except LeaseLost as exc:
+        if exc.state != "expired":
+            raise
 
 
 def commit(keys: QueueKeys, lease_id: str, token: str, step: int | None) -> Flow[str]:
@@ -365,8 +378,15 @@ def restore(keys: QueueKeys, step: int) -> Flow[int]:
 # -- reaper --------------------------------------------------------------------------------------
 
 
+#: Most prune calls in one reap pass (BATCH groups each): 8,192 groups, a few tens of ms of Redis
+#: time, so a backlog of due groups (after the reaper was down, or retention was shortened) is
+#: worked off over several passes without delaying the reaping of workers and leases behind it.
+PRUNE_CALLS_PER_PASS = 256
+
+
 def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
-    """One reaper pass: silent workers, expired leases, stale groups, expired holds, orphans.
+    """One reaper pass: silent workers, expired leases, stale groups, expired holds, orphans, and
+    the ledger lines and source_id mappings of groups settled longer ago than settled_retention_s.
     Every action is its own script that re-checks its condition, so reapers may run concurrently."""
     reply = yield p.build(keys, "reap_scan", count=budget)
     _, r = p.check(reply, ("ok",), {})
@@ -395,6 +415,22 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
             report += ReapReport(stale=int(rr[1]))
             if int(rr[2]):
                 break
+    if int(r[6]):
+        report += yield from prune(keys, max(budget, BATCH), PRUNE_CALLS_PER_PASS)
+    return report
+
+
+def prune(keys: QueueKeys, count: int = BATCH, max_calls: int | None = None) -> Flow[ReapReport]:
+    """Delete the ledger lines and source_id mappings of groups settled longer ago than the queue's
+    settled_retention_s, ``count`` groups per call (>= 32), until none is due or ``max_calls`` ran."""
+    report, calls = ReapReport(), 0
+    while max_calls is None or calls < max_calls:
+        calls += 1
+        reply = yield p.build(keys, "prune", count=count)
+        _, r = p.check(reply, ("ok",), {})
+        report += ReapReport(pruned=int(r[1]))
+        if int(r[2]):
+            break
     return report
 
 
@@ -445,6 +481,7 @@ def stats(keys: QueueKeys) -> Flow[QueueStats]:
         staleness_max=max(stale) if stale else None,
         staleness_mean=sum(stale) / len(stale) if stale else None,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
+        ledger_lines=int(r[13]), source_ids=int(r[14]),
     )
 
 

@@ -31,6 +31,7 @@ KEY_SUFFIXES: dict[str, str] = {
     "commits": "commits",
     "kept": "kept",
     "producers": "producers",
+    "settled": "settled",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

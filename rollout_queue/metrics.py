@@ -41,6 +41,7 @@ COUNTERS = {
     "restored": ("rollout_queue_restored", "Committed groups put back to ready by restore(step)."),
     "dead_requeued": ("rollout_queue_dead_letters_requeued", "Dead letters submitted again."),
     "dead_purged": ("rollout_queue_dead_letters_purged", "Dead letters deleted by dlq purge."),
+    "pruned": ("rollout_queue_pruned", "Settled groups whose ledger line outlived settled_retention_s."),
 }
 
 
@@ -78,6 +79,10 @@ def _gauges(snap: Snapshot, q: str) -> Iterator[Metric]:
                  ("queue",), [((q,), st.retained)])
     yield _gauge("rollout_queue_kept_groups", "Committed groups kept until a checkpoint covers them.",
                  ("queue",), [((q,), st.kept)])
+    yield _gauge("rollout_queue_ledger_lines", "Ledger lines (one per entry until settled_retention_s after "
+                 "it settled): the memory that grows with the run.", ("queue",), [((q,), st.ledger_lines)])
+    yield _gauge("rollout_queue_source_ids", "source_id -> entry mappings kept for idempotent submit.",
+                 ("queue",), [((q,), st.source_ids)])
     yield _gauge("rollout_queue_policy_version", "Current policy version (-1 before the first publish).",
                  ("queue",), [((q,), st.version if st.version_published else -1)])
     status = {"alive": 0, "silent": 0, "unregistered": 0}

@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 import re
 from array import array
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import FrozenInstanceError, dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import InvalidInput
+
+if TYPE_CHECKING:
+    from .columns import SampleColumns
 
 _ENTRY_ID = re.compile(r"^\d+-\d+$")
 _WORKER_ID = re.compile(r"^[A-Za-z0-9_.:/\-][A-Za-z0-9_.:/\-@+]{0,199}$")
@@ -132,49 +135,127 @@ class Sample:
         self._check_fields()
 
     @classmethod
-    def _decoded(cls, slot: int, token_ids: tuple[int, ...], logprobs: tuple[float, ...], reward: float | None,
-                 version: int, finish_reason: str, versions: Sequence[int]) -> "Sample":
-        """A sample whose per-token values the codec has already checked in bulk.
+    def _trusted(cls, slot: int, token_ids: tuple[int, ...], logprobs: tuple[float, ...], reward: float | None,
+                 version: int, finish_reason: str, versions: tuple[int, ...]) -> "Sample":
+        """A sample built from values SampleColumns has already checked, with no check of its own.
 
-        For codec.decode_completion only: ``token_ids`` must be a tuple of ints unpacked from an int32
-        array and ``logprobs`` a tuple of floats (empty, or one per token) that the codec checked with
-        ``logprobs_ok`` over the whole blob at once. Re-running those checks per sample cost about as much
-        as the decode itself; the per-sample fields (from the untrusted JSON header) are still checked.
+        For SampleColumns.samples only: the columns checked every value on construction (the
+        per-token values at C speed over whole arrays), and re-checking per sample cost about as much
+        as the decode itself.
         """
         sample = cls.__new__(cls)
         for name, value in (("slot", slot), ("token_ids", token_ids), ("logprobs", logprobs), ("reward", reward),
                             ("version", version), ("finish_reason", finish_reason), ("versions", versions)):
             object.__setattr__(sample, name, value)
-        sample._check_fields()
         return sample
 
     def _check_fields(self) -> None:
         """Everything but the per-token values: slot, reward, version, finish reason, versions."""
-        if not isinstance(self.slot, int) or isinstance(self.slot, bool) or self.slot < 0:
-            raise InvalidInput(f"slot must be an integer >= 0, got {self.slot!r}")
-        if self.reward is not None:
-            if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
-                raise InvalidInput(f"reward must be a finite number or None, got {self.reward!r}")
-            object.__setattr__(self, "reward", float(self.reward))
-        if not isinstance(self.version, int) or isinstance(self.version, bool) or not 0 <= self.version < 2**21:
-            raise InvalidInput(f"version must be an integer in 0..2^21-1, got {self.version!r}")
-        if not isinstance(self.finish_reason, str) or len(self.finish_reason) > 32:
-            raise InvalidInput("finish_reason must be a short string")
-        check_text(self.finish_reason, "finish_reason")
-        vs = tuple(self.versions)
-        _check_int32s(vs, "versions")
-        object.__setattr__(self, "versions", vs)
+        reward, versions = check_sample_fields(self.slot, self.reward, self.version, self.finish_reason,
+                                               self.versions)
+        object.__setattr__(self, "reward", reward)
+        object.__setattr__(self, "versions", versions)
 
 
-@dataclass(frozen=True)
+def check_sample_fields(slot: Any, reward: Any, version: Any, finish_reason: Any,
+                        versions: Any) -> tuple[float | None, tuple[int, ...]]:
+    """Check a sample's fields other than its tokens; returns (reward as float or None, versions).
+
+    One rule for Sample and SampleColumns, so a blob the codec accepts as columns is exactly one whose
+    Samples would construct. Raises InvalidInput (a ValueError), or TypeError for a non-iterable versions.
+    """
+    if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
+        raise InvalidInput(f"slot must be an integer >= 0, got {slot!r}")
+    if reward is not None:
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise InvalidInput(f"reward must be a finite number or None, got {reward!r}")
+        reward = float(reward)
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**21:
+        raise InvalidInput(f"version must be an integer in 0..2^21-1, got {version!r}")
+    if not isinstance(finish_reason, str) or len(finish_reason) > 32:
+        raise InvalidInput("finish_reason must be a short string")
+    check_text(finish_reason, "finish_reason")
+    vs = tuple(versions)
+    _check_int32s(vs, "versions")
+    return reward, vs
+
+
 class CompletedGroup:
-    """A completed group inside a lease: the pristine group and its samples."""
+    """A completed group inside a lease: the pristine group and its samples.
 
+    ``CompletedGroup(entry_id, group, samples, attempt, min_version)`` builds one from Samples (tests,
+    users); a lease builds it from the decoded columns (``from_columns``) and makes ``samples`` only
+    on first access: a trainer that reads ``columns()`` into tensors never pays for 4,096 Python
+    objects per group. Either way each view is built once and cached, and both hold the same values.
+    Immutable like a frozen dataclass (the columns' arrays are shared: treat them as read-only);
+    equality compares entry_id, group, samples, attempt and min_version.
+    """
+
+    __slots__ = ("entry_id", "group", "attempt", "min_version", "_samples", "_columns")
     entry_id: str
     group: SourceGroup
-    samples: tuple[Sample, ...]
     attempt: int
     min_version: int
+
+    def __init__(self, entry_id: str, group: SourceGroup, samples: Sequence[Sample], attempt: int,
+                 min_version: int) -> None:
+        self._set(entry_id, group, tuple(samples), None, attempt, min_version)
+
+    @classmethod
+    def from_columns(cls, entry_id: str, group: SourceGroup, columns: SampleColumns, attempt: int,
+                     min_version: int) -> "CompletedGroup":
+        """A group whose samples are built from ``columns`` when first read (the lease path)."""
+        out = cls.__new__(cls)
+        out._set(entry_id, group, None, columns, attempt, min_version)
+        return out
+
+    def _set(self, entry_id: str, group: SourceGroup, samples: tuple[Sample, ...] | None,
+             columns: SampleColumns | None, attempt: int, min_version: int) -> None:
+        for name, value in (("entry_id", entry_id), ("group", group), ("_samples", samples), ("_columns", columns),
+                            ("attempt", attempt), ("min_version", min_version)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        """The samples, slot order as completed (built from the columns on first access, then cached)."""
+        if self._samples is None:
+            # Two threads racing here build equal tuples; either may be kept.
+            object.__setattr__(self, "_samples", self._columns.samples())  # type: ignore[union-attr]
+        return self._samples  # type: ignore[return-value]
+
+    def columns(self) -> SampleColumns:
+        """Every sample's tokens, logprobs and fields as flat columns (see SampleColumns), zero-copy
+        for a leased group: ``torch.frombuffer(g.columns().token_ids, dtype=torch.int32)``."""
+        if self._columns is None:
+            from .columns import SampleColumns  # columns.py builds on Sample: imported here, not at the top
+
+            object.__setattr__(self, "_columns", SampleColumns.of(self._samples))  # type: ignore[arg-type]
+        return self._columns  # type: ignore[return-value]
+
+    def _values(self) -> tuple[Any, ...]:
+        return (self.entry_id, self.group, self.samples, self.attempt, self.min_version)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.entry_id, self.attempt, self.min_version))
+
+    def __repr__(self) -> str:
+        return ("CompletedGroup(entry_id={!r}, group={!r}, samples={!r}, attempt={!r}, min_version={!r})"
+                .format(*self._values()))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy.copy / deepcopy rebuild it through the constructor (slot-state restore would hit __setattr__).
+        return (CompletedGroup, (self.entry_id, self.group, self.samples, self.attempt, self.min_version))
 
 
 @dataclass(frozen=True)
@@ -216,11 +297,16 @@ class QueueStats:
     terminals: Mapping[str, int]
     filtered_by_reason: Mapping[str, int]
     counters: Mapping[str, int]
+    # Bookkeeping kept after settlement: one ledger line per entry and one ids field per source_id,
+    # each removed settled_retention_s after the group settled (the reaper prunes them).
+    ledger_lines: int = 0
+    source_ids: int = 0
 
 
 @dataclass(frozen=True)
 class ReapReport:
-    """What one reap pass did."""
+    """What one reap pass did. ``pruned``: settled groups whose ledger line (and source_id mapping)
+    outlived ``settled_retention_s`` and were deleted."""
 
     lost: int = 0
     expired: int = 0
@@ -228,6 +314,7 @@ class ReapReport:
     dead: int = 0
     holds_expired: int = 0
     orphans: int = 0
+    pruned: int = 0
 
     def __add__(self, other: "ReapReport") -> "ReapReport":
         return ReapReport(*(a + b for a, b in zip(_astuple(self), _astuple(other))))
@@ -253,7 +340,7 @@ class DeadLetter:
 
 
 def _astuple(r: ReapReport) -> tuple[int, ...]:
-    return (r.lost, r.expired, r.stale, r.dead, r.holds_expired, r.orphans)
+    return (r.lost, r.expired, r.stale, r.dead, r.holds_expired, r.orphans, r.pruned)
 
 
 def check_text(text: str, what: str) -> str:
@@ -276,6 +363,7 @@ def logprobs_ok(values: Sequence[float]) -> bool:
         return True
     total = sum(values)
     return total == total and max(values) <= 0.0
+
 
 
 _FLOAT_ONLY = {float}

@@ -1,4 +1,5 @@
-"""The reaper process: calls ``q.reap()`` every interval until told to stop.
+"""The reaper process: calls ``q.reap()`` every interval until told to stop (a pass also prunes the
+ledger lines and source_id mappings of groups settled longer ago than ``settled_retention_s``).
 
 Owns only the loop, its logging and its shutdown; every decision is made inside the reap scripts
 (flows.reap), so several reapers may run at once and a killed reaper loses nothing: the next pass
@@ -41,10 +42,12 @@ def run_reaper(queue: RolloutQueue, interval_s: float = 1.0, stop: threading.Eve
             if report.total:
                 log.info("reaped", extra=fields(queue=queue.name, lost=report.lost, expired=report.expired,
                                                 stale=report.stale, dead=report.dead,
-                                                holds_expired=report.holds_expired, orphans=report.orphans))
+                                                holds_expired=report.holds_expired, orphans=report.orphans,
+                                                pruned=report.pruned))
         stop.wait(interval_s)
     log.info("reaper stopped", extra=fields(queue=queue.name, passes=passes, lost=total.lost,
-                                            expired=total.expired, stale=total.stale, dead=total.dead))
+                                            expired=total.expired, stale=total.stale, dead=total.dead,
+                                            pruned=total.pruned))
     return total
 
 

@@ -302,7 +302,8 @@ def _unowned_state(keys: QueueKeys, entry_id: str, in_stream: bool, ledger: str 
         return ledger.split("|")[1]
     if in_stream and stream_id(entry_id) > stream_id((yield from _last_delivered(keys))):
         return "backlog"
-    raise NotFound(f"entry {entry_id} is not in queue {keys.queue!r} (never submitted, or its ledger line is gone)")
+    raise NotFound(f"entry {entry_id} is not in queue {keys.queue!r} (never submitted, or settled and its ledger "
+                   "line pruned after settled_retention_s)")
 
 
 def _ledger_attempt(ledger: str | None) -> int:

@@ -87,7 +87,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
         raise UsageError(f"config set takes name=value pairs, got {text!r}")
     if name not in QueueConfig.__dataclass_fields__:
         raise UsageError(f"unknown config field {name!r}; known: {', '.join(QueueConfig.__dataclass_fields__)}")
-    if name in ("max_staleness", "batch_groups") and raw.lower() in ("none", "null", ""):
+    if name in ("max_staleness", "batch_groups", "settled_retention_s") and raw.lower() in ("none", "null", ""):
         return name, None
     if name == "buffer_order":
         return name, raw

@@ -60,6 +60,8 @@ def states_section(snap: Snapshot) -> Section:
     rows[STATES.index("executing")] = ("executing", st.executing_groups, f"{st.executing_samples} samples")
     rows[STATES.index("committed")] = ("committed", st.committed, f"{st.kept} kept until a checkpoint" if st.kept else "")
     rows.append(("retained", st.retained, "reservations in the PEL (ready + executing + completed + leased)"))
+    rows.append(("ledger lines", st.ledger_lines, f"{st.source_ids} source ids; {st.counters.get('pruned', 0)} "
+                 "settled lines pruned after settled_retention_s"))
     return section("groups by state", ("state", "groups", ""), rows)
 
 

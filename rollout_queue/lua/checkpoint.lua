@@ -5,6 +5,7 @@ KEYS:
   src        the reservations stream
   meta       config and counters
   kept       committed entry IDs kept for restore, scored by step
+  settled    settle times of settled groups (entry ID -> source_id), for prune
 ARGV:
   step       integer, the checkpointed trainer step
   count      at most this many entries per call
@@ -13,20 +14,34 @@ Returns:
                              members that are not committed entries are dropped, not pruned
 Invariant:
   once done, no kept entry has step <= checkpoint, and restore refuses to go below it; only payloads
-  of committed entries that nobody owns are ever deleted.
+  of committed entries that nobody owns are ever deleted. Each dropped entry is recorded in settled
+  (its retention starts now: until here restore needed its ledger line).
 ]]
 -- @include load_config
 -- @include kept_entry
+-- @include fields_of
+-- @include record_settled
 local cfg = load_config()
 local step, count = tonumber(A.step), tonumber(A.count)
 if not step or step < 0 or step ~= math.floor(step) then bug('bad step: ' .. tostring(A.step)) end
 local cursor = last_delivered()
 local ids = redis.call('ZRANGEBYSCORE', K.kept, '-inf', step, 'LIMIT', 0, count)
+-- Only a committed entry that nobody owns may lose its payload: a kept member that is anything
+-- else was written by hand (a ghost) and is removed from kept without touching the stream.
+local drop, record = {}, {}
+for _, id in ipairs(ids) do
+  local kv = kept_entry(id, cursor)
+  drop[id] = kv
+  if kv then
+    table.insert(record, id)
+    table.insert(record, fields_of(kv).sid or '')
+  end
+end
+-- All reads first, then the record (the first write, so a bad settled key fails before any other).
+record_settled(cfg, record)
 local dropped = 0
 for _, id in ipairs(ids) do
-  -- Only a committed entry that nobody owns may lose its payload: a kept member that is anything
-  -- else was written by hand (a ghost) and is removed from kept without touching the stream.
-  if kept_entry(id, cursor) then
+  if drop[id] then
     redis.call('XDEL', K.src, id)
     dropped = dropped + 1
   else

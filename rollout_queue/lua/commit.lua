@@ -10,6 +10,7 @@ KEYS:
   commits    capped stream, one line per committed lease
   kept       committed entry IDs kept for checkpoint restore, scored by step
   wake_work  wake stream for blocked reservers
+  settled    settle times of settled groups (entry ID -> source_id), for prune
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
 ARGV:
   lease_id   the lease
@@ -21,7 +22,9 @@ Returns:
   a ROLLOUTQ error when the lease record names other members than the PEL gives it; nothing written
 Invariant:
   every member is XACKed exactly once; it appears in exactly one commits line; with a step its
-  pristine entry stays in the stream (indexed in kept) until a checkpoint covers the step.
+  pristine entry stays in the stream (indexed in kept) until a checkpoint covers the step; without
+  one (or a step a checkpoint already covers) the members are recorded in settled, with their
+  source_ids, for prune (when settled_retention_s is set); a kept member is recorded by checkpoint.
 ]]
 -- @include now_ms
 -- @include load_config
@@ -29,6 +32,8 @@ Invariant:
 -- @include ledger
 -- @include call_batched
 -- @include wake
+-- @include pending_sids
+-- @include record_settled
 local now = now_ms()
 local cfg = load_config()
 local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
@@ -70,6 +75,18 @@ if k > 0 then
     table.insert(settled, 's|committed|' .. (attempt or '0') .. '|' .. (worker or '') .. '|' .. A.lease_id .. '|' .. A.step)
     table.insert(kept, step)
     table.insert(kept, id)
+  end
+  if not keep and cfg.settled_retention_ms then
+    -- pending_sids' history read bumps the members' delivery counts (harmless: they are XACKed
+    -- below), so the XADD after it must not fail: a settled key of the wrong type fails here first.
+    redis.call('XLEN', K.settled)
+    -- Read before the XACK (history reads list pending entries only) and the XDEL (it drops the fields).
+    local sids, record = pending_sids(owner, k), {}
+    for _, id in ipairs(ids) do
+      table.insert(record, id)
+      table.insert(record, sids[id] or '')
+    end
+    record_settled(cfg, record)
   end
   call_batched({'XACK', K.src, 'rollout'}, ids)
   if keep then call_batched({'ZADD', K.kept}, kept) else call_batched({'XDEL', K.src}, ids) end

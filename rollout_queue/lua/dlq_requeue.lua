@@ -6,6 +6,7 @@ KEYS:
   ids        hash source_id -> entry ID
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  settled    settle times of settled groups (entry ID -> source_id), for prune
 ARGV:
   dlq_id     the dead letter's ID in the dlq stream
 Returns:
@@ -13,14 +14,20 @@ Returns:
   {'not_found'}          no such dead letter; nothing written
 Invariant:
   the dead letter leaves the dlq and its group is in the backlog exactly once, under a new entry ID
-  that its source_id now maps to; attempts start again from 1.
+  that its source_id now maps to; attempts start again from 1. The old entry ID is recorded in
+  settled for prune (prune leaves the source_id, which maps to the new entry, alone).
 ]]
 -- @include load_config
 -- @include wake
-load_config()
+-- @include fields_of
+-- @include record_settled
+local cfg = load_config()
 local r = redis.call('XRANGE', K.dlq, A.dlq_id, A.dlq_id)
 if not r[1] then return {'not_found'} end
 local kv = r[1][2]
+local old = fields_of(kv)
+-- The first write: a settled key of the wrong type then fails the call before anything else changed.
+if old.entry_id then record_settled(cfg, {old.entry_id, old.source_id or old['f:sid'] or ''}) end
 local args = {'XADD', K.src, '*'}
 local sid = nil
 for i = 1, #kv, 2 do

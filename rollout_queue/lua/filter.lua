@@ -6,6 +6,7 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   wake_work  wake stream for blocked reservers
+  settled    settle times of settled groups (entry ID -> source_id), for prune
 ARGV:
   entry_id   the receipt's entry ID
   attempt    the receipt's attempt
@@ -16,7 +17,7 @@ Returns:
   {'stale_receipt', owner, delivery_count}   nothing written
 Invariant:
   the entry is XACKed and XDELed, its executing and retained capacity released, and the ledger says
-  s|filtered for this exact receipt.
+  s|filtered for this exact receipt; the settlement is recorded in settled for prune.
 ]]
 -- @include now_ms
 -- @include load_config
@@ -25,6 +26,7 @@ Invariant:
 -- @include ledger
 -- @include read_entry
 -- @include release_executing
+-- @include record_settled
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
@@ -35,6 +37,8 @@ if not owns then
   return {'stale_receipt', owner, count}
 end
 local f = read_entry(id)
+-- First write: a settled key of the wrong type then fails the call before anything else changed.
+record_settled(cfg, {id, f and f.sid or ''})
 release_executing(tonumber(f and f.n) or 0)
 redis.call('XACK', K.src, 'rollout', id)
 redis.call('XDEL', K.src, id)

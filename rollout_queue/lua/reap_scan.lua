@@ -7,12 +7,13 @@ KEYS:
   leases     lease ids by deadline
   holds      admission hold ids by deadline
   bufver     completed entry IDs by (min_version, arrival)
+  settled    settle times of settled groups (entry ID -> source_id), for prune
 ARGV:
   count      at most this many ids of each kind
 Returns:
   {'ok', {silent worker ids}, {expired lease ids}, {expired hold ids}, stale groups,
    {orphan consumers: PEL consumers with pending entries that are neither registered workers nor
-    active leases}}
+    active leases}, prune due 0|1 (groups settled longer ago than settled_retention_s)}
 Invariant:
   none; every id it returns is re-checked by the transition script that acts on it.
 ]]
@@ -52,4 +53,9 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.src, 'rollout')) do
     end
   end
 end
-return {'ok', silent, expired, holds, stale, orphans}
+local prune_due = 0
+if cfg.settled_retention_ms then
+  local head = redis.call('XRANGE', K.settled, '-', tostring(now - cfg.settled_retention_ms), 'COUNT', 1)
+  if head[1] then prune_due = 1 end
+end
+return {'ok', silent, expired, holds, stale, orphans, prune_due}

@@ -11,11 +11,14 @@ KEYS:
   holds      admission hold ids by deadline
   dlq        dead letters
   commits    one line per committed lease
+  ledger     entry ID -> last terminal or settlement
+  ids        hash source_id -> entry ID
 ARGV:
   (none)
 Returns:
   {'ok', {meta name, value, ...}, server_ms, stream length, ready, buffer, workers alive, workers
-   silent, active leases, active holds, dlq length, commits length, buffer min versions {v, ...}}
+   silent, active leases, active holds, dlq length, commits length, buffer min versions {v, ...},
+   ledger lines, source_ids}
 Invariant:
   none (read-only); counts come from one atomic script so they agree with each other.
 ]]
@@ -31,4 +34,4 @@ return {'ok', redis.call('HGETALL', K.meta), now, redis.call('XLEN', K.src), red
   redis.call('ZCARD', K.buffer), redis.call('ZCOUNT', K.workers, cutoff, '+inf'),
   redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCOUNT', K.leases, 1, '+inf'),
   redis.call('ZCOUNT', K.holds, '(' .. now, '+inf'), redis.call('XLEN', K.dlq), redis.call('XLEN', K.commits),
-  versions}
+  versions, redis.call('HLEN', K.ledger), redis.call('HLEN', K.ids)}

@@ -33,7 +33,7 @@ from tests.contract.lifecycle import (
 
 
 def test_headers_match_builders() -> None:
-    check_header("checkpoint", ["src", "meta", "kept"], ["step", "count"])
+    check_header("checkpoint", ["src", "meta", "kept", "settled"], ["step", "count"])
     check_header("restore", ["src", "meta", "ready", "kept", "history", "ledger", "wake_work"], ["step", "count"])
 
 

@@ -127,7 +127,7 @@ def test_garbage_of_the_right_type_blocks_no_well_formed_group(redis_url: str, o
 # -- junk that breaks a key's type or the stored config -------------------------------------------
 
 TYPE_BREAKS = ["src", "ready", "buffer", "bufver", "results", "workers", "reserves", "leases", "holds",
-               "history", "ledger", "dlq", "wake_work", "wake_done", "ids", "commits", "kept"]
+               "history", "ledger", "dlq", "wake_work", "wake_done", "ids", "commits", "kept", "settled"]
 
 
 @pytest.mark.parametrize("role", TYPE_BREAKS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,6 +56,8 @@ def test_acl_prints_rules_for_every_role_in_three_formats(cli: Cli) -> None:
     assert "#" + hashlib.sha256(b"s3cret").hexdigest() in worker and "s3cret" not in worker
     assert f"+evalsha|{SCRIPTS['reserve'].sha}" in worker and f"evalsha|{SCRIPTS['commit'].sha}" not in worker
     assert "~rollout:{demo}:commits" not in worker and "~rollout:{demo}:src" in worker
+    trainer = lines[ROLES.index("trainer")].split()
+    assert "+hmget" in trainer and "~rollout:{demo}:results" in trainer, "a trainer reads its leased payloads"
     assert f"script library {acl.LIBRARY_VERSION}" in out
     code, out, _ = cli(None, "demo", "acl", "--format", "aclfile", "--role", "operator")
     assert code == 0 and [x for x in out.splitlines() if not x.startswith("#")][0].startswith("user rq-demo-operator on")
@@ -88,10 +91,18 @@ def test_each_role_does_its_job(urls: Urls, queue_name: str, cli: Cli) -> None:
         assert not hold.wait_terminal(0.05)  # got[2] still executes
     lease = trainer.lease(1, block_ms=100)
     assert lease is not None and lease.groups[0].entry_id == ids[0]
+    # The payloads come with a plain HMGET after the lease script (P2): allowed, and decoded.
+    assert [s.token_ids for s in lease.groups[0].samples] == [s.token_ids for s in samples(2, 1)]
+    assert lease.groups[0].columns().token_ids.tolist() == [1, 2, 3, 1, 2, 3]
     lease.commit(step=1)
     assert trainer.checkpoint(1) == 1
     reaper = RolloutQueue.from_url(urls["reaper"], queue_name)
     assert reaper.reap().total == 0
+    # With a short retention the reaper prunes the settled group's ledger line (prune.lua, reaper role).
+    code, _, err = cli(urls["admin"], queue_name, "config", "set", "settled_retention_s=0.001", "--yes")
+    assert code == 0, err
+    time.sleep(0.05)
+    assert reaper.reap().pruned == 1
     for args in (["stats", "--json"], ["inspect", ids[1]], ["workers"], ["leases"], ["dlq", "list"],
                  ["config", "show"], ["drain", "status"], ["metrics", "--once"], ["top", "--once"]):
         code, out, err = cli(urls["operator"], queue_name, *args)

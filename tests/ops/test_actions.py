@@ -26,7 +26,7 @@ def dump(r: redis.Redis, st: KnownState) -> dict[bytes, Any]:
      ("entry_id", "attempt", "worker_id", "mode", "terminal", "reason")),
     ("config_set", ("meta",), ("library", "*fields")),
     ("drain", ("meta", "holds", "wake_work", "wake_done"), ("action", "timeout_ms", "reason")),
-    ("dlq_purge", ("meta", "dlq"), ("count", "until_id", "*dlq_ids")),
+    ("dlq_purge", ("meta", "dlq", "settled"), ("count", "until_id", "*dlq_ids")),
 ])
 def test_headers_define_the_calls(name: str, keys: tuple[str, ...], argv: tuple[str, ...]) -> None:
     from tests.contract.lifecycle import check_header

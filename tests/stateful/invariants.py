@@ -1,11 +1,13 @@
 """DESIGN's invariants, checked from Redis truth and compared with the model after every step.
 
-1. every submitted source group is in exactly one state, derived index by index from Redis;
+1. every submitted source group is in exactly one state, derived index by index from Redis (a group
+   pruned after settled_retention_s is in its settled state with no trace left but its commits line);
 2. nothing is committed twice: each entry is named by (commit lines - restores) in {0, 1} lines of
    the commits stream, 1 exactly when it is committed;
 3. stats() equals a recount from Redis truth (and the model's count);
 4. nothing is lost: submitted == backlog + retained + committed + filtered + dead, counting unique
-   source_ids (a requeued dead letter is the same source under a new entry ID);
+   source_ids (a requeued dead letter is the same source under a new entry ID) plus the pruned groups
+   (whose mapping is gone; their source_id may since have been submitted as a new entry);
 5. (checked on every lease, in the machine) no lease holds a group staler than max_staleness.
 
 This module only reads: a Truth (redis_truth.py), a QueueStats and the model. It must never weaken
@@ -17,7 +19,7 @@ from __future__ import annotations
 from rollout_queue import QueueStats
 
 from .ledger_model import LedgerModel
-from .model_entries import COMMITTED, LEASED, RETAINED, RETIRED, STATES
+from .model_entries import COMMITTED, FILTERED, LEASED, RETAINED, RETIRED, STATES
 from .redis_truth import VERSION_SHIFT, Truth, check_no_ghosts, derive_state, states_of
 
 
@@ -25,12 +27,14 @@ def check_states(t: Truth, m: LedgerModel) -> dict[str, str]:
     """Invariant 1, and the details the model is exact about: ledger line, attempt, owner, buffer."""
     check_no_ghosts(t)
     assert t.ids == m.by_source, "the source_id -> entry_id map differs from the model"
+    assert t.settled == m.recorded(), "the settled records (waiting for prune) differ from the model"
     states = {eid: derive_state(t, eid) for eid in t.ids.values()}
     for eid, e in m.entries.items():
         assert t.ledger.get(eid) == e.ledger, f"ledger of {eid}: {t.ledger.get(eid)!r} != model {e.ledger!r}"
-        if e.state == RETIRED:  # its dead letter was requeued under a new ID: gone from every index
-            assert eid not in states and not states_of(t, eid), f"requeued dead letter {eid}: {states_of(t, eid)}"
-            assert eid not in t.pel and eid not in t.stream, f"requeued dead letter {eid} is still in the stream"
+        if e.state == RETIRED or e.pruned:  # requeued under a new ID, or forgotten: gone from every index
+            assert eid not in states and not states_of(t, eid), f"retired or pruned {eid}: {states_of(t, eid)}"
+            assert eid not in t.pel and eid not in t.stream, f"retired or pruned {eid} is still in the stream"
+            assert not e.pruned or e.state in (COMMITTED, FILTERED, RETIRED), f"pruned {eid} was {e.state}"
             continue
         assert states[eid] == e.state, f"{eid} is {states[eid]} in Redis, {e.state} in the model"
         if e.state in RETAINED:
@@ -62,27 +66,36 @@ def check_commits(t: Truth, m: LedgerModel, states: dict[str, str]) -> None:
 def check_stats(t: Truth, s: QueueStats, m: LedgerModel, states: dict[str, str]) -> None:
     """Invariants 3 and 4: stats() == a recount from Redis == the model; nothing lost."""
     recount = {state: sum(1 for x in states.values() if x == state) for state in STATES}
+    # Pruned groups left no trace to recount (by design): the model says how many each state has.
+    pruned = [e for e in m.entries.values() if e.pruned]
+    for state in (COMMITTED, FILTERED):
+        recount[state] += sum(1 for e in pruned if e.state == state)
+    current_pruned = sum(1 for e in pruned if e.state != RETIRED)
     executing = [eid for eid, (owner, _) in t.pel.items() if not owner.startswith("@")]
     got = {"ready": s.ready, "completed": s.completed, "leased": s.leased, "executing_groups": s.executing_groups,
            "executing_samples": s.executing_samples, "retained": s.retained, "committed": s.committed,
-           "filtered": s.filtered, "dead": s.dead, "backlog": s.backlog, "kept": s.kept, "submitted": s.submitted}
+           "filtered": s.filtered, "dead": s.dead, "backlog": s.backlog, "kept": s.kept, "submitted": s.submitted,
+           "ledger_lines": s.ledger_lines, "source_ids": s.source_ids}
     truth = {"ready": len(t.ready), "completed": len(t.buffer),
              "leased": sum(1 for owner, _ in t.pel.values() if owner.startswith("@lease:")),
              "executing_groups": len(executing), "executing_samples": sum(t.n_of(i) for i in executing),
              "retained": len(t.pel), "committed": recount[COMMITTED], "filtered": recount["filtered"],
              "dead": len(t.dlq), "backlog": t.xlen - len(t.pel) - len(t.kept), "kept": len(t.kept),
-             # every XADD: the current entry of each source, plus the IDs of requeued dead letters
-             "submitted": len(t.ids) + len(set(t.ledger) - set(t.ids.values()))}
+             # every XADD: the current entry of each source, the IDs of requeued dead letters, the pruned
+             "submitted": len(t.ids) + len(set(t.ledger) - set(t.ids.values())) + len(pruned),
+             "ledger_lines": len(t.ledger), "source_ids": len(t.ids)}
     assert got == truth, f"stats {got} != recount from Redis {truth}"
     model = {**{k: m.count(k) for k in ("ready", "completed", "leased", "committed", "filtered", "dead", "backlog")},
              "executing_groups": m.count("executing"), "executing_samples": m.executing_samples(),
-             "retained": m.retained(), "kept": len(m.kept()), "submitted": len(m.entries)}
+             "retained": m.retained(), "kept": len(m.kept()), "submitted": len(m.entries),
+             "ledger_lines": sum(1 for e in m.entries.values() if e.ledger is not None),
+             "source_ids": len(m.by_source)}
     assert got == model, f"stats {got} != model {model}"
     assert t.xlen == len(t.stream), "XLEN disagrees with XRANGE"
     assert truth["backlog"] == recount["backlog"], "XLEN - retained - kept is not the never-delivered count"
     assert {k: int(v) for k, v in t.kept.items()} == m.kept(), "kept copies (by commit step) differ"
-    assert len(t.ids) == (truth["backlog"] + truth["retained"] + truth["committed"] + truth["filtered"]
-                          + truth["dead"]), f"an entry was lost: {truth}"
+    assert len(t.ids) + current_pruned == (truth["backlog"] + truth["retained"] + truth["committed"]
+                                           + truth["filtered"] + truth["dead"]), f"an entry was lost: {truth}"
     check_counters(t, s, m)
     check_bounds(truth, m)
 

@@ -15,7 +15,8 @@ complete, lease, commit) before most of its states exist: with one rule per acti
 example in ten reached a commit. The failing program still prints as one ``step`` per action, with
 each draw labelled.
 
-Time passes for real only in ``short_lease_expires`` (a 20 ms lease, then the reaper); a silent
+Time passes for real only in ``short_lease_expires`` (a 20 ms lease, then the reaper) and before a
+reap in an example with a 1 ms settled_retention_s (2 ms, so every earlier settlement is due); a silent
 worker is made deterministic by moving its last heartbeat into the past, since a tiny
 worker_timeout_s would let every reserve reap whichever worker was slowest, at random.
 """
@@ -52,14 +53,17 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
     @initialize(order=st.sampled_from(["fifo", "lifo"]), max_completed=st.integers(2, 4),
                 max_staleness=st.sampled_from([1, 1, 1, 0, None]),
                 max_exec=st.sampled_from([4, 4, 6, 9, 2]), max_retained=st.integers(3, 8),
-                batch=st.sampled_from([None, None, 1, 2, 3]), max_attempts=st.integers(2, 3))
+                batch=st.sampled_from([None, None, 1, 2, 3]), max_attempts=st.integers(2, 3),
+                retention=st.sampled_from([0.001, 0.001, None, 86_400.0]))
     def open_queue(self, order: str, max_completed: int, max_staleness: int | None, max_exec: int,
-                   max_retained: int, batch: int | None, max_attempts: int) -> None:
-        """max_exec=2 with n up to 3 makes some reservations malformed (dead at first delivery)."""
+                   max_retained: int, batch: int | None, max_attempts: int, retention: float | None) -> None:
+        """max_exec=2 with n up to 3 makes some reservations malformed (dead at first delivery).
+        retention 1 ms: every reap prunes what earlier steps settled (steps_base.reap_pass); a day:
+        settlements are recorded, never due; None: nothing is recorded."""
         cfg = QueueConfig(max_executing_samples=max_exec, max_retained_groups=max_retained,
                           max_completed_groups=max_completed, max_staleness=max_staleness, batch_groups=batch,
                           buffer_order=order, max_attempts=max_attempts, lease_timeout_s=600.0,
-                          worker_timeout_s=60.0, max_payload_bytes=PAYLOAD_LIMIT)
+                          worker_timeout_s=60.0, max_payload_bytes=PAYLOAD_LIMIT, settled_retention_s=retention)
         self.raw = redis.Redis.from_url(self.server.url)
         self.q = RolloutQueue.from_url(self.server.url, f"sm-{uuid.uuid4().hex[:12]}", cfg,
                                        retry=RetryPolicy(window_s=20.0))

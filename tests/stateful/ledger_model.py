@@ -95,6 +95,15 @@ class LedgerModel(TrainerModel):
     def kept(self) -> dict[str, int]:
         return {e.entry_id: e.kept_step for e in self.entries.values() if e.kept_step is not None}
 
+    @property
+    def records(self) -> bool:
+        """Settlements are recorded for prune unless settled_retention_s is None (keep forever)."""
+        return self.cfg.settled_retention_s is not None
+
+    def recorded(self) -> dict[str, str]:
+        """entry ID -> source_id of every group the settled stream should name (not yet pruned)."""
+        return {e.entry_id: e.group.source_id for e in self.entries.values() if e.recorded}
+
     # -- producer --------------------------------------------------------------------------------
 
     def submitted(self, groups: Sequence[SourceGroup], ids: Sequence[str]) -> None:
@@ -117,7 +126,7 @@ class LedgerModel(TrainerModel):
         old = self.entries[entry_id]
         assert old.state == DEAD and new_id not in self.entries
         assert id_key(new_id) > max(id_key(i) for i in self.entries), f"{new_id} is not the newest entry"
-        old.state = RETIRED
+        old.state, old.recorded = RETIRED, self.records
         self.entries[new_id] = Entry(new_id, old.group)
         self.by_source[old.group.source_id] = new_id
 
@@ -271,6 +280,7 @@ class LedgerModel(TrainerModel):
         if not e.owns(r):
             return "replay" if e.ledger == line else "stale"
         e.state, e.worker, e.ledger, e.failures = FILTERED, None, line, 0
+        e.recorded = self.records
         self.counters[f"filtered_reason:{reason}"] += 1
         return "filtered"
 

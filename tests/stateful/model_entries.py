@@ -13,7 +13,7 @@ from rollout_queue import Receipt, Sample, SourceGroup
 BACKLOG, EXECUTING, READY, COMPLETED, LEASED = "backlog", "executing", "ready", "completed", "leased"
 COMMITTED, FILTERED, DEAD = "committed", "filtered", "dead"
 # Not a DESIGN state: a dead entry whose dead letter was requeued lives on under a new entry ID, so
-# the old ID must be gone from every index (its ledger line stays, for replays).
+# the old ID must be gone from every index (its ledger line stays, for replays, until it is pruned).
 RETIRED = "retired"
 RETAINED = frozenset({EXECUTING, READY, COMPLETED, LEASED})  # the states that hold a PEL entry
 STATES = (BACKLOG, EXECUTING, READY, COMPLETED, LEASED, COMMITTED, FILTERED, DEAD)
@@ -48,6 +48,8 @@ class Entry:
     commits: int = 0               # lines of the commits stream naming it
     restores: int = 0
     ledger: str | None = None      # the exact line the ledger hash should hold
+    recorded: bool = False         # in the settled stream, waiting for prune (settled_retention_s)
+    pruned: bool = False           # its ledger line and source_id mapping were pruned
 
     @property
     def n(self) -> int:

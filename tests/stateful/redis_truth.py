@@ -47,6 +47,7 @@ class Truth:
     meta: dict[str, str]
     workers: dict[str, float]
     holds: dict[str, float]
+    settled: dict[str, str]                     # entry_id -> source_id of each record waiting for prune
 
     @property
     def dead_ids(self) -> Counter[str]:
@@ -72,6 +73,16 @@ def _lines(r: redis.Redis, key: str) -> list[dict[str, str]]:
     return [{_s(k): _s(v) for k, v in fields.items()} for _, fields in r.xrange(key)]
 
 
+def _records(r: redis.Redis, key: str) -> dict[str, str]:
+    """The settled stream's records, each field an entry ID and its value the source_id."""
+    out: dict[str, str] = {}
+    for _, fields in r.xrange(key):
+        for k, v in fields.items():
+            assert _s(k) not in out, f"{_s(k)} is recorded as settled twice"
+            out[_s(k)] = _s(v)
+    return out
+
+
 def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
     src = keys["src"]
     pel = {_s(p["message_id"]): (_s(p["consumer"]), int(p["times_delivered"]))
@@ -92,6 +103,7 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         commits=_lines(r, keys["commits"]), dlq=_lines(r, keys["dlq"]),
         kept=_zset(r, keys["kept"]), ledger=_hash(r, keys["ledger"]), ids=_hash(r, keys["ids"]),
         meta=_hash(r, keys["meta"]), workers=_zset(r, keys["workers"]), holds=_zset(r, keys["holds"]),
+        settled=_records(r, keys["settled"]),
     )
 
 

@@ -11,9 +11,10 @@ from typing import Any, Callable
 
 import redis
 
-from rollout_queue import Hold, RolloutQueue
+from rollout_queue import Hold, ReapReport, RolloutQueue
 from rollout_queue.keys import QueueKeys
 from rollout_queue.local_server import LocalServer
+from tests.helpers import wait_until
 
 from .ledger_model import LedgerModel
 from .redis_truth import snapshot
@@ -39,6 +40,15 @@ class Steps:
     def server_ms(self) -> int:
         sec, usec = self.raw.time()
         return sec * 1000 + usec // 1000
+
+    def reap_pass(self) -> ReapReport:
+        """q.reap(), once the server clock has moved past the 1 ms settled_retention_s of a pruning
+        example, so that every group settled by an earlier step is due (the model prunes them all)."""
+        if self.model.prunes_at_reap:
+            start = self.server_ms()
+            wait_until(lambda: self.server_ms() > start + 1, timeout=5.0, interval=0.001,
+                       message="the server clock past the retention")
+        return self.q.reap()
 
     def unchanged(self, call: Callable[[], Any]) -> Any:
         """Run ``call`` and assert that no key of the queue changed (refusals and replays)."""

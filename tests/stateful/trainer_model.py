@@ -62,6 +62,7 @@ class TrainerModel:
             e.ledger = f"s|committed|{attempt}|{worker}|{lease_id}|{'' if step is None else step}"
             e.state, e.lease_id, e.samples, e.failures = COMMITTED, None, (), 0
             e.kept_step = step if keep else None
+            e.recorded = self.records and not keep  # a kept copy is recorded when checkpoint drops it
             e.commits += 1
         lease.state = "committed"
         return "committed", ""
@@ -80,7 +81,8 @@ class TrainerModel:
         return self._requeue_lease(self.leases[lease_id], "expired")
 
     def reap(self, silent: Sequence[str] = (), expired: Sequence[str] = ()) -> ReapReport:
-        """One reaper pass: the silent workers, the expired leases, then every stale group."""
+        """One reaper pass: the silent workers, the expired leases, every stale group, then the
+        settled groups past settled_retention_s."""
         lost = dead = 0
         for worker in silent:
             requeued, died = self.close_worker(worker, "lost")
@@ -93,7 +95,26 @@ class TrainerModel:
                 if e.min_version < floor:
                     self._evict(e, "stale")
                     stale += 1
-        return ReapReport(lost=lost, expired=n_expired, stale=stale, dead=dead)
+        return ReapReport(lost=lost, expired=n_expired, stale=stale, dead=dead, pruned=self.prune())
+
+    @property
+    def prunes_at_reap(self) -> bool:
+        """With the machine's 1 ms retention (it waits past it before every reap) everything recorded
+        is due at each reap; with a day's retention nothing ever is."""
+        retention = self.cfg.settled_retention_s
+        return retention is not None and retention < 1
+
+    def prune(self) -> int:
+        """Every recorded group loses its ledger line, and its source_id mapping while that still
+        names it (a requeued dead letter's source maps to its new entry)."""
+        if not self.prunes_at_reap:
+            return 0
+        gone = [e for e in self.entries.values() if e.recorded]
+        for e in gone:
+            e.recorded, e.pruned, e.ledger = False, True, None
+            if self.by_source.get(e.group.source_id) == e.entry_id:
+                del self.by_source[e.group.source_id]
+        return len(gone)
 
     # -- policy versions, holds and checkpoints --------------------------------------------------
 
@@ -127,7 +148,7 @@ class TrainerModel:
     def checkpoint_at(self, step: int) -> int:
         pruned = [e for e in self.entries.values() if e.kept_step is not None and e.kept_step <= step]
         for e in pruned:
-            e.kept_step = None
+            e.kept_step, e.recorded = None, self.records
         if self.checkpoint is None or step > self.checkpoint:
             self.checkpoint = step
         return len(pruned)

@@ -183,7 +183,7 @@ class WorkerSteps(Steps):
         self.raw.zadd(self.keys["workers"], {worker: past})
         event(f"silent worker noticed by {how}")
         if how == "reap":
-            assert self.q.reap() == self.model.reap(silent=[worker])
+            assert self.reap_pass() == self.model.reap(silent=[worker])
             return
         self.model.close_worker(worker, "lost")
         if how == "reserve":  # another worker: reserving refreshes the reserver's own heartbeat

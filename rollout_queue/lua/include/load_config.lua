@@ -8,7 +8,7 @@ takes effect for every client at once and two clients can never enforce differen
 local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 'dead', 'dead_purged',
   'dead_requeued', 'evicted_stale', 'evicted_overflow', 'executing_groups', 'executing_samples', 'filtered',
   'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'submitted', 'failed', 'malformed',
-  'aborted', 'lost', 'expired', 'rolled_back'}
+  'aborted', 'lost', 'expired', 'rolled_back', 'pruned'}
 local function is_integer(raw)
   -- Absent (HMGET gives false) is the caller's call; anything present must be a decimal integer.
   return not raw or string.match(raw, '^%-?%d+$') ~= nil
@@ -17,7 +17,7 @@ local function load_config()
   local v = redis.call('HMGET', K.meta, 'library', 'max_executing_samples', 'max_retained_groups',
     'max_completed_groups', 'max_staleness', 'batch_groups', 'buffer_order', 'lease_timeout_ms',
     'worker_timeout_ms', 'max_attempts', 'max_payload_bytes', 'hold_timeout_ms', 'commits_maxlen',
-    'version', 'lease_record_ttl_ms', 'checkpoint')
+    'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms')
   if not v[1] then
     bug('queue not initialised: open it with RolloutQueue.from_url first')
   end
@@ -38,12 +38,13 @@ local function load_config()
     version = tonumber(v[14]),               -- nil until the first publish_version
     lease_record_ttl_ms = tonumber(v[15]),
     checkpoint = tonumber(v[16]),            -- nil until the first checkpoint
+    settled_retention_ms = tonumber(v[17]),  -- 0 means None: settled lines are kept forever
   }
   -- Garbage written into meta must surface as a ROLLOUTQ error naming the field, never as a Lua
   -- runtime error deep in a script (or a HINCRBY refusal) that says nothing about the cause.
   local names = {'max_executing_samples', 'max_retained_groups', 'max_completed_groups', 'max_staleness',
     'batch_groups', 'lease_timeout_ms', 'worker_timeout_ms', 'max_attempts', 'max_payload_bytes',
-    'hold_timeout_ms', 'commits_maxlen', 'version', 'lease_record_ttl_ms', 'checkpoint'}
+    'hold_timeout_ms', 'commits_maxlen', 'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms'}
   for i, name in ipairs(names) do
     local raw = v[i < 6 and i + 1 or i + 2]  -- v[1] is library, v[7] buffer_order
     local optional = name == 'version' or name == 'checkpoint'
@@ -58,6 +59,8 @@ local function load_config()
       bug('corrupt counter in meta: ' .. name .. ' = ' .. counters[i])
     end
   end
+  -- nil when settled lines are kept forever: then no settlement is recorded for pruning at all.
+  if c.settled_retention_ms <= 0 then c.settled_retention_ms = nil end
   c.has_version = c.version ~= nil
   c.version_eff = c.version or 0
   c.staleness_bound = c.max_staleness
