@@ -31,6 +31,7 @@ Invariant:
 -- @include lease_record
 -- @include ledger
 -- @include call_batched
+-- @include hmget_many
 -- @include wake
 -- @include pending_sids
 -- @include record_settled
@@ -63,11 +64,7 @@ local ids = members
 local k = #ids
 if k > 0 then
   -- Batched: one command per kind over all members, instead of six per member.
-  local lasts = {}
-  for start = 1, k, 1000 do  -- chunked like call_batched: unpack() has a C-stack limit
-    local part = redis.call('HMGET', K.ledger, unpack(ids, start, math.min(k, start + 999)))
-    for _, v in ipairs(part) do table.insert(lasts, v) end
-  end
+  local lasts = hmget_many(K.ledger, ids)
   local settled, kept = {}, {}
   for i, id in ipairs(ids) do
     local attempt, worker = string.match(lasts[i] or '', '^a|(%d+)|([^|]*)|')

@@ -43,11 +43,7 @@ local function buffer_completion(b, cfg, id, attempt, worker, payload, min_versi
       return {'ok', 'evicted_self', id}
     end
   end
-  if not b.claims[attempt] then
-    b.claims[attempt] = {}
-    table.insert(b.attempts, attempt)
-  end
-  table.insert(b.claims[attempt], id)
+  table.insert(b.claims, {id = id, attempt = attempt})
   table.insert(b.buffer, arrival)
   table.insert(b.buffer, id)
   table.insert(b.bufver, fmt_score(score))
