@@ -30,9 +30,10 @@ from typing import Mapping, Sequence
 from .keys import QueueKeys
 from .scripts import LIBRARY_VERSION, SCRIPTS, Script
 
-#: Commands whose ACL rules name a subcommand (``xgroup|create``): granting the whole container would
-#: also grant XGROUP DESTROY, CONFIG SET and the like.
-CONTAINERS = frozenset({"XGROUP", "XINFO", "OBJECT", "MEMORY", "SCRIPT", "CLIENT", "CONFIG", "FUNCTION"})
+#: Commands whose ACL rules name a subcommand (``xgroup|create``) or a first argument (``info|server``:
+#: the queue clock reads the server's run_id, lua/include/now_ms.lua): granting the whole command
+#: would also grant XGROUP DESTROY, CONFIG SET, every INFO section and the like.
+CONTAINERS = frozenset({"XGROUP", "XINFO", "OBJECT", "MEMORY", "SCRIPT", "CLIENT", "CONFIG", "FUNCTION", "INFO"})
 
 #: Redis command names a script may call. A quoted upper-case word in a script that is in this set is
 #: taken as a command the script runs; option words (COUNT, JUSTID, ...) are not in it.
@@ -45,8 +46,18 @@ SADD SCARD SISMEMBER SMEMBERS SMISMEMBER SPOP SRANDMEMBER SREM SSCAN
 ZADD ZCARD ZCOUNT ZINCRBY ZMSCORE ZPOPMAX ZPOPMIN ZRANGE ZRANGEBYSCORE ZRANK ZREM ZREMRANGEBYRANK
 ZREMRANGEBYSCORE ZREVRANGE ZREVRANGEBYSCORE ZREVRANK ZSCAN ZSCORE
 XACK XADD XAUTOCLAIM XCLAIM XDEL XGROUP XINFO XLEN XPENDING XRANGE XREAD XREADGROUP XREVRANGE XTRIM
-PUBLISH TIME OBJECT MEMORY
+PUBLISH TIME OBJECT MEMORY INFO
 """.split())
+
+#: The commands of KNOWN_COMMANDS that write. A read-only role (the operator) is granted none of them,
+#: even where its scripts name one: the queue clock's bookkeeping in stats and reap_scan is written
+#: with redis.pcall and simply skipped under a read-only role (lua/include/now_ms.lua).
+WRITE_COMMANDS = frozenset("""
+APPEND DECR DECRBY DEL EXPIRE EXPIREAT GETDEL GETEX GETSET INCR INCRBY INCRBYFLOAT MSET PERSIST PEXPIRE
+PEXPIREAT SET SETNX UNLINK HDEL HINCRBY HINCRBYFLOAT HMSET HSET HSETNX LINSERT LMOVE LPOP LPUSH LREM LSET
+LTRIM RPOP RPUSH SADD SPOP SREM ZADD ZINCRBY ZPOPMAX ZPOPMIN ZREM ZREMRANGEBYRANK ZREMRANGEBYSCORE XACK XADD
+XAUTOCLAIM XCLAIM XDEL XGROUP XREADGROUP XTRIM PUBLISH
+""".lower().split())
 
 #: Plain read commands (outside scripts) of the read-only operator: the views and OPERATIONS.md.
 READ_COMMANDS = (
@@ -68,6 +79,7 @@ class Role:
     raw_keys: tuple[str, ...] = ()
     versions_channel: bool = False
     all_keys: bool = False
+    read_only: bool = False
 
 
 _OPEN = ("open",)
@@ -85,11 +97,14 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune")),
     Role("operator", "read-only: stats, top, inspect, workers, leases, metrics, the redis-cli guide",
-         ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True),
+         ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True,
+         read_only=True),
 )}
 #: The admin may run every script and every non-dangerous command on the queue's keys (it can EVAL);
-#: it cannot run server-wide commands (FLUSHALL, CONFIG, ACL, FUNCTION, SCRIPT FLUSH, KEYS, INFO).
-ADMIN_RULES = ("+@all", "-@dangerous", "-@admin", "-function", "-script", "+script|load", "+script|exists")
+#: it cannot run server-wide commands (FLUSHALL, CONFIG, ACL, FUNCTION, SCRIPT FLUSH, KEYS, INFO but
+#: its server section, which the queue clock reads).
+ADMIN_RULES = ("+@all", "-@dangerous", "-@admin", "-function", "-script", "+script|load", "+script|exists",
+               "+info|server")
 ROLE_NAMES = tuple(ROLES) + ("admin",)
 
 _CALL = re.compile(r"""'([A-Z]+)'(?:\s*,\s*'([A-Z]+)')?""")
@@ -111,10 +126,12 @@ def script_commands(script: Script) -> set[str]:
 
 
 def script_keys(script: Script, keys: QueueKeys) -> set[str]:
-    """Key patterns of a script: its declared KEYS and the lease records it builds (same hash tag)."""
+    """Key patterns of a script: its declared KEYS and the lease records and clock it builds (same hash tag)."""
     out = {keys[role] for role in script.keys}
     if "'lease:'" in script.source:
         out.add(keys.lease("*"))
+    if "'clock'" in script.source:
+        out.add(keys["clock"])
     return out
 
 
@@ -158,6 +175,8 @@ def role_rules(queue: str, role: str, password: str | None = None,
     for script in scripts:
         commands |= script_commands(script)
         patterns |= script_keys(script, keys)
+    if spec.read_only:
+        commands = {c for c in commands if c.split("|")[0] not in WRITE_COMMANDS}
     key_rules = ["~" + keys.pattern] if spec.all_keys else ["~" + k for k in sorted(patterns)]
     rules = head + key_rules + (channel if spec.versions_channel or "publish" in commands else [])
     rules += ["+" + c for c in sorted(commands)] + [f"+evalsha|{s.sha}" for s in scripts]

@@ -481,7 +481,7 @@ def stats(keys: QueueKeys) -> Flow[QueueStats]:
         staleness_max=max(stale) if stale else None,
         staleness_mean=sum(stale) / len(stale) if stale else None,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
-        ledger_lines=int(r[13]), source_ids=int(r[14]),
+        ledger_lines=int(r[13]), source_ids=int(r[14]), outages=int(r[15]),
     )
 
 

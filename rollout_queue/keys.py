@@ -32,6 +32,7 @@ KEY_SUFFIXES: dict[str, str] = {
     "kept": "kept",
     "producers": "producers",
     "settled": "settled",
+    "clock": "clock",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

@@ -300,6 +300,8 @@ class QueueStats:
     # Bookkeeping kept after settlement: one ledger line per entry and one ids field per source_id,
     # each removed settled_retention_s after the group settled (the reaper prunes them).
     ledger_lines: int = 0
+    #: Redis restarts or failovers the queue clock noticed (their downtime did not count: now_ms.lua).
+    outages: int = 0
     source_ids: int = 0
 
 

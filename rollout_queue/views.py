@@ -71,9 +71,16 @@ def _scored(reply: Sequence[Any]) -> list[tuple[str, float]]:
 # -- small reads ---------------------------------------------------------------------------------
 
 
-def server_ms() -> Flow[int]:
+def server_ms(keys: QueueKeys) -> Flow[int]:
+    """The queue clock (lua/include/now_ms.lua): the server's TIME minus the time it was down, the
+    clock every score and deadline of the queue is written in. Garbage in the offset counts as 0."""
     reply = yield p.Command(("TIME",))
-    return int(reply[0]) * 1000 + int(reply[1]) // 1000
+    offset = yield p.Command(("HGET", keys["clock"], "offset"))
+    raw = int(reply[0]) * 1000 + int(reply[1]) // 1000
+    try:
+        return raw - int(offset or 0)
+    except ValueError:
+        return raw
 
 
 def require_queue(keys: QueueKeys) -> Flow[None]:
@@ -148,7 +155,7 @@ def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
 def workers(keys: QueueKeys) -> Flow[list[WorkerView]]:
     """Registered workers with their last heartbeat, plus PEL consumers nobody registered (orphans)."""
     cfg = yield from config(keys)
-    now = yield from server_ms()
+    now = yield from server_ms(keys)
     beats = _scored((yield p.Command(("ZRANGE", keys["workers"], 0, -1, "WITHSCORES"))))
     consumers = yield p.Command(("XINFO", "CONSUMERS", keys["src"], "rollout"))
     held = {text(c["name"]): (int(c["pending"]), int(c["idle"])) for c in map(_flat, consumers)}
@@ -167,7 +174,7 @@ def workers(keys: QueueKeys) -> Flow[list[WorkerView]]:
 def leases(keys: QueueKeys, limit: int = 1000) -> Flow[list[LeaseView]]:
     """Active leases by deadline (never their fencing tokens)."""
     yield from require_queue(keys)
-    now = yield from server_ms()
+    now = yield from server_ms(keys)
     ids = _scored((yield p.Command(("ZRANGE", keys["leases"], 0, limit - 1, "WITHSCORES"))))
     out = []
     for lease_id, score in ids:
@@ -184,7 +191,7 @@ def drain_status(keys: QueueKeys) -> Flow[DrainStatus]:
     m = yield from meta(keys)
     if "library" not in m:
         yield from require_queue(keys)
-    now = yield from server_ms()
+    now = yield from server_ms(keys)
     deadline = yield p.Command(("ZSCORE", keys["holds"], DRAIN_HOLD))
     others = yield p.Command(("ZCOUNT", keys["holds"], f"({now}", "+inf"))
     active = deadline is not None and float(deadline) > now
@@ -266,7 +273,7 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     group = (decode_fields(fields) if fields else None) or more.pop("group", None)
     return EntryView(
         entry_id=entry_id, state=state, owner=owner, attempt=count or _ledger_attempt(ledger), idle_ms=idle,
-        counted_failures=failures, history=history, ledger=ledger, server_ms=(yield from server_ms()),
+        counted_failures=failures, history=history, ledger=ledger, server_ms=(yield from server_ms(keys)),
         version=int((yield from meta(keys)).get("version", 0) or 0),
         source_id=group.source_id if group else (fields.get(b"sid", b"").decode(errors="replace") or None),
         n=group.n if group else None, group=group, **{k: v for k, v in more.items() if k != "group"})
@@ -277,7 +284,7 @@ def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, timeout_ms:
     if state == "executing":
         seen = yield p.Command(("ZSCORE", keys["workers"], owner))
         beat = None if seen is None else int(float(seen))
-        now = yield from server_ms()
+        now = yield from server_ms(keys)
         return {"worker_id": owner, "worker_heartbeat_ms": beat,
                 "worker_alive": beat is not None and now - beat <= timeout_ms}
     if state == "completed":

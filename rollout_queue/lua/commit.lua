@@ -43,7 +43,7 @@ if not L then return {'lease_lost', 'unknown'} end
 if L.token ~= A.token then return {'lease_lost', 'token'} end
 if L.state == 'committed' then return {'ok', 'replay', L.commit_id, 0} end
 if L.state ~= 'active' then return {'lease_lost', L.state} end
-if L.deadline < now then return {'lease_lost', 'expired'} end
+if L.deadline < due_now(cfg, now) then return {'lease_lost', 'expired'} end
 local step = tonumber(A.step)
 if A.step ~= '' and (not step or step < 0 or step ~= math.floor(step)) then bug('bad step: ' .. A.step) end
 -- A step already covered by a checkpoint needs no kept copy.

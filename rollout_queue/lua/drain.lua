@@ -23,7 +23,7 @@ Invariant:
 -- @include load_config
 -- @include wake
 local now = now_ms()
-load_config()
+local cfg = load_config()
 local HOLD = 'operator-drain'
 if A.action == 'start' then
   local timeout = tonumber(A.timeout_ms)
@@ -36,7 +36,7 @@ if A.action == 'start' then
 elseif A.action == 'stop' then
   redis.call('ZREM', K.holds, HOLD)
   redis.call('HDEL', K.meta, 'drain_reason', 'drain_since_ms')
-  local left = redis.call('ZCOUNT', K.holds, '(' .. now, '+inf')
+  local left = redis.call('ZCOUNT', K.holds, '(' .. due_now(cfg, now), '+inf')
   if left == 0 then
     wake(K.wake_work)
     wake(K.wake_done)

@@ -18,13 +18,13 @@ Invariant:
 -- @include load_config
 -- @include lease_record
 local now = now_ms()
-load_config()
+local cfg = load_config()
 local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
 local L = lease_record(lease_key)
 if not L then return {'lease_lost', 'unknown'} end
 if L.token ~= A.token then return {'lease_lost', 'token'} end
 if L.state ~= 'active' then return {'lease_lost', L.state} end
-if L.deadline < now then return {'lease_lost', 'expired'} end
+if L.deadline < due_now(cfg, now) then return {'lease_lost', 'expired'} end
 local ms = tonumber(A.ms)
 if not ms or ms <= 0 then bug('bad extension: ' .. tostring(A.ms)) end
 local deadline = now + ms

@@ -20,4 +20,4 @@ local cfg = load_config()
 if A.worker_id == '' or string.sub(A.worker_id, 1, 1) == '@' then bug('bad worker id') end
 redis.call('ZADD', K.workers, now, A.worker_id)
 local uri = redis.call('HGET', K.meta, 'weights_uri') or ''
-return {'ok', cfg.version_eff, cfg.has_version and 1 or 0, uri, hold_active(now) and 1 or 0, now}
+return {'ok', cfg.version_eff, cfg.has_version and 1 or 0, uri, hold_active(due_now(cfg, now)) and 1 or 0, now}

@@ -17,8 +17,8 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include wake
-local now = now_ms()
-load_config()
+local now = now_ms(true)
+local cfg = load_config()
 local deadline = tonumber(redis.call('ZSCORE', K.holds, A.hold_id))
-if not deadline or deadline < now then return {'hold_lost'} end
+if not deadline or deadline < due_now(cfg, now) then return {'hold_lost'} end
 return {'ok', tonumber(redis.call('HGET', K.meta, 'executing_groups') or '0'), wake_id(K.wake_work)}

@@ -17,9 +17,9 @@ Invariant:
 -- @include hold_active
 -- @include wake
 local now = now_ms()
-load_config()
+local cfg = load_config()
 redis.call('ZREM', K.holds, A.hold_id)
-redis.call('ZREMRANGEBYSCORE', K.holds, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', K.holds, '-inf', due_now(cfg, now))
 local left = redis.call('ZCARD', K.holds)
 if left == 0 then
   wake(K.wake_work)

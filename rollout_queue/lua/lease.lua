@@ -69,7 +69,7 @@ if floor then
 end
 local buffered = redis.call('ZCARD', K.buffer)
 local available = buffered - stale_count
-if hold_active(now) then return {'held', available, wake_id(K.wake_done)} end
+if hold_active(due_now(cfg, now)) then return {'held', available, wake_id(K.wake_done)} end
 local want = groups
 if available < groups then
   if A.partial ~= '1' or available < 1 then return {'insufficient', available, wake_id(K.wake_done)} end

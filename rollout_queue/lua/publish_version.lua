@@ -26,7 +26,7 @@ local v = tonumber(A.version)
 if not v or v < 0 or v >= 2097152 or v ~= math.floor(v) then bug('bad version: ' .. tostring(A.version)) end
 if A.hold_id ~= '' then
   local deadline = tonumber(redis.call('ZSCORE', K.holds, A.hold_id))
-  if not deadline or deadline < now then return {'hold_lost'} end
+  if not deadline or deadline < due_now(cfg, now) then return {'hold_lost'} end
 end
 local uri = redis.call('HGET', K.meta, 'weights_uri') or ''
 if cfg.has_version then

@@ -21,18 +21,19 @@ Invariant:
 -- @include load_config
 -- @include stale_floor
 -- @include buffer_score
-local now = now_ms()
+local now = now_ms(true)
 local cfg = load_config()
+local due = due_now(cfg, now)
 local count = tonumber(A.count)
 local silent = {}
-local cutoff = '(' .. (now - cfg.worker_timeout_ms)
+local cutoff = '(' .. (due - cfg.worker_timeout_ms)
 for _, w in ipairs(redis.call('ZRANGEBYSCORE', K.workers, '-inf', cutoff, 'LIMIT', 0, count)) do
   -- '' and '@' names are never a worker ('@' names the queue's own owners): garbage, which reserve's
   -- reap_some drops; reap_worker would refuse them as bad worker ids.
   if w ~= '' and string.sub(w, 1, 1) ~= '@' then table.insert(silent, w) end
 end
-local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', '(' .. now, 'LIMIT', 0, count)
-local holds = redis.call('ZRANGEBYSCORE', K.holds, '-inf', now, 'LIMIT', 0, count)
+local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', '(' .. due, 'LIMIT', 0, count)
+local holds = redis.call('ZRANGEBYSCORE', K.holds, '-inf', due, 'LIMIT', 0, count)
 local floor = stale_floor(cfg)
 local stale = 0
 if floor then

@@ -28,6 +28,6 @@ local cfg = load_config()
 local worker = A.worker_id
 if worker == '' or string.sub(worker, 1, 1) == '@' then bug('bad worker id') end
 local seen = tonumber(redis.call('ZSCORE', K.workers, worker))
-if seen and seen >= now - cfg.worker_timeout_ms then return {'alive', seen} end
-local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now)
+if seen and seen >= due_now(cfg, now) - cfg.worker_timeout_ms then return {'alive', seen} end
+local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now, silent_counted(cfg, seen))
 return {'ok', requeued, dead, done and 1 or 0}

@@ -77,7 +77,7 @@ local function nothing(status, dead)
   redis.call('HSET', K.reserves, worker, A.request_id .. '|')
   return {status, cfg.version_eff, published, wake_id(K.wake_work), dead, {}}
 end
-if hold_active(now) then return nothing('held', 0) end
+if hold_active(due_now(cfg, now)) then return nothing('held', 0) end
 if redis.call('ZCARD', K.buffer) >= cfg.max_completed_groups then return nothing('backpressure', 0) end
 
 local counters = redis.call('HMGET', K.meta, 'executing_samples', 'retained', 'committed')

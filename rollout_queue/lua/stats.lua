@@ -18,20 +18,22 @@ ARGV:
 Returns:
   {'ok', {meta name, value, ...}, server_ms, stream length, ready, buffer, workers alive, workers
    silent, active leases, active holds, dlq length, commits length, buffer min versions {v, ...},
-   ledger lines, source_ids}
+   ledger lines, source_ids, outages seen by the queue clock}
 Invariant:
   none (read-only); counts come from one atomic script so they agree with each other.
 ]]
 -- @include now_ms
 -- @include load_config
-local now = now_ms()
+local now = now_ms(true)
 local cfg = load_config()
-local cutoff = now - cfg.worker_timeout_ms
+local due = due_now(cfg, now)
+local cutoff = due - cfg.worker_timeout_ms
 local versions = {}
 local scores = redis.call('ZRANGE', K.bufver, 0, -1, 'WITHSCORES')
 for i = 2, #scores, 2 do table.insert(versions, math.floor(tonumber(scores[i]) / 4294967296)) end
 return {'ok', redis.call('HGETALL', K.meta), now, redis.call('XLEN', K.src), redis.call('ZCARD', K.ready),
   redis.call('ZCARD', K.buffer), redis.call('ZCOUNT', K.workers, cutoff, '+inf'),
   redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCOUNT', K.leases, 1, '+inf'),
-  redis.call('ZCOUNT', K.holds, '(' .. now, '+inf'), redis.call('XLEN', K.dlq), redis.call('XLEN', K.commits),
-  versions, redis.call('HLEN', K.ledger), redis.call('HLEN', K.ids)}
+  redis.call('ZCOUNT', K.holds, '(' .. due, '+inf'), redis.call('XLEN', K.dlq), redis.call('XLEN', K.commits),
+  versions, redis.call('HLEN', K.ledger), redis.call('HLEN', K.ids),
+  tonumber(redis.call('HGET', clock_key(), 'outages')) or 0}

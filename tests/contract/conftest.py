@@ -97,7 +97,7 @@ def snapshot(raw: redis.Redis, queue_name: str, exclude: tuple[str, ...] = ()) -
     """
     out: dict[bytes, bytes] = {}
     for key in sorted(raw.scan_iter(match=f"rollout:{{{queue_name}}}:*", count=1000)):
-        if any(key.decode().endswith(":" + suffix) for suffix in exclude):
+        if any(key.decode().endswith(":" + suffix) for suffix in exclude + ("clock",)):
             continue
         dumped = raw.dump(key)
         if dumped is not None:

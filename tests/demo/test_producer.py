@@ -32,7 +32,7 @@ def write_jsonl(path: Path, count: int) -> Path:
 
 def dump(r: redis.Redis, queue: str) -> dict[bytes, bytes]:
     """Every key of the queue, serialised: a refusal must leave them all byte-identical."""
-    return {k: r.dump(k) for k in sorted(r.scan_iter(match=f"rollout:{{{queue}}}:*")) if not k.endswith(b"wake:work")}
+    return {k: r.dump(k) for k in sorted(r.scan_iter(match=f"rollout:{{{queue}}}:*")) if not k.endswith((b"wake:work", b":clock"))}
 
 
 def stream_source_ids(r: redis.Redis, queue: str) -> list[str]:

@@ -18,7 +18,7 @@ from tests.ops.conftest import ALIVE, SILENT, KnownState, samples
 
 
 def dump(r: redis.Redis, st: KnownState) -> dict[bytes, Any]:
-    return {k: r.dump(k) for k in r.scan_iter(f"{st.prefix}:*") if not k.endswith(b":wake:work")}
+    return {k: r.dump(k) for k in r.scan_iter(f"{st.prefix}:*") if not k.endswith((b":wake:work", b":clock"))}
 
 
 @pytest.mark.parametrize("name, keys, argv", [

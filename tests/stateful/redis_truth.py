@@ -188,6 +188,8 @@ def snapshot(r: redis.Redis, keys: QueueKeys) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for raw_key in sorted(r.scan_iter(match=keys.pattern, count=1000)):
         key = _s(raw_key)
+        if key == keys["clock"]:
+            continue  # the queue clock ticks on its own (now_ms.lua): not queue state
         kind = _s(r.type(key))
         if kind == "stream":
             groups = [{_s(k): v for k, v in g.items()} for g in r.xinfo_groups(key)]

@@ -5,7 +5,7 @@ admission forever, so expiry is read from the score, with no sweep needed for co
 hold_open cannot have written (an id outside [%w-_.], an infinite deadline) is garbage and holds
 nothing, so garbage in K.holds never closes admission for good.
 ]]
-local function hold_active(now)
+local function hold_active(now)  -- now: due_now(cfg, now_ms())
   local r = redis.call('ZRANGEBYSCORE', K.holds, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 16)
   for i = 1, #r, 2 do
     local deadline = tonumber(r[i + 1])

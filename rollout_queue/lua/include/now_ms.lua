@@ -1,9 +1,79 @@
 --[[
-now_ms: the server clock in milliseconds.
-Why: DESIGN rule 6, time never comes from client clocks; every deadline and heartbeat is compared
-against this one clock, so two hosts with skewed clocks still agree.
+now_ms: the queue clock in milliseconds: the server's TIME minus the time the server was down.
+due_now: the instant deadlines are judged against (worker silence, lease and hold expiry).
+Uses: the hash rollout:{q}:clock (built from K.meta's prefix, same hash tag; not queue state, so a
+refusal that only moved the clock still "wrote nothing"): ms (the last queue time a script saw,
+written at most every CLOCK_STEP_MS), offset (server time - queue time), run (the server's run_id
+when ms was written), resumed (queue time at the end of the last outage), outages (how many).
+Why: DESIGN rule 6, time comes from Redis TIME, never from client clocks; and time the server was
+down must not count against workers, leases or holds (issue 12 item 5). A restart or a failover
+changes the server's run_id: the first script that sees a new run_id (or a clock that went
+backwards) continues the queue clock from its last ms instead of jumping over the outage. After an
+outage every client gets OUTAGE_GRACE worker timeouts to reconnect before anything it owns is
+taken away (due_now), because clients come back one by one on their own retry back-off. Only a
+changed run_id counts as an outage, never a quiet queue, so the grace is granted once per restart
+and cannot postpone reaping for ever. `read_only`: the caller may not write (stats, reap_scan,
+hold_poll run under read-only roles): it computes the same time and records it only where its
+role may write (a refused write changes nothing; the next script that may write records it).
 ]]
-local function now_ms()
+local CLOCK_STEP_MS = 100
+local OUTAGE_GRACE = 2
+local clock = nil
+local function clock_key()
+  return string.sub(K.meta, 1, -5) .. 'clock'
+end
+local function server_run_id()
+  return string.match(redis.call('INFO', 'SERVER'), 'run_id:(%w+)') or ''
+end
+local function now_ms(read_only)
+  if clock then return clock.now end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local raw = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local key = clock_key()
+  local c = redis.call('HMGET', key, 'ms', 'offset', 'run', 'resumed', 'outages')
+  local last = tonumber(c[1])
+  local offset = tonumber(c[2]) or 0
+  local q = raw - offset
+  clock = {now = q, resumed = tonumber(c[4])}
+  if last and q >= last and q - last < CLOCK_STEP_MS then return q end
+  -- A gap of a step or more (or a first use, or a clock that went back): is it the same server?
+  local run = server_run_id()
+  local writes = {}
+  if not last then
+    writes = {'ms', q, 'offset', offset, 'run', run}
+  elseif run ~= c[3] or q < last then
+    -- Restarted, failed over, or stepped back: the queue clock goes on from where it stopped.
+    q = last
+    writes = {'ms', q, 'offset', raw - q, 'run', run}
+    if run ~= c[3] then
+      clock.resumed = q
+      table.insert(writes, 'resumed')
+      table.insert(writes, q)
+      table.insert(writes, 'outages')
+      table.insert(writes, (tonumber(c[5]) or 0) + 1)
+    end
+  else
+    writes = {'ms', q}
+  end
+  clock.now = q
+  if read_only then
+    redis.pcall('HSET', key, unpack(writes))  -- a read-only role's NOPERM is fine: the next writer records it
+  else
+    redis.call('HSET', key, unpack(writes))
+  end
+  return q
+end
+local function due_now(cfg, now)
+  local r = clock and clock.resumed
+  if r and now < r + OUTAGE_GRACE * cfg.worker_timeout_ms then return math.min(now, r) end
+  return now
+end
+--[[
+silent_counted: whether reaping a worker whose last heartbeat was `seen` counts toward max_attempts.
+A worker that was alive when the last outage began (its last heartbeat is within worker_timeout
+before it; the stored ms lags a heartbeat by at most CLOCK_STEP_MS) and never came back most likely gave up on the outage (its retry window ran out): not its group's fault.
+]]
+local function silent_counted(cfg, seen)
+  local r = clock and clock.resumed
+  return not (r and seen and seen >= r - cfg.worker_timeout_ms and seen <= r + CLOCK_STEP_MS)
 end

@@ -1,3 +1,4 @@
+-- @include now_ms
 -- @include reap_worker_entries
 -- @include requeue_lease
 --[[
@@ -16,12 +17,12 @@ local function reap_some(cfg, now, budget)
     -- the groups it holds.
     redis.call('ZREM', K.workers, w[1])
     redis.call('HINCRBY', K.meta, 'ghosts', 1)
-  elseif w[1] and tonumber(w[2]) < now - cfg.worker_timeout_ms then
-    local requeued, dead = reap_worker_entries(w[1], budget, cfg, now)
+  elseif w[1] and tonumber(w[2]) < due_now(cfg, now) - cfg.worker_timeout_ms then
+    local requeued, dead = reap_worker_entries(w[1], budget, cfg, now, silent_counted(cfg, tonumber(w[2])))
     n = n + requeued + dead
   end
   local l = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
-  if l[1] and tonumber(l[2]) < now then
+  if l[1] and tonumber(l[2]) < due_now(cfg, now) then
     local requeued = reap_lease(l[1], budget, cfg, now)
     n = n + (requeued or 0)
   end

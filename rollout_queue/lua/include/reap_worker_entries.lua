@@ -1,3 +1,4 @@
+-- @include now_ms
 -- @include pending_entries
 -- @include end_attempts
 -- @include end_attempt
@@ -11,9 +12,11 @@ the batch is ended at once (end_attempts), so a call costs a few commands plus o
 entry and one dead letter per entry that dies.
 Also includes end_attempt for the scripts that reach it through this file.
 ]]
-local function reap_worker_entries(worker, budget, cfg, now)
+local function reap_worker_entries(worker, budget, cfg, now, counted)
   local entries = pending_entries(worker, budget)
-  local requeued, dead = end_attempts(worker, entries, 'lost', 'worker silent past worker_timeout', true, cfg, now)
+  local reason = counted and 'worker silent past worker_timeout'
+    or 'worker did not come back after a Redis outage (not counted)'
+  local requeued, dead = end_attempts(worker, entries, 'lost', reason, counted, cfg, now)
   local done = #entries < budget
   if done then
     redis.call('ZREM', K.workers, worker)

@@ -1,3 +1,4 @@
+-- @include now_ms
 -- @include requeue_entry
 -- @include pel_entry
 -- @include pending_entries
@@ -57,7 +58,7 @@ local function reap_lease(lease_id, budget, cfg, now)
     -- The index holds the deadline (lease and extend write it with the record), so a record edited by
     -- hand cannot keep a lease alive; an active lease that is not indexed (an orphan) is due now.
     local deadline = tonumber(redis.call('ZSCORE', K.leases, lease_id))
-    if deadline and deadline >= now then return nil end
+    if deadline and deadline >= due_now(cfg, now) then return nil end
     close_lease(lease_key, lease_id, 'expired', now)
     state = 'expired'
   elseif state == 'committed' then
