@@ -11,10 +11,13 @@ from .client import Hold, Lease, RolloutQueue, Worker
 from .config import QueueConfig
 from .errors import (
     CheckpointPruned,
+    CheckpointRegression,
     ConfigMismatch,
     HoldLost,
     InvalidInput,
     LeaseLost,
+    LeasesOpen,
+    LeaseUnsatisfiable,
     MalformedCompletion,
     MalformedReservation,
     NotFound,
@@ -23,6 +26,7 @@ from .errors import (
     PartitionsUnreachable,
     PayloadTooLarge,
     ProtocolError,
+    RestoreInProgress,
     RolloutQueueError,
     ScriptError,
     StaleReceipt,
@@ -47,11 +51,12 @@ from .transport import RetryPolicy
 
 __all__ = [
     "AsyncFleetReserver", "AsyncHold", "AsyncLease", "AsyncPartitionedQueue", "AsyncRolloutQueue",
-    "AsyncWorker", "CheckpointPruned", "CompletedGroup", "ConfigMismatch", "DeadLetter", "FleetReserver",
-    "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost", "MalformedCompletion",
+    "AsyncWorker", "CheckpointPruned", "CheckpointRegression", "CompletedGroup", "ConfigMismatch", "DeadLetter", "FleetReserver",
+    "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost", "LeaseUnsatisfiable", "LeasesOpen",
+    "MalformedCompletion",
     "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnedAttempt", "OwnershipLost", "PartitionedQueue",
     "PartitionsUnreachable", "PayloadTooLarge", "ProtocolError", "QueueConfig", "QueueStats", "ReapReport",
-    "Receipt", "Reservation", "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError",
+    "Receipt", "Reservation", "RestoreInProgress", "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError",
     "SourceGroup", "StaleReceipt", "StateConflict", "VersionRegression", "Worker",
 ]
 __version__ = "0.1.0"

@@ -123,9 +123,10 @@ class AsyncWorker:
             raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {self.worker_id!r}")
         return receipt
 
-    async def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0) -> list[Reservation]:
+    async def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
+                      overcommit: bool = False) -> list[Reservation]:
         return await self.queue.run(flows.reserve(self.queue.keys, self.worker_id, max_groups, max_samples,
-                                                  block_ms, self.queue.clock))
+                                                  block_ms, self.queue.clock, overcommit))
 
     async def complete(self, receipt: Receipt, samples: Sequence[Sample]) -> str:
         return await self.queue.run(flows.complete(self.queue.keys, self._own(receipt), samples,

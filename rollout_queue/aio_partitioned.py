@@ -143,9 +143,10 @@ class AsyncPartitionedWorker:
             raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {self.worker_id!r}")
         return self.queue.layout.keys[self.queue.layout.index(receipt)]
 
-    async def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0) -> list[Reservation]:
+    async def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
+                      overcommit: bool = False) -> list[Reservation]:
         return await self.queue.run(pf.reserve(self.queue.layout, self.selector, self.worker_id, max_groups,
-                                               max_samples, block_ms, self.queue.clock))
+                                               max_samples, block_ms, self.queue.clock, overcommit))
 
     async def complete(self, receipt: Receipt, samples: Sequence[Sample]) -> str:
         return await self.queue.run(flows.complete(self._keys(receipt), receipt, samples,

@@ -176,9 +176,13 @@ class Worker:
             raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {self.worker_id!r}")
         return receipt
 
-    def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0) -> list[Reservation]:
+    def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
+                overcommit: bool = False) -> list[Reservation]:
+        """Up to ``max_groups`` groups and ``max_samples`` samples (0: no cap of the caller's own).
+        ``overcommit``: this caller queues samples internally, so the oldest group larger than
+        ``max_samples`` may be its first grant; without it such a group is left for another caller."""
         return self.queue.run(flows.reserve(self.queue.keys, self.worker_id, max_groups, max_samples, block_ms,
-                                            self.queue.clock))
+                                            self.queue.clock, overcommit))
 
     def complete(self, receipt: Receipt, samples: Sequence[Sample]) -> str:
         return self.queue.run(flows.complete(self.queue.keys, self._own(receipt), samples,

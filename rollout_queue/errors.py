@@ -114,6 +114,25 @@ class VersionRegression(StateConflict):
         super().__init__(f"policy version {version} is not above the current {current}; versions only grow.")
 
 
+class LeaseUnsatisfiable(StateConflict):
+    """A lease asked for more groups than the queue's bounds can ever have completed at once."""
+
+    HINTS = {
+        "max_completed_groups": "raise max_completed_groups (`rollout-queue config set`) or lease fewer groups",
+        "max_retained_groups": "raise max_retained_groups or lease fewer groups",
+        "batch_groups": "admission control admits at most (version + max_staleness + 1) * batch_groups groups "
+                        "minus those committed, until the next publish_version: lease at most batch_groups per "
+                        "step (or partial=True), publish a version first, or raise batch_groups or max_staleness",
+    }
+
+    def __init__(self, groups: int, bound: str, limit: int) -> None:
+        self.groups, self.bound, self.limit = groups, bound, limit
+        super().__init__(
+            f"a lease of {groups} group(s) can never be satisfied: {bound} allows at most {max(limit, 0)} completed "
+            f"group(s) at once. {self.HINTS.get(bound, 'raise ' + bound)}."
+        )
+
+
 class CheckpointPruned(StateConflict):
     """restore(step) asked to go below a checkpoint whose data was already dropped."""
 
@@ -122,6 +141,40 @@ class CheckpointPruned(StateConflict):
         super().__init__(
             f"cannot restore to step {step}: checkpoint {checkpoint} already dropped the data committed "
             "before it. Resume from a checkpoint at or after it."
+        )
+
+
+class CheckpointRegression(StateConflict):
+    """checkpoint(step) named a step below the queue's last checkpoint."""
+
+    def __init__(self, step: int, checkpoint: int) -> None:
+        self.step, self.checkpoint = step, checkpoint
+        super().__init__(
+            f"checkpoint {step} is below the queue's last checkpoint {checkpoint}: checkpoints only move forward "
+            "(the data committed before it is already dropped). Checkpoint the current step instead."
+        )
+
+
+class LeasesOpen(StateConflict):
+    """checkpoint(step) was refused because groups are still leased: the saved weights may include a
+    batch whose lease later expires, and that batch would then be trained twice after a resume."""
+
+    def __init__(self, step: int, leased: int) -> None:
+        self.step, self.leased = step, leased
+        super().__init__(
+            f"checkpoint {step} refused: {leased} group(s) are still leased. Commit (or roll back) every lease "
+            "before checkpointing, so the checkpoint never covers a batch that may still go back to ready."
+        )
+
+
+class RestoreInProgress(StateConflict):
+    """A restore(step) was interrupted and has not finished: finish it before committing or checkpointing."""
+
+    def __init__(self, step: int, what: str) -> None:
+        self.step, self.what = step, what
+        super().__init__(
+            f"{what} refused: restore({step}) was interrupted and is not finished. Call restore({step}) again "
+            "(or let the reaper finish it); a commit now could be requeued by the rest of that restore."
         )
 
 

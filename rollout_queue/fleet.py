@@ -138,7 +138,8 @@ class FleetReserver(_FleetBase):
     """Reserve from several queues' workers by weight. ``workers``: queue name -> a Worker (or
     PartitionedWorker) of that queue; ``weights``: queue name -> share (any positive scale)."""
 
-    def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0) -> list[tuple[str, Reservation]]:
+    def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
+                overcommit: bool = False) -> list[tuple[str, Reservation]]:
         plan = plan_reserve(self.share, max_groups, max_samples, block_ms, self.clock)
         got: Any = None
         while True:
@@ -146,7 +147,7 @@ class FleetReserver(_FleetBase):
                 k, groups, samples, block = plan.send(got)
             except StopIteration as stop:
                 return [(self.names[k], r) for k, r in stop.value]
-            got = self.workers[self.names[k]].reserve(groups, block_ms=block, max_samples=samples)
+            got = self.workers[self.names[k]].reserve(groups, block_ms=block, max_samples=samples, overcommit=overcommit)
 
     def heartbeat(self) -> dict[str, HeartbeatInfo]:
         """Each queue's heartbeat: its own policy version and weights."""
@@ -159,8 +160,8 @@ class FleetReserver(_FleetBase):
 class AsyncFleetReserver(_FleetBase):
     """Mirror of FleetReserver over AsyncWorker / AsyncPartitionedWorker objects."""
 
-    async def reserve(self, max_groups: int = 1, block_ms: int = 0,
-                      max_samples: int = 0) -> list[tuple[str, Reservation]]:
+    async def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
+                      overcommit: bool = False) -> list[tuple[str, Reservation]]:
         plan = plan_reserve(self.share, max_groups, max_samples, block_ms, self.clock)
         got: Any = None
         while True:
@@ -168,7 +169,8 @@ class AsyncFleetReserver(_FleetBase):
                 k, groups, samples, block = plan.send(got)
             except StopIteration as stop:
                 return [(self.names[k], r) for k, r in stop.value]
-            got = await self.workers[self.names[k]].reserve(groups, block_ms=block, max_samples=samples)
+            got = await self.workers[self.names[k]].reserve(groups, block_ms=block, max_samples=samples,
+                                                            overcommit=overcommit)
 
     async def heartbeat(self) -> dict[str, HeartbeatInfo]:
         return {name: await self.workers[name].heartbeat() for name in self.names}

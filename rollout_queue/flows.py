@@ -79,20 +79,42 @@ def open_queue(keys: QueueKeys, config: QueueConfig | None) -> Flow[QueueConfig]
     return QueueConfig.from_meta(meta)
 
 
+#: Groups (and their bytes) per submit script call: a script adds ~5 µs per group, so a submit of any
+#: size holds Redis for about a millisecond per call (issue 12 item 8), not seconds for 150k groups.
+SUBMIT_BATCH = 256
+SUBMIT_BATCH_BYTES = 1 << 20
+
+
+def encode_source(g: SourceGroup, max_payload_bytes: int) -> tuple[list[p.Arg], int]:
+    """One group's 5 ARGV values as submit and produce take them (add_groups.lua), and its size.
+    PayloadTooLarge for a group over the queue's limit (raised before anything is sent)."""
+    parents, body = encode_group(g)
+    size = len(g.source_id) + len(parents) + len(body)
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(f"source group {g.source_id!r}", size, max_payload_bytes)
+    return [g.source_id, g.n, parents, body, SCHEMA_VERSION], size
+
+
 def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: int) -> Flow[list[str]]:
-    """Backlog the groups; a source_id already submitted returns its existing entry ID."""
+    """Backlog the groups; a source_id already submitted returns its existing entry ID.
+
+    Every group is encoded and checked before anything is sent (PayloadTooLarge: nothing written);
+    then they go in calls of SUBMIT_BATCH groups or SUBMIT_BATCH_BYTES, in order. Each call is
+    idempotent by source_id, so a submit cut short (OutcomeUnknown) is finished by repeating it."""
+    encoded = [encode_source(g, max_payload_bytes) for g in groups]
+    out: list[str] = []
     flat: list[p.Arg] = []
-    for g in groups:
-        parents, body = encode_group(g)
-        size = len(g.source_id) + len(parents) + len(body)
-        if size > max_payload_bytes:
-            raise PayloadTooLarge(f"source group {g.source_id!r}", size, max_payload_bytes)
-        flat += [g.source_id, g.n, parents, body, SCHEMA_VERSION]
-    if not flat:
-        return []
-    reply = yield p.build(keys, "submit", groups=flat)
-    _, r = p.check(reply, ("ok",), {"what": "source group"})
-    return [p.s(x) for x in r[2:]]
+    chunk_bytes = 0
+    for i, (args, size) in enumerate(encoded):
+        flat += args
+        chunk_bytes += size
+        last = i == len(encoded) - 1
+        if last or len(flat) >= 5 * SUBMIT_BATCH or chunk_bytes + encoded[i + 1][1] > SUBMIT_BATCH_BYTES:
+            reply = yield p.build(keys, "submit", groups=flat)
+            _, r = p.check(reply, ("ok",), {"what": "source group"})
+            out += [p.s(x) for x in r[2:]]
+            flat, chunk_bytes = [], 0
+    return out
 
 
 def publish_version(keys: QueueKeys, version: int, weights_uri: str | None, hold_id: str = "") -> Flow[bool]:
@@ -112,16 +134,19 @@ def version(keys: QueueKeys) -> Flow[int]:
 
 
 def reserve(keys: QueueKeys, worker_id: str, max_groups: int, max_samples: int, block_ms: int,
-            clock: Clock) -> Flow[list[Reservation]]:
+            clock: Clock, overcommit: bool = False) -> Flow[list[Reservation]]:
     """Up to ``max_groups`` reservations (and at most ``max_samples`` samples, 0: no per-call cap),
-    waiting up to ``block_ms`` for work. Undecodable reservations are dead-lettered, never returned."""
+    waiting up to ``block_ms`` for work. Undecodable reservations are dead-lettered, never returned.
+    A group larger than ``max_samples`` is left for another caller, unless ``overcommit`` (the caller
+    queues samples internally): then the oldest such group may be the call's first grant. One script
+    call grants at most 64 groups (reserve.lua), whatever ``max_groups`` asks."""
     check_worker_id(worker_id)
     if max_groups < 1 or max_samples < 0:
         raise ValueError("max_groups must be >= 1 and max_samples >= 0")
     deadline = clock() + block_ms / 1000
     while True:
         reply = yield p.build(keys, "reserve", worker_id=worker_id, max_groups=max_groups,
-                              max_samples=max_samples, request_id=new_id())
+                              max_samples=max_samples, request_id=new_id(), overcommit=1 if overcommit else 0)
         r = p.parse_reserve(reply, worker_id)
         out = []
         for receipt, fields in r.granted:
@@ -278,7 +303,7 @@ def lease(keys: QueueKeys, trainer_id: str, groups: int, partial: bool, timeout_
         lease_id, token = new_id(), secrets.token_hex(16)
         reply = yield p.build(keys, "lease", lease_id=lease_id, token=token, trainer_id=trainer_id, groups=groups,
                               partial=1 if partial else 0, timeout_ms=timeout_ms)
-        r = p.parse_lease(reply, lease_id)
+        r = p.parse_lease(reply, lease_id, groups)
         if r.status == "ok":
             payloads = (yield p.read_lease_payloads(keys, r)) if r.members else []
             r = p.decode_lease(r, payloads)

@@ -169,7 +169,7 @@ def dead_letters(layout: Layout, count: int) -> Flow[list[tuple[str, DeadLetter]
 
 
 def reserve(layout: Layout, sel: Selector, worker_id: str, max_groups: int, max_samples: int, block_ms: int,
-            clock: Clock) -> Flow[list[Reservation]]:
+            clock: Clock, overcommit: bool = False) -> Flow[list[Reservation]]:
     """Up to ``max_groups`` reservations (``max_samples`` samples, 0: no cap) gathered over the
     partitions in the selector's order, waiting up to ``block_ms`` on their wake streams."""
     if max_groups < 1 or max_samples < 0:
@@ -189,7 +189,9 @@ def reserve(layout: Layout, sel: Selector, worker_id: str, max_groups: int, max_
                 continue  # known empty: only worth a call when nothing was found anywhere
             trace = Trace()
             try:
-                got = yield from _reserve_one(layout, sel, i, worker_id, groups, samples, clock, trace)
+                # Only the call's first grant may be oversized (flows.reserve): overcommit until one arrives.
+                got = yield from _reserve_one(layout, sel, i, worker_id, groups, samples, clock, trace,
+                                              overcommit and not out)
             except OutcomeUnknown:
                 if isinstance(trace.op, p.Call) and trace.op.script.name == "reserve":
                     sel.pending[i] = trace.op
@@ -214,11 +216,11 @@ def reserve(layout: Layout, sel: Selector, worker_id: str, max_groups: int, max_
 
 
 def _reserve_one(layout: Layout, sel: Selector, i: int, worker_id: str, groups: int, samples: int, clock: Clock,
-                 trace: Trace) -> Flow[list[Reservation]]:
+                 trace: Trace, overcommit: bool = False) -> Flow[list[Reservation]]:
     keys = layout.keys[i]
     call = sel.pending.pop(i, None)
     if call is None:
-        return (yield from guarded(flows.reserve(keys, worker_id, groups, samples, 0, clock), True, trace))
+        return (yield from guarded(flows.reserve(keys, worker_id, groups, samples, 0, clock, overcommit), True, trace))
     # Replay a reserve whose reply was lost, with its own request id: the script answers with the
     # grants it made then (possibly more than ``groups``: the worker asked for them back then).
     trace.op, trace.reply = call, None

@@ -31,6 +31,7 @@ import orjson
 from .client import RolloutQueue
 from .errors import InvalidInput
 from .models import SourceGroup
+from .flows import SUBMIT_BATCH
 from .producer_flows import Produced, check_producer_name, produce, read_cursor
 
 __all__ = ["DatasetRecords", "JsonlRecords", "ProducePlan", "ProduceReport", "load_records", "run_producer"]
@@ -235,6 +236,7 @@ def run_producer(queue: RolloutQueue, records: DatasetRecords, plan: ProducePlan
     Killed at any instant, it restarts where Redis says it stopped: no group twice, none missing.
     Raises ProducerConflict (another instance, or another plan under this name).
     """
+    batch_size = min(batch_size, SUBMIT_BATCH)  # one produce call is bounded (producer_flows.produce)
     if max_backlog and batch_size > max_backlog:
         batch_size = max_backlog  # a batch larger than the bound could never be admitted
     stop = stop or threading.Event()

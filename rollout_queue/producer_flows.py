@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import protocol as p
-from .codec import SCHEMA_VERSION, encode_group
-from .errors import InvalidInput, PayloadTooLarge
-from .flows import Flow
+from .errors import InvalidInput
+from .flows import SUBMIT_BATCH, Flow, encode_source
 from .keys import QueueKeys
 from .models import SourceGroup
 
@@ -46,14 +45,7 @@ class Produced:
 
 def encode_groups(groups: Sequence[SourceGroup], max_payload_bytes: int) -> list[p.Arg]:
     """The flat 5-values-per-group ARGV tail that submit and produce take (``add_groups.lua``)."""
-    flat: list[p.Arg] = []
-    for g in groups:
-        parents, body = encode_group(g)
-        size = len(g.source_id) + len(parents) + len(body)
-        if size > max_payload_bytes:
-            raise PayloadTooLarge(f"source group {g.source_id!r}", size, max_payload_bytes)
-        flat += [g.source_id, g.n, parents, body, SCHEMA_VERSION]
-    return flat
+    return [x for g in groups for x in encode_source(g, max_payload_bytes)[0]]
 
 
 def read_cursor(keys: QueueKeys, producer: str) -> Flow[tuple[int, str | None]]:
@@ -76,6 +68,10 @@ def produce(keys: QueueKeys, producer: str, plan: str, start: int, groups: Seque
     """
     if start < 0 or max_backlog < 0:
         raise ValueError("start and max_backlog must be >= 0")
+    if len(groups) > SUBMIT_BATCH:
+        # One produce is one atomic step of the cursor: bounded like a submit call (issue 12 item 8).
+        raise InvalidInput(f"produce takes at most {SUBMIT_BATCH} groups per call, got {len(groups)}: send the "
+                           "plan in batches (run_producer's batch_size)")
     flat = encode_groups(groups, max_payload_bytes)
     reply = yield p.build(keys, "produce", producer=check_producer_name(producer), plan=plan, start=start,
                           stop=start + len(groups), max_backlog=max_backlog, groups=flat)

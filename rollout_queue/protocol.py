@@ -21,6 +21,7 @@ from .errors import (
     HoldLost,
     InvalidInput,
     LeaseLost,
+    LeaseUnsatisfiable,
     MalformedCompletion,
     NotFound,
     PayloadTooLarge,
@@ -97,6 +98,7 @@ ERRORS: dict[str, Raiser] = {
     "malformed": lambda c, r: MalformedCompletion(c["entry_id"], s(r[1]), s(r[2])),
     "version_regression": lambda c, r: VersionRegression(c["version"], int(r[1])),
     "checkpoint_pruned": lambda c, r: CheckpointPruned(c["step"], int(r[1])),
+    "unsatisfiable": lambda c, r: LeaseUnsatisfiable(c["groups"], s(r[1]), int(r[2])),
     "not_found": lambda c, r: NotFound(f"{c.get('what', 'record')} {c.get('id', '')} not found"),
     "cursor_moved": lambda c, r: ProducerConflict(c["producer"], f"its cursor is at {int(r[1])}, not {c['from']}"),
     "plan_mismatch": lambda c, r: ProducerConflict(c["producer"], f"it was started with plan {s(r[1])}, not {c['plan']}"),
@@ -186,7 +188,8 @@ class ReserveReply:
     granted: tuple[tuple[Receipt, Mapping[bytes, bytes]], ...]
 
 
-RESERVE_STATUSES = ("ok", "held", "backpressure", "capacity", "admission", "retained_full", "empty", "retry")
+RESERVE_STATUSES = ("ok", "held", "backpressure", "capacity", "admission", "retained_full", "empty", "oversized",
+                    "retry")
 
 
 @_shaped
@@ -231,10 +234,10 @@ class LeaseReply:
 
 
 @_shaped
-def parse_lease(reply: Any, lease_id: str) -> LeaseReply:
+def parse_lease(reply: Any, lease_id: str, groups: int = 0) -> LeaseReply:
     """The lease script's answer; a granted one lists its members without payloads (P2: the script
     returns no payload, so its time does not grow with them). read_lease_payloads, then decode_lease."""
-    status, r = check(reply, ("ok", "held", "insufficient"), {"lease_id": lease_id})
+    status, r = check(reply, ("ok", "held", "insufficient"), {"lease_id": lease_id, "groups": groups})
     if status != "ok":
         return LeaseReply(status, int(r[1]), s(r[2]))
     members = []

@@ -296,8 +296,11 @@ class WorkerRuntime:
                 # Until its grants are held (or handed back), the reconciler must not take them
                 # for orphans: it skips whatever was delivered after this instant.
                 self._reserving_since = time.monotonic()
+                # The engines queue requests beyond their concurrency, so a sample-policy worker takes
+                # a group larger than its free slots when it is the oldest (overcommit): one such
+                # group never freezes a fleet whose slots are all smaller than it (issue 12 item 2).
                 got = await self._worker.reserve(ask.max_groups, block_ms=self.options.block_ms,
-                                                 max_samples=ask.max_samples)
+                                                 max_samples=ask.max_samples, overcommit=ask.overcommit)
                 self.stats.reserves.append((time.monotonic(), len(got)))
                 if self._ev("stopping").is_set():
                     for r in got:  # never hold work we will not execute: back to ready, not counted

@@ -20,6 +20,10 @@ Rules this module keeps:
    is never made, so a busy worker never spins on ``reserve``.
 4. The counts can never go negative or leak: ``busy_samples`` always equals the slots held by the
    groups in ``held`` (checked by ``check()``; the tests call it after every step).
+5. Oversized groups (DESIGN_NOTES, "Groups larger than a caller's slots"): the sample policy asks
+   with ``overcommit``, so the queue may grant one group larger than the free slots as the first
+   grant of a call (the engine queues its extra samples). ``busy_samples`` then exceeds
+   ``max_samples`` until those samples finish, and nothing more is asked meanwhile.
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ class ReserveRequest:
 
     max_groups: int
     max_samples: int
+    overcommit: bool = False
 
 
 @dataclass
 class _Held:
     n: int
     running: int  # samples of this group not yet finished
+    oversized: bool = False  # granted beyond the free slots (overcommit)
 
 
 class SubmissionScheduler:
@@ -83,13 +89,15 @@ class SubmissionScheduler:
         free_g, free_s = self.free_groups, self.free_samples
         if free_g is not None and free_g < 1:
             return None
-        if free_s is not None and free_s < self.n_hint:
+        # n_hint is capped by the slots: after an oversized group (n > max_samples) the next ask comes
+        # once every slot is free, never "when n slots are free", which could never happen.
+        if free_s is not None and self.max_samples is not None and free_s < min(self.n_hint, self.max_samples):
             return None
         groups = self.max_batch
         for cap in (free_g, free_s):  # a group has at least one sample, so free_s caps groups too
             if cap is not None:
                 groups = min(groups, cap)
-        return ReserveRequest(max_groups=groups, max_samples=free_s or 0)
+        return ReserveRequest(max_groups=groups, max_samples=free_s or 0, overcommit=self.policy == "sample")
 
     def on_reserved(self, key: Hashable, n: int) -> None:
         """A group of ``n`` parent slots was granted; all its samples start now."""
@@ -97,7 +105,8 @@ class SubmissionScheduler:
             raise ValueError(f"group {key!r} is already held")
         if n < 1:
             raise ValueError(f"a group has at least one parent slot, got n={n}")
-        self.held[key] = _Held(n, n)
+        oversized = self.max_samples is not None and self.busy_samples + n > self.max_samples
+        self.held[key] = _Held(n, n, oversized)
         self.busy_samples += n
         self.n_hint = n
         self.peak_groups = max(self.peak_groups, len(self.held))
@@ -130,5 +139,5 @@ class SubmissionScheduler:
         assert all(0 <= h.running <= h.n for h in self.held.values())
         if self.max_groups is not None:
             assert len(self.held) <= self.max_groups
-        if self.max_samples is not None:
+        if self.max_samples is not None and not any(h.oversized for h in self.held.values()):
             assert self.busy_samples <= self.max_samples

@@ -30,6 +30,8 @@ Returns:
   {'held', available, wake_id}           an admission hold is active; nothing leased
   {'insufficient', available, wake_id}   fewer fresh groups than asked (and not partial)
   {'lease_lost', state}                  the lease id exists with another token
+  {'unsatisfiable', bound, limit}        the bounds can never let `groups` (or, partial, one) group
+                                         be completed at once: bound names what to raise
 Invariant:
   each member is owned by @lease:<lease_id>, is in no other index, and was fresh at lease time:
   version - min_version <= max_staleness (None: 0); stale groups met on the way went back to ready;
@@ -39,6 +41,8 @@ Invariant:
 -- @include load_config
 -- @include hold_active
 -- @include reap_some
+-- @include evict_stale_some
+-- @include lease_limit
 -- @include stale_floor
 -- @include buffer_score
 -- @include evict_buffered
@@ -60,7 +64,12 @@ if prior[1] then
   return lease_reply(lease_id, tonumber(prior[3]), tonumber(prior[4]), prior[5], prior[6])
 end
 
-reap_some(cfg, now, 16)
+local bound, limit = lease_limit(cfg)
+if limit < (A.partial == '1' and 1 or groups) then return {'unsatisfiable', bound, limit} end
+
+reap_some_lease(cfg, now, 16)
+reap_some_worker(cfg, now, 16)
+evict_stale_some(cfg, now, 32)
 
 local floor = stale_floor(cfg)
 local stale_count = 0

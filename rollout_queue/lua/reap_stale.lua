@@ -20,15 +20,8 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
--- @include stale_floor
--- @include buffer_score
--- @include evict_buffered_many
+-- @include evict_stale_some
 local now = now_ms()
 local cfg = load_config()
-local floor = stale_floor(cfg)
-if not floor then return {'ok', 0, 1} end
-local count = tonumber(A.count)
-local ids = redis.call('ZRANGEBYSCORE', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)),
-  'LIMIT', 0, count)
-evict_buffered_many(ids, 'stale', cfg, now)
-return {'ok', #ids, #ids < count and 1 or 0}
+local evicted, more = evict_stale_some(cfg, now, tonumber(A.count))
+return {'ok', evicted, 1 - more}

@@ -129,7 +129,7 @@ def test_restore_keeps_admission_control_right(open_queue, raw, queue_name) -> N
     q.lease(2).commit(step=1)
     submit(q, 1)
     w = q.worker("w-b")
-    reply = execute(q, p.build(q.keys, "reserve", worker_id="w-b", max_groups=1, max_samples=0, request_id=""))
+    reply = execute(q, p.build(q.keys, "reserve", worker_id="w-b", max_groups=1, max_samples=0, request_id="", overcommit=0))
     assert p.s(reply[0]) == "admission"
     assert q.restore(0) == 2
     m = meta(raw, queue_name)

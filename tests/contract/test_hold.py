@@ -35,7 +35,7 @@ def test_headers_match_builders() -> None:
 
 
 def _reserve_status(q, worker_id: str = "w-probe") -> str:
-    reply = execute(q, p.build(q.keys, "reserve", worker_id=worker_id, max_groups=1, max_samples=0, request_id=""))
+    reply = execute(q, p.build(q.keys, "reserve", worker_id=worker_id, max_groups=1, max_samples=0, request_id="", overcommit=0))
     return p.s(reply[0])
 
 

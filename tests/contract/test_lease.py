@@ -122,10 +122,12 @@ def test_never_a_stale_group_in_lifo_order(open_queue, raw, queue_name) -> None:
     ids = fill_buffer(q, 4, versions=[0, 2, 1, 3])
     q.publish_version(3)
     lease = q.lease(2)
-    # Newest first: v3 is taken, v1 is met on the way and requeued, v2 is taken; v0 is not reached.
+    # Newest first: v3 and v2 are taken; every stale group (v1, v0) is requeued first, inline (issue
+    # 12 item 1: lease never leaves a stale group in the buffer, whether or not it reaches it).
     assert [g.entry_id for g in lease.groups] == [ids[3], ids[1]]
-    assert owners(raw, queue_name, [ids[2], ids[0]]) == ["@ready", "@done"]
-    assert q.lease(1) is None, "the last buffered group is stale: nothing fresh is left"
+    assert owners(raw, queue_name, [ids[2], ids[0]]) == ["@ready", "@ready"]
+    assert q.lease(1) is None, "nothing fresh is left"
+    assert q.stats().completed == 0
 
 
 def test_stale_groups_are_not_counted_as_available(open_queue) -> None:
@@ -319,17 +321,17 @@ def test_a_batch_mixing_ghosts_stale_groups_and_attempts(open_queue, raw, queue_
     assert {i: table[i] for i in (a, c, d, e)} == {a: ("@lease:mix-1", 1), c: ("@lease:mix-1", 2),
                                                    d: ("@lease:mix-1", 1), e: ("@lease:mix-1", 3)}
     assert table[b] == ("@ready", 3), "a stale eviction keeps the attempt"
-    assert table[f] == ("@done", 2), "not reached by the walk"
+    assert table[f] == ("@ready", 2), "stale groups are evicted up front, met by the walk or not"
     assert table[executing] == ("w-other", other.receipt.attempt), "a ghost's real owner is untouched"
     for role in ("buffer", "bufver"):
-        assert zmembers(raw, queue_name, role) == [f]
+        assert zmembers(raw, queue_name, role) == []
     assert int(meta(raw, queue_name)["ghosts"]) == ghosts_before + 3
 
     execute(q, p.build(q.keys, "rollback", lease_id="mix-1", token="tok", count=64))
     table = pel(raw, queue_name)
     assert [table[i] for i in (a, c, d, e)] == [("@ready", 1), ("@ready", 2), ("@ready", 1), ("@ready", 3)]
     again = {r.entry_id: r.receipt.attempt for r in q.worker("w-again").reserve(8)}
-    assert again == {b: 4, a: 2, c: 3, d: 2, e: 4}, "only a grant to a worker raises the attempt"
+    assert again == {b: 4, a: 2, c: 3, d: 2, e: 4, f: 3}, "only a grant to a worker raises the attempt"
 
 
 def test_members_past_the_owner_span_cut_are_asked_one_by_one(open_queue, raw, queue_name) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import QueueConfig, RolloutQueue
+from rollout_queue import QueueConfig, Receipt, RolloutQueue
 from rollout_queue import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import (
@@ -105,15 +105,55 @@ def test_max_executing_samples_caps_the_grant(open_queue, raw: redis.Redis, queu
     assert entry_ids(w.reserve(3)) == ids[2:]
 
 
-def test_a_requeued_group_that_does_not_fit_is_not_overtaken(open_queue, raw: redis.Redis,
-                                                           queue_name: str) -> None:
-    """Ready is served in submission order: a big requeued group is not starved by smaller ones."""
+def test_a_requeued_group_that_does_not_fit_the_queue_is_not_overtaken(open_queue, raw: redis.Redis,
+                                                                     queue_name: str) -> None:
+    """Ready is served in submission order: when the *queue's* sample bound is what a big requeued
+    group waits for, smaller ones behind it do not take the room (it frees as attempts end)."""
     q = open_queue(CFG.replace(max_executing_samples=3))
-    a, b = q.submit([group("a", n=2), group("b", n=1)])
-    w = q.worker("w1")
-    w.abort(w.reserve(1)[0].receipt)
-    assert_refused(q, raw, queue_name, "capacity", max_groups=2, max_samples=1)
-    assert [(r.entry_id, r.receipt.attempt) for r in w.reserve(2)] == [(a, 2), (b, 1)]
+    a, b, c, d = q.submit([group("a", n=2), group("b", n=1), group("c", n=1), group("d", n=1)])
+    assert entry_ids(q.worker("w1").reserve(1)) == [a]
+    assert entry_ids(q.worker("w2").reserve(1)) == [b]
+    q.worker("w1").abort(Receipt(a, 1, "w1"))  # a is back at its place in ready; 1 sample executing
+    # Too large for w3's own cap: skipped for that caller only, c behind it is granted.
+    assert entry_ids(q.worker("w3").reserve(1, max_samples=1)) == [c]
+    # 2 executing, 1 free: a (n=2) waits for the queue's room, and d (n=1) does not overtake it.
+    assert_refused(q, raw, queue_name, "capacity", worker_id="w4", max_groups=2)
+    q.worker("w2").abort(Receipt(b, 1, "w2"))  # 2 free: a first, then b does not fit any more
+    assert [(r.entry_id, r.receipt.attempt) for r in q.worker("w4").reserve(2)] == [(a, 2)]
+
+
+def test_a_group_too_large_for_the_caller_is_skipped_not_a_wall(open_queue, raw: redis.Redis,
+                                                                queue_name: str) -> None:
+    """Issue 12 item 2: one group whose n exceeds every caller's free slots must not freeze the fleet.
+    Three workers reserve(5, max_samples=4) behind a group of n=8: they get the small groups, the big
+    one waits in ready at its place, and a caller that queues samples (overcommit) or has room takes it."""
+    q = open_queue(CFG)
+    big, *small = q.submit([group("big", n=8)] + [group(f"s{i}", n=1) for i in range(5)])
+    got = [r.entry_id for w in ("w1", "w2", "w3") for r in q.worker(w).reserve(5, max_samples=4)]
+    assert got == small[:4] + small[4:]  # all five small groups, in order; big is never granted
+    assert ready_ids(raw, queue_name) == [big]
+    assert pel(raw, queue_name)[big] == ("@ready", 0)  # parked at attempt 0: its first grant is attempt 1
+    refused = raw_reserve(q, "w4", max_groups=5, max_samples=4)
+    assert (refused.status, refused.granted) == ("oversized", ()) and refused.wake_id
+    stats = q.stats()
+    assert stats.counters["oversize_skipped"] >= 3 and stats.retained == 6
+    (taken,) = q.worker("w5").reserve(5, max_samples=4, overcommit=True)
+    assert (taken.entry_id, taken.receipt.attempt) == (big, 1)
+    assert q.stats().counters["oversize_granted"] == 1 and q.stats().executing_samples == 13
+
+
+def test_a_caller_with_room_takes_the_skipped_group_first(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    q = open_queue(CFG)
+    big, s0, s1 = q.submit([group("big", n=8), group("s0", n=1), group("s1", n=1)])
+    assert entry_ids(q.worker("w1").reserve(1, max_samples=4)) == [s0]
+    assert entry_ids(q.worker("w2").reserve(3, max_samples=9)) == [big, s1]  # submission order
+
+
+def test_overcommit_grants_at_most_one_group_beyond_the_cap(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    q = open_queue(CFG)
+    ids = q.submit([group("a", n=8), group("b", n=8), group("c", n=1)])
+    assert entry_ids(q.worker("w1").reserve(3, max_samples=4, overcommit=True)) == ids[:1]
+    assert entry_ids(q.worker("w2").reserve(3, max_samples=8, overcommit=True)) == ids[1:2]  # b fits; c does not
 
 
 def test_per_call_max_samples(open_queue, raw: redis.Redis, queue_name: str) -> None:
@@ -122,7 +162,9 @@ def test_per_call_max_samples(open_queue, raw: redis.Redis, queue_name: str) -> 
     w = q.worker("w1")
     assert entry_ids(w.reserve(4, max_samples=5)) == ids[:2]
     assert entry_ids(w.reserve(4, max_samples=2)) == ids[2:3]
-    assert_refused(q, raw, queue_name, "capacity", max_groups=4, max_samples=1)
+    # Too large for this call and nothing granted yet: left (parked in ready) for another caller.
+    refused = raw_reserve(q, "w1", max_groups=4, max_samples=1)
+    assert (refused.status, refused.granted) == ("oversized", ()) and ready_ids(raw, queue_name) == ids[3:]
     assert entry_ids(w.reserve(4)) == ids[3:]  # 0: only the queue's bound
 
 
@@ -234,7 +276,7 @@ def test_a_replayed_request_returns_the_same_grants_and_nothing_more(open_queue,
                                                                     queue_name: str) -> None:
     q = open_queue(CFG)
     ids = q.submit([group(f"rp{i}") for i in range(4)])
-    built = p.build(q.keys, "reserve", worker_id="w1", max_groups=2, max_samples=0, request_id="same-call")
+    built = p.build(q.keys, "reserve", worker_id="w1", max_groups=2, max_samples=0, request_id="same-call", overcommit=0)
     first = p.parse_reserve(send(q, built), "w1")
     before = snapshot(raw, queue_name, exclude=("workers",))
     second = p.parse_reserve(send(q, built), "w1")
@@ -248,7 +290,7 @@ def test_a_replayed_request_returns_the_same_grants_and_nothing_more(open_queue,
 def test_a_replay_returns_only_grants_the_worker_still_owns(open_queue, raw: redis.Redis, queue_name: str) -> None:
     q = open_queue(CFG)
     ids = q.submit([group(f"ro{i}") for i in range(3)])
-    built = p.build(q.keys, "reserve", worker_id="w1", max_groups=2, max_samples=0, request_id="call-7")
+    built = p.build(q.keys, "reserve", worker_id="w1", max_groups=2, max_samples=0, request_id="call-7", overcommit=0)
     first = p.parse_reserve(send(q, built), "w1")
     q.worker("w1").complete(first.granted[0][0], samples(2))
     again = p.parse_reserve(send(q, built), "w1")

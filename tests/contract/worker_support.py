@@ -49,7 +49,7 @@ def raw_reserve(q: Any, worker_id: str, max_groups: int = 1, max_samples: int = 
                 request_id: str = "req-1") -> p.ReserveReply:
     """One reserve script call, parsed but not decoded (no reject, no blocking, no retry)."""
     built = p.build(q.keys, "reserve", worker_id=worker_id, max_groups=max_groups, max_samples=max_samples,
-                    request_id=request_id)
+                    request_id=request_id, overcommit=0)
     return p.parse_reserve(send(q, built), worker_id)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from rollout_queue import (
     CheckpointPruned,
+    LeaseUnsatisfiable,
     ConfigMismatch,
     HeartbeatInfo,
     HoldLost,
@@ -102,6 +103,8 @@ ERROR_CASES: dict[str, tuple[list[Any], dict[str, Any], type[Exception], dict[st
                   {"entry_id": "1-0", "detail": "2 of 3 slots have no output", "requeued_to": "dead"}),
     "version_regression": ([b"version_regression", 7], {"version": 5}, VersionRegression, {"version": 5, "current": 7}),
     "checkpoint_pruned": ([b"checkpoint_pruned", 10], {"step": 3}, CheckpointPruned, {"step": 3, "checkpoint": 10}),
+    "unsatisfiable": ([b"unsatisfiable", b"max_completed_groups", 4], {"lease_id": "L1", "groups": 8},
+                      LeaseUnsatisfiable, {"groups": 8, "bound": "max_completed_groups", "limit": 4}),
     "not_found": ([b"not_found"], {"what": "dead letter", "id": "9-9"}, NotFound, {}),
     "cursor_moved": ([b"cursor_moved", 12], {"producer": "ds", "from": 8}, ProducerConflict, {"producer": "ds"}),
     "plan_mismatch": ([b"plan_mismatch", b"abc"], {"producer": "ds", "plan": "def"}, ProducerConflict,

@@ -27,7 +27,7 @@ def test_group_policy_reserves_only_when_a_group_is_terminal() -> None:
 
 def test_sample_policy_backfills_as_soon_as_n_slots_are_free() -> None:
     s = SubmissionScheduler("sample", max_samples=8)
-    assert s.request() == ReserveRequest(max_groups=8, max_samples=8)
+    assert s.request() == ReserveRequest(max_groups=8, max_samples=8, overcommit=True)
     s.on_reserved("a", 4)
     s.on_reserved("b", 4)
     assert s.request() is None
@@ -35,7 +35,7 @@ def test_sample_policy_backfills_as_soon_as_n_slots_are_free() -> None:
         assert s.on_sample_done("a") is True
     assert s.request() is None  # 3 free slots < n = 4
     s.on_sample_done("b")
-    assert s.request() == ReserveRequest(max_groups=4, max_samples=4)
+    assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
     s.on_reserved("c", 4)  # a and b each still have a long-tailed sample running
     assert len(s.held) == 3 and s.busy_samples == 8
     s.check()
@@ -46,14 +46,14 @@ def test_group_terminal_releases_the_unfinished_samples_of_an_aborted_group() ->
     s.on_reserved("a", 4)
     s.on_sample_done("a")
     s.on_group_terminal("a")  # aborted with three samples unfinished
-    assert s.busy_samples == 0 and s.request() == ReserveRequest(max_groups=4, max_samples=4)
+    assert s.busy_samples == 0 and s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
     s.on_group_terminal("a")  # reporting a terminal twice is harmless
     s.check()
 
 
 def test_both_caps_apply_together() -> None:
     s = SubmissionScheduler("sample", max_samples=16, max_groups=3, max_batch=2)
-    assert s.request() == ReserveRequest(max_groups=2, max_samples=16)
+    assert s.request() == ReserveRequest(max_groups=2, max_samples=16, overcommit=True)
     s.on_reserved("a", 2)
     s.on_reserved("b", 2)
     s.on_reserved("c", 2)
@@ -108,3 +108,26 @@ def test_invalid_configurations_are_refused() -> None:
         s.on_reserved("a", 1)
     with pytest.raises(ValueError):
         s.on_sample_done("zzz")
+
+
+def test_sample_policy_overcommits_one_oversized_group_and_then_waits_for_its_samples() -> None:
+    """Issue 12 item 2: a group larger than the free slots may be granted (the engine queues the
+    extra samples); nothing more is asked until the slots it overran are free again."""
+    s = SubmissionScheduler("sample", max_samples=4)
+    assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
+    s.on_reserved("big", 8)
+    s.check()  # busy 8 > 4 is allowed while an oversized group is held
+    assert s.request() is None
+    for _ in range(7):
+        s.on_sample_done("big")
+        assert s.request() is None  # n_hint is 8 but capped at the 4 slots: wait until all are free
+    s.on_sample_done("big")
+    assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
+    s.on_group_terminal("big")
+    s.check()
+    assert s.busy_samples == 0
+
+
+def test_group_policy_never_overcommits() -> None:
+    g = SubmissionScheduler("group", max_groups=2, max_samples=4)
+    assert g.request() == ReserveRequest(max_groups=2, max_samples=4, overcommit=False)

@@ -2,14 +2,15 @@
 -- @include reap_worker_entries
 -- @include requeue_lease
 --[[
-reap_some: opportunistic reaping from reserve and lease: the oldest silent worker and the earliest
-expired lease, bounded by `budget` entries. Returns the number of entries requeued.
+reap_some_worker / reap_some_lease: opportunistic reaping inside reserve (workers only) and lease
+(leases, then workers): the oldest silent worker, or the earliest due lease, bounded by `budget`
+entries. Each returns the number of entries it ended.
 Uses: K.workers, K.leases, K.meta and what reap_worker_entries / requeue_lease use.
 Why: a queue with no reaper process must still recover (issue 3); two O(log n) reads make this
-nearly free when nothing is due.
+nearly free when nothing is due. Reserve runs under the worker's ACL role, which has no business
+with lease records, so only the trainer's lease reaps leases (issue 12 item 10).
 ]]
-local function reap_some(cfg, now, budget)
-  local n = 0
+local function reap_some_worker(cfg, now, budget)
   local w = redis.call('ZRANGE', K.workers, 0, 0, 'WITHSCORES')
   if w[1] and (w[1] == '' or string.sub(w[1], 1, 1) == '@') then
     -- No worker has an empty name or one starting with '@' (the queue's own PEL owners @ready, @done,
@@ -19,12 +20,15 @@ local function reap_some(cfg, now, budget)
     redis.call('HINCRBY', K.meta, 'ghosts', 1)
   elseif w[1] and tonumber(w[2]) < due_now(cfg, now) - cfg.worker_timeout_ms then
     local requeued, dead = reap_worker_entries(w[1], budget, cfg, now, silent_counted(cfg, tonumber(w[2])))
-    n = n + requeued + dead
+    return requeued + dead
   end
+  return 0
+end
+
+local function reap_some_lease(cfg, now, budget)
   local l = redis.call('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
   if l[1] and tonumber(l[2]) < due_now(cfg, now) then
-    local requeued = reap_lease(l[1], budget, cfg, now)
-    n = n + (requeued or 0)
+    return reap_lease(l[1], budget, cfg, now) or 0
   end
-  return n
+  return 0
 end
