@@ -29,6 +29,7 @@ from .models import (
     Reservation,
     Sample,
     SourceGroup,
+    check_group_sizes,
     check_reason_token,
     check_text,
     check_worker_id,
@@ -70,17 +71,24 @@ def _wait(key: str, wake_id: str, deadline: float, clock: Clock) -> Flow[bool]:
 # -- queue ---------------------------------------------------------------------------------------
 
 
-def open_queue(keys: QueueKeys, config: QueueConfig | None) -> Flow[QueueConfig]:
-    """Create the queue or check ``config`` (None: adopt the stored one) and the library version."""
-    chosen = config or QueueConfig()
+def open_queue(keys: QueueKeys, config: QueueConfig | None, default: QueueConfig | None = None) -> Flow[QueueConfig]:
+    """Create the queue or check ``config`` (None: adopt the stored one) and the library version.
+    ``default``: what a new queue opened with config=None stores (a partition's share of the
+    logical defaults); QueueConfig() when not given."""
+    chosen = config or default or QueueConfig()
     flat = [x for kv in chosen.to_meta().items() for x in kv]
     reply = yield p.build(keys, "open", library=LIBRARY_VERSION, mode="check" if config else "adopt", config=flat)
     _, meta = p.parse_open(reply, keys.queue)
     return QueueConfig.from_meta(meta)
 
 
-def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: int) -> Flow[list[str]]:
-    """Backlog the groups; a source_id already submitted returns its existing entry ID."""
+def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: int,
+           max_group_samples: int = 0) -> Flow[list[str]]:
+    """Backlog the groups; a source_id already submitted returns its existing entry ID.
+    ``max_group_samples``: the largest n the queue can execute (its max_executing_samples; 0: the
+    caller checked already). Raises GroupTooLarge / PayloadTooLarge before anything is sent."""
+    if max_group_samples:
+        check_group_sizes(groups, max_group_samples)
     flat: list[p.Arg] = []
     for g in groups:
         parents, body = encode_group(g)
