@@ -62,7 +62,8 @@ class AsyncRolloutQueue:
             reply = await self.transport.execute(op)
 
     async def submit(self, groups: Sequence[SourceGroup]) -> list[str]:
-        return await self.run(flows.submit(self.keys, groups, self.config.max_payload_bytes))
+        return await self.run(flows.submit(self.keys, groups, self.config.max_payload_bytes,
+                                           self.config.max_executing_samples))
 
     async def publish_version(self, version: int, weights_uri: str | None = None) -> bool:
         return await self.run(flows.publish_version(self.keys, version, weights_uri))

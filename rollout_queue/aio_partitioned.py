@@ -21,7 +21,7 @@ from .errors import InvalidInput, OutcomeUnknown
 from .flows import Flow, T
 from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
 from .partitioned import MultiLeaseBase
-from .partitions import PROBE_RETRY, Layout, Probe, Selector
+from .partitions import PROBE_RETRY, Layout, Probe, Selector, logical_config
 from .transport import AsyncClient, AsyncTransport, RetryPolicy
 
 
@@ -43,7 +43,7 @@ class AsyncPartitionedQueue:
                    retry: RetryPolicy | None = None) -> "AsyncPartitionedQueue":
         q = cls(client, name, partitions, retry=retry)
         q.configs = await q.run(pf.open_partitioned(q.layout, config))
-        q.config = q.configs[0]
+        q.config = logical_config(q.configs)
         return q
 
     @classmethod
@@ -82,7 +82,7 @@ class AsyncPartitionedQueue:
         return await AsyncRolloutQueue.open(self.client, self.layout.names[index], retry=self.transport.retry)
 
     async def submit(self, groups: Sequence[SourceGroup]) -> list[str]:
-        return await self.run(pf.submit(self.layout, groups, self.config.max_payload_bytes))
+        return await self.run(pf.submit(self.layout, groups, self.configs))
 
     async def publish_version(self, version: int, weights_uri: str | None = None) -> bool:
         return await self.run(pf.publish_version(self.layout, version, weights_uri))
@@ -91,7 +91,7 @@ class AsyncPartitionedQueue:
         return await self.run(pf.version(self.layout))
 
     async def stats(self) -> QueueStats:
-        return await self.run(pf.stats(self.layout, self.selector, self.clock))
+        return await self.run(pf.stats(self.layout, self.selector, self.clock, self.config))
 
     async def partition_stats(self) -> dict[str, QueueStats | None]:
         return await self.run(pf.partition_stats(self.layout, self.selector, self.clock))

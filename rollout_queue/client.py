@@ -106,8 +106,10 @@ class RolloutQueue:
             reply = self.transport.execute(op)
 
     def submit(self, groups: Sequence[SourceGroup]) -> list[str]:
-        """Backlog source groups; returns their entry IDs (a known source_id returns its existing ID)."""
-        return self.run(flows.submit(self.keys, groups, self.config.max_payload_bytes))
+        """Backlog source groups; returns their entry IDs (a known source_id returns its existing ID).
+        Raises GroupTooLarge (nothing sent) for a group with n > max_executing_samples."""
+        return self.run(flows.submit(self.keys, groups, self.config.max_payload_bytes,
+                                     self.config.max_executing_samples))
 
     def publish_version(self, version: int, weights_uri: str | None = None) -> bool:
         """Record policy version ``version``; False if it was already the current one (a replay)."""

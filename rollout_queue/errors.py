@@ -87,6 +87,32 @@ class MalformedReservation(InvalidInput):
     """A source group given to submit() is not well formed."""
 
 
+class GroupTooLarge(MalformedReservation):
+    """A source group has more samples than the queue can ever execute at once; submit() refused the
+    whole call before sending anything (such a group would be dead-lettered at its first reserve).
+
+    ``limit`` is the largest ``n`` the queue runs: ``max_executing_samples`` on a plain queue, the
+    smallest partition's share of it on a partitioned one (a group runs in the one partition its
+    source_id hashes to, whichever that is)."""
+
+    def __init__(self, source_id: str, n: int, limit: int, partitions: int = 1, logical: int | None = None) -> None:
+        self.source_id, self.n, self.limit, self.partitions = source_id, n, limit, partitions
+        self.logical = limit if logical is None else logical
+        if partitions == 1:
+            where = f"this queue executes at most max_executing_samples={limit} samples at once"
+            fix = f"raise max_executing_samples to >= {n} or submit smaller groups"
+        else:
+            where = (f"a group runs whole in the one partition its source_id hashes to, and the smallest of "
+                     f"this queue's {partitions} partitions' shares of max_executing_samples={self.logical} "
+                     f"is {limit}")
+            fix = (f"raise max_executing_samples to >= {n * partitions} (n x partitions) or use fewer "
+                   "partitions")
+        super().__init__(
+            f"source group {source_id!r} has n={n} samples, but {where}: it could never run. Nothing was "
+            f"submitted; {fix}."
+        )
+
+
 # -- state conflicts -----------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from .models import (
     Reservation,
     Sample,
     SourceGroup,
+    check_group_sizes,
     check_reason_token,
     check_text,
     check_worker_id,
@@ -70,9 +71,11 @@ def _wait(key: str, wake_id: str, deadline: float, clock: Clock) -> Flow[bool]:
 # -- queue ---------------------------------------------------------------------------------------
 
 
-def open_queue(keys: QueueKeys, config: QueueConfig | None) -> Flow[QueueConfig]:
-    """Create the queue or check ``config`` (None: adopt the stored one) and the library version."""
-    chosen = config or QueueConfig()
+def open_queue(keys: QueueKeys, config: QueueConfig | None, default: QueueConfig | None = None) -> Flow[QueueConfig]:
+    """Create the queue or check ``config`` (None: adopt the stored one) and the library version.
+    ``default``: what a new queue opened with config=None stores (a partition's share of the
+    logical defaults); QueueConfig() when not given."""
+    chosen = config or default or QueueConfig()
     flat = [x for kv in chosen.to_meta().items() for x in kv]
     reply = yield p.build(keys, "open", library=LIBRARY_VERSION, mode="check" if config else "adopt", config=flat)
     _, meta = p.parse_open(reply, keys.queue)
@@ -95,12 +98,17 @@ def encode_source(g: SourceGroup, max_payload_bytes: int) -> tuple[list[p.Arg], 
     return [g.source_id, g.n, parents, body, SCHEMA_VERSION], size
 
 
-def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: int) -> Flow[list[str]]:
+def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: int,
+           max_group_samples: int = 0) -> Flow[list[str]]:
     """Backlog the groups; a source_id already submitted returns its existing entry ID.
 
-    Every group is encoded and checked before anything is sent (PayloadTooLarge: nothing written);
-    then they go in calls of SUBMIT_BATCH groups or SUBMIT_BATCH_BYTES, in order. Each call is
-    idempotent by source_id, so a submit cut short (OutcomeUnknown) is finished by repeating it."""
+    ``max_group_samples``: the largest n the queue can execute (its max_executing_samples; 0: the
+    caller checked already). Every group is checked and encoded before anything is sent
+    (GroupTooLarge, PayloadTooLarge: nothing written); then they go in calls of SUBMIT_BATCH groups
+    or SUBMIT_BATCH_BYTES, in order. Each call is idempotent by source_id, so a submit cut short
+    (OutcomeUnknown) is finished by repeating it."""
+    if max_group_samples:
+        check_group_sizes(groups, max_group_samples)
     encoded = [encode_source(g, max_payload_bytes) for g in groups]
     out: list[str] = []
     flat: list[p.Arg] = []

@@ -12,7 +12,7 @@ from array import array
 from dataclasses import FrozenInstanceError, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .errors import InvalidInput
+from .errors import GroupTooLarge, InvalidInput
 
 if TYPE_CHECKING:
     from .columns import SampleColumns
@@ -353,6 +353,16 @@ def check_text(text: str, what: str) -> str:
     except UnicodeEncodeError as exc:
         raise InvalidInput(f"{what} is not valid UTF-8 text: {exc}") from exc
     return text
+
+
+def check_group_sizes(groups: Sequence[SourceGroup], limit: int, partitions: int = 1,
+                      logical: int | None = None) -> None:
+    """Refuse a batch (GroupTooLarge, before anything is sent) if one of its groups has more samples
+    than ``limit``, the largest group the queue can ever execute. Stored, such a group could only be
+    dead-lettered at its first reserve, and a group valid for the queue must never be."""
+    for g in groups:
+        if g.n > limit:
+            raise GroupTooLarge(g.source_id, g.n, limit, partitions, logical)
 
 
 def logprobs_ok(values: Sequence[float]) -> bool:

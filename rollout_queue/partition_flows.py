@@ -30,8 +30,17 @@ from .config import QueueConfig
 from .errors import ConfigMismatch, OutcomeUnknown, PartitionsUnreachable
 from .flows import Clock, Flow, T
 from .keys import QueueKeys
-from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Reservation, SourceGroup
-from .partitions import Layout, PartitionReceipt, Probe, Selector, merge_heartbeats, split_config, sum_stats
+from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Reservation, SourceGroup, check_group_sizes
+from .partitions import (
+    Layout,
+    PartitionReceipt,
+    Probe,
+    Selector,
+    largest_group,
+    merge_heartbeats,
+    split_config,
+    sum_stats,
+)
 
 #: A blocked reserve or lease watches one partition's wake stream at a time for this long.
 WAIT_SLICE_MS = 100
@@ -95,10 +104,14 @@ def sweep(layout: Layout, sel: Selector, make: Callable[[int], Flow[T]], clock: 
 
 
 def open_partitioned(layout: Layout, config: QueueConfig | None) -> Flow[tuple[QueueConfig, ...]]:
-    """Check (or record) the partition count, then open every partition with its share of ``config``.
+    """Check (or record) the partition count, then open every partition with its share of ``config``
+    (None: adopt each partition's stored share; a new partition gets its share of QueueConfig()).
+    Returns each partition's config; ``partitions.logical_config`` sums them back.
 
     The count is recorded once with SET NX (idempotent, never changed) because placement by
-    ``crc32(source_id) % P`` is only idempotent while P stays the same."""
+    ``crc32(source_id) % P`` is only idempotent while P stays the same. Raises InvalidInput before
+    anything is written if a logical bound is below P (split_config)."""
+    shares = split_config(config or QueueConfig(), layout.count)
     stored = yield p.Command(("GET", layout.record))
     if stored is None and layout.count > 1:
         if (yield p.Command(("EXISTS", QueueKeys(layout.name)["meta"]))):
@@ -108,14 +121,21 @@ def open_partitioned(layout: Layout, config: QueueConfig | None) -> Flow[tuple[Q
     have = 1 if stored is None else int(stored)
     if have != layout.count:
         raise ConfigMismatch(layout.name, "partitions", str(have), str(layout.count))
-    share = split_config(config, layout.count)
-    opened = yield from each(layout, "open", lambda i: flows.open_queue(layout.keys[i], share))
+    opened = yield from each(layout, "open", lambda i: flows.open_queue(layout.keys[i],
+                                                                        shares[i] if config else None, shares[i]))
     return tuple(opened[i] for i in range(layout.count))
 
 
-def submit(layout: Layout, groups: Sequence[SourceGroup], max_payload_bytes: int) -> Flow[list[str]]:
+def submit(layout: Layout, groups: Sequence[SourceGroup], shares: Sequence[QueueConfig]) -> Flow[list[str]]:
     """Backlog each group in its source_id's partition. Returns entry IDs in the order given (unique
-    within a partition only). Partitions that answered keep their groups even if another failed."""
+    within a partition only). Partitions that answered keep their groups even if another failed.
+
+    Every group is checked first: one with more samples than the smallest partition's share of
+    max_executing_samples (``largest_group``) refuses the whole call with GroupTooLarge before
+    anything is sent, whichever partition it would have gone to, so the rule does not depend on
+    where a source_id hashes."""
+    check_group_sizes(groups, largest_group(shares), layout.count, sum(c.max_executing_samples for c in shares))
+    max_payload_bytes = shares[0].max_payload_bytes
     by_partition: dict[int, list[int]] = defaultdict(list)
     for pos, g in enumerate(groups):
         by_partition[layout.of_source(g.source_id)].append(pos)
@@ -146,12 +166,13 @@ def partition_stats(layout: Layout, sel: Selector, clock: Clock) -> Flow[dict[st
     return {name: got.get(i) for i, name in enumerate(layout.names)}
 
 
-def stats(layout: Layout, sel: Selector, clock: Clock) -> Flow[QueueStats]:
-    """The sum over the partitions that answered (see partitions.sum_stats)."""
+def stats(layout: Layout, sel: Selector, clock: Clock, logical: QueueConfig | None = None) -> Flow[QueueStats]:
+    """The sum over the partitions that answered (see partitions.sum_stats); ``logical``: the
+    logical config, whose bounds the counters report even while a partition is unreachable."""
     got = yield from sweep(layout, sel, lambda i: flows.stats(layout.keys[i]), clock)
     if not got:
         raise PartitionsUnreachable("stats", (), layout.names)
-    return sum_stats([got[i] for i in sorted(got)], layout.count - len(got))
+    return sum_stats([got[i] for i in sorted(got)], layout.count - len(got), logical)
 
 
 def reap(layout: Layout, sel: Selector, budget: int, clock: Clock) -> Flow[ReapReport]:

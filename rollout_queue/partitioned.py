@@ -7,6 +7,8 @@ partition on a dead node instead of failing the whole call.
 
 Semantics in short (README "Scaling out" has the reasoning):
 - submit places a group by ``crc32(source_id) % P``; P = 1 is the plain queue ``q``, same keys;
+- bounds are logical: each partition enforces a share and the shares sum to the bound; submit
+  refuses a group larger than the smallest share of max_executing_samples (partitions.py rule 2);
 - a worker reserves from the fullest partitions first, rotating among equals; its receipts name
   their partition (PartitionReceipt), so each settlement goes to the one partition that owns it;
 - a lease of ``groups`` may combine partial leases of several partitions (MultiLease); commit
@@ -30,7 +32,7 @@ from .config import QueueConfig
 from .errors import InvalidInput, OutcomeUnknown
 from .flows import Flow, T
 from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
-from .partitions import PROBE_RETRY, Layout, Probe, Selector
+from .partitions import PROBE_RETRY, Layout, Probe, Selector, logical_config
 from .transport import RetryPolicy, SyncClient, SyncTransport
 
 
@@ -44,8 +46,10 @@ class PartitionedQueue:
         self.transport = SyncTransport(client, retry, clock=clock)
         self.probe_transport = SyncTransport(client, probe_retry, clock=clock)
         self.selector = Selector(partitions)  # for leases, stats and reaps of this client
+        #: each partition's stored config: its share of the logical bounds (partitions.split_config)
         self.configs: tuple[QueueConfig, ...] = self.run(pf.open_partitioned(self.layout, config))
-        self.config = self.configs[0]  # one partition's share of the logical bounds
+        #: the logical config: the shares summed (equal to ``config`` when one was given)
+        self.config = logical_config(self.configs)
 
     @classmethod
     def from_url(cls, url: str, name: str, partitions: int, config: QueueConfig | None = None, *,
@@ -86,9 +90,10 @@ class PartitionedQueue:
         return RolloutQueue(self.client, self.layout.names[index], retry=self.transport.retry)
 
     def submit(self, groups: Sequence[SourceGroup]) -> list[str]:
-        """Backlog groups in their partitions. Raises PartitionsUnreachable if some partition is
-        down (the rest are stored; resubmitting the same groups is idempotent)."""
-        return self.run(pf.submit(self.layout, groups, self.config.max_payload_bytes))
+        """Backlog groups in their partitions. Raises GroupTooLarge (nothing sent) for a group with
+        more samples than the smallest partition's share of max_executing_samples; PartitionsUnreachable
+        if some partition is down (the rest are stored; resubmitting the same groups is idempotent)."""
+        return self.run(pf.submit(self.layout, groups, self.configs))
 
     def publish_version(self, version: int, weights_uri: str | None = None) -> bool:
         return self.run(pf.publish_version(self.layout, version, weights_uri))
@@ -99,11 +104,12 @@ class PartitionedQueue:
         return self.run(pf.version(self.layout))
 
     def stats(self) -> QueueStats:
-        """Summed over the partitions that answer (``counters['partitions_unreachable']``)."""
-        return self.run(pf.stats(self.layout, self.selector, self.clock))
+        """Summed over the partitions that answer (``counters['partitions_unreachable']``); the
+        bounds in ``counters`` are the logical ones."""
+        return self.run(pf.stats(self.layout, self.selector, self.clock, self.config))
 
     def partition_stats(self) -> dict[str, QueueStats | None]:
-        """Each partition's stats (None: it did not answer)."""
+        """Each partition's stats (None: it did not answer); bounds in ``counters`` are its share."""
         return self.run(pf.partition_stats(self.layout, self.selector, self.clock))
 
     def worker(self, worker_id: str | None = None) -> "PartitionedWorker":

@@ -9,7 +9,12 @@ Rules this module keeps (no I/O here; partition_flows.py drives the calls):
 1. Placement is stable: a source group lives in partition ``crc32(source_id) % P``, a pure function
    of the source_id, so resubmitting a source_id reaches the same partition and stays idempotent.
    P is therefore fixed for a queue's life (recorded once under ``keys.partitions``).
-2. Bounds are logical: ``split_config`` gives each partition ``ceil(bound / P)``.
+2. Bounds are logical: ``split_config`` gives each partition a share of every bound of
+   ``SPLIT_BOUNDS`` and the shares sum to the bound exactly (``floor(bound / P)``, plus one for the
+   first ``bound % P`` partitions), so the partitions together never hold more than the logical
+   queue may. A bound below P is refused (a share of 0 would stop that partition), and so is a group
+   larger than the smallest share of max_executing_samples (``largest_group``): it could never run
+   in whichever partition its source_id hashes to (docs/DESIGN_NOTES.md "Partitions").
 3. Choosing a partition is cheap: ``Selector`` orders partitions by a backlog estimate (refreshed
    every few seconds, decremented by what this client took) in log2 buckets, and rotates the order
    within a bucket on every call, so P partitions with similar backlogs are served in turn and a much
@@ -18,7 +23,6 @@ Rules this module keeps (no I/O here; partition_flows.py drives the calls):
 
 from __future__ import annotations
 
-import math
 import random
 import zlib
 from dataclasses import dataclass, field, fields
@@ -34,7 +38,7 @@ from .transport import RetryPolicy
 #: Sweeps (reserve, lease, stats, reap, heartbeat) give up on a partition after this long and skip it
 #: for a while: a dead node must not stall the work the other partitions can do.
 PROBE_RETRY = RetryPolicy(window_s=0.2, first_backoff_s=0.02, max_backoff_s=0.1)
-#: Logical bounds split over the partitions by ceil(bound / P).
+#: Logical bounds split over the partitions: the partitions' shares sum to the bound (rule 2).
 SPLIT_BOUNDS = ("max_executing_samples", "max_retained_groups", "max_completed_groups", "batch_groups")
 
 
@@ -51,13 +55,44 @@ def partition_index(source_id: str, count: int) -> int:
     return zlib.crc32(source_id.encode("utf-8")) % count
 
 
-def split_config(config: QueueConfig | None, count: int) -> QueueConfig | None:
-    """Each partition's config: the logical bounds divided by ``count`` (rounded up)."""
-    if config is None or count == 1:
-        return config
-    changes = {name: math.ceil(getattr(config, name) / count) for name in SPLIT_BOUNDS
-               if getattr(config, name) is not None}
-    return config.replace(**changes)
+def share(bound: int, count: int, index: int) -> int:
+    """Partition ``index``'s share of ``bound``: floor(bound / count), plus one for the first
+    ``bound % count`` partitions, so the ``count`` shares sum to ``bound`` exactly."""
+    return bound // count + (1 if index < bound % count else 0)
+
+
+def split_config(config: QueueConfig, count: int) -> tuple[QueueConfig, ...]:
+    """Each partition's config: every bound of SPLIT_BOUNDS split by ``share`` (the rest as given).
+
+    Raises InvalidInput, before anything is written, for a logical bound below ``count``: some
+    partition's share would be 0, and the partition could then never run (or buffer, or admit) a group.
+    """
+    if count == 1:
+        return (config,)
+    small = [name for name in SPLIT_BOUNDS if getattr(config, name) is not None and getattr(config, name) < count]
+    if small:
+        given = ", ".join(f"{name}={getattr(config, name)}" for name in small)
+        raise InvalidInput(f"{given} is below partitions={count}: each partition enforces a share of the logical "
+                           f"bound, and a share of 0 would stop it. Raise {' and '.join(small)} to >= {count} or "
+                           "use fewer partitions (nothing was written)")
+    return tuple(config.replace(**{name: share(getattr(config, name), count, i) for name in SPLIT_BOUNDS
+                                   if getattr(config, name) is not None}) for i in range(count))
+
+
+def logical_config(shares: Sequence[QueueConfig]) -> QueueConfig:
+    """The logical queue's config from its partitions' (stored) ones: the SPLIT_BOUNDS summed, every
+    other field as partition 0 has it. The inverse of split_config for the config it split."""
+    summed: dict[str, int | None] = {}
+    for name in SPLIT_BOUNDS:
+        values = [getattr(c, name) for c in shares]
+        summed[name] = None if None in values else sum(values)  # batch_groups None: no admission control
+    return shares[0].replace(**summed)
+
+
+def largest_group(shares: Sequence[QueueConfig]) -> int:
+    """The largest ``n`` a partitioned queue can ever execute: the smallest partition's share of
+    max_executing_samples. Placement is by source_id alone, so the rule must hold in every partition."""
+    return min(c.max_executing_samples for c in shares)
 
 
 @dataclass(frozen=True)
@@ -189,10 +224,11 @@ def _sum_maps(maps: Iterable[Mapping[str, int]]) -> dict[str, int]:
     return out
 
 
-def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0) -> QueueStats:
+def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueConfig | None = None) -> QueueStats:
     """One QueueStats for the logical queue: counts summed; ``version`` is the lowest partition's
     (the version every partition has reached); staleness over all buffered groups. The number of
-    partitions left out is in ``counters['partitions_unreachable']``."""
+    partitions left out is in ``counters['partitions_unreachable']``. The bounds in the counters
+    are the logical ones: ``logical``'s, else the sum of the partitions' shares."""
     if not parts:
         raise ValueError("no partition stats to aggregate")
     summed: dict[str, Any] = {}
@@ -212,8 +248,13 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0) -> QueueStats:
     summed["version"] = min(s.version for s in parts)
     summed["staleness_max"] = max(maxima) if maxima else None
     summed["staleness_mean"] = sum(m * n for m, n in weighted) / weight if weight else None
-    # Config values in the counters are each partition's share: summing them would mean nothing.
+    # Config values in the counters: the split bounds are logical (the shares sum to them, and with a
+    # partition unreachable only ``logical`` still knows them); the other fields are the same everywhere.
     shares = {k: v for k, v in parts[0].counters.items() if k in _CONFIG_FIELDS}
+    stored = logical.to_meta() if logical is not None else None
+    for name in SPLIT_BOUNDS:
+        if name in shares:
+            shares[name] = int(stored[name]) if stored else sum(s.counters.get(name, 0) for s in parts)
     summed["counters"] = {**summed["counters"], **shares, "partitions": len(parts) + unreachable,
                           "partitions_unreachable": unreachable}
     return QueueStats(**summed)

@@ -30,8 +30,8 @@ import orjson
 
 from .client import RolloutQueue
 from .errors import InvalidInput
-from .models import SourceGroup
 from .flows import SUBMIT_BATCH
+from .models import SourceGroup, check_group_sizes
 from .producer_flows import Produced, check_producer_name, produce, read_cursor
 
 __all__ = ["DatasetRecords", "JsonlRecords", "ProducePlan", "ProduceReport", "load_records", "run_producer"]
@@ -234,13 +234,16 @@ def run_producer(queue: RolloutQueue, records: DatasetRecords, plan: ProducePlan
     the queue or ``stop`` is set. ``max_backlog`` (0: none) bounds the never-reserved groups.
 
     Killed at any instant, it restarts where Redis says it stopped: no group twice, none missing.
-    Raises ProducerConflict (another instance, or another plan under this name).
+    Raises ProducerConflict (another instance, or another plan under this name), and GroupTooLarge
+    before enqueueing anything if the plan's ``n`` exceeds the queue's max_executing_samples.
     """
     batch_size = min(batch_size, SUBMIT_BATCH)  # one produce call is bounded (producer_flows.produce)
     if max_backlog and batch_size > max_backlog:
         batch_size = max_backlog  # a batch larger than the bound could never be admitted
     stop = stop or threading.Event()
     builder = GroupBuilder(plan, records, tokenize)
+    if builder.total:  # every group has the plan's n: one check covers the run
+        check_group_sizes([builder.group(0)], queue.config.max_executing_samples)
     digest = plan.digest(records)
     cursor, _ = queue.run(read_cursor(queue.keys, plan.name))
     report = ProduceReport(total=builder.total, cursor=min(cursor, builder.total), started_at=cursor)

@@ -189,7 +189,8 @@ def test_stats_are_the_sum_of_the_partitions(open_pq: Any) -> None:
 
 def test_bounds_are_split_over_the_partitions(open_pq: Any) -> None:
     q = open_pq(QueueConfig(max_completed_groups=60, max_executing_samples=600, batch_groups=12, max_staleness=1))
-    assert (q.config.max_completed_groups, q.config.max_executing_samples, q.config.batch_groups) == (10, 100, 2)
+    assert {(c.max_completed_groups, c.max_executing_samples, c.batch_groups) for c in q.configs} == {(10, 100, 2)}
+    assert (q.config.max_completed_groups, q.config.max_executing_samples, q.config.batch_groups) == (60, 600, 12)
     reopened = open_pq(QueueConfig(max_completed_groups=60, max_executing_samples=600, batch_groups=12,
                                    max_staleness=1), name=q.name)
     assert reopened.configs == q.configs

@@ -9,15 +9,18 @@ from typing import Any
 
 import pytest
 
-from rollout_queue import InvalidInput, QueueConfig, Receipt, Reservation, SourceGroup
+from rollout_queue import InvalidInput, MalformedReservation, QueueConfig, Receipt, Reservation, SourceGroup
+from rollout_queue.errors import GroupTooLarge
 from rollout_queue.fleet import BLOCK_SLICE_MS, WeightedShare, plan_reserve
-from rollout_queue.models import QueueStats
+from rollout_queue.models import QueueStats, check_group_sizes
 from rollout_queue.partitions import (
     Layout,
     PartitionReceipt,
     Selector,
     partition_index,
     partition_names,
+    largest_group,
+    logical_config,
     split_config,
     sum_stats,
 )
@@ -52,12 +55,40 @@ def test_receipts_name_their_partition() -> None:
         PartitionReceipt("1-0", 1, "w", "{bad}")
 
 
-def test_split_config_divides_the_logical_bounds() -> None:
+def test_split_config_divides_the_logical_bounds_exactly() -> None:
     cfg = QueueConfig(max_executing_samples=1000, max_retained_groups=10, max_completed_groups=7, batch_groups=None)
-    share = split_config(cfg, 3)
-    assert (share.max_executing_samples, share.max_retained_groups, share.max_completed_groups,
-            share.batch_groups) == (334, 4, 3, None)
-    assert split_config(cfg, 1) is cfg and split_config(None, 3) is None
+    shares = split_config(cfg, 3)
+    # floor(bound / P), the remainder spread over the first partitions: the shares sum to the bound
+    # (ceil gave 334 x 3 = 1002 samples and 4 x 3 = 12 retained groups for logical bounds of 1000 and 10).
+    assert [(c.max_executing_samples, c.max_retained_groups, c.max_completed_groups, c.batch_groups)
+            for c in shares] == [(334, 4, 3, None), (333, 3, 2, None), (333, 3, 2, None)]
+    assert logical_config(shares) == cfg and largest_group(shares) == 333
+    assert split_config(cfg, 1) == (cfg,)
+    for bound in range(4, 40):  # every split of every bound sums to it, no share 0
+        for count in range(1, min(bound, 9) + 1):
+            got = split_config(QueueConfig(max_completed_groups=bound, batch_groups=bound), count)
+            assert sum(c.max_completed_groups for c in got) == bound == sum(c.batch_groups for c in got)
+            assert min(c.max_completed_groups for c in got) == bound // count
+
+
+def test_a_bound_below_the_partition_count_is_refused_with_what_to_raise() -> None:
+    with pytest.raises(InvalidInput, match=r"max_completed_groups=3, batch_groups=2 is below partitions=4.*"
+                                           r"Raise max_completed_groups and batch_groups to >= 4 or use fewer"):
+        split_config(QueueConfig(max_completed_groups=3, batch_groups=2), 4)
+    assert len(split_config(QueueConfig(max_completed_groups=4, batch_groups=4), 4)) == 4
+
+
+def test_a_group_larger_than_the_smallest_share_is_refused_with_the_fix() -> None:
+    shares = split_config(QueueConfig(max_executing_samples=30), 4)  # 8, 8, 7, 7
+    assert largest_group(shares) == 7
+    check_group_sizes([SourceGroup("s", "p", 7)], 7, 4, 30)
+    with pytest.raises(GroupTooLarge) as exc:
+        check_group_sizes([SourceGroup("ok", "p", 1), SourceGroup("big", "p", 8)], 7, 4, 30)
+    assert (exc.value.source_id, exc.value.n, exc.value.limit, exc.value.partitions) == ("big", 8, 7, 4)
+    assert "max_executing_samples to >= 32" in str(exc.value) and "fewer partitions" in str(exc.value)
+    assert isinstance(exc.value, MalformedReservation)
+    with pytest.raises(GroupTooLarge, match="raise max_executing_samples to >= 5 or submit smaller groups"):
+        check_group_sizes([SourceGroup("big", "p", 5)], 4)
 
 
 def test_selector_prefers_the_fullest_and_rotates_among_equals() -> None:
@@ -109,7 +140,11 @@ def test_sum_stats() -> None:
     assert (total.backlog, total.version, total.completed, total.staleness_max) == (8, 0, 8, 4)
     assert total.staleness_mean == pytest.approx((1 * 2 + 3 * 6) / 8)
     assert total.version_published is False and total.evictions == {"stale": 3}
-    assert total.counters == {"max_completed_groups": 10, "partitions": 4, "partitions_unreachable": 1}
+    # Bounds are reported logical: the shares summed (of the partitions that answered), or the
+    # logical config's when the caller has it (it still knows the unreachable partition's share).
+    assert total.counters == {"max_completed_groups": 30, "partitions": 4, "partitions_unreachable": 1}
+    parts = [stats(backlog=1), stats(backlog=2)]
+    assert sum_stats(parts, 1, QueueConfig(max_completed_groups=41)).counters["max_completed_groups"] == 41
 
 
 def test_routing_key_is_the_first_queue_key() -> None:

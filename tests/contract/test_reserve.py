@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import QueueConfig, Receipt, RolloutQueue
+from rollout_queue import QueueConfig, Receipt, RolloutQueue, actions
+from rollout_queue.errors import GroupTooLarge
 from rollout_queue import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import (
@@ -353,10 +354,29 @@ def test_a_long_run_of_garbage_is_cleared_across_calls(open_queue, raw: redis.Re
     assert q.stats().dead == 40 and len(q.dead_letters()) == 40
 
 
-def test_a_group_larger_than_max_executing_samples_is_dead_lettered(open_queue, raw: redis.Redis,
-                                                                   queue_name: str) -> None:
+def test_a_group_larger_than_max_executing_samples_is_refused_at_submit(open_queue, raw: redis.Redis,
+                                                                      queue_name: str) -> None:
+    """Issue 12 item 9: such a group could never run; stored, it was dead-lettered at its first
+    reserve. submit refuses the whole call (every group checked first) and writes nothing."""
     q = open_queue(CFG.replace(max_executing_samples=4))
+    before = snapshot(raw, queue_name)
+    with pytest.raises(GroupTooLarge) as exc:
+        q.submit([group("ok", n=4), group("big", n=5)])
+    assert (exc.value.source_id, exc.value.n, exc.value.limit, exc.value.partitions) == ("big", 5, 4, 1)
+    assert "raise max_executing_samples to >= 5" in str(exc.value)
+    assert snapshot(raw, queue_name) == before
+    assert q.stats().backlog == 0 and q.dead_letters() == []
+    [ok] = q.submit([group("ok", n=4)])
+    assert entry_ids(q.worker("w1").reserve(1)) == [ok]
+
+
+def test_a_group_the_bound_was_lowered_under_is_dead_lettered(open_queue, raw: redis.Redis,
+                                                             queue_name: str) -> None:
+    """submit checks the client's config; an operator may lower max_executing_samples afterwards
+    (``config set``). reserve still dead-letters what can never run, and it blocks nothing."""
+    q = open_queue(CFG.replace(max_executing_samples=8))
     big, ok = q.submit([group("big", n=5), group("ok", n=4)])
+    q.run(actions.set_config(q.keys, {"max_executing_samples": 4}))
     assert entry_ids(q.worker("w1").reserve(2)) == [ok]
     [dead] = q.dead_letters()
     assert (dead.entry_id, dead.group) == (big, group("big", n=5))

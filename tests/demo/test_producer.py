@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
-from rollout_queue.errors import InvalidInput, PayloadTooLarge, ProducerConflict
+from rollout_queue.errors import GroupTooLarge, InvalidInput, PayloadTooLarge, ProducerConflict
 from rollout_queue.producer import GroupBuilder, ProducePlan, load_records, run_producer
 from rollout_queue.producer_flows import produce, read_cursor
 from tests.helpers import wait_until
@@ -98,6 +98,17 @@ def test_an_oversized_group_is_refused_before_anything_is_written(redis_url: str
     with pytest.raises(PayloadTooLarge):
         q.run(produce(q.keys, "ds", "p", 0, big, 0, 10**6))
     assert q.run(read_cursor(q.keys, "ds")) == (0, None) and q.stats().submitted == 0
+
+
+def test_a_plan_with_groups_the_queue_can_never_run_is_refused_before_anything_is_enqueued(
+        redis_url: str, queue_name: str, r: redis.Redis, tmp_path: Path) -> None:
+    """Issue 12 item 9: n > max_executing_samples was enqueued and then dead-lettered group by group."""
+    records = load_records(write_jsonl(tmp_path / "d.jsonl", 3))
+    with RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_executing_samples=4)) as small:
+        before = dump(r, queue_name)
+        with pytest.raises(GroupTooLarge, match="n=8 .* max_executing_samples=4"):
+            run_producer(small, records, ProducePlan(name="ds", n=8, prompt_field="question"))
+        assert dump(r, queue_name) == before and small.stats().submitted == 0
 
 
 # -- the plan -------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
                 retention=st.sampled_from([0.001, 0.001, None, 86_400.0]))
     def open_queue(self, order: str, max_completed: int, max_staleness: int | None, max_exec: int,
                    max_retained: int, batch: int | None, max_attempts: int, retention: float | None) -> None:
-        """max_exec=2 with n up to 3 makes some reservations malformed (dead at first delivery).
+        """max_exec=2 with n up to 3 makes some submits refused whole (GroupTooLarge: could never run).
         retention 1 ms: every reap prunes what earlier steps settled (steps_base.reap_pass); a day:
         settlements are recorded, never due; None: nothing is recorded."""
         cfg = QueueConfig(max_executing_samples=max_exec, max_retained_groups=max_retained,

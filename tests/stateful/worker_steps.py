@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from rollout_queue import (MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt,
                            flows, protocol)
+from rollout_queue.errors import GroupTooLarge
 
 from .model_entries import DEAD
 from .steps_base import WORKERS, Steps
@@ -36,6 +37,10 @@ class WorkerSteps(Steps):
             groups.append(SourceGroup(source_id=data.draw(st.sampled_from(SOURCES), label="source_id"),
                                       prompt=f"prompt {i} \u00e9\U0001f600", n=data.draw(st.integers(1, 3), label="n"),
                                       metadata={"i": i, "tags": ["a", "b"]}, prompt_token_ids=tokens))
+        if any(g.n > self.model.cfg.max_executing_samples for g in groups):
+            with pytest.raises(GroupTooLarge):  # could never run (issue 12 item 9): refused whole, nothing sent
+                self.unchanged(partial(self.q.submit, groups))
+            return
         if data.draw(st.sampled_from([False] * 9 + [True]), label="one group too large"):
             groups.append(SourceGroup(source_id="p-huge", prompt="x" * PAYLOAD_LIMIT, n=1))
             with pytest.raises(PayloadTooLarge):  # refused whole, before anything is sent
