@@ -336,7 +336,7 @@ def _hand_back(keys: QueueKeys, lease_id: str, token: str) -> Flow[None]:
 def commit(keys: QueueKeys, lease_id: str, token: str, step: int | None) -> Flow[str]:
     """Settle the lease committed. Returns the commit's ID in the commits stream."""
     reply = yield p.build(keys, "commit", lease_id=lease_id, token=token, step="" if step is None else int(step))
-    return p.s(p.check(reply, ("ok",), {"lease_id": lease_id})[1][2])
+    return p.s(p.check(reply, ("ok",), {"lease_id": lease_id, "what": f"commit of lease {lease_id}"})[1][2])
 
 
 def rollback(keys: QueueKeys, lease_id: str, token: str) -> Flow[int]:
@@ -387,22 +387,27 @@ def hold_release(keys: QueueKeys, hold_id: str) -> Flow[int]:
 
 
 def checkpoint(keys: QueueKeys, step: int) -> Flow[int]:
-    """Drop the kept payloads committed at or before ``step``. Returns how many were dropped."""
+    """Drop the kept payloads committed at or before ``step``. Returns how many were dropped.
+    The first call records the checkpoint (restore refuses to go below it from then on); repeating
+    it finishes an interrupted one. CheckpointRegression below the last checkpoint, LeasesOpen while
+    groups are leased, RestoreInProgress while a restore is unfinished (nothing written)."""
     total = 0
     while True:
         reply = yield p.build(keys, "checkpoint", step=int(step), count=BATCH)
-        _, r = p.check(reply, ("ok",), {"step": step})
+        _, r = p.check(reply, ("ok",), {"step": step, "what": f"checkpoint {step}"})
         total += int(r[1])
         if int(r[2]):
             return total
 
 
 def restore(keys: QueueKeys, step: int) -> Flow[int]:
-    """Requeue every group committed after ``step``. Returns how many were restored."""
+    """Requeue every group committed after ``step``. Returns how many were restored. Interrupted, it
+    leaves a fence (commits and checkpoints are refused) until restore(step) is called again or the
+    reaper finishes it; RestoreInProgress if a restore of another step is unfinished."""
     total = 0
     while True:
         reply = yield p.build(keys, "restore", step=int(step), count=BATCH)
-        _, r = p.check(reply, ("ok",), {"step": step})
+        _, r = p.check(reply, ("ok",), {"step": step, "what": f"restore({step})"})
         total += int(r[1])
         if int(r[2]):
             return total
@@ -429,6 +434,8 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     orphans = [_raw(o) for o in r[5]]
     for worker in [_raw(w) for w in r[1]] + [o for o in orphans if not o.startswith(b"@lease:")]:
         report += yield from _reap_worker(keys, worker, orphan=worker in orphans, budget=budget)
+    for worker in [_raw(w) for w in r[8]]:  # closed or reaped inline: only the consumer is left
+        yield from _reap_worker(keys, worker, orphan=False, budget=budget)
     for lease_id in [_raw(x) for x in r[2]] + [o[7:] for o in orphans if o.startswith(b"@lease:")]:
         while True:
             reply = yield p.build(keys, "expire_lease", lease_id=lease_id, count=budget)
@@ -450,6 +457,22 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
                 break
     if int(r[6]):
         report += yield from prune(keys, max(budget, BATCH), PRUNE_CALLS_PER_PASS)
+    if int(r[7]):
+        report += yield from finish_interrupted(keys, budget, PRUNE_CALLS_PER_PASS)
+    return report
+
+
+def finish_interrupted(keys: QueueKeys, count: int = BATCH, max_calls: int | None = None) -> Flow[ReapReport]:
+    """Finish a restore or checkpoint whose caller died between batches (the step the queue recorded),
+    ``count`` entries per call, until done or ``max_calls`` ran."""
+    report, calls = ReapReport(), 0
+    while max_calls is None or calls < max_calls:
+        calls += 1
+        reply = yield p.build(keys, "finish_interrupted", count=count)
+        _, r = p.check(reply, ("ok",), {})
+        report += ReapReport(finished=int(r[3]))
+        if int(r[4]):
+            break
     return report
 
 

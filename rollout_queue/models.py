@@ -6,6 +6,8 @@ wrong. Token ids and logprobs are tuples, so values can be shared between thread
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import re
 from array import array
@@ -308,7 +310,9 @@ class QueueStats:
 @dataclass(frozen=True)
 class ReapReport:
     """What one reap pass did. ``pruned``: settled groups whose ledger line (and source_id mapping)
-    outlived ``settled_retention_s`` and were deleted."""
+    outlived ``settled_retention_s`` and were deleted. ``finished``: entries a restore or checkpoint
+    whose caller died between batches still had to move (requeued or dropped). ``reindexed``:
+    owned entries an index had lost (re-indexed or requeued)."""
 
     lost: int = 0
     expired: int = 0
@@ -317,6 +321,8 @@ class ReapReport:
     holds_expired: int = 0
     orphans: int = 0
     pruned: int = 0
+    finished: int = 0
+    reindexed: int = 0
 
     def __add__(self, other: "ReapReport") -> "ReapReport":
         return ReapReport(*(a + b for a, b in zip(_astuple(self), _astuple(other))))
@@ -342,7 +348,7 @@ class DeadLetter:
 
 
 def _astuple(r: ReapReport) -> tuple[int, ...]:
-    return (r.lost, r.expired, r.stale, r.dead, r.holds_expired, r.orphans, r.pruned)
+    return tuple(getattr(r, f.name) for f in dataclasses.fields(r))
 
 
 def check_text(text: str, what: str) -> str:

@@ -10,49 +10,34 @@ ARGV:
   step       integer, the checkpointed trainer step
   count      at most this many entries per call
 Returns:
-  {'ok', pruned, done 0|1}   call again until done = 1; `checkpoint` is recorded when done; kept
-                             members that are not committed entries are dropped, not pruned
+  {'ok', pruned, done 0|1}   call again until done = 1; kept members that are not committed
+                             entries are dropped, not pruned
+  {'checkpoint_regression', checkpoint}   step is below the last checkpoint; nothing written
+  {'leases_open', leased groups}          a new checkpoint while groups are leased; nothing written
+  {'restore_in_progress', step}           a restore is unfinished; nothing written
 Invariant:
-  once done, no kept entry has step <= checkpoint, and restore refuses to go below it; only payloads
-  of committed entries that nobody owns are ever deleted. Each dropped entry is recorded in settled
-  (its retention starts now: until here restore needed its ledger line).
+  the checkpoint is recorded (the fence) by the first call, before any payload is dropped, so from
+  then on restore refuses to go below it, even if the caller dies between batches: a restore never
+  replays fewer groups than were committed after its step. Once done, no kept entry has step <=
+  checkpoint; any caller (or the reaper) finishes an interrupted one by calling it again with the
+  same step. Only payloads of committed entries that nobody owns are ever deleted. A new checkpoint
+  is refused while any group is leased (its weights may include a batch whose lease then expires,
+  which would be trained twice after a resume) or while a restore is unfinished. Each dropped entry
+  is recorded in settled (its retention starts now: until here restore needed its ledger line).
 ]]
 -- @include load_config
--- @include kept_entry
--- @include fields_of
--- @include record_settled
+-- @include checkpoint_batch
 local cfg = load_config()
 local step, count = tonumber(A.step), tonumber(A.count)
 if not step or step < 0 or step ~= math.floor(step) then bug('bad step: ' .. tostring(A.step)) end
-local cursor = last_delivered()
-local ids = redis.call('ZRANGEBYSCORE', K.kept, '-inf', step, 'LIMIT', 0, count)
--- Only a committed entry that nobody owns may lose its payload: a kept member that is anything
--- else was written by hand (a ghost) and is removed from kept without touching the stream.
-local drop, record = {}, {}
-for _, id in ipairs(ids) do
-  local kv = kept_entry(id, cursor)
-  drop[id] = kv
-  if kv then
-    table.insert(record, id)
-    table.insert(record, fields_of(kv).sid or '')
-  end
-end
--- All reads first, then the record (the first write, so a bad settled key fails before any other).
-record_settled(cfg, record)
-local dropped = 0
-for _, id in ipairs(ids) do
-  if drop[id] then
-    redis.call('XDEL', K.src, id)
-    dropped = dropped + 1
-  else
-    redis.call('HINCRBY', K.meta, 'ghosts', 1)
-  end
-  redis.call('ZREM', K.kept, id)
-end
--- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.
-if dropped > 0 then redis.call('HINCRBY', K.meta, 'kept', -dropped) end
-local done = #ids < count
-if done and (cfg.checkpoint == nil or step > cfg.checkpoint) then
+if cfg.checkpoint ~= nil and step < cfg.checkpoint then return {'checkpoint_regression', cfg.checkpoint} end
+if cfg.checkpoint ~= step then
+  local state = redis.call('HMGET', K.meta, 'leased', 'restoring')
+  if state[2] then return {'restore_in_progress', tonumber(state[2]) or -1} end
+  if (tonumber(state[1]) or 0) > 0 then return {'leases_open', tonumber(state[1])} end
+  -- The fence is this call's first write: a settled key of the wrong type must fail it before it.
+  if cfg.settled_retention_ms then redis.call('XLEN', K.settled) end
   redis.call('HSET', K.meta, 'checkpoint', step)
 end
+local dropped, done = checkpoint_batch(cfg, step, count)
 return {'ok', dropped, done and 1 or 0}

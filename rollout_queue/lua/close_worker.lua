@@ -19,7 +19,10 @@ Returns:
   {'ok', requeued, dead_lettered, done 0|1}   call again until done = 1
 Invariant:
   once done, the worker owns nothing in the PEL and is not registered; everything it owned is in
-  ready (or dead at max_attempts): a worker never holds work it is not executing.
+  ready (or dead at max_attempts): a worker never holds work it is not executing. The first call
+  marks the close (reserves: closing|terminal|reason) and makes the worker due at once, so a caller
+  that dies between batches leaves the rest to the reaper under the same terminal. The consumer
+  itself is deleted by the reaper (the worker role has no XGROUP DELCONSUMER).
 ]]
 -- @include now_ms
 -- @include load_config
@@ -31,13 +34,16 @@ local worker = A.worker_id
 if worker == '' or string.sub(worker, 1, 1) == '@' then bug('bad worker id') end
 if A.terminal ~= 'aborted' and A.terminal ~= 'lost' then bug('bad terminal: ' .. A.terminal) end
 local counted = A.terminal == 'lost'
+-- The fence: a close cut short between its batches is finished by the reaper with this terminal
+-- (reap_worker_entries reads it), at once (score 0: silent now), not as 'lost' a timeout later.
+redis.call('HSET', K.reserves, worker, 'closing|' .. A.terminal .. '|' .. A.reason)
+redis.call('ZADD', K.workers, 0, worker)
 local entries = pending_entries(worker, tonumber(A.count))
 local requeued, dead = end_attempts(worker, entries, A.terminal, A.reason, counted, cfg, now)
 local done = 0
 if #entries < tonumber(A.count) then
   redis.call('ZREM', K.workers, worker)
   redis.call('HDEL', K.reserves, worker)
-  redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker)
   done = 1
 end
 return {'ok', requeued, dead, done}

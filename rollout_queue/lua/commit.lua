@@ -19,6 +19,7 @@ ARGV:
 Returns:
   {'ok', 'committed' | 'replay', commit stream ID, groups}
   {'lease_lost', state}   state: 'unknown', 'token', 'expired', 'rolled_back' ...; nothing written
+  {'restore_in_progress', step}   a restore is unfinished (its rest could requeue this commit); nothing written
   a ROLLOUTQ error when the lease record names other members than the PEL gives it; nothing written
 Invariant:
   every member is XACKed exactly once; it appears in exactly one commits line; with a step its
@@ -44,6 +45,8 @@ if L.token ~= A.token then return {'lease_lost', 'token'} end
 if L.state == 'committed' then return {'ok', 'replay', L.commit_id, 0} end
 if L.state ~= 'active' then return {'lease_lost', L.state} end
 if L.deadline < due_now(cfg, now) then return {'lease_lost', 'expired'} end
+local restoring = redis.call('HGET', K.meta, 'restoring')
+if restoring then return {'restore_in_progress', tonumber(restoring) or -1} end
 local step = tonumber(A.step)
 if A.step ~= '' and (not step or step < 0 or step ~= math.floor(step)) then bug('bad step: ' .. A.step) end
 -- A step already covered by a checkpoint needs no kept copy.

@@ -8,12 +8,15 @@ KEYS:
   holds      admission hold ids by deadline
   bufver     completed entry IDs by (min_version, arrival)
   settled    settle times of settled groups (entry ID -> source_id), for prune
+  kept       committed entry IDs kept for restore, scored by step
 ARGV:
   count      at most this many ids of each kind
 Returns:
   {'ok', {silent worker ids}, {expired lease ids}, {expired hold ids}, stale groups,
    {orphan consumers: PEL consumers with pending entries that are neither registered workers nor
-    active leases}, prune due 0|1 (groups settled longer ago than settled_retention_s)}
+    active leases}, prune due 0|1 (groups settled longer ago than settled_retention_s),
+   interrupted 0|1 (a restore unfinished, or kept entries a recorded checkpoint covers),
+   {empty consumers: unregistered worker consumers that own nothing, for reap_worker to delete}}
 Invariant:
   none; every id it returns is re-checked by the transition script that acts on it.
 ]]
@@ -39,7 +42,7 @@ local stale = 0
 if floor then
   stale = redis.call('ZCOUNT', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)))
 end
-local orphans = {}
+local orphans, empty = {}, {}
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.src, 'rollout')) do
   local name, pending = nil, 0
   for i = 1, #c, 2 do
@@ -52,6 +55,10 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.src, 'rollout')) do
     elseif not redis.call('ZSCORE', K.workers, name) then
       table.insert(orphans, name)
     end
+  elseif pending == 0 and #empty < count and string.sub(name, 1, 1) ~= '@' and name ~= ''
+      and not redis.call('ZSCORE', K.workers, name) then
+    -- A worker that closed, or was reaped inline by reserve (whose role may not delete consumers).
+    table.insert(empty, name)
   end
 end
 local prune_due = 0
@@ -59,4 +66,9 @@ if cfg.settled_retention_ms then
   local head = redis.call('XRANGE', K.settled, '-', tostring(now - cfg.settled_retention_ms), 'COUNT', 1)
   if head[1] then prune_due = 1 end
 end
-return {'ok', silent, expired, holds, stale, orphans, prune_due}
+local interrupted = 0
+if redis.call('HEXISTS', K.meta, 'restoring') == 1
+    or (cfg.checkpoint and redis.call('ZCOUNT', K.kept, '-inf', cfg.checkpoint) > 0) then
+  interrupted = 1
+end
+return {'ok', silent, expired, holds, stale, orphans, prune_due, interrupted, empty}

@@ -11,7 +11,8 @@ KEYS:
   dlq        dead letters
   wake_work  wake stream for blocked reservers
 ARGV:
-  worker_id  the worker (a registered one, or a PEL consumer with no registration at all)
+  worker_id  the worker (a registered one, or a PEL consumer with no registration at all, pending
+             entries or none: its consumer is deleted once it owns nothing)
   count      at most this many entries per call
 Returns:
   {'ok', requeued, dead_lettered, done 0|1}   call again until done = 1
@@ -30,4 +31,5 @@ if worker == '' or string.sub(worker, 1, 1) == '@' then bug('bad worker id') end
 local seen = tonumber(redis.call('ZSCORE', K.workers, worker))
 if seen and seen >= due_now(cfg, now) - cfg.worker_timeout_ms then return {'alive', seen} end
 local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now, silent_counted(cfg, seen))
+if done then redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker) end
 return {'ok', requeued, dead, done and 1 or 0}

@@ -15,7 +15,11 @@ ARGV:
 Returns:
   {'ok', restored, done 0|1}   call again until done = 1
   {'checkpoint_pruned', checkpoint}   step is below a pruned checkpoint; nothing written
+  {'restore_in_progress', step}       another restore (of `step`) is unfinished; nothing written
 Invariant:
+  the first call records `restoring` (the fence) and the last one clears it: while it is set,
+  commit and checkpoint are refused, so a commit can never be requeued by the rest of an
+  interrupted restore; any caller (or the reaper) finishes it by calling restore(step) again.
   each restored entry is pending again (XCLAIM FORCE), owned by @ready and indexed in ready, with the
   same entry ID and pristine payload; committed + retained is unchanged, so admission control stays
   right across the restart. A kept member that is not a committed entry nobody owns is dropped from
@@ -23,39 +27,14 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
--- @include kept_entry
--- @include history
--- @include ready_score
--- @include ledger
--- @include wake
+-- @include restore_batch
 local now = now_ms()
 local cfg = load_config()
 local step, count = tonumber(A.step), tonumber(A.count)
 if not step or step < 0 or step ~= math.floor(step) then bug('bad step: ' .. tostring(A.step)) end
 if cfg.checkpoint ~= nil and step < cfg.checkpoint then return {'checkpoint_pruned', cfg.checkpoint} end
-local cursor = last_delivered()
-local ids = redis.call('ZRANGEBYSCORE', K.kept, '(' .. step, '+inf', 'LIMIT', 0, count)
-local n = 0
-for _, id in ipairs(ids) do
-  redis.call('ZREM', K.kept, id)
-  if kept_entry(id, cursor) then
-    local last = redis.call('HGET', K.ledger, id) or ''
-    local attempt = tonumber(string.match(last, '^s|committed|(%d+)|')) or 1
-    redis.call('XCLAIM', K.src, 'rollout', '@ready', 0, id, 'FORCE', 'RETRYCOUNT', attempt, 'JUSTID')
-    redis.call('ZADD', K.ready, ready_score(id), id)
-    append_history(id, attempt, '@restore', 'restored', 'restored to checkpoint ' .. step, false, now)
-    ledger_set(id, ledger_attempt(attempt, '@restore', 'restored'))
-    n = n + 1
-  else
-    -- Not a committed entry nobody owns (a ghost written by hand): never steal it from its owner.
-    redis.call('HINCRBY', K.meta, 'ghosts', 1)
-  end
-end
-if n > 0 then
-  redis.call('HINCRBY', K.meta, 'kept', -n)
-  redis.call('HINCRBY', K.meta, 'committed', -n)
-  redis.call('HINCRBY', K.meta, 'retained', n)
-  redis.call('HINCRBY', K.meta, 'restored', n)
-  wake(K.wake_work)
-end
-return {'ok', n, #ids < count and 1 or 0}
+local restoring = redis.call('HGET', K.meta, 'restoring')
+if restoring and restoring ~= tostring(step) then return {'restore_in_progress', tonumber(restoring) or -1} end
+if not restoring then redis.call('HSET', K.meta, 'restoring', step) end
+local n, done = restore_batch(cfg, step, count, now)
+return {'ok', n, done and 1 or 0}

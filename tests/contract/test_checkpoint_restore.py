@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from rollout_queue import CheckpointPruned, QueueConfig
+from rollout_queue import CheckpointRegression, CheckpointPruned, QueueConfig
 from rollout_queue import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
@@ -66,7 +66,9 @@ def test_checkpoint_drops_exactly_the_steps_it_covers(open_queue, raw, queue_nam
     assert (m["checkpoint"], m["kept"], m["committed"]) == ("2", "2", "4")
     assert q.stats().backlog == 0
     assert q.checkpoint(2) == 0, "a repeated checkpoint drops nothing more"
-    assert q.checkpoint(1) == 0
+    with pytest.raises(CheckpointRegression) as info:  # issue 12 item 6: a regression is refused, loudly
+        q.checkpoint(1)
+    assert (info.value.step, info.value.checkpoint) == (1, 2)
     assert meta(raw, queue_name)["checkpoint"] == "2", "the checkpoint never goes backwards"
 
 
@@ -75,7 +77,8 @@ def test_checkpoint_works_in_batches(open_queue, raw, queue_name) -> None:
     _train_steps(q, [1], per_step=3)
     call = p.build(q.keys, "checkpoint", step=1, count=2)
     assert [int(x) for x in execute(q, call)[1:]] == [2, 0]
-    assert "checkpoint" not in meta(raw, queue_name), "recorded only once done"
+    # Recorded by the first batch (the fence): a caller that dies here cannot let restore go below it.
+    assert meta(raw, queue_name)["checkpoint"] == "1"
     assert [int(x) for x in execute(q, call)[1:]] == [1, 1]
     assert meta(raw, queue_name)["checkpoint"] == "1"
 

@@ -14,6 +14,9 @@ import pytest
 
 from rollout_queue import (
     CheckpointPruned,
+    CheckpointRegression,
+    LeasesOpen,
+    RestoreInProgress,
     LeaseUnsatisfiable,
     ConfigMismatch,
     HeartbeatInfo,
@@ -103,6 +106,11 @@ ERROR_CASES: dict[str, tuple[list[Any], dict[str, Any], type[Exception], dict[st
                   {"entry_id": "1-0", "detail": "2 of 3 slots have no output", "requeued_to": "dead"}),
     "version_regression": ([b"version_regression", 7], {"version": 5}, VersionRegression, {"version": 5, "current": 7}),
     "checkpoint_pruned": ([b"checkpoint_pruned", 10], {"step": 3}, CheckpointPruned, {"step": 3, "checkpoint": 10}),
+    "checkpoint_regression": ([b"checkpoint_regression", 10], {"step": 3}, CheckpointRegression,
+                              {"step": 3, "checkpoint": 10}),
+    "leases_open": ([b"leases_open", 2], {"step": 3}, LeasesOpen, {"step": 3, "leased": 2}),
+    "restore_in_progress": ([b"restore_in_progress", 4], {"what": "checkpoint 9"}, RestoreInProgress,
+                            {"step": 4, "what": "checkpoint 9"}),
     "unsatisfiable": ([b"unsatisfiable", b"max_completed_groups", 4], {"lease_id": "L1", "groups": 8},
                       LeaseUnsatisfiable, {"groups": 8, "bound": "max_completed_groups", "limit": 4}),
     "not_found": ([b"not_found"], {"what": "dead letter", "id": "9-9"}, NotFound, {}),
