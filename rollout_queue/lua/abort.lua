@@ -23,17 +23,12 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
--- @include check_receipt
+-- @include replayed
 -- @include ledger
 -- @include end_attempt
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
-local owns, owner, count = check_receipt(id, attempt, worker)
-if not owns then
-  if redis.call('HGET', K.ledger, id) == ledger_attempt(attempt, worker, 'aborted') then
-    return {'ok', 'replay'}
-  end
-  return {'stale_receipt', owner, count}
-end
+local refused = receipt_refusal(id, attempt, worker, 'aborted')
+if refused then return refused end
 return {'ok', end_attempt(id, attempt, worker, 'aborted', A.reason, false, cfg, now)}

@@ -5,7 +5,6 @@ KEYS:
   meta       config and counters
   results    entry ID -> completion payload
   leases     lease ids by deadline
-  history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   commits    capped stream, one line per committed lease
   kept       committed entry IDs kept for checkpoint restore, scored by step
@@ -91,7 +90,6 @@ if k > 0 then
   call_batched({'XACK', K.src, 'rollout'}, ids)
   if keep then call_batched({'ZADD', K.kept}, kept) else call_batched({'XDEL', K.src}, ids) end
   call_batched({'HDEL', K.results}, ids)
-  call_batched({'HDEL', K.history}, ids)
   call_batched({'HSET', K.ledger}, settled)
 end
 local commit_id = redis.call('XADD', K.commits, 'MAXLEN', '~', cfg.commits_maxlen, '*', 'lease', A.lease_id,

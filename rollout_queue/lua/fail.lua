@@ -24,20 +24,13 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
--- @include check_receipt
+-- @include replayed
 -- @include ledger
 -- @include end_attempt
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
 if A.terminal ~= 'failed' and A.terminal ~= 'malformed' then bug('bad terminal: ' .. A.terminal) end
-local owns, owner, count = check_receipt(id, attempt, worker)
-if not owns then
-  local last = redis.call('HGET', K.ledger, id) or ''
-  if last == ledger_attempt(attempt, worker, A.terminal)
-      or last == 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts' then
-    return {'ok', 'replay'}
-  end
-  return {'stale_receipt', owner, count}
-end
+local refused = receipt_refusal(id, attempt, worker, A.terminal)
+if refused then return refused end
 return {'ok', end_attempt(id, attempt, worker, A.terminal, A.reason, true, cfg, now)}

@@ -3,7 +3,6 @@ filter: executing -> settled(filtered): consumed, never trained, never replayed.
 KEYS:
   src        the reservations stream
   meta       config and counters
-  history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
@@ -42,7 +41,6 @@ record_settled(cfg, {id, f and f.sid or ''})
 release_executing(tonumber(f and f.n) or 0)
 redis.call('XACK', K.src, 'rollout', id)
 redis.call('XDEL', K.src, id)
-redis.call('HDEL', K.history, id)
 ledger_set(id, settled)
 redis.call('HINCRBY', K.meta, 'retained', -1)
 redis.call('HINCRBY', K.meta, 'filtered', 1)

@@ -4,6 +4,7 @@ settled_retention_s are deleted (the reaper runs this; bounded like its other sc
 KEYS:
   meta       config and counters
   ledger     entry ID -> last terminal or settlement
+  history    entry ID -> counted failures and attempt reasons (kept until pruned, with the ledger line)
   ids        hash source_id -> entry ID
   settled    settle times of settled groups (entry ID -> source_id), for prune
 ARGV:
@@ -13,7 +14,8 @@ Returns:
                              settled_retention_s = None nothing is ever due: {'ok', 0, 1}
 Invariant:
   only groups recorded in settled at least the retention ago lose their ledger line (and only a
-  settlement line 's|...': a line that says the entry is owned again is kept, and counted in ghosts);
+  settlement line 's|...', with its attempt history: a line that says the entry is owned again is
+  kept, and counted in ghosts);
   a source_id mapping is deleted only while it still names the pruned entry (a requeued dead letter's
   source_id maps to its new entry and stays). Owned, kept and dead-lettered groups are never in settled.
   After pruning, a settlement retried with the receipt is refused (stale_receipt, never a replay) and
@@ -56,6 +58,7 @@ for j, id in ipairs(forget) do
   end
 end
 call_batched({'HDEL', K.ledger}, forget)
+call_batched({'HDEL', K.history}, forget)
 call_batched({'HDEL', K.ids}, unmap)
 call_batched({'XDEL', K.settled}, records)
 -- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.

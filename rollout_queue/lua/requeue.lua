@@ -30,7 +30,7 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
--- @include check_receipt
+-- @include replayed
 -- @include ledger
 -- @include end_attempt
 local now = now_ms()
@@ -40,15 +40,8 @@ if A.mode ~= 'silent' and A.mode ~= 'force' then bug('bad mode: ' .. tostring(A.
 if A.terminal ~= 'lost' and A.terminal ~= 'failed' and A.terminal ~= 'aborted' then
   bug('bad terminal: ' .. tostring(A.terminal))
 end
-local owns, owner, count = check_receipt(id, attempt, worker)
-if not owns then
-  local last = redis.call('HGET', K.ledger, id) or ''
-  if last == ledger_attempt(attempt, worker, A.terminal)
-      or last == 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts' then
-    return {'ok', 'replay'}
-  end
-  return {'stale_receipt', owner, count}
-end
+local refused = receipt_refusal(id, attempt, worker, A.terminal)
+if refused then return refused end
 if A.mode == 'silent' then
   local seen = tonumber(redis.call('ZSCORE', K.workers, worker))
   if seen and seen >= now - cfg.worker_timeout_ms then return {'alive', seen} end

@@ -93,7 +93,8 @@ def test_one_close_batch_mixes_a_dead_letter_and_a_requeue(open_queue, raw: redi
     [dead] = q.dead_letters()
     assert (dead.entry_id, dead.reason, dead.attempt, dead.worker_id) == (a, "max_attempts", 2, "w2")
     assert [(h["a"], h["t"], h["r"]) for h in dead.history] == [(1, "failed", "flaky"), (2, "lost", "engine died")]
-    assert history(raw, queue_name, a) is None and history(raw, queue_name, b)["f"] == 1
+    # The dead entry's history is kept (until prune) beside its dead letter's copy.
+    assert history(raw, queue_name, a)["f"] == 2 and history(raw, queue_name, b)["f"] == 1
     assert (ledger(raw, queue_name, a), ledger(raw, queue_name, b)) == ("s|dead|2|w2|max_attempts", "a|1|w2|lost")
     s = q.stats()
     assert (s.executing_groups, s.executing_samples, s.ready, s.retained, s.dead) == (0, 0, 1, 1, 1)

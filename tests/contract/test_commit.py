@@ -26,7 +26,7 @@ from tests.contract.lifecycle import (
 
 
 def test_header_matches_builder() -> None:
-    check_header("commit", ["src", "meta", "results", "leases", "history", "ledger", "commits", "kept", "wake_work",
+    check_header("commit", ["src", "meta", "results", "leases", "ledger", "commits", "kept", "wake_work",
                            "settled"],
                  ["lease_id", "token", "step"])
 

@@ -51,7 +51,9 @@ def test_the_last_failure_dead_letters_with_every_attempts_reason(open_queue, ra
         (1, "w0", "failed", "reason 0"), (2, "w1", "failed", "reason 1"), (3, "w2", "failed", "reason 2")]
     assert dead.group == group("doomed")
     assert pel(raw, queue_name) == {} and raw.xlen(keys(queue_name)["src"]) == 0
-    assert ready_ids(raw, queue_name) == [] and history(raw, queue_name, eid) is None
+    assert ready_ids(raw, queue_name) == []
+    # Kept after settlement (until prune), the same attempts as the dead letter's copy.
+    assert [(h["a"], h["t"]) for h in history(raw, queue_name, eid)["h"]] == [(1, "failed"), (2, "failed"), (3, "failed")]
     assert ledger(raw, queue_name, eid) == "s|dead|3|w2|max_attempts"
     stats = q.stats()
     assert (stats.dead, stats.retained, stats.terminals["failed"]) == (1, 0, 3)

@@ -22,12 +22,12 @@ def test_filter_settles_the_group(open_queue, raw: redis.Redis, queue_name: str)
     [eid] = q.submit([group("zs", n=3)])
     w = q.worker("w1")
     [res] = w.reserve(1)
-    w.abort(res.receipt)  # some history, which settlement clears
+    w.abort(res.receipt)  # some history, which settlement keeps until prune
     [res] = w.reserve(1)
     assert w.filter(res.receipt, "zero_std") == "filtered"
     assert pel(raw, queue_name) == {}
     assert raw.xlen(keys(queue_name)["src"]) == 0
-    assert history(raw, queue_name, eid) is None
+    assert [h["t"] for h in history(raw, queue_name, eid)["h"]] == ["aborted"]
     assert ledger(raw, queue_name, eid) == "s|filtered|2|w1|zero_std"
     assert counter(raw, queue_name, "filtered_reason:zero_std") == 1
     stats = q.stats()

@@ -33,9 +33,9 @@ CFG = QueueConfig(settled_retention_s=RETENTION_S, max_attempts=1)
 
 
 def test_header_matches_builder() -> None:
-    check_header("prune", ["meta", "ledger", "ids", "settled"], ["count"])
+    check_header("prune", ["meta", "ledger", "history", "ids", "settled"], ["count"])
     check_header("reap_scan", ["src", "meta", "workers", "leases", "holds", "bufver", "settled", "kept"], ["count"])
-    check_header("filter", ["src", "meta", "history", "ledger", "wake_work", "settled"],
+    check_header("filter", ["src", "meta", "ledger", "wake_work", "settled"],
                  ["entry_id", "attempt", "worker_id", "reason"])
 
 

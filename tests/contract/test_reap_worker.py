@@ -271,7 +271,7 @@ def test_one_batch_mixes_dead_letters_and_requeues_of_different_attempts(open_qu
     assert [(h["a"], h["w"], h["t"], h["r"]) for h in dl.history] == \
         [(1, "w-prep", "failed", "boom"), (2, "w-prep", "failed", "boom again"), (3, "w-silent", "lost", LOST_REASON)]
     assert dl.group is not None and dl.group.n == 2
-    assert not raw.hexists(keys(queue_name)["history"], a)
+    assert orjson.loads(raw.hget(keys(queue_name)["history"], a))["f"] == 3  # kept until prune
     assert a not in [p.s(e[0]) for e in raw.xrange(keys(queue_name)["src"])]
     hb = orjson.loads(raw.hget(keys(queue_name)["history"], b))
     assert hb["f"] == 2

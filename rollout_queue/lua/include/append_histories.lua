@@ -4,8 +4,11 @@
 append_histories: record why each of a batch of attempts ended without a completion (all ended by
 one owner, with one terminal and reason), in one HMGET and one HSET of K.history.
 Sets on each record e: e.failures (its counted failures now) and, when `dead_at` is given and they
-reach it, e.dead = true and e.history = the JSON list of its attempts for the dead letter; a dying
-entry's history is not written back (settle_dead deletes it).
+reach it, e.dead = true and e.history = the JSON list of its attempts for the dead letter. A dying
+entry's history is written back too: it is kept after settlement until prune (issue 12 item 7: a
+settlement retried after later attempts still finds its own). `e.c`, when set, is the worker whose
+completion this attempt was (the group is requeued from @done, a lease or a restore), so a retried
+complete of it answers 'replay' (replayed.lua).
 Uses: K.history (entry id -> JSON {"f": counted failures, "h": last 32 attempts}).
 Why: DESIGN rule 4, failed/malformed/lost attempts count toward max_attempts and every attempt's
 reason reaches the dead letter, so each entry's record is kept. The count is kept apart from the
@@ -31,19 +34,17 @@ local function append_histories(entries, worker, terminal, reason, counted, dead
     local value, dying = nil, nil
     if h == nil then
       e.failures = counted and 1 or 0
-      local record = '{"a":' .. e.attempt .. tail
-      if dead_at and e.failures >= dead_at then
-        dying = '[' .. record .. ']'
-      else
-        value = '{"f":' .. e.failures .. ',"h":[' .. record .. ']}'
-      end
+      local record = '{"a":' .. e.attempt .. (e.c and (',"c":' .. cjson.encode(e.c)) or '') .. tail
+      if dead_at and e.failures >= dead_at then dying = '[' .. record .. ']' end
+      value = '{"f":' .. e.failures .. ',"h":[' .. record .. ']}'
     else
       if type(h.h) ~= 'table' then h.h = {} end
       h.f = (tonumber(h.f) or 0) + (counted and 1 or 0)
       e.failures = h.f
-      table.insert(h.h, {a = e.attempt, w = worker, t = terminal, r = reason, ms = now})
+      table.insert(h.h, {a = e.attempt, w = worker, t = terminal, r = reason, ms = now, c = e.c})
       while #h.h > HISTORY_CAP do table.remove(h.h, 1) end
-      if dead_at and e.failures >= dead_at then dying = cjson.encode(h.h) else value = cjson.encode(h) end
+      if dead_at and e.failures >= dead_at then dying = cjson.encode(h.h) end
+      value = cjson.encode(h)
     end
     e.dead, e.history = dying ~= nil, dying
     if value then

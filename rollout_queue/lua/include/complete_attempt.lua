@@ -1,4 +1,5 @@
 -- @include check_receipt
+-- @include replayed
 -- @include read_entry
 -- @include check_slots
 -- @include end_attempt
@@ -25,14 +26,10 @@ local function complete_attempt(b, cfg, id, attempt, worker, payload, min_versio
   if not owns then
     local last = redis.call('HGET', K.ledger, id) or ''
     if empty then
-      if last == ledger_attempt(attempt, worker, 'malformed') then return {'malformed', NO_OUTPUTS, 'ready'} end
-      local dead = 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts'
-      if last == dead then return {'malformed', NO_OUTPUTS, 'dead'} end
-    else
-      local committed = 's|committed|' .. attempt .. '|' .. worker .. '|'
-      if last == ledger_attempt(attempt, worker, 'completed') or string.sub(last, 1, #committed) == committed then
-        return {'ok', 'replay', ''}
-      end
+      if last == 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts' then return {'malformed', NO_OUTPUTS, 'dead'} end
+      if replayed(id, attempt, worker, 'malformed', last) then return {'malformed', NO_OUTPUTS, 'ready'} end
+    elseif replayed(id, attempt, worker, 'completed', last) then
+      return {'ok', 'replay', ''}
     end
     return {'stale_receipt', owner, count}
   end

@@ -1,4 +1,5 @@
 -- @include append_histories
+-- @include hmget_many
 -- @include read_entry
 -- @include settle_dead_many
 -- @include claim_counted
@@ -15,9 +16,22 @@ Uses: K.src, K.ready, K.history, K.dlq, K.ledger, K.meta, K.wake_work.
 Why: DESIGN rule 4, ownership is released only by settlement: work that ends without a completion
 goes back to ready in the same script that ends it. The delivery counts are kept (claim_counted:
 RETRYCOUNT), so the next reserve makes each attempt + 1. One HMGET/HSET of history, one XCLAIM per
-distinct count and one ZADD cover the batch; only the dead letters are written per entry.
+distinct count and one ZADD cover the batch; only the dead letters are written per entry. A group
+requeued from @done or a lease records which worker completed that attempt (one HMGET of the
+ledger), so that worker's retried complete still answers 'replay' (replayed.lua).
 ]]
+local function completers(entries)
+  -- A completed group (owned by @done or a lease) carries the ledger line of its completion.
+  local ids = {}
+  for i, e in ipairs(entries) do ids[i] = e.id end
+  for i, line in ipairs(hmget_many(K.ledger, ids)) do
+    local attempt, worker = string.match(line or '', '^a|(%d+)|([^|]*)|completed$')
+    if worker and tonumber(attempt) == entries[i].attempt then entries[i].c = worker end
+  end
+end
+
 local function requeue_entries(entries, owner, terminal, reason, counted, cfg, now, bodies)
+  if owner == '@done' or string.sub(owner, 1, 7) == '@lease:' then completers(entries) end
   append_histories(entries, owner, terminal, reason, counted, counted and cfg.max_attempts or nil, now)
   local ready, dead, scored = {}, {}, {}
   for _, e in ipairs(entries) do

@@ -21,10 +21,12 @@ local function restore_batch(cfg, step, count, now)
     redis.call('ZREM', K.kept, id)
     if kept_entry(id, cursor) then
       local last = redis.call('HGET', K.ledger, id) or ''
-      local attempt = tonumber(string.match(last, '^s|committed|(%d+)|')) or 1
+      local a, completer = string.match(last, '^s|committed|(%d+)|([^|]*)|')
+      local attempt = tonumber(a) or 1
       redis.call('XCLAIM', K.src, 'rollout', '@ready', 0, id, 'FORCE', 'RETRYCOUNT', attempt, 'JUSTID')
       redis.call('ZADD', K.ready, ready_score(id), id)
-      append_history(id, attempt, '@restore', 'restored', 'restored to checkpoint ' .. step, false, now)
+      append_history(id, attempt, '@restore', 'restored', 'restored to checkpoint ' .. step, false, now,
+        completer ~= '' and completer or nil)
       ledger_set(id, ledger_attempt(attempt, '@restore', 'restored'))
       n = n + 1
     else
