@@ -18,6 +18,7 @@ from .errors import (
     MalformedCompletion,
     MalformedReservation,
     NotFound,
+    NotReplicated,
     OutcomeUnknown,
     OwnershipLost,
     PartitionsUnreachable,
@@ -25,6 +26,7 @@ from .errors import (
     ProtocolError,
     RolloutQueueError,
     ScriptError,
+    ServerUnavailable,
     StaleReceipt,
     StateConflict,
     VersionRegression,
@@ -43,15 +45,15 @@ from .models import (
 )
 from .owned import OwnedAttempt
 from .partitioned import PartitionedQueue
-from .transport import RetryPolicy
+from .transport import Durability, RetryPolicy
 
 __all__ = [
     "AsyncFleetReserver", "AsyncHold", "AsyncLease", "AsyncPartitionedQueue", "AsyncRolloutQueue",
-    "AsyncWorker", "CheckpointPruned", "CompletedGroup", "ConfigMismatch", "DeadLetter", "FleetReserver",
+    "AsyncWorker", "CheckpointPruned", "CompletedGroup", "ConfigMismatch", "DeadLetter", "Durability", "FleetReserver",
     "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost", "MalformedCompletion",
-    "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnedAttempt", "OwnershipLost", "PartitionedQueue",
+    "MalformedReservation", "NotFound", "NotReplicated", "OutcomeUnknown", "OwnedAttempt", "OwnershipLost", "PartitionedQueue",
     "PartitionsUnreachable", "PayloadTooLarge", "ProtocolError", "QueueConfig", "QueueStats", "ReapReport",
     "Receipt", "Reservation", "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError",
-    "SourceGroup", "StaleReceipt", "StateConflict", "VersionRegression", "Worker",
+    "ServerUnavailable", "SourceGroup", "StaleReceipt", "StateConflict", "VersionRegression", "Worker",
 ]
 __version__ = "0.1.0"
