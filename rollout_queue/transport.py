@@ -269,7 +269,8 @@ def _confirm(op: Op, wait: Durability, retry: RetryPolicy, clock: Callable[[], f
     while True:
         elapsed = clock() - start
         if isinstance(acked, BaseException) or acked is None:
-            raise NotReplicated(_name(op), 0, wait.replicas, elapsed, repr(acked)) from acked
+            detail = f"{type(acked).__name__}: {acked}" if acked is not None else "no reply"
+            raise NotReplicated(_name(op), 0, wait.replicas, elapsed, detail) from acked
         if int(acked) >= wait.replicas:
             return
         if elapsed >= retry.window_s:

@@ -378,3 +378,20 @@ def test_the_worker_cli_passes_durability_to_its_queue_client(monkeypatch: pytes
     assert build_runtime(build_parser().parse_args(base)).durability is None
     monkeypatch.setenv("ROLLOUT_DURABLE_REPLICAS", "1")
     assert build_runtime(build_parser().parse_args(base)).durability == Durability(replicas=1, timeout_ms=1000)
+
+
+def test_a_durable_call_without_permission_to_wait_ran_and_says_so(replicated: Replicated) -> None:
+    """The generated ACL roles do not grant WAIT yet (docs/OPERATIONS.md, Roles and ACLs)."""
+    control = truth(replicated.primary)
+    control.acl_setuser("nowait", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                        commands=["+@all", "-wait"])
+    url = f"redis://nowait:pw@127.0.0.1:{replicated.primary.port}/0"
+    with pytest.raises(NotReplicated, match="NoPermissionError: .*'wait'"):
+        RolloutQueue.from_url(url, NAME, CFG, retry=WINDOW, durability=DURABLE)  # open is a write too
+    q = RolloutQueue.from_url(url, NAME, CFG, retry=WINDOW)
+    q.transport.durability = DURABLE
+    with pytest.raises(NotReplicated, match="NoPermissionError: .*'wait'"):
+        q.submit(groups("acl", 1))
+    assert q.stats().backlog == 1, "it ran"
+    q.close()
+    control.close()
