@@ -179,7 +179,7 @@ def test_busy_past_the_window_raises_server_unavailable_and_nothing_ran(opener, 
 
 @pytest.fixture(params=SERVER_KINDS, ids=[k or "no-server" for k in SERVER_KINDS])
 def slow_loader(request: pytest.FixtureRequest) -> Iterator[LocalServer]:
-    """A server whose restart spends about a second LOADING (5,000 filler keys at 200 us each)."""
+    """A server whose restart spends about 1.6 s LOADING (8,000 filler keys at 200 us each)."""
     server = LocalServer(request.param, extra_config=[("key-load-delay", "200"),
                                                       ("loading-process-events-interval-bytes", "1024")])
     try:
@@ -193,7 +193,7 @@ def test_a_call_that_meets_loading_is_retried_even_if_not_idempotent(opener, tra
     q = opener(slow_loader.url)
     dlq_id = dead_letter(q)
     control = admin(slow_loader)
-    control.eval("for i = 1, 5000 do redis.call('SET', 'filler:' .. i, 'x') end", 0)
+    control.eval("for i = 1, 8000 do redis.call('SET', 'filler:' .. i, 'x') end", 0)
     control.bgrewriteaof()  # the AOF's RDB base now holds the filler keys, which load slowly
     wait_until(lambda: not (lambda i: i["aof_rewrite_in_progress"] or i["aof_rewrite_scheduled"])(
         control.info("persistence")), timeout=10, message="the AOF rewrite")

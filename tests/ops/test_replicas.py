@@ -46,6 +46,8 @@ NAME = "replicated"
 CFG = QueueConfig(worker_timeout_s=30.0, max_attempts=3, lease_timeout_s=30.0)
 #: A short window: each call made while the replica cannot acknowledge fails within ~0.3 s.
 WINDOW = RetryPolicy(window_s=0.3, first_backoff_s=0.01, max_backoff_s=0.05)
+#: While the replica is healthy: long enough for a loaded machine (a test never waits it out).
+HEALTHY = RetryPolicy(window_s=10.0, first_backoff_s=0.01, max_backoff_s=0.1)
 DURABLE = Durability(replicas=1, timeout_ms=100)
 
 
@@ -100,6 +102,14 @@ def replicated(fresh_server: LocalServer) -> Iterator[Replicated]:
         link.close()
 
 
+def lagging(q: Any) -> None:
+    """The replica stopped acknowledging: give ``q``'s calls the short window from now on."""
+    for name in ("transport", "probe_transport"):
+        transport = getattr(q, name, None)
+        if transport is not None:
+            transport.retry = WINDOW
+
+
 def truth(server: LocalServer) -> redis.Redis:
     return redis.Redis.from_url(server.url, socket_timeout=10)
 
@@ -131,7 +141,7 @@ class Acked:
 
 
 def _run_failover(replicated: Replicated, durability: Durability | None) -> dict[str, Any]:
-    q = RolloutQueue.from_url(replicated.primary.url, NAME, CFG, retry=WINDOW, durability=durability)
+    q = RolloutQueue.from_url(replicated.primary.url, NAME, CFG, retry=HEALTHY, durability=durability)
     w, w2 = q.worker("w1"), q.worker("w2")
     # Before the lag: 6 groups; w1 executes 3 of them, 2 completed ones are leased (lease L1).
     ids = q.submit(groups("g", 6))
@@ -152,6 +162,7 @@ def _run_failover(replicated: Replicated, durability: Durability | None) -> dict
     # The replica stops receiving: every call below is acknowledged by the primary alone (plain) or
     # refused an answer (durable).
     replicated.link.stall()
+    lagging(q)
     ops = Acked()
     ops.attempt("submit", lambda: q.submit(groups("late", 2)))
     ops.attempt("complete", lambda: w.complete(got[0].receipt, samples(2)))
@@ -216,7 +227,7 @@ def test_durable_mode_loses_no_acknowledged_operation(replicated: Replicated) ->
     assert lost == []
     # Everything acknowledged before the lag is on the promoted server.
     new = run["new"]
-    q2 = RolloutQueue.from_url(new.url, NAME, None, retry=WINDOW)
+    q2 = RolloutQueue.from_url(new.url, NAME, None, retry=HEALTHY)
     after = q2.stats()
     before = run["before"]
     assert (after.backlog, after.executing_groups, after.leased, after.committed) == \
@@ -224,7 +235,7 @@ def test_durable_mode_loses_no_acknowledged_operation(replicated: Replicated) ->
     q2.close()
     # Repeating the refused calls on the promoted server (given a replica of its own) finishes the job.
     replicated.new_replica(new)
-    q3 = RolloutQueue.from_url(new.url, NAME, None, retry=RetryPolicy(window_s=5.0), durability=DURABLE)
+    q3 = RolloutQueue.from_url(new.url, NAME, None, retry=HEALTHY, durability=DURABLE)
     got, lease1 = run["got"], run["lease1"]
     w = q3.worker("w1")
     assert len(q3.submit(groups("late", 2))) == 2
@@ -277,7 +288,7 @@ def open_durable(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]
     loop = asyncio.new_event_loop()
     opened: list[Any] = []
 
-    def open_(url: str, durability: Durability | None = DURABLE, retry: RetryPolicy = WINDOW) -> Any:
+    def open_(url: str, durability: Durability | None = DURABLE, retry: RetryPolicy = HEALTHY) -> Any:
         if request.param == "sync":
             q: Any = RolloutQueue.from_url(url, NAME, CFG, retry=retry, durability=durability)
         else:
@@ -299,6 +310,7 @@ def test_a_durable_call_answers_once_replicated_and_otherwise_ran_but_raises(ope
     assert truth(replicated.replica).hget(QueueKeys(NAME)["ids"], "a0") == eid.encode(), \
         "a durable call answers only once the replica has it"
     replicated.link.stall()
+    lagging(q)
     with pytest.raises(NotReplicated) as caught:
         q.submit(groups("b", 1))
     assert "ran on the primary" in str(caught.value) and "safe" in str(caught.value)
@@ -310,7 +322,7 @@ def test_a_durable_call_answers_once_replicated_and_otherwise_ran_but_raises(ope
 
 
 def test_a_partitioned_queue_is_durable_on_every_partition(replicated: Replicated) -> None:
-    pq = PartitionedQueue.from_url(replicated.primary.url, NAME, 2, CFG, retry=WINDOW, durability=DURABLE)
+    pq = PartitionedQueue.from_url(replicated.primary.url, NAME, 2, CFG, retry=HEALTHY, durability=DURABLE)
     ids = pq.submit(groups("p", 4))
     replica = truth(replicated.replica)
     for i, name in enumerate(pq.partitions):
@@ -318,6 +330,7 @@ def test_a_partitioned_queue_is_durable_on_every_partition(replicated: Replicate
         assert all(v.decode() in ids for v in stored.values())
     assert sum(len(replica.hgetall(QueueKeys(n)["ids"])) for n in pq.partitions) == 4
     replicated.link.stall()
+    lagging(pq)
     with pytest.raises(Exception) as caught:  # NotReplicated, or PartitionsUnreachable naming them
         pq.submit(groups("q", 4))
     assert "ran on the primary" in str(caught.value) or "could not be reached" in str(caught.value)
