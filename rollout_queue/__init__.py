@@ -21,6 +21,7 @@ from .errors import (
     MalformedCompletion,
     MalformedReservation,
     NotFound,
+    NotReplicated,
     OutcomeUnknown,
     OwnershipLost,
     PartitionsUnreachable,
@@ -29,6 +30,7 @@ from .errors import (
     RestoreInProgress,
     RolloutQueueError,
     ScriptError,
+    ServerUnavailable,
     StaleReceipt,
     StateConflict,
     VersionRegression,
@@ -47,16 +49,16 @@ from .models import (
 )
 from .owned import OwnedAttempt
 from .partitioned import PartitionedQueue
-from .transport import RetryPolicy
+from .transport import Durability, RetryPolicy
 
 __all__ = [
     "AsyncFleetReserver", "AsyncHold", "AsyncLease", "AsyncPartitionedQueue", "AsyncRolloutQueue",
-    "AsyncWorker", "CheckpointPruned", "CheckpointRegression", "CompletedGroup", "ConfigMismatch", "DeadLetter", "FleetReserver",
-    "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost", "LeaseUnsatisfiable", "LeasesOpen",
-    "MalformedCompletion",
-    "MalformedReservation", "NotFound", "OutcomeUnknown", "OwnedAttempt", "OwnershipLost", "PartitionedQueue",
-    "PartitionsUnreachable", "PayloadTooLarge", "ProtocolError", "QueueConfig", "QueueStats", "ReapReport",
-    "Receipt", "Reservation", "RestoreInProgress", "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError",
-    "SourceGroup", "StaleReceipt", "StateConflict", "VersionRegression", "Worker",
+    "AsyncWorker", "CheckpointPruned", "CheckpointRegression", "CompletedGroup", "ConfigMismatch", "DeadLetter",
+    "Durability", "FleetReserver", "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost",
+    "LeaseUnsatisfiable", "LeasesOpen", "MalformedCompletion", "MalformedReservation", "NotFound", "NotReplicated",
+    "OutcomeUnknown", "OwnedAttempt", "OwnershipLost", "PartitionedQueue", "PartitionsUnreachable", "PayloadTooLarge",
+    "ProtocolError", "QueueConfig", "QueueStats", "ReapReport", "Receipt", "Reservation", "RestoreInProgress",
+    "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError", "ServerUnavailable", "SourceGroup",
+    "StaleReceipt", "StateConflict", "VersionRegression", "Worker",
 ]
 __version__ = "0.1.0"

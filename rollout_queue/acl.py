@@ -171,7 +171,7 @@ def role_rules(queue: str, role: str, password: str | None = None,
                          tuple(head + ["~" + keys.pattern, "&" + keys.pattern] + list(ADMIN_RULES)))
     spec = ROLES[role]
     scripts = [library[name] for name in spec.scripts]
-    commands = {"ping", "time", "script|load"} | set(spec.raw)
+    commands = {"ping", "time", "script|load", "wait"} | set(spec.raw)
     patterns = {keys[k] for k in spec.raw_keys}
     for script in scripts:
         commands |= script_commands(script)

@@ -20,36 +20,37 @@ from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, 
 from .owned import OwnedAttempt, owned_attempts
 from .protocol import CompletionOutcome, LeaseReply
 from .cluster import connect_async
-from .transport import AsyncClient, AsyncTransport, RetryPolicy
+from .transport import AsyncClient, AsyncTransport, Durability, RetryPolicy
 
 
 class AsyncRolloutQueue:
     """One queue on one Redis, for asyncio programs (mirrors RolloutQueue)."""
 
     def __init__(self, client: AsyncClient, name: str, *, retry: RetryPolicy | None = None,
-                 clock: Any = time.monotonic) -> None:
-        """Use ``await AsyncRolloutQueue.open(client, name, config)`` or ``from_url``: opening needs I/O."""
+                 clock: Any = time.monotonic, durability: Durability | None = None) -> None:
+        """Use ``await AsyncRolloutQueue.open(client, name, config)`` or ``from_url``: opening needs I/O.
+        ``durability``: as RolloutQueue's."""
         self.name = name
         self.keys = QueueKeys(name)
         self.client = client
         self.clock = clock
-        self.transport = AsyncTransport(client, retry, clock=clock)
+        self.transport = AsyncTransport(client, retry, clock=clock, durability=durability)
         self.config = QueueConfig()
 
     @classmethod
     async def open(cls, client: AsyncClient, name: str, config: QueueConfig | None = None, *,
-                   retry: RetryPolicy | None = None) -> "AsyncRolloutQueue":
-        q = cls(client, name, retry=retry)
+                   retry: RetryPolicy | None = None, durability: Durability | None = None) -> "AsyncRolloutQueue":
+        q = cls(client, name, retry=retry, durability=durability)
         q.config = await q.run(flows.open_queue(q.keys, config))
         return q
 
     @classmethod
     async def from_url(cls, url: str, name: str, config: QueueConfig | None = None, *,
                        retry: RetryPolicy | None = None, cluster: bool | None = None,
-                       **redis_kwargs: Any) -> "AsyncRolloutQueue":
+                       durability: Durability | None = None, **redis_kwargs: Any) -> "AsyncRolloutQueue":
         """As RolloutQueue.from_url (a ``redis+cluster://`` URL or ``cluster=True``: a Redis Cluster)."""
         return await cls.open(await connect_async(url, redis_options(redis_kwargs), cluster), name, config,
-                              retry=retry)
+                              retry=retry, durability=durability)
 
     async def run(self, flow: Flow[T]) -> T:
         """Drive a flow to its result: the one driver loop of the async client."""

@@ -22,26 +22,29 @@ from .flows import Flow, T
 from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
 from .partitioned import MultiLeaseBase
 from .partitions import PROBE_RETRY, Layout, Probe, Selector, logical_config
-from .transport import AsyncClient, AsyncTransport, RetryPolicy
+from .transport import AsyncClient, AsyncTransport, Durability, RetryPolicy
 
 
 class AsyncPartitionedQueue:
     """Mirror of PartitionedQueue."""
 
     def __init__(self, client: AsyncClient, name: str, partitions: int, *, retry: RetryPolicy | None = None,
-                 probe_retry: RetryPolicy = PROBE_RETRY, clock: Any = time.monotonic) -> None:
+                 probe_retry: RetryPolicy = PROBE_RETRY, clock: Any = time.monotonic,
+                 durability: Durability | None = None) -> None:
         """Use ``await AsyncPartitionedQueue.open(...)`` or ``from_url``: opening needs I/O."""
         self.name, self.layout, self.client, self.clock = name, Layout(name, partitions), client, clock
-        self.transport = AsyncTransport(client, retry, clock=clock)
-        self.probe_transport = AsyncTransport(client, probe_retry, clock=clock)
+        self.durability = durability
+        self.transport = AsyncTransport(client, retry, clock=clock, durability=durability)
+        self.probe_transport = AsyncTransport(client, probe_retry, clock=clock, durability=durability)
         self.selector = Selector(partitions)
         self.configs: tuple[QueueConfig, ...] = ()
         self.config = QueueConfig()
 
     @classmethod
     async def open(cls, client: AsyncClient, name: str, partitions: int, config: QueueConfig | None = None, *,
-                   retry: RetryPolicy | None = None) -> "AsyncPartitionedQueue":
-        q = cls(client, name, partitions, retry=retry)
+                   retry: RetryPolicy | None = None, durability: Durability | None = None
+                   ) -> "AsyncPartitionedQueue":
+        q = cls(client, name, partitions, retry=retry, durability=durability)
         q.configs = await q.run(pf.open_partitioned(q.layout, config))
         q.config = logical_config(q.configs)
         return q
@@ -49,9 +52,9 @@ class AsyncPartitionedQueue:
     @classmethod
     async def from_url(cls, url: str, name: str, partitions: int, config: QueueConfig | None = None, *,
                        retry: RetryPolicy | None = None, cluster: bool | None = None,
-                       **redis_kwargs: Any) -> "AsyncPartitionedQueue":
+                       durability: Durability | None = None, **redis_kwargs: Any) -> "AsyncPartitionedQueue":
         return await cls.open(await connect_async(url, redis_options(redis_kwargs), cluster), name, partitions,
-                              config, retry=retry)
+                              config, retry=retry, durability=durability)
 
     async def run(self, flow: Flow[T]) -> T:
         """As PartitionedQueue.run."""
@@ -79,7 +82,8 @@ class AsyncPartitionedQueue:
         return self.layout.names[self.layout.of_source(source_id)]
 
     async def partition(self, index: int) -> AsyncRolloutQueue:
-        return await AsyncRolloutQueue.open(self.client, self.layout.names[index], retry=self.transport.retry)
+        return await AsyncRolloutQueue.open(self.client, self.layout.names[index], retry=self.transport.retry,
+                                            durability=self.durability)
 
     async def submit(self, groups: Sequence[SourceGroup]) -> list[str]:
         return await self.run(pf.submit(self.layout, groups, self.configs))

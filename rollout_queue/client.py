@@ -36,7 +36,7 @@ from .models import (
 from .owned import OwnedAttempt, owned_attempts
 from .protocol import CompletionOutcome, LeaseReply
 from .cluster import connect
-from .transport import RetryPolicy, SyncClient, SyncTransport
+from .transport import Durability, RetryPolicy, SyncClient, SyncTransport
 
 
 def default_process_id() -> str:
@@ -78,22 +78,27 @@ class RolloutQueue:
     """One queue on one Redis (DESIGN: Public API)."""
 
     def __init__(self, client: SyncClient, name: str, config: QueueConfig | None = None, *,
-                 retry: RetryPolicy | None = None, clock: Any = time.monotonic) -> None:
+                 retry: RetryPolicy | None = None, clock: Any = time.monotonic,
+                 durability: Durability | None = None) -> None:
+        """``durability``: answer state-changing calls only once that many replicas have them
+        (transport.Durability; docs/OPERATIONS.md, "Replicas and failover")."""
         self.name = name
         self.keys = QueueKeys(name)
         self.client = client
         self.clock = clock
-        self.transport = SyncTransport(client, retry, clock=clock)
+        self.transport = SyncTransport(client, retry, clock=clock, durability=durability)
         self.config: QueueConfig = self.run(flows.open_queue(self.keys, config))
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None, *,
                  retry: RetryPolicy | None = None, cluster: bool | None = None,
-                 **redis_kwargs: Any) -> "RolloutQueue":
+                 durability: Durability | None = None, **redis_kwargs: Any) -> "RolloutQueue":
         """Connect and open (or create) queue ``name``. ``config=None`` adopts the stored config.
         A ``redis+cluster://`` URL (or ``cluster=True``) connects to a Redis Cluster (cluster.py).
+        ``durability=Durability(replicas=N, timeout_ms=T)``: durable mode (see __init__).
         Raises ConfigMismatch if ``config`` differs from the stored one."""
-        return cls(connect(url, redis_options(redis_kwargs), cluster), name, config, retry=retry)
+        return cls(connect(url, redis_options(redis_kwargs), cluster), name, config, retry=retry,
+                   durability=durability)
 
     def run(self, flow: Flow[T]) -> T:
         """Drive a flow to its result: the one driver loop of the sync client."""

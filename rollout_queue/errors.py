@@ -227,6 +227,47 @@ class OutcomeUnknown(RolloutQueueError):
     """The connection failed and the call could not be safely retried: it may or may not have run."""
 
 
+class ServerUnavailable(OutcomeUnknown):
+    """Redis answered every try within the retry window with a refusal after which a command never
+    runs (BUSY, LOADING, READONLY, MASTERDOWN, NOREPLICAS, MISCONF, TRYAGAIN, CLUSTERDOWN, MOVED/ASK,
+    UNBLOCKED): the call did NOT run. A subclass of OutcomeUnknown so that every handler of transport
+    trouble handles it too, but unlike its parent the outcome is known; calling again is always safe.
+    ``refusal`` is the last refusal's code word."""
+
+    def __init__(self, what: str, refusal: str, detail: str, elapsed_s: float) -> None:
+        self.what, self.refusal, self.detail, self.elapsed_s = what, refusal, detail, elapsed_s
+        super().__init__(
+            f"{what}: Redis refused the call for {elapsed_s:.1f}s ({refusal}: {detail}); it did not run. "
+            + _REFUSAL_HINTS.get(refusal, "Call again once the server is back (it is safe).")
+        )
+
+
+_REFUSAL_HINTS = {
+    "BUSY": "A long script (or a stuck EVAL) holds the server: find it with SLOWLOG / SCRIPT KILL, then call again.",
+    "LOADING": "The server is loading its data after a restart: call again when it is done.",
+    "READONLY": "This server is a replica (after a failover the old primary came back as one): point the client "
+                "at the current primary (Sentinel, or a new URL) and call again.",
+    "MASTERDOWN": "This replica lost its primary: point the client at the current primary and call again.",
+    "NOREPLICAS": "min-replicas-to-write is not met: bring a replica back (or lower the setting) and call again.",
+    "MISCONF": "The server refuses writes after a failed RDB/AOF write: fix its disk and call again.",
+}
+
+
+class NotReplicated(OutcomeUnknown):
+    """Durable mode: the call RAN on the primary, but fewer than the requested replicas acknowledged it
+    within the retry window (WAIT), so a failover now may lose it. Repeating the call is safe: every
+    transition replays (by receipt, lease id, request id or source_id)."""
+
+    def __init__(self, what: str, acked: int, wanted: int, elapsed_s: float, detail: str = "") -> None:
+        self.what, self.acked, self.wanted, self.elapsed_s, self.detail = what, acked, wanted, elapsed_s, detail
+        why = f"the wait for replicas failed ({detail})" if detail else f"only {acked} of {wanted} replicas acknowledged it"
+        super().__init__(
+            f"{what}: ran on the primary, but {why} within {elapsed_s:.1f}s, so a failover now may lose it. "
+            "Repeating the call is safe (every transition replays); if this persists, check the replicas "
+            "(INFO replication: link status, lag)."
+        )
+
+
 class ScriptError(RolloutQueueError):
     """A script reported a bug or corrupt state (Redis error prefixed ROLLOUTQ); please report it."""
 

@@ -14,6 +14,9 @@ Rules it keeps:
    acknowledged write. That is what the chaos tests rely on.
 4. No orphans: an ``atexit`` handler kills every server this process still runs, and on Linux the
    child also gets ``PR_SET_PDEATHSIG`` so it dies with us even after ``os._exit`` or SIGKILL.
+5. Replicas are ours too: ``replica_of`` starts a server as an asynchronous replica of another
+   loopback server (``replicaof``), ``wait_synced()`` waits for its link, ``promote()`` is what
+   Sentinel does at a failover (``REPLICAOF NO ONE``). Nothing else about replication is hidden.
 
 It must not know anything about queues, keys or scripts, and must never touch a server it did not
 start (no FLUSHALL, no SHUTDOWN of someone else's port).
@@ -201,6 +204,16 @@ def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _address(server: LocalServer | tuple[str, int] | None) -> tuple[str, int] | None:
+    """The loopback (host, port) a replica connects to; never the forbidden port of a real Redis."""
+    if server is None:
+        return None
+    host, port = (server.host, server.port) if isinstance(server, LocalServer) else server
+    if port == FORBIDDEN_PORT or host not in (HOST, "localhost"):
+        raise ValueError(f"replica_of must be a loopback server of ours, not {host}:{port}")
+    return host, int(port)
+
+
 def _pdeathsig_hook() -> Callable[[], None] | None:
     """Build a preexec hook so the server gets SIGKILL when the thread that forked it dies.
 
@@ -248,7 +261,10 @@ class LocalServer:
         port: int | None = None, extra_config: Sequence[tuple[str, str]] = (),
         username: str | None = None, password: str | None = None,
         start_timeout_s: float = 10.0, stop_timeout_s: float = 10.0,
+        replica_of: LocalServer | tuple[str, int] | None = None,
     ) -> None:
+        """``replica_of``: start as a replica of that server (a LocalServer, or a loopback
+        ``(host, port)`` such as a proxy in front of one); its data then comes from the primary."""
         if appendfsync not in APPENDFSYNC_MODES:
             raise ValueError(f"appendfsync must be one of {APPENDFSYNC_MODES}, not {appendfsync!r}")
         if port == FORBIDDEN_PORT:
@@ -264,6 +280,7 @@ class LocalServer:
         self.extra_config: tuple[tuple[str, str], ...] = tuple(extra_config)
         self.username, self.password = username, password
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
+        self.replica_of: tuple[str, int] | None = _address(replica_of)
         self._owns_dir = directory is None
         self.dir: Path = Path(directory or tempfile.mkdtemp(prefix=f"rollout-{kind}-"))
         self.config_path: Path = self.dir / "server.conf"
@@ -283,6 +300,11 @@ class LocalServer:
     @property
     def port(self) -> int:
         return self._port
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port), for ``replica_of`` and for proxies in front of this server."""
+        return self.host, self._port
 
     @property
     def url(self) -> str:
@@ -392,6 +414,51 @@ class LocalServer:
         with _LIVE_LOCK:
             _LIVE.discard(self)
 
+    # -- replication ------------------------------------------------------------------------
+    def command(self, *args: str, timeout_s: float = 5.0) -> bytes:
+        """Send one command on a raw socket and return its simple, error or bulk reply (stdlib only,
+        like the readiness probe). For the few admin commands replication tests need."""
+        with socket.create_connection((self.host, self._port), timeout=timeout_s) as sock:
+            auth = _resp("AUTH", *([self.username] if self.username else []), self.password) if self.password else b""
+            sock.sendall(auth + _resp(*args))
+            with sock.makefile("rb") as reader:
+                if auth:
+                    _read_reply(reader)
+                return _read_reply(reader)
+
+    def replication(self) -> dict[str, str]:
+        """``INFO replication`` as a dict (``role``, ``master_link_status``, ``master_repl_offset``...)."""
+        lines = self.command("INFO", "replication").decode(errors="replace").splitlines()
+        return dict(line.split(":", 1) for line in lines if ":" in line and not line.startswith("#"))
+
+    def wait_synced(self, primary: LocalServer | None = None, timeout_s: float = 30.0) -> None:
+        """Block until this replica's link is up and, given its ``primary``, it has everything the
+        primary has written so far (equal replication offsets, read primary first).
+
+        Raises:
+            LocalServerError: not synced before ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        target = int(primary.replication()["master_repl_offset"]) if primary is not None else 0
+        interval = 0.005
+        while time.monotonic() < deadline:
+            info = self.replication()
+            if (info.get("role") == "slave" and info.get("master_link_status") == "up"
+                    and int(info.get("slave_repl_offset", "-1")) >= target):
+                return
+            time.sleep(interval)  # polling inside a deadline-bound wait
+            interval = min(interval * 2, 0.1)
+        raise LocalServerError(f"{self!r} did not sync with {self.replica_of} within {timeout_s}s: "
+                               f"{self.replication()}\n{self.log_tail()}")
+
+    def promote(self) -> None:
+        """Make this replica a primary, as Sentinel does at a failover: ``REPLICAOF NO ONE``. It keeps
+        the data it had received; whatever the old primary acknowledged but had not sent is gone."""
+        reply = self.command("REPLICAOF", "NO", "ONE")
+        if reply != b"+OK":
+            raise LocalServerError(f"REPLICAOF NO ONE on {self!r} answered {reply!r}")
+        self.replica_of = None  # a restart() now starts it as the primary it has become
+
     def __enter__(self) -> LocalServer:
         return self.start()
 
@@ -417,11 +484,15 @@ class LocalServer:
             ("appendfsync", self.appendfsync),
             ("save", ""),
             ("maxmemory-policy", "noeviction"),
+            # A replica's first sync starts at once instead of after the 5 s default batching delay.
+            ("repl-diskless-sync-delay", "0"),
+            *((("replicaof", f"{self.replica_of[0]} {self.replica_of[1]}"),) if self.replica_of else ()),
             *self.extra_config,
         ]
 
     def _write_config(self) -> None:
-        text = "".join(f"{name} {_quote(value)}\n" for name, value in self._config_lines())
+        text = "".join(f"{name} {value if name == 'replicaof' else _quote(value)}\n"
+                       for name, value in self._config_lines())
         self.config_path.write_text(text)
 
     def _spawn_and_wait(self, deadline: float) -> bool:

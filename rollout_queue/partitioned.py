@@ -33,7 +33,7 @@ from .errors import InvalidInput, OutcomeUnknown
 from .flows import Flow, T
 from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
 from .partitions import PROBE_RETRY, Layout, Probe, Selector, logical_config
-from .transport import RetryPolicy, SyncClient, SyncTransport
+from .transport import Durability, RetryPolicy, SyncClient, SyncTransport
 
 
 class PartitionedQueue:
@@ -41,10 +41,12 @@ class PartitionedQueue:
 
     def __init__(self, client: SyncClient, name: str, partitions: int, config: QueueConfig | None = None, *,
                  retry: RetryPolicy | None = None, probe_retry: RetryPolicy = PROBE_RETRY,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic, durability: Durability | None = None) -> None:
+        """``durability``: as RolloutQueue's, on every partition (each WAITs on its own node)."""
         self.name, self.layout, self.client, self.clock = name, Layout(name, partitions), client, clock
-        self.transport = SyncTransport(client, retry, clock=clock)
-        self.probe_transport = SyncTransport(client, probe_retry, clock=clock)
+        self.durability = durability
+        self.transport = SyncTransport(client, retry, clock=clock, durability=durability)
+        self.probe_transport = SyncTransport(client, probe_retry, clock=clock, durability=durability)
         self.selector = Selector(partitions)  # for leases, stats and reaps of this client
         #: each partition's stored config: its share of the logical bounds (partitions.split_config)
         self.configs: tuple[QueueConfig, ...] = self.run(pf.open_partitioned(self.layout, config))
@@ -54,10 +56,11 @@ class PartitionedQueue:
     @classmethod
     def from_url(cls, url: str, name: str, partitions: int, config: QueueConfig | None = None, *,
                  retry: RetryPolicy | None = None, cluster: bool | None = None,
-                 **redis_kwargs: Any) -> "PartitionedQueue":
+                 durability: Durability | None = None, **redis_kwargs: Any) -> "PartitionedQueue":
         """Connect (``redis+cluster://`` or ``cluster=True``: a Redis Cluster) and open the queue.
         Raises ConfigMismatch if the queue exists with another partition count or config."""
-        return cls(connect(url, redis_options(redis_kwargs), cluster), name, partitions, config, retry=retry)
+        return cls(connect(url, redis_options(redis_kwargs), cluster), name, partitions, config, retry=retry,
+                   durability=durability)
 
     def run(self, flow: Flow[T]) -> T:
         """Drive a flow; a Probe's failure is thrown back into it (the flow decides)."""
@@ -87,7 +90,8 @@ class PartitionedQueue:
 
     def partition(self, index: int) -> RolloutQueue:
         """One partition as a plain RolloutQueue on the same connection (inspection, dead letters)."""
-        return RolloutQueue(self.client, self.layout.names[index], retry=self.transport.retry)
+        return RolloutQueue(self.client, self.layout.names[index], retry=self.transport.retry,
+                            durability=self.durability)
 
     def submit(self, groups: Sequence[SourceGroup]) -> list[str]:
         """Backlog groups in their partitions. Raises GroupTooLarge (nothing sent) for a group with

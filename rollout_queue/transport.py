@@ -1,16 +1,26 @@
-"""Running calls against Redis: EVALSHA with NOSCRIPT recovery, retries across lost connections.
+"""Running calls against Redis: EVALSHA with NOSCRIPT recovery, retries, refusals and durable WAITs.
 
-Owns the one thing both clients must get right the same way: what to do when the connection drops.
-Every transition is idempotent by design (replayed by receipt, lease id, request id or source_id), so
-a ``Call`` marked idempotent is sent again until ``retry_window_s`` runs out; then, or at once for a
-non-idempotent call, OutcomeUnknown is raised, never a guess. A Redis restart therefore shows up to
-users as a pause, not an error. It knows nothing about queue semantics.
+Owns the one thing both clients must get right the same way: what to do when a call does not come
+back cleanly. The policy is written once, as a sans-IO generator (``_policy``), and driven by the
+two transports below, which only move bytes on one connection at a time:
 
-On a Redis Cluster client (redis-py ``RedisCluster``) the same code runs: EVALSHA is routed by its
-first key, and a plain command goes to the node that owns the hash tag of its first ``rollout:{…}``
-argument (every key of a queue shares one tag, so one node holds them all). A cluster's transient
-refusals (CLUSTERDOWN, TRYAGAIN, MOVED on a plain command) mean the command did not run; they are
-retried like a lost connection. A plain client never sees them, so its behaviour is unchanged.
+- **Lost connection** (the reply never came): every transition is idempotent by design (replayed
+  by receipt, lease id, request id or source_id), so a ``Call`` marked idempotent is sent again
+  until ``retry_window_s`` runs out; then, or at once for a non-idempotent call, OutcomeUnknown is
+  raised, never a guess. A Redis restart therefore shows up to users as a pause, not an error.
+- **Refusal** (``refusal()``: BUSY, LOADING, READONLY, MASTERDOWN, NOREPLICAS, MISCONF, TRYAGAIN,
+  CLUSTERDOWN, MOVED/ASK, UNBLOCKED): Redis said no before running anything (inside a script such a
+  refusal comes at its first write, so nothing was written), so every call, idempotent or not, is
+  sent again with backoff within the window; ServerUnavailable (the call did not run) after it.
+- **Durable mode** (``Durability``): every state-changing op (``changes_state``) is sent with
+  ``WAIT N T`` behind it on the same connection, in one round trip; if fewer than ``N`` replicas
+  acknowledge, WAIT is repeated on that connection until the window runs out, then NotReplicated
+  (the call ran on the primary and may be lost on failover; repeating it is safe).
+
+It knows nothing about queue semantics. On a Redis Cluster client (redis-py ``RedisCluster``) the
+same code runs: an op goes to the node that owns the hash tag of its first key (a script's first
+KEY, a plain command's first ``rollout:{…}`` argument; every key of a queue shares one tag, so one
+node holds them all), and a MOVED/ASK refusal refreshes the slot map before the retry.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, Generator, Union
 
 import redis
 import redis.asyncio
@@ -26,8 +36,13 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import (
     AskError,
+    BusyLoadingError,
     ClusterDownError,
+    MasterDownError,
+    MovedError,
     NoScriptError,
+    ReadOnlyError,
+    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -35,16 +50,253 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import OutcomeUnknown, ScriptError
+from .errors import InvalidInput, NotReplicated, OutcomeUnknown, ScriptError, ServerUnavailable
 from .protocol import Call, Command, Op
 
 #: Refusals of a Redis Cluster after which the command did not run (a node is down or restarting,
-#: a slot is moving): safe to send again. AskError covers MovedError, its subclass.
+#: a slot is moving). AskError covers MovedError, its subclass. Kept for importers; refusal() decides.
 CLUSTER_TRANSIENT = (ClusterDownError, TryAgainError, AskError, SlotNotCoveredError)
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, *CLUSTER_TRANSIENT)
+#: A lost connection: the call may or may not have run.
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
 SyncClient = Union[redis.Redis, redis.cluster.RedisCluster]
 AsyncClient = Union[redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster]
+
+# -- what changes state: the one list of what needs no WAIT in durable mode ------------------------
+
+#: Scripts that write nothing (their headers say read-only). Every other script, including any added
+#: later, is followed by WAIT in durable mode: forgetting a name here costs a WAIT, never durability.
+READ_ONLY_SCRIPTS = frozenset({"stats", "reap_scan"})
+#: Plain commands that write nothing (the flows' and views' reads and blocking waits). Any other verb
+#: (the partition count's ``SET NX``, say) is followed by WAIT in durable mode.
+READ_COMMANDS = frozenset({
+    "XREAD", "XRANGE", "XREVRANGE", "XPENDING", "XINFO", "XLEN",
+    "HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "HSTRLEN", "HKEYS",
+    "GET", "EXISTS", "TYPE", "TTL", "PTTL", "SCAN",
+    "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZSCORE", "ZMSCORE",
+    "TIME", "PING", "MEMORY", "OBJECT",
+})
+
+
+def changes_state(op: Op) -> bool:
+    """Whether ``op`` may write (and so, in durable mode, must be acknowledged by replicas)."""
+    if isinstance(op, Call):
+        return op.script.name not in READ_ONLY_SCRIPTS
+    verb = op.args[0]
+    return (verb.decode() if isinstance(verb, bytes) else str(verb)).upper() not in READ_COMMANDS
+
+
+# -- refusals: Redis said no, and nothing ran ------------------------------------------------------
+
+#: Refusal words redis-py leaves in a plain ResponseError's text (it has no class for them).
+_REFUSAL_WORDS = frozenset({"BUSY", "NOREPLICAS", "MISCONF", "UNBLOCKED", "MASTERDOWN", "READONLY", "LOADING",
+                            "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK"})
+#: Refusals a script meets at a write, which a script may catch and wrap in its own error.
+_WRITE_REFUSALS = ("READONLY", "NOREPLICAS", "MISCONF")
+#: redis-py's classes for the others (it strips their word from the text). Order: subclasses first.
+_REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
+    (BusyLoadingError, "LOADING"), (ReadOnlyError, "READONLY"), (MasterDownError, "MASTERDOWN"),
+    (ClusterDownError, "CLUSTERDOWN"), (TryAgainError, "TRYAGAIN"), (MovedError, "MOVED"), (AskError, "ASK"),
+    (SlotNotCoveredError, "CLUSTERDOWN"),
+)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The code word of a refusal after which the command certainly did not run, else None.
+
+    BUSY (a script is running), LOADING (the dataset is loading), READONLY (a replica: after a
+    failover the old primary came back as one), MASTERDOWN (a replica without its primary),
+    NOREPLICAS (min-replicas-to-write), MISCONF (writes stopped by a persistence error), UNBLOCKED
+    (a blocking read cancelled by a role change) and the cluster's TRYAGAIN, CLUSTERDOWN, MOVED, ASK.
+    Redis checks these before it runs a command; in a script the write-refusals come at the first
+    write, which therefore did not happen; a script that catches one with pcall and raises its own
+    error (open.lua's XGROUP CREATE) keeps its text after a colon, and a write refusal holds for the
+    whole script, so no write of it ran either. A word must match exactly (BUSYGROUP is not BUSY).
+    """
+    for cls, code in _REFUSAL_TYPES:
+        if isinstance(exc, cls):
+            return code
+    if isinstance(exc, ResponseError):
+        text = str(exc)
+        word = text.split(" ", 1)[0]
+        if word in _REFUSAL_WORDS:
+            return word
+        for wrapped in _WRITE_REFUSALS:
+            if f": {wrapped} " in text:
+                return wrapped
+        return None
+    if isinstance(exc, RedisConnectionError) and isinstance(exc.__context__, ReadOnlyError):
+        return "READONLY"  # redis-py's Sentinel pool: "the previous master is now a slave"
+    return None
+
+
+# -- the policy ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep resending a call while Redis is unreachable or refuses it (and, in durable
+    mode, how long to keep waiting for replicas)."""
+
+    window_s: float = 30.0
+    first_backoff_s: float = 0.05
+    max_backoff_s: float = 1.0
+
+    def backoff(self, tries: int) -> float:
+        return min(self.max_backoff_s, self.first_backoff_s * 2 ** max(0, tries - 1))
+
+
+@dataclass(frozen=True)
+class Durability:
+    """Durable mode: a state-changing call answers only once ``replicas`` replicas acknowledged it
+    (``WAIT replicas timeout_ms`` on the call's own connection, repeated within the retry window),
+    else raises NotReplicated. ``timeout_ms`` must stay below the client's socket timeout (10 s by
+    default). What it protects against, and what it does not: docs/OPERATIONS.md, "Replicas"."""
+
+    replicas: int
+    timeout_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        for name, value, low in (("replicas", self.replicas, 1), ("timeout_ms", self.timeout_ms, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidInput(f"Durability.{name} must be an integer >= {low}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class _Send:
+    """Send these commands in one round trip. ``fresh``: on a new connection (a new try); else on the
+    connection of the previous _Send, which the driver still holds (WAIT counts that connection's writes)."""
+
+    commands: tuple[tuple[Any, ...], ...]
+    fresh: bool = True
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What came back from a _Send: the replies read, in order (a Redis error reply as its exception
+    instance), and the exception that stopped reading (None when every reply was read)."""
+
+    replies: list[Any]
+    error: BaseException | None = None
+
+
+Step = Union[_Send, _Sleep]
+Policy = Generator[Step, Any, Any]
+
+
+def _name(op: Op) -> str:
+    return op.script.name if isinstance(op, Call) else str(op.args[0])
+
+
+def _script_error(exc: ResponseError, op: Op) -> Exception:
+    text = str(exc)
+    if "ROLLOUTQ" in text:
+        return ScriptError(f"{_name(op)}: {text[text.index('ROLLOUTQ'):]}")
+    return ScriptError(f"{_name(op)}: Redis refused the call: {text}")
+
+
+def _unknown(op: Op, exc: BaseException, elapsed: float) -> OutcomeUnknown:
+    return OutcomeUnknown(
+        f"{_name(op)}: connection to Redis failed ({exc!r}) and the call "
+        + ("could not be retried within %.1fs" % elapsed if op.idempotent else "is not safe to retry")
+        + "; it may or may not have run. Check the queue's state (rollout-queue stats) before acting again."
+    )
+
+
+def _request(op: Op) -> tuple[Any, ...]:
+    if isinstance(op, Command):
+        return op.args
+    return ("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+
+
+def _policy(op: Op, retry: RetryPolicy, durability: Durability | None, clock: Callable[[], float]) -> Policy:
+    """The whole life of one op, as steps for a driver: sends, sleeps, and the value or the error.
+
+    A lost connection makes a try "maybe ran" (retried only when idempotent); a refusal means it did
+    not run (retried always); ServerUnavailable is raised only when no try may have run.
+    """
+    wait = durability if durability is not None and changes_state(op) else None
+    request = _request(op)
+    tail: tuple[tuple[Any, ...], ...] = (("WAIT", wait.replicas, wait.timeout_ms),) if wait else ()
+    start, tries, maybe_ran = clock(), 0, False
+    while True:
+        out: _Outcome = yield _Send((request,) + tail)
+        if isinstance(op, Call) and out.replies and isinstance(out.replies[0], NoScriptError):
+            # A restarted (or flushed) server forgot the script: load it on this connection (on a
+            # cluster, the node that refused) and send again, once.
+            out = yield _Send((("SCRIPT", "LOAD", op.script.source), request) + tail, fresh=False)
+            out = _Outcome(out.replies[1:], out.error) if out.replies else out
+        if out.replies:
+            reply = out.replies[0]
+            code = refusal(reply) if isinstance(reply, BaseException) else None
+            if code is None:
+                if isinstance(reply, ResponseError):
+                    raise _script_error(reply, op) from reply  # also an error of the retried call
+                if wait is not None:
+                    yield from _confirm(op, wait, retry, clock, start, out)
+                return reply
+            problem: BaseException = reply
+        else:
+            assert out.error is not None, "a _Send came back with neither a reply nor an error"
+            problem = out.error
+            code = refusal(problem)
+            if code is None and not isinstance(problem, TRANSIENT):
+                raise problem  # not I/O trouble (a bad argument redis-py refused to encode, say)
+        tries += 1
+        elapsed = clock() - start
+        if code is None:  # the connection failed: the op may have run
+            maybe_ran = True
+            if not op.idempotent or elapsed >= retry.window_s:
+                raise _unknown(op, problem, elapsed) from problem
+        elif elapsed >= retry.window_s:
+            if maybe_ran:
+                raise _unknown(op, problem, elapsed) from problem
+            raise ServerUnavailable(_name(op), code, str(problem) or repr(problem), elapsed) from problem
+        yield _Sleep(retry.backoff(tries))
+
+
+def _confirm(op: Op, wait: Durability, retry: RetryPolicy, clock: Callable[[], float], start: float,
+             out: _Outcome) -> Generator[Step, Any, None]:
+    """Durable mode, after the op ran: repeat WAIT on the same connection until ``wait.replicas``
+    acknowledged or the window ran out (NotReplicated). A WAIT on another connection would count
+    that connection's writes, not this op's, so a broken connection ends the wait too."""
+    acked: Any = out.replies[1] if len(out.replies) > 1 else out.error
+    while True:
+        elapsed = clock() - start
+        if isinstance(acked, BaseException) or acked is None:
+            detail = f"{type(acked).__name__}: {acked}" if acked is not None else "no reply"
+            raise NotReplicated(_name(op), 0, wait.replicas, elapsed, detail) from acked
+        if int(acked) >= wait.replicas:
+            return
+        if elapsed >= retry.window_s:
+            raise NotReplicated(_name(op), int(acked), wait.replicas, elapsed)
+        timeout_ms = max(1, min(wait.timeout_ms, int((retry.window_s - elapsed) * 1000)))
+        again: _Outcome = yield _Send((("WAIT", wait.replicas, timeout_ms),), fresh=False)
+        acked = again.replies[0] if again.replies else again.error
+
+
+# -- the drivers -----------------------------------------------------------------------------------
+
+
+def _check_socket_timeout(client: Any, durability: Durability | None) -> None:
+    """A WAIT blocks up to timeout_ms on the server: past the socket timeout it would read as a lost
+    connection. Checked where the client's pool tells (a plain client); documented for the rest."""
+    if durability is None:
+        return
+    pool = getattr(client, "connection_pool", None)
+    timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout") if pool is not None else None
+    if timeout is not None and durability.timeout_ms / 1000 >= timeout:
+        raise InvalidInput(f"Durability.timeout_ms={durability.timeout_ms} is not below the client's "
+                           f"socket_timeout={timeout}s: lower it (or raise socket_timeout)")
+
+
+def _routing(op: Op) -> str | bytes | None:
+    return op.keys[0] if isinstance(op, Call) else routing_key(op.args)
 
 
 def routing_key(args: tuple[Any, ...]) -> str | bytes | None:
@@ -56,176 +308,170 @@ def routing_key(args: tuple[Any, ...]) -> str | bytes | None:
     return None
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long to keep resending an idempotent call while Redis is unreachable."""
-
-    window_s: float = 30.0
-    first_backoff_s: float = 0.05
-    max_backoff_s: float = 1.0
-
-    def backoff(self, tries: int) -> float:
-        return min(self.max_backoff_s, self.first_backoff_s * 2 ** max(0, tries - 1))
-
-
-def _script_error(exc: ResponseError, op: Op) -> Exception:
-    text = str(exc)
-    if "ROLLOUTQ" in text:
-        return ScriptError(f"{_name(op)}: {text[text.index('ROLLOUTQ'):]}")
-    return ScriptError(f"{_name(op)}: Redis refused the call: {text}")
-
-
-def _name(op: Op) -> str:
-    return op.script.name if isinstance(op, Call) else str(op.args[0])
-
-
-def _unknown(op: Op, exc: BaseException, elapsed: float) -> OutcomeUnknown:
-    return OutcomeUnknown(
-        f"{_name(op)}: connection to Redis failed ({exc!r}) and the call "
-        + ("could not be retried within %.1fs" % elapsed if op.idempotent else "is not safe to retry")
-        + "; it may or may not have run. Check the queue's state (rollout-queue stats) before acting again."
-    )
+def _moved(out: _Outcome) -> bool:
+    return any(isinstance(x, AskError) for x in (*out.replies, out.error))
 
 
 class SyncTransport:
-    """Runs ops on a redis-py client."""
+    """Runs ops on a redis-py client (one connection per try, taken from the client's pool)."""
 
     def __init__(self, client: SyncClient, retry: RetryPolicy | None = None,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 durability: Durability | None = None) -> None:
         self.client, self.retry, self.sleep, self.clock = client, retry or RetryPolicy(), sleep, clock
         self.cluster = isinstance(client, redis.cluster.RedisCluster)
+        _check_socket_timeout(client, durability)
+        self.durability = durability
 
     def execute(self, op: Op) -> Any:
-        start, tries = self.clock(), 0
-        while True:
-            try:
-                return self._once(op)
-            except TRANSIENT as exc:
-                tries += 1
-                if not op.idempotent or self.clock() - start >= self.retry.window_s:
-                    raise _unknown(op, exc, self.clock() - start) from exc
-                self.sleep(self.retry.backoff(tries))
-
-    def _once(self, op: Op) -> Any:
+        policy = _policy(op, self.retry, self.durability, self.clock)
+        held: tuple[Any, Any] | None = None  # (pool, connection) of the current try
         try:
-            if isinstance(op, Command):
-                return self._raw(op)  # a plain read on a key of the wrong type is typed the same way
-            try:
-                return self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
-            except NoScriptError:
-                # A restarted (or flushed) server forgot the script: load it once and retry once.
-                self._script_load(op)
-                return self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
-        except CLUSTER_TRANSIENT:
-            raise  # not a script error: execute() retries it
-        except ResponseError as exc:  # also an error of the retried call, which is typed the same way
-            raise _script_error(exc, op) from exc
-
-    def _script_load(self, op: Call) -> None:
-        if not self.cluster:
-            self.client.script_load(op.script.source)
-            return
-        # Only on the node that refused: loading on every primary would fail while any one is down.
-        node = self.client.get_node_from_key(op.keys[0])  # type: ignore[union-attr]
-        self.client.execute_command("SCRIPT", "LOAD", op.script.source, target_nodes=node)
-
-    def _raw(self, op: Command) -> Any:
-        """Send a plain command and return Redis's reply unparsed (redis-py's response callbacks
-        would reshape XRANGE/XREAD replies into dicts; flows parse the RESP shape themselves)."""
-        pool = self._pool(op)
-        conn = pool.get_connection()
-        try:
-            conn.send_command(*op.args)
-            return conn.read_response()
-        except AskError:
-            self.client.nodes_manager.initialize()  # type: ignore[union-attr]  # a slot moved: learn where
-            raise
-        except BaseException:
-            conn.disconnect()  # a half-read reply must never be read by the next command
-            raise
+            step = next(policy)
+            while True:
+                if isinstance(step, _Sleep):
+                    if held is not None:  # nothing waits on it: a backoff never precedes a re-WAIT
+                        self._release(held)
+                        held = None
+                    self.sleep(step.seconds)
+                    step = policy.send(None)
+                    continue
+                if step.fresh and held is not None:
+                    self._release(held)
+                    held = None
+                out = _Outcome([])
+                try:
+                    if held is None:
+                        held = self._connection(op)
+                    self._exchange(held[1], step.commands, out)
+                except BaseException as exc:
+                    if held is not None:
+                        self._release(held, broken=True)  # a half-read reply must never be read again
+                        held = None
+                    if not isinstance(exc, Exception):
+                        raise  # KeyboardInterrupt and the like: not the policy's business
+                    out = _Outcome(out.replies, exc)
+                if self.cluster and _moved(out):
+                    self._refresh_slots()
+                step = policy.send(out)
+        except StopIteration as stop:
+            return stop.value
         finally:
-            pool.release(conn)
+            if held is not None:
+                self._release(held)
 
-    def _pool(self, op: Command) -> Any:
+    def _refresh_slots(self) -> None:
+        """A slot moved: learn where (a failure here is met again, and retried, by the next try)."""
+        try:
+            self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001
+            pass
+
+    @staticmethod
+    def _exchange(conn: Any, commands: tuple[tuple[Any, ...], ...], out: _Outcome) -> None:
+        """Send ``commands`` in one write and read their replies into ``out``, an error reply as its
+        exception (the connection stays in step); any other failure propagates."""
+        conn.send_packed_command(conn.pack_commands(commands))
+        for _ in commands:
+            try:
+                out.replies.append(conn.read_response())
+            except ResponseError as exc:
+                out.replies.append(exc)
+
+    def _connection(self, op: Op) -> tuple[Any, Any]:
         if not self.cluster:
-            return self.client.connection_pool  # type: ignore[union-attr]
-        cluster: redis.cluster.RedisCluster = self.client  # type: ignore[assignment]
-        key = routing_key(op.args)
-        node = cluster.get_node_from_key(key) if key is not None else cluster.get_default_node()
-        return cluster.get_redis_connection(node).connection_pool
+            pool = self.client.connection_pool  # type: ignore[union-attr]
+        else:
+            cluster: redis.cluster.RedisCluster = self.client  # type: ignore[assignment]
+            key = _routing(op)
+            node = cluster.get_node_from_key(key) if key is not None else cluster.get_default_node()
+            pool = cluster.get_redis_connection(node).connection_pool
+        return pool, pool.get_connection()
+
+    @staticmethod
+    def _release(held: tuple[Any, Any], broken: bool = False) -> None:
+        pool, conn = held
+        if broken:
+            conn.disconnect()
+        pool.release(conn)
 
 
 class AsyncTransport:
-    """Runs ops on a redis.asyncio client; the same policy as SyncTransport."""
+    """Runs ops on a redis.asyncio client; the same policy as SyncTransport, driven with awaits."""
 
     def __init__(self, client: AsyncClient, retry: RetryPolicy | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, durability: Durability | None = None) -> None:
         self.client, self.retry, self.sleep, self.clock = client, retry or RetryPolicy(), sleep, clock
         self.cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
+        _check_socket_timeout(client, durability)
+        self.durability = durability
 
     async def execute(self, op: Op) -> Any:
-        start, tries = self.clock(), 0
-        while True:
-            try:
-                return await self._once(op)
-            except TRANSIENT as exc:
-                tries += 1
-                if not op.idempotent or self.clock() - start >= self.retry.window_s:
-                    raise _unknown(op, exc, self.clock() - start) from exc
-                await self.sleep(self.retry.backoff(tries))
-
-    async def _once(self, op: Op) -> Any:
+        """As SyncTransport.execute (a cancelled try drops its connection, as any broken one)."""
+        policy = _policy(op, self.retry, self.durability, self.clock)
+        held: tuple[Any, Any] | None = None
         try:
-            if isinstance(op, Command):
-                return await self._raw(op)
-            try:
-                return await self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
-            except NoScriptError:
-                await self._script_load(op)
-                return await self.client.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
-        except CLUSTER_TRANSIENT:
-            raise
-        except ResponseError as exc:  # as SyncTransport._once
-            raise _script_error(exc, op) from exc
-
-    async def _script_load(self, op: Call) -> None:
-        """As SyncTransport._script_load."""
-        if not self.cluster:
-            await self.client.script_load(op.script.source)
-            return
-        node = self.client.get_node_from_key(op.keys[0])  # type: ignore[union-attr]
-        await self.client.execute_command("SCRIPT", "LOAD", op.script.source, target_nodes=node)
-
-    async def _raw(self, op: Command) -> Any:
-        """As SyncTransport._raw."""
-        if self.cluster:
-            return await self._raw_cluster(op)
-        pool = self.client.connection_pool  # type: ignore[union-attr]
-        conn = await pool.get_connection()
-        try:
-            await conn.send_command(*op.args)
-            return await conn.read_response()
-        except BaseException:
-            await conn.disconnect()
-            raise
+            step = next(policy)
+            while True:
+                if isinstance(step, _Sleep):
+                    if held is not None:
+                        await self._release(held)
+                        held = None
+                    await self.sleep(step.seconds)
+                    step = policy.send(None)
+                    continue
+                if step.fresh and held is not None:
+                    await self._release(held)
+                    held = None
+                out = _Outcome([])
+                try:
+                    if held is None:
+                        held = await self._connection(op)
+                    await self._exchange(held[1], step.commands, out)
+                except BaseException as exc:
+                    if held is not None:
+                        await self._release(held, broken=True)
+                        held = None
+                    if not isinstance(exc, Exception):
+                        raise  # CancelledError and the like
+                    out = _Outcome(out.replies, exc)
+                if self.cluster and _moved(out):
+                    try:
+                        await self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+                    except Exception:  # noqa: BLE001 - as SyncTransport._refresh_slots
+                        pass
+                step = policy.send(out)
+        except StopIteration as stop:
+            return stop.value
         finally:
-            await pool.release(conn)
+            if held is not None:
+                await self._release(held)
 
-    async def _raw_cluster(self, op: Command) -> Any:
+    @staticmethod
+    async def _exchange(conn: Any, commands: tuple[tuple[Any, ...], ...], out: _Outcome) -> None:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        for _ in commands:
+            try:
+                out.replies.append(await conn.read_response())
+            except ResponseError as exc:
+                out.replies.append(exc)
+
+    async def _connection(self, op: Op) -> tuple[Any, Any]:
+        if not self.cluster:
+            pool = self.client.connection_pool  # type: ignore[union-attr]
+            return pool, await pool.get_connection()
         cluster: redis.asyncio.cluster.RedisCluster = self.client  # type: ignore[assignment]
         await cluster.initialize()  # a no-op once the slot map is known
-        key = routing_key(op.args)
+        key = _routing(op)
         node = cluster.get_node_from_key(key) if key is not None else cluster.get_default_node()
-        conn = node.acquire_connection()
-        try:
-            await conn.send_command(*op.args)
-            return await conn.read_response()
-        except AskError:
-            await cluster.nodes_manager.initialize()  # a slot moved: learn where
-            raise
-        except BaseException:
+        return node, node.acquire_connection()
+
+    async def _release(self, held: tuple[Any, Any], broken: bool = False) -> None:
+        owner, conn = held
+        if broken:
             await conn.disconnect()
-            raise
-        finally:
-            node.release(conn)
+        if self.cluster:
+            owner.release(conn)
+        else:
+            await owner.release(conn)

@@ -26,7 +26,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from rollout_queue import OutcomeUnknown, RolloutQueueError, logs
+from rollout_queue import Durability, OutcomeUnknown, RolloutQueueError, logs
 from workers.engines.base import Engine, SamplingConfig, make_engine
 from workers.reconcile import DEFAULT_GRACE_S
 from workers.rewards import Scorer, load_function
@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--reconcile-grace", type=float, default=DEFAULT_GRACE_S,
                    help="hand back an orphaned attempt only once delivered this many seconds ago "
                         f"(default {DEFAULT_GRACE_S:g}: the client's retry window plus a socket timeout)")
+    w.add_argument("--durable-replicas", type=int, default=os.environ.get("ROLLOUT_DURABLE_REPLICAS", "0"),
+                   metavar="N", help="durable mode: each state-changing call answers only once N replicas have it "
+                                     "(env ROLLOUT_DURABLE_REPLICAS; default 0: off; docs/OPERATIONS.md, Replicas)")
+    w.add_argument("--durable-timeout-ms", type=int, default=os.environ.get("ROLLOUT_DURABLE_TIMEOUT_MS", "1000"),
+                   metavar="MS", help="durable mode: ms of one WAIT (env ROLLOUT_DURABLE_TIMEOUT_MS; default 1000)")
     w.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
     return p
 
@@ -112,7 +117,9 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
     scorer = Scorer(load_function(args.reward) if args.reward else None,
                     load_function(args.filter) if args.filter else None)
     engine = build_engine(args.engine, args.model, parse_engine_args(args.engine_arg))
-    return WorkerRuntime(args.url, args.queue, engine, options, worker_id=args.worker_id, scorer=scorer)
+    durable = Durability(args.durable_replicas, args.durable_timeout_ms) if args.durable_replicas else None
+    return WorkerRuntime(args.url, args.queue, engine, options, worker_id=args.worker_id, scorer=scorer,
+                         durability=durable)
 
 
 async def serve(runtime: WorkerRuntime) -> None:

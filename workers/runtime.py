@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from rollout_queue import AsyncRolloutQueue, AsyncWorker, HeartbeatInfo, Receipt, Reservation
+from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, HeartbeatInfo, Receipt, Reservation
 from rollout_queue.client import default_process_id
 from rollout_queue.logs import fields
 from workers.attempt import Attempt, Output, RuntimeStats, Settler, sampling_for
@@ -95,8 +95,12 @@ class WorkerRuntime:
     """One worker on one queue with one engine. ``await run()`` serves until drained or failed."""
 
     def __init__(self, url: str, queue: str, engine: Engine, options: WorkerOptions | None = None, *,
-                 worker_id: str | None = None, scorer: Scorer | None = None) -> None:
+                 worker_id: str | None = None, scorer: Scorer | None = None,
+                 durability: Durability | None = None) -> None:
+        """``durability``: durable mode for the worker's queue client (the heartbeat thread's own
+        client stays plain: a lost beat only ages the worker)."""
         self.url, self.queue_name, self.engine = url, queue, engine
+        self.durability = durability
         self.options = options or WorkerOptions()
         self.worker_id = worker_id or default_process_id()
         self.scorer = scorer or Scorer()
@@ -161,7 +165,7 @@ class WorkerRuntime:
                 await self.engine.start()
             except Exception as exc:  # nothing is owned yet: there is nothing to return
                 raise WorkerFailed(f"engine failed to start: {exc}") from exc
-            self._queue = await AsyncRolloutQueue.from_url(self.url, self.queue_name)
+            self._queue = await AsyncRolloutQueue.from_url(self.url, self.queue_name, durability=self.durability)
             try:
                 self._worker = self._queue.worker(self.worker_id)
                 # Attempts finishing together complete in one complete_many (completions.py).

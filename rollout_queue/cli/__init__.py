@@ -84,7 +84,8 @@ def _is_denied(exc: BaseException | None) -> bool:
 def _split_worker(argv: list[str]) -> tuple[list[str], list[str] | None]:
     """Everything after the ``worker`` subcommand belongs to the worker's own parser: argparse's
     REMAINDER cannot capture arguments that start with ``--`` (``worker --engine torch``)."""
-    valued = {"--url", "--queue", "--tls-ca-cert", "--tls-cert", "--tls-key"}
+    valued = {"--url", "--queue", "--tls-ca-cert", "--tls-cert", "--tls-key", "--durable-replicas",
+              "--durable-timeout-ms"}
     for i, word in enumerate(argv):
         if word == "worker" and (i == 0 or argv[i - 1] not in valued):
             return argv[: i + 1], argv[i + 1:]

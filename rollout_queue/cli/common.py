@@ -24,7 +24,7 @@ from ..client import RolloutQueue, redis_options
 from ..cluster import connect
 from ..keys import QueueKeys, validate_queue_name
 from ..logs import fields
-from ..transport import RetryPolicy
+from ..transport import Durability, RetryPolicy
 from ..views import QueueView
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_DENIED = 0, 1, 2, 3, 4, 5, 6
@@ -57,6 +57,12 @@ def add_connection_args(parser: argparse.ArgumentParser, suppress: bool = False)
                         help="CA that signed the server certificate, for rediss:// (env REDIS_TLS_CA_CERT)")
     parser.add_argument("--tls-cert", default=default("REDIS_TLS_CERT"), help="client certificate (env REDIS_TLS_CERT)")
     parser.add_argument("--tls-key", default=default("REDIS_TLS_KEY"), help="client private key (env REDIS_TLS_KEY)")
+    parser.add_argument("--durable-replicas", type=int, default=default("ROLLOUT_DURABLE_REPLICAS"), metavar="N",
+                        help="durable mode: each state-changing call answers only once N replicas have it "
+                             "(WAIT), else exit 3 (env ROLLOUT_DURABLE_REPLICAS; default 0: off)")
+    parser.add_argument("--durable-timeout-ms", type=int, default=default("ROLLOUT_DURABLE_TIMEOUT_MS"), metavar="MS",
+                        help="durable mode: ms of one WAIT, repeated within the retry window "
+                             "(env ROLLOUT_DURABLE_TIMEOUT_MS; default 1000)")
     parser.add_argument("--json-logs", action="store_true", default=default(None),
                         help="log each state-changing action as one JSON line on stderr (default: human-readable)")
 
@@ -93,6 +99,16 @@ def client(args: argparse.Namespace) -> redis.Redis | redis.cluster.RedisCluster
     return c
 
 
+def durability(args: argparse.Namespace) -> Durability | None:
+    """Durable mode from --durable-replicas / --durable-timeout-ms (or their env), None when off.
+    Raises InvalidInput (exit 2) for a negative count or timeout."""
+    replicas = getattr(args, "durable_replicas", None) or 0
+    if replicas == 0:
+        return None
+    timeout = getattr(args, "durable_timeout_ms", None)
+    return Durability(replicas, 1000 if timeout is None else timeout)
+
+
 def open_view(args: argparse.Namespace) -> QueueView:
     return QueueView(client(args), args.queue, CLI_RETRY)
 
@@ -103,7 +119,7 @@ def open_queue(args: argparse.Namespace, must_exist: bool = True) -> RolloutQueu
     c = client(args)
     if must_exist:
         QueueView(c, args.queue, CLI_RETRY).run(views.require_queue(QueueKeys(args.queue)))
-    return RolloutQueue(c, args.queue, retry=CLI_RETRY)
+    return RolloutQueue(c, args.queue, retry=CLI_RETRY, durability=durability(args))
 
 
 def confirm(args: argparse.Namespace, what: str) -> None:

@@ -41,6 +41,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         forwarded += ["--url", args.url]
     if args.queue and "--queue" not in forwarded:
         forwarded += ["--queue", args.queue]
+    for flag, value in (("--durable-replicas", args.durable_replicas), ("--durable-timeout-ms", args.durable_timeout_ms)):
+        if value is not None and flag not in forwarded:
+            forwarded += [flag, str(value)]
     if args.json_logs and "--json-logs" not in forwarded:
         forwarded.append("--json-logs")
     return int(worker_main(forwarded))

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from ..config import QueueConfig
-from .common import EXIT_FAIL, EXIT_OK, UsageError, client, log_action, open_queue
+from .common import EXIT_FAIL, EXIT_OK, UsageError, client, durability, log_action, open_queue
 
 
 def _stop_on_signals() -> threading.Event:
@@ -118,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = QueueConfig(max_staleness=None if args.max_staleness < 0 else args.max_staleness,
                          batch_groups=args.batch_groups, max_completed_groups=args.max_completed_groups,
                          lease_timeout_s=args.lease_timeout)
-    q = RolloutQueue.from_url(args.url, args.queue, config)
+    q = RolloutQueue.from_url(args.url, args.queue, config, durability=durability(args))
     settings = GrpoSettings(steps=args.steps, batch_groups=args.batch_groups, lr=args.lr,
                             checkpoint_every=args.checkpoint_every, lease_timeout_s=args.lease_timeout,
                             threads=args.threads, device=args.device, trainer_id=args.trainer_id)
