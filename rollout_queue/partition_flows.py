@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from . import flows
 from . import protocol as p
+from .checks import check_int, check_items, check_seconds
 from .codec import CodecError
 from .config import QueueConfig
 from .errors import ConfigMismatch, OutcomeUnknown, PartitionsUnreachable
@@ -116,6 +117,7 @@ def open_partitioned(layout: Layout, config: QueueConfig | None) -> Flow[tuple[Q
 def submit(layout: Layout, groups: Sequence[SourceGroup], max_payload_bytes: int) -> Flow[list[str]]:
     """Backlog each group in its source_id's partition. Returns entry IDs in the order given (unique
     within a partition only). Partitions that answered keep their groups even if another failed."""
+    groups = check_items(groups, SourceGroup, "groups")
     by_partition: dict[int, list[int]] = defaultdict(list)
     for pos, g in enumerate(groups):
         by_partition[layout.of_source(g.source_id)].append(pos)
@@ -172,8 +174,8 @@ def reserve(layout: Layout, sel: Selector, worker_id: str, max_groups: int, max_
             clock: Clock) -> Flow[list[Reservation]]:
     """Up to ``max_groups`` reservations (``max_samples`` samples, 0: no cap) gathered over the
     partitions in the selector's order, waiting up to ``block_ms`` on their wake streams."""
-    if max_groups < 1 or max_samples < 0:
-        raise ValueError("max_groups must be >= 1 and max_samples >= 0")
+    max_groups, max_samples = check_int(max_groups, "max_groups", 1), check_int(max_samples, "max_samples")
+    block_ms = check_int(block_ms, "block_ms")
     deadline = clock() + block_ms / 1000
     while True:
         if sel.refresh_due(clock()):
@@ -305,6 +307,7 @@ def hold_open(layout: Layout, hold_id: str, timeout_s: float | None) -> Flow[int
 
 def hold_wait(layout: Layout, hold_id: str, timeout_s: float, clock: Clock) -> Flow[bool]:
     """True once every partition's snapshot is terminal; False when ``timeout_s`` passes first."""
+    timeout_s = check_seconds(timeout_s, "timeout_s", allow_zero=True)
     deadline = clock() + timeout_s
     for keys in layout.keys:
         if not (yield from flows.hold_wait(keys, hold_id, max(0.0, deadline - clock()), clock)):
