@@ -13,11 +13,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import flows
 from . import protocol as p
-from .config import QueueConfig
-from .errors import StateConflict
+from .checks import check_seconds
+from .config import QueueConfig, corrupt_message
+from .errors import InvalidInput, StateConflict
 from .flows import Flow
 from .keys import QueueKeys
-from .models import Receipt, check_entry_id, check_worker_id
+from .models import Receipt, check_entry_id, check_reason, check_worker_id
 from .scripts import LIBRARY_VERSION
 from .view_models import entry_state
 from .views import entry, meta, require_queue, text
@@ -50,6 +51,7 @@ def requeue(keys: QueueKeys, entry_id: str, *, force: bool = False, counted: boo
     Raises OperatorRefused (not executing, or the worker is alive), StaleReceipt (it moved meanwhile).
     """
     check_entry_id(entry_id)
+    reason = check_reason(reason, "reason")
     pel = yield p.Command(("XPENDING", keys["src"], "rollout", entry_id, entry_id, 1))
     if not pel:
         state = (yield from entry(keys, entry_id)).state
@@ -63,7 +65,7 @@ def requeue(keys: QueueKeys, entry_id: str, *, force: bool = False, counted: boo
     receipt = Receipt(entry_id, count, check_worker_id(owner))
     terminal = "lost" if not force else "failed" if counted else "aborted"
     reply = yield p.build(keys, "requeue", entry_id=entry_id, attempt=count, worker_id=owner,
-                          mode="force" if force else "silent", terminal=terminal, reason=reason[:2000])
+                          mode="force" if force else "silent", terminal=terminal, reason=reason)
     status, r = p.check(reply, ("ok", "alive"), p.receipt_context(receipt))
     if status == "alive":
         raise OperatorRefused(
@@ -73,17 +75,29 @@ def requeue(keys: QueueKeys, entry_id: str, *, force: bool = False, counted: boo
     return receipt, p.s(r[1])
 
 
-def set_config(keys: QueueKeys, changes: Mapping[str, Any]) -> Flow[tuple[QueueConfig, QueueConfig, int]]:
-    """Validate ``changes`` through QueueConfig and store them atomically. Returns (old, new, fields
-    changed). The script compares every stored field with what was read here (ConfigChanged if any
-    moved), so a concurrent change is never overwritten."""
+def set_config(keys: QueueKeys, changes: Mapping[str, Any]) -> Flow[tuple[dict[str, Any], QueueConfig, int]]:
+    """Validate ``changes`` through QueueConfig and store them atomically. Returns (the old value of
+    every field, the new config, fields changed). The script compares every stored field with what
+    was read here (ConfigChanged if any moved), so a concurrent change is never overwritten.
+
+    A stored field that is garbage (written by hand, e.g. max_staleness="True") is repaired by
+    setting it: the other fields keep their stored values. Raises InvalidInput, before anything is
+    written, for a bad value or when a corrupt field is not among ``changes`` (the message names it).
+    """
+    unknown = sorted(set(changes) - set(QueueConfig.__dataclass_fields__))
+    if unknown:
+        raise InvalidInput(f"unknown QueueConfig fields: {unknown}")
     stored = yield from meta(keys)
     if "library" not in stored:
         yield from require_queue(keys)
-    old = QueueConfig.from_meta(stored)
-    new = old.replace(**changes)
+    old, corrupt = QueueConfig.stored_fields(stored)
+    unrepaired = {k: v for k, v in corrupt.items() if k not in changes}
+    if unrepaired:
+        raise InvalidInput(corrupt_message(unrepaired))
+    new = QueueConfig(**{**old, **changes})
+    old.update({k: v.partition("=")[2] for k, v in corrupt.items()})  # shown as the raw text it was
     wanted = new.to_meta()
-    triples = [x for name, value in wanted.items() for x in (name, stored[name], value)]
+    triples = [x for name, value in wanted.items() for x in (name, stored.get(name, ""), value)]
     reply = yield p.build(keys, "config_set", library=LIBRARY_VERSION, fields=triples)
     status, r = p.check(reply, ("ok", "config_changed"), {"queue": keys.queue})
     if status == "config_changed":
@@ -93,6 +107,7 @@ def set_config(keys: QueueKeys, changes: Mapping[str, Any]) -> Flow[tuple[QueueC
 
 def drain_start(keys: QueueKeys, timeout_s: float, reason: str) -> Flow[tuple[int, int]]:
     """Open (or extend) the operator's drain hold. Returns (deadline_ms, executing groups now)."""
+    timeout_s, reason = check_seconds(timeout_s, "timeout_s"), check_reason(reason, "reason")
     reply = yield p.build(keys, "drain", action="start", timeout_ms=max(1, int(timeout_s * 1000)), reason=reason)
     _, r = p.check(reply, ("ok",), {})
     return int(r[2]), int(r[3])
@@ -106,6 +121,7 @@ def drain_stop(keys: QueueKeys) -> Flow[int]:
 
 def wait_drained(keys: QueueKeys, timeout_s: float, clock: Clock) -> Flow[bool]:
     """True once no attempt is executing; False at the deadline. Read-only."""
+    timeout_s = check_seconds(timeout_s, "timeout_s", allow_zero=True)
     deadline = clock() + timeout_s
     while True:
         # The wake ID first: a terminal transition after it writes a newer event, so none is missed.
@@ -122,6 +138,7 @@ def wait_drained(keys: QueueKeys, timeout_s: float, clock: Clock) -> Flow[bool]:
 
 def purge_dead_letters(keys: QueueKeys, dlq_ids: Sequence[str]) -> Flow[int]:
     """Delete the listed dead letters for good. Returns how many existed."""
+    dlq_ids = [check_entry_id(dlq_id) for dlq_id in dlq_ids]
     total = 0
     for i in range(0, len(dlq_ids), flows.BATCH):
         chunk = list(dlq_ids[i:i + flows.BATCH])

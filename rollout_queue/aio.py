@@ -13,10 +13,19 @@ from typing import Any, Sequence
 from . import flows
 from .client import LeaseBase, default_process_id, redis_options
 from .config import QueueConfig
-from .errors import InvalidInput
 from .flows import Flow, T
 from .keys import QueueKeys
-from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
+from .models import (
+    DeadLetter,
+    HeartbeatInfo,
+    QueueStats,
+    ReapReport,
+    Receipt,
+    Reservation,
+    Sample,
+    SourceGroup,
+    check_receipt,
+)
 from .owned import OwnedAttempt, owned_attempts
 from .protocol import CompletionOutcome, LeaseReply
 from .cluster import connect_async
@@ -121,9 +130,7 @@ class AsyncWorker:
         self.queue, self.worker_id = queue, worker_id
 
     def _own(self, receipt: Receipt) -> Receipt:
-        if receipt.worker_id != self.worker_id:
-            raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {self.worker_id!r}")
-        return receipt
+        return check_receipt(receipt, self.worker_id)
 
     async def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
                       overcommit: bool = False) -> list[Reservation]:

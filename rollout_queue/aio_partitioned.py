@@ -17,9 +17,19 @@ from .aio import AsyncRolloutQueue
 from .client import default_process_id, redis_options
 from .cluster import connect_async
 from .config import QueueConfig
-from .errors import InvalidInput, OutcomeUnknown
+from .errors import OutcomeUnknown
 from .flows import Flow, T
-from .models import DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
+from .models import (
+    DeadLetter,
+    HeartbeatInfo,
+    QueueStats,
+    ReapReport,
+    Receipt,
+    Reservation,
+    Sample,
+    SourceGroup,
+    check_receipt,
+)
 from .partitioned import MultiLeaseBase
 from .partitions import PROBE_RETRY, Layout, Probe, Selector, logical_config
 from .transport import AsyncClient, AsyncTransport, Durability, RetryPolicy
@@ -143,9 +153,7 @@ class AsyncPartitionedWorker:
         self.selector = selector or Selector(queue.layout.count)
 
     def _keys(self, receipt: Receipt) -> Any:
-        if receipt.worker_id != self.worker_id:
-            raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {self.worker_id!r}")
-        return self.queue.layout.keys[self.queue.layout.index(receipt)]
+        return self.queue.layout.keys[self.queue.layout.index(check_receipt(receipt, self.worker_id))]
 
     async def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
                       overcommit: bool = False) -> list[Reservation]:

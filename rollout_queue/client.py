@@ -19,7 +19,6 @@ from redis.retry import Retry
 
 from . import flows
 from .config import QueueConfig
-from .errors import InvalidInput
 from .flows import Flow, T
 from .keys import QueueKeys
 from .models import (
@@ -32,6 +31,7 @@ from .models import (
     Reservation,
     Sample,
     SourceGroup,
+    check_receipt,
 )
 from .owned import OwnedAttempt, owned_attempts
 from .protocol import CompletionOutcome, LeaseReply
@@ -179,9 +179,7 @@ class Worker:
         self.queue, self.worker_id = queue, worker_id
 
     def _own(self, receipt: Receipt) -> Receipt:
-        if receipt.worker_id != self.worker_id:
-            raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {self.worker_id!r}")
-        return receipt
+        return check_receipt(receipt, self.worker_id)
 
     def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
                 overcommit: bool = False) -> list[Reservation]:

@@ -25,6 +25,7 @@ import math
 import time
 from typing import Any, Callable, Generator, Mapping, Sequence
 
+from .checks import check_int
 from .models import HeartbeatInfo, Reservation
 
 #: One request of the plan: (queue index, max_groups, max_samples, block_ms) -> its reservations.
@@ -92,8 +93,8 @@ def plan_reserve(share: WeightedShare, max_groups: int, max_samples: int, block_
     """Reserve up to ``max_groups`` groups (``max_samples`` samples, 0: no cap) over the queues in
     weighted proportion; queues that come back empty are skipped for the rest of the call. With
     nothing anywhere, block up to ``block_ms``, watching the queues in turn (lowest pass first)."""
-    if max_groups < 1 or max_samples < 0:
-        raise ValueError("max_groups must be >= 1 and max_samples >= 0")
+    max_groups, max_samples = check_int(max_groups, "max_groups", 1), check_int(max_samples, "max_samples")
+    block_ms = check_int(block_ms, "block_ms")
     deadline = clock() + block_ms / 1000
     out: list[tuple[int, Reservation]] = []
     eligible = list(range(len(share.weights)))

@@ -16,9 +16,20 @@ from typing import Any, Callable, Generator, Sequence, TypeVar
 import orjson
 
 from . import protocol as p
+from .checks import (
+    check_choice,
+    check_flag,
+    check_instance,
+    check_int,
+    check_items,
+    check_optional_int,
+    check_optional_seconds,
+    check_seconds,
+    check_string,
+)
 from .codec import SCHEMA_VERSION, CodecError, encode_completion, encode_group
 from .config import QueueConfig
-from .errors import InvalidInput, LeaseLost, PayloadTooLarge
+from .errors import LeaseLost, PayloadTooLarge
 from .keys import QueueKeys
 from .models import (
     DeadLetter,
@@ -29,16 +40,27 @@ from .models import (
     Reservation,
     Sample,
     SourceGroup,
+    check_completions,
+    check_entry_id,
     check_group_sizes,
-    check_reason_token,
+    check_reason,
+    check_receipt,
     check_text,
     check_worker_id,
 )
+from .models import reason_text as _reason_text
 from .scripts import LIBRARY_VERSION
 
 T = TypeVar("T")
 Flow = Generator[p.Op, Any, T]
 Clock = Callable[[], float]
+
+#: Largest policy version: versions are < 2^21 (the bufver score packs them above 32 bits of arrival).
+MAX_VERSION = 2**21 - 1
+#: Most entries one reap pass handles per script call: each call must stay a few milliseconds.
+MAX_REAP_BUDGET = 1024
+#: Longest trainer id and weights URI kept in Redis.
+MAX_NAME, MAX_URI = 200, 8192
 
 #: Longest single XREAD BLOCK, so a blocked call notices a dead connection within this many ms.
 MAX_BLOCK_CHUNK_MS = 2000
@@ -47,12 +69,6 @@ MAX_BLOCK_CHUNK_MS = 2000
 #: (32 attempts: decoding and re-encoding it dominates), so 32 keeps a call near 0.35 ms typically
 #: and under ~3 ms at worst, well inside a 5 ms bound (scripts/bench_reaper.py, benchmarks/README.md).
 BATCH = 32
-
-
-def _reason_text(reason: object) -> str:
-    """A reason as storable text: capped, and never failing the settlement it explains (a lone
-    surrogate from an engine's error message is escaped rather than raising in the encoder)."""
-    return str(reason)[:2000].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def new_id() -> str:
@@ -75,6 +91,7 @@ def open_queue(keys: QueueKeys, config: QueueConfig | None, default: QueueConfig
     """Create the queue or check ``config`` (None: adopt the stored one) and the library version.
     ``default``: what a new queue opened with config=None stores (a partition's share of the
     logical defaults); QueueConfig() when not given."""
+    check_instance(config, (QueueConfig, type(None)), "config")
     chosen = config or default or QueueConfig()
     flat = [x for kv in chosen.to_meta().items() for x in kv]
     reply = yield p.build(keys, "open", library=LIBRARY_VERSION, mode="check" if config else "adopt", config=flat)
@@ -107,6 +124,7 @@ def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: in
     (GroupTooLarge, PayloadTooLarge: nothing written); then they go in calls of SUBMIT_BATCH groups
     or SUBMIT_BATCH_BYTES, in order. Each call is idempotent by source_id, so a submit cut short
     (OutcomeUnknown) is finished by repeating it."""
+    groups = check_items(groups, SourceGroup, "groups")
     if max_group_samples:
         check_group_sizes(groups, max_group_samples)
     encoded = [encode_source(g, max_payload_bytes) for g in groups]
@@ -127,7 +145,8 @@ def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: in
 
 def publish_version(keys: QueueKeys, version: int, weights_uri: str | None, hold_id: str = "") -> Flow[bool]:
     """Record a new policy version; True if it was new, False for a replay of the current one."""
-    uri = check_text(weights_uri or "", "weights_uri")
+    version = check_int(version, "version", 0, MAX_VERSION)
+    uri = check_string("" if weights_uri is None else weights_uri, "weights_uri", MAX_URI, allow_empty=True)
     reply = yield p.build(keys, "publish_version", version=version, weights_uri=uri, hold_id=hold_id)
     _, r = p.check(reply, ("ok",), {"version": version, "hold_id": hold_id})
     return p.s(r[1]) == "published"
@@ -149,8 +168,8 @@ def reserve(keys: QueueKeys, worker_id: str, max_groups: int, max_samples: int, 
     queues samples internally): then the oldest such group may be the call's first grant. One script
     call grants at most 64 groups (reserve.lua), whatever ``max_groups`` asks."""
     check_worker_id(worker_id)
-    if max_groups < 1 or max_samples < 0:
-        raise ValueError("max_groups must be >= 1 and max_samples >= 0")
+    max_groups, max_samples = check_int(max_groups, "max_groups", 1), check_int(max_samples, "max_samples")
+    block_ms = check_int(block_ms, "block_ms")
     deadline = clock() + block_ms / 1000
     while True:
         reply = yield p.build(keys, "reserve", worker_id=worker_id, max_groups=max_groups,
@@ -180,6 +199,7 @@ def reject(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[None]:
 
 def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_payload_bytes: int) -> Flow[str]:
     """Hand in an attempt's samples. Returns 'buffered', 'replay' or 'evicted_self' (overflow)."""
+    receipt, samples = check_receipt(receipt), check_items(samples, Sample, "samples")
     if not samples:
         where = yield from fail(keys, receipt, "completion has no samples", terminal="malformed")
         # 'dead' when this attempt reached max_attempts. A replay (the first call's reply was lost) cannot
@@ -223,10 +243,7 @@ def complete_many(keys: QueueKeys, worker_id: str, items: Sequence[tuple[Receipt
     a receipt names another worker; OutcomeUnknown if Redis stays unreachable (chunks already sent
     are settled: repeat the call).
     """
-    check_worker_id(worker_id)
-    for receipt, _ in items:
-        if receipt.worker_id != worker_id:
-            raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {worker_id!r}")
+    items = check_completions(items, check_worker_id(worker_id))
     out: list[p.CompletionOutcome] = [""] * len(items)
     chunk: list[tuple[int, Receipt]] = []
     flat: list[p.Arg] = []
@@ -258,6 +275,7 @@ def _complete_chunk(keys: QueueKeys, worker_id: str, chunk: Sequence[tuple[int, 
 
 def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed") -> Flow[str]:
     """End the attempt failed (counted toward max_attempts). Returns 'ready', 'dead' or 'replay'."""
+    check_receipt(receipt)
     reply = yield p.build(keys, "fail", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, terminal=terminal, reason=_reason_text(reason))
     return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
@@ -265,15 +283,20 @@ def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed
 
 def abort(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
     """End the attempt aborted (not counted). Returns 'ready' or 'replay'."""
+    check_receipt(receipt)
     reply = yield p.build(keys, "abort", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, reason=_reason_text(reason))
     return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
 
 
 def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
-    """Settle the group filtered (consumed, never trained). Returns 'filtered' or 'replay'."""
+    """Settle the group filtered (consumed, never trained). Returns 'filtered' or 'replay'.
+
+    ``reason`` is free text ("all rewards equal"): the ledger keeps it (capped at 2,000 characters,
+    like every reason); the per-reason counter is its normalised token, bounded in filter.lua."""
+    check_receipt(receipt)
     reply = yield p.build(keys, "filter", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, reason=check_reason_token(reason))
+                          worker_id=receipt.worker_id, reason=check_reason(reason, "filter reason"))
     return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
 
 
@@ -284,6 +307,8 @@ def heartbeat(keys: QueueKeys, worker_id: str) -> Flow[HeartbeatInfo]:
 
 def close_worker(keys: QueueKeys, worker_id: str, terminal: str, reason: str) -> Flow[tuple[int, int]]:
     """Requeue everything the worker owns and deregister it. Returns (requeued, dead-lettered)."""
+    check_worker_id(worker_id)
+    check_choice(terminal, ("aborted", "lost"), "terminal")
     requeued = dead = 0
     while True:
         reply = yield p.build(keys, "close_worker", worker_id=check_worker_id(worker_id), terminal=terminal,
@@ -303,8 +328,10 @@ def lease(keys: QueueKeys, trainer_id: str, groups: int, partial: bool, timeout_
     Returns (reply, token) or None. The script answers ids and fields; the payloads follow with one
     HMGET (P2). Members whose payload does not decode (garbage written into Redis) or is gone by
     then make the flow hand the lease back and try again: they are regenerated, nothing is lost."""
-    if groups < 1:
-        raise ValueError("groups must be >= 1")
+    groups, block_ms = check_int(groups, "groups", 1), check_int(block_ms, "block_ms")
+    check_string(trainer_id, "trainer_id", MAX_NAME)
+    check_flag(partial, "partial")
+    check_optional_seconds(timeout_s, "timeout_s")
     deadline = clock() + block_ms / 1000
     timeout_ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
     while True:
@@ -335,6 +362,7 @@ def _hand_back(keys: QueueKeys, lease_id: str, token: str) -> Flow[None]:
 
 def commit(keys: QueueKeys, lease_id: str, token: str, step: int | None) -> Flow[str]:
     """Settle the lease committed. Returns the commit's ID in the commits stream."""
+    step = check_optional_int(step, "step")
     reply = yield p.build(keys, "commit", lease_id=lease_id, token=token, step="" if step is None else int(step))
     return p.s(p.check(reply, ("ok",), {"lease_id": lease_id, "what": f"commit of lease {lease_id}"})[1][2])
 
@@ -353,6 +381,7 @@ def rollback(keys: QueueKeys, lease_id: str, token: str) -> Flow[int]:
 
 def extend(keys: QueueKeys, lease_id: str, token: str, seconds: float) -> Flow[int]:
     """Move the deadline to ``seconds`` from now (server clock). Returns the new deadline in ms."""
+    seconds = check_seconds(seconds, "seconds")
     reply = yield p.build(keys, "extend", lease_id=lease_id, token=token, ms=max(1, int(seconds * 1000)))
     return int(p.check(reply, ("ok",), {"lease_id": lease_id})[1][1])
 
@@ -361,13 +390,17 @@ def extend(keys: QueueKeys, lease_id: str, token: str, seconds: float) -> Flow[i
 
 
 def hold_open(keys: QueueKeys, hold_id: str, timeout_s: float | None) -> Flow[int]:
-    """Close admission; returns how many executing attempts the hold waits for (O(1): see hold_open.lua)."""
+    """Close admission; returns how many executing attempts the hold waits for (O(1): see hold_open.lua).
+    ``timeout_s=None``: the queue's hold_timeout_s."""
+    timeout_s = check_optional_seconds(timeout_s, "timeout_s")
     reply = yield p.build(keys, "hold_open", hold_id=hold_id, timeout_ms=0 if timeout_s is None else int(timeout_s * 1000))
     return int(p.check(reply, ("ok",), {"hold_id": hold_id})[1][1])
 
 
 def hold_wait(keys: QueueKeys, hold_id: str, timeout_s: float, clock: Clock) -> Flow[bool]:
-    """True once every attempt in the hold's snapshot is terminal; False if ``timeout_s`` passes."""
+    """True once every attempt in the hold's snapshot is terminal; False if ``timeout_s`` passes
+    (0: look once)."""
+    timeout_s = check_seconds(timeout_s, "timeout_s", allow_zero=True)
     deadline = clock() + timeout_s
     while True:
         reply = yield p.build(keys, "hold_poll", hold_id=hold_id)
@@ -391,6 +424,7 @@ def checkpoint(keys: QueueKeys, step: int) -> Flow[int]:
     The first call records the checkpoint (restore refuses to go below it from then on); repeating
     it finishes an interrupted one. CheckpointRegression below the last checkpoint, LeasesOpen while
     groups are leased, RestoreInProgress while a restore is unfinished (nothing written)."""
+    step = check_int(step, "step")
     total = 0
     while True:
         reply = yield p.build(keys, "checkpoint", step=int(step), count=BATCH)
@@ -404,6 +438,7 @@ def restore(keys: QueueKeys, step: int) -> Flow[int]:
     """Requeue every group committed after ``step``. Returns how many were restored. Interrupted, it
     leaves a fence (commits and checkpoints are refused) until restore(step) is called again or the
     reaper finishes it; RestoreInProgress if a restore of another step is unfinished."""
+    step = check_int(step, "step")
     total = 0
     while True:
         reply = yield p.build(keys, "restore", step=int(step), count=BATCH)
@@ -425,7 +460,9 @@ PRUNE_CALLS_PER_PASS = 256
 def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     """One reaper pass: silent workers, expired leases, stale groups, expired holds, orphans, and
     the ledger lines and source_id mappings of groups settled longer ago than settled_retention_s.
-    Every action is its own script that re-checks its condition, so reapers may run concurrently."""
+    Every action is its own script that re-checks its condition, so reapers may run concurrently.
+    ``budget``: entries per script call, 1..MAX_REAP_BUDGET."""
+    budget = check_int(budget, "budget", 1, MAX_REAP_BUDGET)
     reply = yield p.build(keys, "reap_scan", count=budget)
     _, r = p.check(reply, ("ok",), {})
     report = ReapReport()
@@ -519,14 +556,16 @@ def stats(keys: QueueKeys) -> Flow[QueueStats]:
 
     published = "version" in meta
     ver = n("version")
-    versions = [int(v) for v in r[12]]
+    versions = [int(v) for v in r[12] if 0 <= int(v) < 2**21]  # another bufver score is a ghost (by hand)
     stale = [ver - v for v in versions] if published else []
     retained, kept = n("retained"), n("kept")
     evictions = {k: n(f"evicted_{k}") for k in ("stale", "overflow")}
     terminals = {k: n(k) for k in ("failed", "malformed", "aborted", "lost", "expired", "rolled_back")}
     # Only decimal integers count (load_config refuses garbage in the known fields; others are skipped).
     ints = {k: int(v) for k, v in meta.items() if _INTEGER.fullmatch(v)}
-    filtered_by = {k[len("filtered_reason:"):]: v for k, v in ints.items() if k.startswith("filtered_reason:")}
+    # filter.lua writes bounded tokens (reason_counter); a field of any other shape was written by hand.
+    reasons = {k[len("filtered_reason:"):]: v for k, v in ints.items() if k.startswith("filtered_reason:")}
+    filtered_by = {k: v for k, v in reasons.items() if _TOKEN.fullmatch(k)}
     counters = {k: v for k, v in ints.items() if not k.startswith("filtered_reason:")}
     return QueueStats(
         backlog=int(r[3]) - retained - kept, ready=int(r[4]), executing_groups=n("executing_groups"),
@@ -542,10 +581,13 @@ def stats(keys: QueueKeys) -> Flow[QueueStats]:
 
 
 _INTEGER = re.compile(r"-?[0-9]+")
+#: A filter reason's counter name: filter.lua's tokens, and the tokens earlier builds took as given.
+_TOKEN = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 
 
 def dead_letters(keys: QueueKeys, count: int = 100, start: str = "-") -> Flow[list[DeadLetter]]:
     """The oldest ``count`` dead letters from ``start`` (a dlq stream ID), decoded where possible."""
+    count, start = check_int(count, "count", 1), start if start == "-" else check_entry_id(start)
     reply = yield p.Command(("XRANGE", keys["dlq"], start, "+", "COUNT", count))
     return [_dead_letter(p.s(dlq_id), kv) for dlq_id, kv in reply]
 
@@ -574,6 +616,7 @@ def _dead_letter(dlq_id: str, kv: Sequence[Any]) -> DeadLetter:
 
 def requeue_dead_letter(keys: QueueKeys, dlq_id: str) -> Flow[str]:
     """Submit a dead letter's pristine group again (after a fix). Returns its new entry ID."""
+    check_entry_id(dlq_id)
     reply = yield p.build(keys, "dlq_requeue", idempotent=False, dlq_id=dlq_id)
     return p.s(p.check(reply, ("ok",), {"what": "dead letter", "id": dlq_id})[1][1])
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .checks import describe
+from .errors import InvalidInput
+
 #: role -> key suffix. Roles are the names the Lua headers use in their KEYS sections.
 KEY_SUFFIXES: dict[str, str] = {
     "src": "src",
@@ -40,9 +43,9 @@ _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")
 
 def validate_queue_name(name: str) -> str:
     """Return ``name`` if it is a usable queue name; braces would break the hash tag."""
-    if not _QUEUE_NAME.match(name):
-        raise ValueError(
-            f"bad queue name {name!r}: use 1-128 characters from letters, digits and _ . : # - "
+    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+        raise InvalidInput(  # a ValueError
+            f"bad queue name {describe(name)}: use 1-128 characters from letters, digits and _ . : # - "
             "(no braces: the name becomes the Redis Cluster hash tag)"
         )
     return name

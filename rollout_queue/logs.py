@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from .escape import clean, json_safe
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, msg and the record's structured ``fields``."""
@@ -26,16 +28,18 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+        return json_safe(orjson.dumps(line, default=str).decode())
 
 
 class HumanFormatter(logging.Formatter):
-    """``HH:MM:SS level logger: msg key=value ...``"""
+    """``HH:MM:SS level logger: msg key=value ...``, one line: the message and every value are
+    escaped (escape.clean), since they may quote text from Redis (a corrupt field, a worker id)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        fields = " ".join(f"{clean(k)}={clean(v)}" for k, v in getattr(record, "fields", {}).items())
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        text = f"{stamp} {record.levelname.lower():5} {record.name}: {record.getMessage()}" + (f" {fields}" if fields else "")
+        text = f"{stamp} {record.levelname.lower():5} {record.name}: {clean(record.getMessage())}" + (
+            f" {fields}" if fields else "")
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

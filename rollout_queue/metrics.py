@@ -86,16 +86,18 @@ def _gauges(snap: Snapshot, q: str) -> Iterator[Metric]:
     yield _gauge("rollout_queue_policy_version", "Current policy version (-1 before the first publish).",
                  ("queue",), [((q,), st.version if st.version_published else -1)])
     status = {"alive": 0, "silent": 0, "unregistered": 0}
-    for w in snap.workers:
-        status["alive" if w.alive else "unregistered" if w.last_heartbeat_ms is None else "silent"] += 1
+    for w in snap.workers:  # a garbage heartbeat score is registered but never alive: silent
+        registered = w.garbage or w.last_heartbeat_ms is not None
+        status["alive" if w.alive else "silent" if registered else "unregistered"] += 1
     yield _gauge("rollout_queue_workers", "Workers by heartbeat status.", ("queue", "status"),
                  (((q, k), v) for k, v in status.items()))
     yield _gauge("rollout_queue_leases_active", "Active leases.", ("queue",), [((q,), len(snap.leases))])
+    remaining = [x.remaining_ms for x in snap.leases if x.remaining_ms is not None]  # None: a garbage deadline
     yield _gauge("rollout_queue_leases_overdue", "Leases past their deadline, not yet rolled back.", ("queue",),
-                 [((q,), sum(1 for x in snap.leases if x.remaining_ms < 0))])
-    if snap.leases:
+                 [((q,), sum(1 for r in remaining if r < 0))])
+    if remaining:
         yield _gauge("rollout_queue_lease_next_deadline_seconds", "Seconds until the earliest lease deadline.",
-                     ("queue",), [((q,), min(x.remaining_ms for x in snap.leases) / 1000)])
+                     ("queue",), [((q,), min(remaining) / 1000)])
     yield _gauge("rollout_queue_admission_holds", "Active admission holds (weight updates, drain).", ("queue",),
                  [((q,), st.active_holds)])
     yield _gauge("rollout_queue_draining", "1 while the operator drain hold stands.", ("queue",),

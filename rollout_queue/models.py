@@ -14,6 +14,7 @@ from array import array
 from dataclasses import FrozenInstanceError, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from .checks import check_int, check_items, check_json, check_number, describe
 from .errors import GroupTooLarge, InvalidInput
 
 if TYPE_CHECKING:
@@ -21,13 +22,18 @@ if TYPE_CHECKING:
 
 _ENTRY_ID = re.compile(r"^\d+-\d+$")
 _WORKER_ID = re.compile(r"^[A-Za-z0-9_.:/\-][A-Za-z0-9_.:/\-@+]{0,199}$")
-_TOKEN = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+#: A receipt's attempt is a PEL delivery count: a Lua number, exact up to 2^53.
+MAX_ATTEMPT = 2**53 - 1
+#: Slots are 0..n-1 and n <= 65536 (SourceGroup).
+MAX_SLOT = 65535
+#: Longest reason (of a failure, an abort, a filter) kept in the ledger and history.
+MAX_REASON = 2000
 
 
 def check_entry_id(entry_id: str) -> str:
     if not isinstance(entry_id, str) or not _ENTRY_ID.match(entry_id):
-        raise InvalidInput(f"bad entry id {entry_id!r}: expected a stream ID like '1700000000000-0'")
+        raise InvalidInput(f"bad entry id {describe(entry_id)}: expected a stream ID like '1700000000000-0'")
     return entry_id
 
 
@@ -35,17 +41,26 @@ def check_worker_id(worker_id: str) -> str:
     """Worker ids are PEL consumer names; '@' starts the queue's own owners (@ready, @done, @lease:)."""
     if not isinstance(worker_id, str) or not _WORKER_ID.match(worker_id):
         raise InvalidInput(
-            f"bad worker id {worker_id!r}: 1-200 characters from letters, digits and _ . : / - @ +, "
+            f"bad worker id {describe(worker_id)}: 1-200 characters from letters, digits and _ . : / - @ +, "
             "not starting with '@' (reserved for the queue's own PEL owners)"
         )
     return worker_id
 
 
-def check_reason_token(reason: str) -> str:
-    """Reasons counted per value (filter reasons) must be short tokens so counters stay bounded."""
-    if not isinstance(reason, str) or not _TOKEN.match(reason):
-        raise InvalidInput(f"bad reason {reason!r}: use a short token of letters, digits and _ . : -")
-    return reason
+def reason_text(reason: object) -> str:
+    """A reason as storable text: capped at MAX_REASON characters, and never failing the settlement
+    it explains (a lone surrogate from an engine's error message is escaped rather than raising in
+    the encoder). Control characters are kept: readers escape them (cli/render.py)."""
+    return str(reason)[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_reason(reason: str, what: str = "reason") -> str:
+    """A reason given as text (a filter's "all rewards equal", an operator's note): any str, returned
+    as reason_text stores it. The counters a reason feeds are bounded inside the script (filter.lua
+    normalises it to a token), so no reason can grow them without bound."""
+    if not isinstance(reason, str):
+        raise InvalidInput(f"{what} must be a string, got {type(reason).__name__}")
+    return reason_text(reason)
 
 
 @dataclass(frozen=True)
@@ -64,18 +79,18 @@ class SourceGroup:
 
     def __post_init__(self) -> None:
         if not isinstance(self.source_id, str) or not self.source_id or "|" in self.source_id:
-            raise InvalidInput(f"source_id must be a non-empty string without '|', got {self.source_id!r}")
+            raise InvalidInput(f"source_id must be a non-empty string without '|', got {describe(self.source_id)}")
         if not isinstance(self.prompt, str):
             raise InvalidInput(f"prompt must be a string, got {type(self.prompt).__name__}")
         check_text(self.source_id, "source_id")
         check_text(self.prompt, "prompt")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 65536:
-            raise InvalidInput(f"n must be an integer in 1..65536, got {self.n!r}")
+            raise InvalidInput(f"n must be an integer in 1..65536, got {describe(self.n)}")
         if not isinstance(self.metadata, Mapping):
             raise InvalidInput("metadata must be a mapping")
+        check_json(self.metadata, f"metadata of {self.source_id!r}")
         if self.prompt_token_ids is not None:
-            ids = tuple(self.prompt_token_ids)
-            _check_int32s(ids, "prompt_token_ids")
+            ids = _int32_tuple(self.prompt_token_ids, "prompt_token_ids")
             object.__setattr__(self, "prompt_token_ids", ids)
 
     def parent_uid(self, slot: int) -> str:
@@ -93,8 +108,28 @@ class Receipt:
     def __post_init__(self) -> None:
         check_entry_id(self.entry_id)
         check_worker_id(self.worker_id)
-        if not isinstance(self.attempt, int) or isinstance(self.attempt, bool) or self.attempt < 1:
-            raise InvalidInput(f"attempt must be an integer >= 1, got {self.attempt!r}")
+        if type(self.attempt) is not int or not 1 <= self.attempt <= MAX_ATTEMPT:  # the common case skips the call
+            object.__setattr__(self, "attempt", check_int(self.attempt, "attempt", 1, MAX_ATTEMPT))
+
+
+def check_receipt(receipt: Any, worker_id: str | None = None) -> "Receipt":
+    """``receipt`` is a Receipt (of ``worker_id``'s, when given): a settlement of another worker's
+    attempt is refused before anything is sent, whichever client or flow it goes through."""
+    if not isinstance(receipt, Receipt):
+        raise InvalidInput(f"expected a Receipt (reservation.receipt), got {type(receipt).__name__}")
+    if worker_id is not None and receipt.worker_id != worker_id:
+        raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {worker_id!r}")
+    return receipt
+
+
+def check_completions(items: Any, worker_id: str) -> list[tuple["Receipt", list["Sample"]]]:
+    """complete_many's items: (receipt of ``worker_id``, samples) pairs, as a list of lists."""
+    out = []
+    for i, item in enumerate(check_items(items, object, "items")):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise InvalidInput(f"items[{i}] must be a (receipt, samples) pair, got {type(item).__name__}")
+        out.append((check_receipt(item[0], worker_id), check_items(item[1], Sample, f"items[{i}] samples")))
+    return out
 
 
 @dataclass(frozen=True)
@@ -125,8 +160,7 @@ class Sample:
     versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        ids = tuple(self.token_ids)
-        _check_int32s(ids, "token_ids")
+        ids = _int32_tuple(self.token_ids, "token_ids")
         object.__setattr__(self, "token_ids", ids)
         lps = _float_tuple(self.logprobs)
         if lps and len(lps) != len(ids):
@@ -164,21 +198,19 @@ def check_sample_fields(slot: Any, reward: Any, version: Any, finish_reason: Any
     """Check a sample's fields other than its tokens; returns (reward as float or None, versions).
 
     One rule for Sample and SampleColumns, so a blob the codec accepts as columns is exactly one whose
-    Samples would construct. Raises InvalidInput (a ValueError), or TypeError for a non-iterable versions.
+    Samples would construct. Raises InvalidInput (a ValueError).
     """
-    if not isinstance(slot, int) or isinstance(slot, bool) or slot < 0:
-        raise InvalidInput(f"slot must be an integer >= 0, got {slot!r}")
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot <= MAX_SLOT:
+        raise InvalidInput(f"slot must be an integer in 0..{MAX_SLOT}, got {describe(slot)}")
     if reward is not None:
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise InvalidInput(f"reward must be a finite number or None, got {reward!r}")
-        reward = float(reward)
+        if type(reward) is not float or not math.isfinite(reward):  # the common case: one C call
+            reward = check_number(reward, "reward")
     if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**21:
-        raise InvalidInput(f"version must be an integer in 0..2^21-1, got {version!r}")
+        raise InvalidInput(f"version must be an integer in 0..2^21-1, got {describe(version)}")
     if not isinstance(finish_reason, str) or len(finish_reason) > 32:
         raise InvalidInput("finish_reason must be a short string")
     check_text(finish_reason, "finish_reason")
-    vs = tuple(versions)
-    _check_int32s(vs, "versions")
+    vs = _int32_tuple(versions, "versions")
     return reward, vs
 
 
@@ -396,10 +428,25 @@ def _float_tuple(values: Sequence[float]) -> tuple[float, ...]:
     """
     if type(values) in _PLAIN_SEQUENCES and (not values or set(map(type, values)) == _FLOAT_ONLY):
         return tuple(values)
+    if isinstance(values, (str, bytes, bytearray, Mapping)):  # array('d', bytes) reads raw doubles
+        raise InvalidInput(f"logprobs must be a sequence of numbers, got {type(values).__name__}")
     try:
         return tuple(array("d", values))
-    except TypeError as exc:
+    except (TypeError, OverflowError) as exc:  # OverflowError: an int too large for a double
         raise InvalidInput(f"logprobs must be numbers: {exc}") from exc
+
+
+def _int32_tuple(values: Any, what: str) -> tuple[int, ...]:
+    """``values`` as a tuple of int32s; a str, bytes (a tuple of byte values!) or non-iterable is refused."""
+    if type(values) is not tuple:
+        if isinstance(values, (str, bytes, bytearray, Mapping)):
+            raise InvalidInput(f"{what} must be a sequence of integers, got {type(values).__name__}")
+        try:
+            values = tuple(values)
+        except TypeError:
+            raise InvalidInput(f"{what} must be a sequence of integers, got {type(values).__name__}") from None
+    _check_int32s(values, what)
+    return values
 
 
 def _check_int32s(values: Sequence[int], what: str) -> None:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from . import flows
 from . import protocol as p
+from .checks import check_flag, check_int, check_optional_int, check_optional_seconds, check_string
 from .errors import LeaseLost, OutcomeUnknown
 from .flows import Clock, Flow
 from .keys import QueueKeys
@@ -29,8 +30,10 @@ def lease(layout: Layout, sel: Selector, trainer_id: str, groups: int, partial: 
     the fullest partitions first. Nothing is leased until the buffers together hold enough, so the
     members rarely need handing back; if they do (the deadline passed with fewer, after groups went
     stale under us), they are rolled back: requeued and generated again, never lost."""
-    if groups < 1:
-        raise ValueError("groups must be >= 1")
+    groups, block_ms = check_int(groups, "groups", 1), check_int(block_ms, "block_ms")
+    check_flag(partial, "partial")
+    check_optional_seconds(timeout_s, "timeout_s")
+    check_string(trainer_id, "trainer_id", flows.MAX_NAME)
     deadline = clock() + block_ms / 1000
     held: list[Member] = []
     while True:
@@ -87,6 +90,7 @@ def commit(members: Sequence[tuple[QueueKeys, str, str]], done: dict[int, str], 
     commits only the rest. First every member is fenced (extended by ``fence_s``): a member already
     lost raises LeaseLost while nothing is committed yet, and none can expire during the commits.
     A single member needs no fence: its one commit is atomic."""
+    step = check_optional_int(step, "step")
     for k, (keys, lease_id, token) in enumerate(members):
         if k not in done and len(members) > 1:
             try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from . import protocol as p
+from .checks import check_int
 from .errors import InvalidInput, ProtocolError
 from .flows import Flow
 from .keys import QueueKeys
@@ -83,8 +84,7 @@ def owned_attempts(keys: QueueKeys, worker_id: str, min_idle_ms: int = 0,
     those delivered at least ``min_idle_ms`` ago. Pages are separate reads: a transition landing
     between two pages shows on one side of it; read again for a fresh view."""
     check_worker_id(worker_id)
-    if min_idle_ms < 0 or limit < 1:
-        raise InvalidInput("min_idle_ms must be >= 0 and limit >= 1")
+    min_idle_ms, limit = check_int(min_idle_ms, "min_idle_ms"), check_int(limit, "limit", 1)
     out: list[OwnedAttempt] = []
     start = "-"
     while len(out) < limit:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from . import flows
 from . import protocol as p
+from .checks import check_int, check_items, check_seconds
 from .codec import CodecError
 from .config import QueueConfig
 from .errors import ConfigMismatch, OutcomeUnknown, PartitionsUnreachable
@@ -134,6 +135,7 @@ def submit(layout: Layout, groups: Sequence[SourceGroup], shares: Sequence[Queue
     max_executing_samples (``largest_group``) refuses the whole call with GroupTooLarge before
     anything is sent, whichever partition it would have gone to, so the rule does not depend on
     where a source_id hashes."""
+    groups = check_items(groups, SourceGroup, "groups")
     check_group_sizes(groups, largest_group(shares), layout.count, sum(c.max_executing_samples for c in shares))
     max_payload_bytes = shares[0].max_payload_bytes
     by_partition: dict[int, list[int]] = defaultdict(list)
@@ -193,8 +195,8 @@ def reserve(layout: Layout, sel: Selector, worker_id: str, max_groups: int, max_
             clock: Clock, overcommit: bool = False) -> Flow[list[Reservation]]:
     """Up to ``max_groups`` reservations (``max_samples`` samples, 0: no cap) gathered over the
     partitions in the selector's order, waiting up to ``block_ms`` on their wake streams."""
-    if max_groups < 1 or max_samples < 0:
-        raise ValueError("max_groups must be >= 1 and max_samples >= 0")
+    max_groups, max_samples = check_int(max_groups, "max_groups", 1), check_int(max_samples, "max_samples")
+    block_ms = check_int(block_ms, "block_ms")
     deadline = clock() + block_ms / 1000
     while True:
         if sel.refresh_due(clock()):
@@ -328,6 +330,7 @@ def hold_open(layout: Layout, hold_id: str, timeout_s: float | None) -> Flow[int
 
 def hold_wait(layout: Layout, hold_id: str, timeout_s: float, clock: Clock) -> Flow[bool]:
     """True once every partition's snapshot is terminal; False when ``timeout_s`` passes first."""
+    timeout_s = check_seconds(timeout_s, "timeout_s", allow_zero=True)
     deadline = clock() + timeout_s
     for keys in layout.keys:
         if not (yield from flows.hold_wait(keys, hold_id, max(0.0, deadline - clock()), clock)):

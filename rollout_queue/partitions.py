@@ -28,6 +28,7 @@ import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
+from .checks import check_int
 from .config import QueueConfig
 from .errors import InvalidInput
 from .keys import QueueKeys, validate_queue_name
@@ -45,8 +46,7 @@ SPLIT_BOUNDS = ("max_executing_samples", "max_retained_groups", "max_completed_g
 def partition_names(name: str, count: int) -> tuple[str, ...]:
     """``(name,)`` for one partition, else ``name#0 … name#{count-1}``."""
     validate_queue_name(name)
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 4096:
-        raise ValueError(f"partitions must be an integer in 1..4096, got {count!r}")
+    check_int(count, "partitions", 1, 4096)
     return (name,) if count == 1 else tuple(validate_queue_name(f"{name}#{i}") for i in range(count))
 
 

@@ -3,6 +3,11 @@
 They say what Redis holds in DESIGN's words (state, owner, attempt, lease, staleness); the CLI and the
 Prometheus exporter only format them. ``entry_state`` is the one place that maps a PEL owner name to
 a state (DESIGN: "How each state shows in Redis").
+
+Views parse leniently: a stored value that is not what a transition writes (a lease's
+``created_ms=abc``, a heartbeat score of 1e308, a history that is not JSON) becomes None (or is
+left out) and is named in the record's ``garbage`` notes, so one hand-edited key never stops an
+operator from seeing the rest. Text from Redis is kept as it is: renderers escape it (cli/render.py).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ def stream_id(entry_id: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt that ended without a completion, from the history hash (lua/include/history.lua)."""
+    """One attempt that ended without a completion, from the history hash (lua/include/history.lua)
+    or, once dead, from its dead letter's own copy. ``attempt``/``ms`` are 0 when unreadable."""
 
     attempt: int
     worker_id: str
@@ -81,6 +87,7 @@ class EntryView:
     completion_bytes: int | None = None
     dlq_id: str | None = None
     dead_reason: str | None = None
+    garbage: tuple[str, ...] = ()
 
     @property
     def staleness(self) -> int | None:
@@ -91,7 +98,8 @@ class EntryView:
 @dataclass(frozen=True)
 class WorkerView:
     """A worker as the queue sees it. ``last_heartbeat_ms`` is None for a PEL consumer that holds work
-    but is not registered (an orphan the reaper will requeue)."""
+    but is not registered (an orphan the reaper will requeue), or when its heartbeat score is not a
+    time (``garbage`` says so)."""
 
     worker_id: str
     last_heartbeat_ms: int | None
@@ -99,20 +107,23 @@ class WorkerView:
     alive: bool
     executing_groups: int
     idle_ms: int | None
+    garbage: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class LeaseView:
-    """An active lease; ``remaining_ms`` < 0 means overdue (the reaper rolls it back)."""
+    """An active lease; ``remaining_ms`` < 0 means overdue (the reaper rolls it back). A number that
+    is None could not be read (``garbage`` names it)."""
 
     lease_id: str
     trainer: str
-    deadline_ms: int
-    remaining_ms: int
+    deadline_ms: int | None
+    remaining_ms: int | None
     groups: int
-    version: int
-    created_ms: int
+    version: int | None
+    created_ms: int | None
     state: str
+    garbage: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,7 @@ class DrainStatus:
     executing_groups: int
     other_holds: int
     server_ms: int
+    garbage: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

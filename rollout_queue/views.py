@@ -12,6 +12,7 @@ exporter (metrics.py) only format them.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,9 +28,10 @@ from .errors import NotFound
 from .flows import Flow, T
 from .keys import QueueKeys
 from .models import DeadLetter, QueueStats, SourceGroup, check_entry_id
-from .transport import RetryPolicy, SyncTransport
+from .transport import Durability, RetryPolicy, SyncTransport
 from .view_models import (
     DRAIN_HOLD,
+    STATES,
     Attempt,
     DrainStatus,
     EntryView,
@@ -47,6 +49,8 @@ PEL_LIMIT = 10_000
 PAGE = 1000
 #: How far back `inspect` looks for an entry's dead letter.
 DLQ_SCAN = 1000
+#: Terminals that count toward max_attempts (DESIGN rule 4).
+COUNTED_TERMINALS = ("failed", "malformed", "lost")
 
 
 def text(value: Any) -> str:
@@ -66,6 +70,40 @@ def _scored(reply: Sequence[Any]) -> list[tuple[str, float]]:
     if reply and isinstance(reply[0], (list, tuple)):
         return [(text(m), float(sc)) for m, sc in reply]
     return [(text(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+#: Largest magnitude a stored ms time, count or version may have: a Lua number is exact up to 2^53.
+MAX_STORED = 2**53
+
+
+def number(raw: Any) -> int | None:
+    """A stored number (reply bytes, text, int or a score) as an int, or None when it is absent, not
+    a number, not finite, or beyond 2^53 (a score of 1e308 is no time any transition wrote)."""
+    if raw is None or isinstance(raw, bool):
+        return None
+    try:
+        value = float(text(raw).strip()) if isinstance(raw, (bytes, str)) else float(raw)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(value) if math.isfinite(value) and abs(value) <= MAX_STORED else None
+
+
+class Garbage:
+    """The stored values one view could not read: each becomes None and a note, never an error."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def number(self, name: str, raw: Any) -> int | None:
+        """number(raw); an unreadable value (absent is fine: None) adds a note naming it."""
+        value = number(raw)
+        if value is None and raw is not None:
+            self.note(name, raw)
+        return value
+
+    def note(self, name: str, raw: Any) -> None:
+        shown = text(raw)
+        self.notes.append(f"{name}={shown[:80] + ('...' if len(shown) > 80 else '')!r}")
 
 
 # -- small reads ---------------------------------------------------------------------------------
@@ -98,6 +136,13 @@ def config(keys: QueueKeys) -> Flow[QueueConfig]:
     """The queue's stored config (what every script enforces)."""
     yield from require_queue(keys)
     return QueueConfig.from_meta((yield from meta(keys)))
+
+
+def stored_config(keys: QueueKeys) -> Flow[tuple[dict[str, Any], dict[str, str]]]:
+    """The stored config leniently: (each field that decodes, each that does not -> its raw text),
+    so `config show` can show a corrupt config instead of failing on it."""
+    yield from require_queue(keys)
+    return QueueConfig.stored_fields((yield from meta(keys)))
 
 
 def stats(keys: QueueKeys) -> Flow[QueueStats]:
@@ -134,12 +179,14 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
 def buffer_staleness(keys: QueueKeys) -> Flow[tuple[int, ...]]:
     """Staleness of each buffered group (policy version - its oldest sample version); () before the
     first published version, when staleness is unknown (DESIGN: Buffer and staleness)."""
-    version = yield p.Command(("HGET", keys["meta"], "version"))
+    version = number((yield p.Command(("HGET", keys["meta"], "version"))))
     if version is None:
-        return ()
+        return ()  # unpublished (or garbage, which every script refuses: stats says so)
     scores = _scored((yield p.Command(("ZRANGE", keys["bufver"], 0, -1, "WITHSCORES"))))
-    # bufver scores pack min_version * 2^32 + arrival (lua/include/buffer_score.lua).
-    return tuple(max(0, int(version) - int(score) // 2**32) for _, score in scores)
+    # bufver scores pack min_version * 2^32 + arrival (lua/include/buffer_score.lua); a score that is
+    # no such number (inf, written by hand) is a ghost the scripts drop: left out here.
+    packed = [number(score) for _, score in scores]
+    return tuple(max(0, version - v // 2**32) for v in packed if v is not None and v >= 0)
 
 
 def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
@@ -162,9 +209,12 @@ def workers(keys: QueueKeys) -> Flow[list[WorkerView]]:
     timeout_ms = int(cfg.worker_timeout_s * 1000)
     out = []
     for wid, score in beats:
-        seen = int(score)
+        bad = Garbage()
+        seen = bad.number("heartbeat score", score)
         pending, idle = held.pop(wid, (0, None))
-        out.append(WorkerView(wid, seen, now - seen, now - seen <= timeout_ms, pending, idle))
+        silent = None if seen is None else now - seen
+        out.append(WorkerView(wid, seen, silent, silent is not None and silent <= timeout_ms, pending, idle,
+                              tuple(bad.notes)))
     for name, (pending, idle) in held.items():
         if not name.startswith("@") and pending:
             out.append(WorkerView(name, None, None, False, pending, idle))
@@ -178,12 +228,14 @@ def leases(keys: QueueKeys, limit: int = 1000) -> Flow[list[LeaseView]]:
     ids = _scored((yield p.Command(("ZRANGE", keys["leases"], 0, limit - 1, "WITHSCORES"))))
     out = []
     for lease_id, score in ids:
-        deadline = int(score)
+        bad = Garbage()
+        deadline = bad.number("deadline score", score)
         f = yield p.Command(("HMGET", keys.lease(lease_id), "trainer", "created_ms", "members", "version", "state"))
-        trainer, created, members, version, state = (None if v is None else text(v) for v in f)
+        created, version = bad.number("created_ms", f[1]), bad.number("version", f[3])
+        trainer, members, state = (None if v is None else text(v) for v in (f[0], f[2], f[4]))
         groups = len(members.split(",")) if members else 0
-        out.append(LeaseView(lease_id, trainer or "", deadline, deadline - now, groups, int(version or 0),
-                             int(created or 0), state or "unknown"))
+        out.append(LeaseView(lease_id, trainer or "", deadline, None if deadline is None else deadline - now, groups,
+                             version, created, state or "unknown", tuple(bad.notes)))
     return out
 
 
@@ -192,13 +244,17 @@ def drain_status(keys: QueueKeys) -> Flow[DrainStatus]:
     if "library" not in m:
         yield from require_queue(keys)
     now = yield from server_ms(keys)
-    deadline = yield p.Command(("ZSCORE", keys["holds"], DRAIN_HOLD))
+    score = yield p.Command(("ZSCORE", keys["holds"], DRAIN_HOLD))
     others = yield p.Command(("ZCOUNT", keys["holds"], f"({now}", "+inf"))
-    active = deadline is not None and float(deadline) > now
+    # Active as the scripts count holds (ZCOUNT up to +inf), even when the deadline is no time at all.
+    active = score is not None and float(score) > now
     others = int(others) - (1 if active else 0)
-    return DrainStatus(active, int(float(deadline)) if deadline is not None else None, m.get("drain_reason", ""),
-                       int(m["drain_since_ms"]) if "drain_since_ms" in m else None,
-                       int(m.get("executing_groups", 0) or 0), others, now)
+    bad = Garbage()
+    deadline = bad.number("drain deadline score", score)
+    since, executing = bad.number("drain_since_ms", m.get("drain_since_ms")), bad.number(
+        "executing_groups", m.get("executing_groups"))
+    return DrainStatus(active, deadline, m.get("drain_reason", ""), since, executing or 0, others, now,
+                       tuple(bad.notes))
 
 
 # -- one entry ------------------------------------------------------------------------------------
@@ -218,12 +274,14 @@ def dead_letter(keys: QueueKeys, dlq_id: str) -> Flow[DeadLetter]:
     return found[0]
 
 
-def _find_dead_letter(keys: QueueKeys, entry_id: str) -> Flow[DeadLetter | None]:
-    """The newest dead letter of ``entry_id`` among the last DLQ_SCAN ones."""
+def _find_dead_letter(keys: QueueKeys, entry_id: str) -> Flow[tuple[DeadLetter, Any] | None]:
+    """The newest dead letter of ``entry_id`` among the last DLQ_SCAN ones, with its raw history
+    field (the attempts as they were when it died: the entry's history hash is deleted then)."""
     reply = yield p.Command(("XREVRANGE", keys["dlq"], "+", "-", "COUNT", DLQ_SCAN))
     for dlq_id, kv in reply:
-        if text(_flat(kv).get("entry_id", b"")) == entry_id:
-            return (yield from dead_letter(keys, text(dlq_id)))
+        f = _flat(kv)
+        if text(f.get("entry_id", b"")) == entry_id:
+            return (yield from dead_letter(keys, text(dlq_id))), f.get("history")
     return None
 
 
@@ -235,16 +293,31 @@ def decode_fields(fields: Mapping[bytes, bytes]) -> SourceGroup | None:
         return None
 
 
-def _history(raw: Any) -> tuple[int, tuple[Attempt, ...]]:
+def _history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, ...]]:
+    """(counted failures, attempts) of a stored history: {"f": failures, "h": [attempts]}
+    (lua/include/history.lua) or the bare attempt list a dead letter may carry. Lenient: what does
+    not parse is left out (or 0) and noted in ``bad``."""
+    bad = bad or Garbage()
     try:
         h = orjson.loads(raw) if raw else {}
     except orjson.JSONDecodeError:
+        bad.note("history", raw)
         return 0, ()
-    # Stored as {"f": counted failures, "h": [attempts]} (lua/include/history.lua).
-    items = h.get("h") or [] if isinstance(h, dict) else h if isinstance(h, list) else []
-    failures = int(h.get("f") or 0) if isinstance(h, dict) else 0
-    return failures, tuple(Attempt(int(a.get("a") or 0), str(a.get("w", "")), str(a.get("t", "")), str(a.get("r", "")),
-                                   int(a.get("ms") or 0)) for a in items if isinstance(a, dict))
+    items = h.get("h") or [] if isinstance(h, dict) else h
+    if not isinstance(items, list) or not isinstance(h, (dict, list)):
+        bad.note("history", raw)
+        return 0, ()
+    attempts = tuple(Attempt(bad.number("attempt", a.get("a")) or 0, _field(a, "w"), _field(a, "t"), _field(a, "r"),
+                             bad.number("attempt ms", a.get("ms")) or 0) for a in items if isinstance(a, dict))
+    if isinstance(h, dict):
+        return bad.number("history failures", h.get("f")) or 0, attempts
+    # A dead letter's bare list: the attempts DESIGN rule 4 counts toward max_attempts.
+    return sum(1 for a in attempts if a.terminal in COUNTED_TERMINALS), attempts
+
+
+def _field(record: Mapping[str, Any], name: str) -> str:
+    value = record.get(name, "")
+    return value if isinstance(value, str) else str(value)
 
 
 def _last_delivered(keys: QueueKeys) -> Flow[str]:
@@ -265,48 +338,58 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     src = yield p.Command(("XRANGE", keys["src"], entry_id, entry_id))
     raw_ledger = yield p.Command(("HGET", keys["ledger"], entry_id))
     ledger = None if raw_ledger is None else text(raw_ledger)
-    failures, history = _history((yield p.Command(("HGET", keys["history"], entry_id))))
+    bad = Garbage()
+    failures, history = _history((yield p.Command(("HGET", keys["history"], entry_id))), bad)
     kv = src[0][1] if src else []
     fields = {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
     state = entry_state(owner) if owner else (yield from _unowned_state(keys, entry_id, bool(src), ledger))
-    more = yield from _details(keys, entry_id, state, owner or "", int(cfg.worker_timeout_s * 1000))
+    more = yield from _details(keys, entry_id, state, owner or "", int(cfg.worker_timeout_s * 1000), bad)
+    if "history" in more:  # a dead letter carries the attempts it died with: those are the truth
+        failures, history = more.pop("counted_failures"), more.pop("history")
     group = (decode_fields(fields) if fields else None) or more.pop("group", None)
     return EntryView(
         entry_id=entry_id, state=state, owner=owner, attempt=count or _ledger_attempt(ledger), idle_ms=idle,
         counted_failures=failures, history=history, ledger=ledger, server_ms=(yield from server_ms(keys)),
-        version=int((yield from meta(keys)).get("version", 0) or 0),
+        version=bad.number("version", (yield from meta(keys)).get("version")) or 0,
         source_id=group.source_id if group else (fields.get(b"sid", b"").decode(errors="replace") or None),
-        n=group.n if group else None, group=group, **{k: v for k, v in more.items() if k != "group"})
+        n=group.n if group else None, group=group, garbage=tuple(bad.notes),
+        **{k: v for k, v in more.items() if k != "group"})
 
 
-def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, timeout_ms: int) -> Flow[dict[str, Any]]:
-    """What only one state has: the worker's heartbeat, the buffered version, the lease, the dead letter."""
+def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, timeout_ms: int,
+             bad: Garbage) -> Flow[dict[str, Any]]:
+    """What only one state has: the worker's heartbeat, the buffered version, the lease, the dead
+    letter (with the attempts it carries)."""
     if state == "executing":
-        seen = yield p.Command(("ZSCORE", keys["workers"], owner))
-        beat = None if seen is None else int(float(seen))
+        beat = bad.number("heartbeat score", (yield p.Command(("ZSCORE", keys["workers"], owner))))
         now = yield from server_ms(keys)
         return {"worker_id": owner, "worker_heartbeat_ms": beat,
                 "worker_alive": beat is not None and now - beat <= timeout_ms}
     if state == "completed":
-        score = yield p.Command(("ZSCORE", keys["bufver"], entry_id))
+        score = bad.number("buffer version score", (yield p.Command(("ZSCORE", keys["bufver"], entry_id))))
         size = yield p.Command(("HSTRLEN", keys["results"], entry_id))
-        return {"min_version": None if score is None else int(float(score)) // 2**32, "completion_bytes": int(size)}
+        return {"min_version": None if score is None else score // 2**32, "completion_bytes": int(size)}
     if state == "leased":
         lease_id = owner[len("@lease:"):]
         f = yield p.Command(("HMGET", keys.lease(lease_id), "trainer", "deadline", "members", "versions"))
-        return {"lease_id": lease_id, "lease_trainer": text(f[0] or b""), "lease_deadline_ms": int(f[1] or 0),
-                "min_version": _lease_version(entry_id, f[2], f[3])}
+        return {"lease_id": lease_id, "lease_trainer": text(f[0] or b""),
+                "lease_deadline_ms": bad.number("lease deadline", f[1]),
+                "min_version": _lease_version(entry_id, f[2], f[3], bad)}
     if state == "dead":
-        letter = yield from _find_dead_letter(keys, entry_id)
-        if letter is not None:
-            return {"dlq_id": letter.dlq_id, "dead_reason": letter.reason, "group": letter.group}
+        found = yield from _find_dead_letter(keys, entry_id)
+        if found is not None:
+            letter, raw_history = found
+            failures, history = _history(raw_history, bad)
+            return {"dlq_id": letter.dlq_id, "dead_reason": letter.reason, "group": letter.group,
+                    "counted_failures": failures, "history": history}
     return {}
 
 
 def _unowned_state(keys: QueueKeys, entry_id: str, in_stream: bool, ledger: str | None) -> Flow[str]:
     """The state of an entry nobody owns: settled (the ledger says how) or still in the backlog."""
     if ledger and ledger.startswith("s|"):
-        return ledger.split("|")[1]
+        settlement = ledger.split("|")[1]
+        return settlement if settlement in STATES else "unknown"  # a ledger line no script wrote
     if in_stream and stream_id(entry_id) > stream_id((yield from _last_delivered(keys))):
         return "backlog"
     raise NotFound(f"entry {entry_id} is not in queue {keys.queue!r} (never submitted, or settled and its ledger "
@@ -316,12 +399,15 @@ def _unowned_state(keys: QueueKeys, entry_id: str, in_stream: bool, ledger: str 
 def _ledger_attempt(ledger: str | None) -> int:
     parts = (ledger or "").split("|")
     index = 1 if parts[0] == "a" else 2
-    return int(parts[index]) if len(parts) > index and parts[index].isdigit() else 0
+    # isdecimal and ASCII: str.isdigit() also takes '²', which int() refuses.
+    return int(parts[index]) if len(parts) > index and parts[index].isascii() and parts[index].isdecimal() else 0
 
 
-def _lease_version(entry_id: str, members: Any, versions: Any) -> int | None:
+def _lease_version(entry_id: str, members: Any, versions: Any, bad: Garbage) -> int | None:
     ids, vs = text(members or b"").split(","), text(versions or b"").split(",")
-    return int(vs[ids.index(entry_id)]) if entry_id in ids and ids.index(entry_id) < len(vs) else None
+    if entry_id not in ids or ids.index(entry_id) >= len(vs):
+        return None
+    return bad.number("lease version", vs[ids.index(entry_id)])
 
 
 def memory(keys: QueueKeys, limit: int = 10_000) -> Flow[dict[str, int]]:
@@ -353,12 +439,14 @@ def drive(transport: SyncTransport, flow: Flow[T]) -> T:
 
 class QueueView:
     """A read-only handle on one queue. Unlike RolloutQueue it never runs ``open``, so it cannot create
-    a queue (a mistyped --queue is NotFound) and works under the read-only operator ACL role."""
+    a queue (a mistyped --queue is NotFound) and works under the read-only operator ACL role. (The
+    one exception: `config set` drives actions.set_config through it, since a queue whose stored
+    config is corrupt cannot be opened, and repairing that config is what the command is for.)"""
 
     def __init__(self, client: redis.Redis, name: str, retry: RetryPolicy | None = None,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, durability: Durability | None = None) -> None:
         self.name, self.keys, self.client, self.clock = name, QueueKeys(name), client, clock
-        self.transport = SyncTransport(client, retry, clock=clock)
+        self.transport = SyncTransport(client, retry, clock=clock, durability=durability)
 
     @classmethod
     def from_url(cls, url: str, name: str, retry: RetryPolicy | None = None, **redis_kwargs: Any) -> "QueueView":

@@ -8,7 +8,7 @@ What a worker runs between generation and ``complete``:
   ``async def``. ``group`` is the pristine ``SourceGroup`` (prompt, metadata such as the expected
   answer); ``output`` is a ``Generated``: slot, decoded text, token ids, logprobs, finish reason.
 - A **filter** decides whether a scored group is worth training on: ``fn(group, samples) -> None``
-  (keep) or a short reason token such as ``"zero_std"`` (reject: the group is settled ``filtered``,
+  (keep) or a reason such as ``"zero_std"`` or ``"all rewards equal"`` (reject: the group is settled ``filtered``,
   consumed and never trained). ``True`` rejects with the function's name as the reason.
 
 Rules:
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 from rollout_queue import Sample, SourceGroup
-from rollout_queue.models import check_reason_token
+from rollout_queue.models import check_reason
 
 
 class ScoringError(Exception):
@@ -111,7 +111,7 @@ class Scorer:
         return [_finite(v, fn) for v in values]
 
     async def check(self, group: SourceGroup, samples: Sequence[Sample]) -> str | None:
-        """None to keep the group, or the reason token it is filtered for. Raises ScoringError."""
+        """None to keep the group, or the reason (free text) it is filtered for. Raises ScoringError."""
         fn = self.filter
         if fn is None:
             return None
@@ -120,7 +120,7 @@ class Scorer:
             return None
         reason = fn.__name__ if verdict is True else verdict
         try:
-            return check_reason_token(reason)
+            return check_reason(reason, "filter reason")
         except ValueError as exc:
             raise ScoringError(f"filter {_name(fn)} returned a bad reason: {exc}") from exc
 

@@ -21,6 +21,7 @@ Exit codes (stable; shell scripts may rely on them, the message is on stderr):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -36,6 +37,7 @@ from ..errors import (
     RolloutQueueError,
     StateConflict,
 )
+from ..escape import clean
 from . import admin, entries, processes, rl, status
 from .common import (
     EXIT_DENIED,
@@ -67,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _exit(code: int, message: str) -> int:
-    print(f"rollout-queue: {message}", file=sys.stderr)
+    # Messages quote values from Redis (a corrupt field, a worker id): escaped like every other output.
+    print(f"rollout-queue: {clean(message)}", file=sys.stderr)
     return code
 
 
@@ -123,6 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit(EXIT_FAIL, str(exc))
     except (ConnectionError, redis.exceptions.ConnectionError, OSError) as exc:
         return _exit(EXIT_UNREACHABLE, f"cannot reach Redis at {args.url}: {exc}")
+    except Exception as exc:
+        # A bug (the views read garbage leniently, so this is not bad data): one clear line instead of a
+        # traceback on an operator's terminal; ROLLOUT_QUEUE_DEBUG=1 re-raises it for a bug report.
+        if os.environ.get("ROLLOUT_QUEUE_DEBUG"):
+            raise
+        return _exit(EXIT_FAIL, f"internal error ({type(exc).__name__}: {exc}); please report it with the "
+                                "command line (ROLLOUT_QUEUE_DEBUG=1 shows the traceback)")
 
 
 if __name__ == "__main__":

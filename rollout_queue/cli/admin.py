@@ -80,6 +80,11 @@ def _dlq_change(args: argparse.Namespace) -> int:
 # -- config --------------------------------------------------------------------------------------
 
 
+#: The QueueConfig fields that may be None (`config set name=none`), and what None means.
+OPTIONAL = {"max_staleness": "strictly on-policy", "batch_groups": "no admission control",
+            "settled_retention_s": "keep settled lines forever"}
+
+
 def parse_setting(text: str) -> tuple[str, Any]:
     """``name=value`` with the type of the QueueConfig field; 'none' for the optional bounds."""
     name, sep, raw = text.partition("=")
@@ -87,44 +92,57 @@ def parse_setting(text: str) -> tuple[str, Any]:
         raise UsageError(f"config set takes name=value pairs, got {text!r}")
     if name not in QueueConfig.__dataclass_fields__:
         raise UsageError(f"unknown config field {name!r}; known: {', '.join(QueueConfig.__dataclass_fields__)}")
-    if name in ("max_staleness", "batch_groups", "settled_retention_s") and raw.lower() in ("none", "null", ""):
-        return name, None
+    if raw.strip().lower() in ("none", "null", ""):
+        if name in OPTIONAL:
+            return name, None
+        raise UsageError(f"{name} cannot be none: it is not optional (only {', '.join(OPTIONAL)} are); "
+                         f"give {'fifo or lifo' if name == 'buffer_order' else 'a number'}")
     if name == "buffer_order":
         return name, raw
     try:
         return name, float(raw) if name.endswith("_s") else int(raw)
     except ValueError as exc:
-        raise UsageError(f"{name}: {raw!r} is not a number") from exc
+        kind = "seconds" if name.endswith("_s") else "an integer"
+        raise UsageError(f"{name}: {raw!r} is not a number ({kind})") from exc
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "show":
         view = open_view(args)
-        cfg = view.run(views.config(view.keys))
+        values, corrupt = view.run(views.stored_config(view.keys))
         if args.json:
-            print_json(cfg)
+            print_json({**values, "corrupt": corrupt} if corrupt else QueueConfig(**values))  # type: ignore[arg-type]
         else:
             render.emit([render.section(f"config of queue {args.queue}", ("field", "value"),
-                                        [(k, v) for k, v in render_config(cfg).items()])])
+                                        [(k, v) for k, v in render_config(values, corrupt).items()])])
         return EXIT_OK
     if not args.settings:
         raise UsageError("config set needs name=value pairs, e.g. max_attempts=5")
     changes = dict(parse_setting(s) for s in args.settings)
     confirm(args, "config set changes the bounds every client enforces")
-    q = open_queue(args)
+    # Not open_queue: a client's open refuses a queue whose stored config is corrupt, and repairing
+    # it is this command's job. config_set.lua checks the library version and every field itself.
+    q = open_view(args)
     try:
         old, new, n = q.run(actions.set_config(q.keys, changes))
     except ValueError as exc:
         raise InvalidInput(f"config set refused: {exc}") from exc
     log_action(args, "config changed", "config_set", fields_changed=n,
-               changes={name: [getattr(old, name), getattr(new, name)] for name in changes})
+               changes={name: [old[name], getattr(new, name)] for name in changes})
     for name in changes:
-        print_line(name, getattr(old, name), getattr(new, name))
+        print_line(name, _shown(old[name]), _shown(getattr(new, name)))
     return EXIT_OK
 
 
-def render_config(cfg: QueueConfig) -> dict[str, Any]:
-    return {k: "none" if getattr(cfg, k) is None else getattr(cfg, k) for k in QueueConfig.__dataclass_fields__}
+def _shown(value: Any) -> Any:
+    return "none" if value is None else value
+
+
+def render_config(values: dict[str, Any], corrupt: dict[str, str]) -> dict[str, Any]:
+    """Each field as `config show` prints it (QueueConfig.stored_fields): a stored field that does not
+    decode is marked CORRUPT with its raw value (``config set`` repairs it)."""
+    return {k: f"CORRUPT ({corrupt[k]}): repair with config set" if k in corrupt else _shown(values[k])
+            for k in QueueConfig.__dataclass_fields__}
 
 
 # -- drain ---------------------------------------------------------------------------------------
@@ -137,9 +155,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
         if args.json:
             print_json(status)
         else:
+            left = None if status.deadline_ms is None else status.deadline_ms - status.server_ms
             print_line("draining" if status.active else "not_draining", status.executing_groups,
-                       render.duration(status.deadline_ms - status.server_ms) if status.active else "-",
-                       status.reason)
+                       render.duration(left) if status.active else "-", status.reason)
         return EXIT_OK
     confirm(args, f"drain {args.action} {'closes' if args.action == 'start' else 'reopens'} admission")
     q = open_queue(args)
@@ -206,7 +224,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("config", help="show or set the queue's stored config (validated, atomic)")
     p.add_argument("action", choices=["show", "set"])
     p.add_argument("settings", nargs="*", metavar="name=value", help="set: fields of QueueConfig ('none' clears "
-                   "max_staleness or batch_groups)")
+                   "max_staleness, batch_groups or settled_retention_s); also repairs a corrupt stored field")
     p.add_argument("--json", action="store_true")
     p.add_argument("--yes", action="store_true", help="confirm a state change")
     p.set_defaults(func=cmd_config)

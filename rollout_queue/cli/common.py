@@ -22,6 +22,7 @@ import redis
 from .. import views
 from ..client import RolloutQueue, redis_options
 from ..cluster import connect
+from ..escape import clean, json_safe
 from ..keys import QueueKeys, validate_queue_name
 from ..logs import fields
 from ..transport import Durability, RetryPolicy
@@ -110,7 +111,9 @@ def durability(args: argparse.Namespace) -> Durability | None:
 
 
 def open_view(args: argparse.Namespace) -> QueueView:
-    return QueueView(client(args), args.queue, CLI_RETRY)
+    """A read-only handle (no ``open``); under --durable-replicas its state-changing calls (config
+    set runs through it) wait for the replicas too."""
+    return QueueView(client(args), args.queue, CLI_RETRY, durability=durability(args))
 
 
 def open_queue(args: argparse.Namespace, must_exist: bool = True) -> RolloutQueue:
@@ -141,12 +144,15 @@ def to_json(value: Any) -> Any:
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(to_json(value), option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+    """Indented JSON on stdout; strings keep their text exactly, as JSON escapes (they can only occur
+    inside strings, so escaping them keeps the document valid)."""
+    sys.stdout.write(json_safe(orjson.dumps(to_json(value), option=orjson.OPT_INDENT_2, default=str).decode()) + "\n")
 
 
 def print_line(*values: Any) -> None:
-    """A tab-separated result line on stdout (for `cut -f`)."""
-    print("\t".join(str(v) for v in values), flush=True)
+    """A tab-separated result line on stdout (for `cut -f`); each value is clean text (escape.clean),
+    so a tab or newline inside a value can never forge a field or a line."""
+    print("\t".join(clean(v) for v in values), flush=True)
 
 
 def log_action(args: argparse.Namespace, message: str, action: str, **values: Any) -> None:

@@ -2,15 +2,21 @@
 ``cli`` extra) and as aligned plain text otherwise or when output is not a terminal.
 
 Pure functions from view values to ``Section``s, and two renderers. No Redis here.
+Rule: every value shown passes through ``clean`` (escape.py): ``section`` applies it to every title
+and cell, common.print_line to every field, logs.py and the error line on stderr too, so text from
+Redis (a source_id with a newline, a reason with ANSI escapes) can neither forge a line nor drive the
+terminal; the rich renderer also escapes markup (``[bold]``), so brackets print as typed.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from ..escape import clean
 from ..view_models import STATES, DrainStatus, EntryView, LeaseView, Snapshot, WorkerView, state_counts
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -24,14 +30,25 @@ class Section:
 
 
 def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Section:
-    return Section(title, tuple(columns), tuple(tuple("" if v is None else str(v) for v in r) for r in rows))
+    """A table whose every title and cell is clean text (None shows as empty)."""
+    return Section(clean(title), tuple(clean(c) for c in columns),
+                   tuple(tuple("" if v is None else clean(v) for v in r) for r in rows))
+
+
+#: Beyond this a duration is shown as a bound: no stored time a script writes is this far away.
+LONGEST_MS = 10_000 * 86_400_000
 
 
 def duration(ms: int | float | None) -> str:
-    """A signed duration for people: 850ms, 12.3s, 4m05s, 2h10m."""
+    """A signed duration for people: 850ms, 12.3s, 4m05s, 2h10m, 3d04h; '?' for a value that is no
+    duration (NaN), '>10000d' beyond ~27 years (a garbage score of 1e308 is not 200 digits)."""
     if ms is None:
         return "-"
+    if not isinstance(ms, (int, float)) or (isinstance(ms, float) and math.isnan(ms)):
+        return "?"
     sign, ms = ("-" if ms < 0 else ""), abs(ms)
+    if ms > LONGEST_MS:
+        return f"{sign}>10000d"
     if ms < 1000:
         return f"{sign}{int(ms)}ms"
     s = ms / 1000
@@ -39,7 +56,14 @@ def duration(ms: int | float | None) -> str:
         return f"{sign}{s:.1f}s"
     if s < 3600:
         return f"{sign}{int(s // 60)}m{int(s % 60):02d}s"
-    return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    if s < 172_800:
+        return f"{sign}{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{sign}{int(s // 86_400)}d{int(s % 86_400 // 3600):02d}h"
+
+
+def _since(a: int | None, b: int | None) -> int | None:
+    """a - b, or None when either is unknown (garbage in Redis)."""
+    return None if a is None or b is None else a - b
 
 
 def sparkline(values: Sequence[float | None]) -> str:
@@ -80,7 +104,8 @@ def policy_section(snap: Snapshot) -> Section:
 
 def _admission(drain: DrainStatus, holds: int) -> str:
     if drain.active:
-        return f"DRAINING ({drain.reason or 'no reason given'}), ends in {duration(drain.deadline_ms - drain.server_ms)}"
+        ends = "? (garbage)" if drain.deadline_ms is None else duration(_since(drain.deadline_ms, drain.server_ms))
+        return f"DRAINING ({drain.reason or 'no reason given'}), ends in {ends}"
     return f"HELD by {holds} admission hold(s)" if holds else "open"
 
 
@@ -94,19 +119,30 @@ def attempts_section(snap: Snapshot) -> Section:
 
 def workers_section(ws: Sequence[WorkerView], limit: int = 20) -> Section:
     alive = sum(1 for w in ws if w.alive)
-    rows = [(w.worker_id, "alive" if w.alive else ("unregistered" if w.last_heartbeat_ms is None else "SILENT"),
-             duration(w.silent_ms), w.executing_groups, duration(w.idle_ms)) for w in ws[:limit]]
+    rows = [(w.worker_id, worker_status(w), duration(w.silent_ms), w.executing_groups, duration(w.idle_ms))
+            for w in ws[:limit]]
     if len(ws) > limit:
         rows.append((f"... {len(ws) - limit} more", "", "", "", ""))
     return section(f"workers: {alive} alive, {len(ws) - alive} silent or unregistered",
                    ("worker", "status", "last heartbeat", "executing", "idle"), rows)
 
 
+def worker_status(w: WorkerView) -> str:
+    if w.garbage:
+        return "GARBAGE " + "; ".join(w.garbage)
+    return "alive" if w.alive else ("unregistered" if w.last_heartbeat_ms is None else "SILENT")
+
+
 def leases_section(ls: Sequence[LeaseView], limit: int = 20) -> Section:
-    rows = [(lv.lease_id, lv.trainer, lv.groups, lv.version,
-             f"in {duration(lv.remaining_ms)}" if lv.remaining_ms >= 0 else f"OVERDUE {duration(-lv.remaining_ms)}")
+    rows = [(lv.lease_id, lv.trainer, lv.groups, "?" if lv.version is None else lv.version, _deadline(lv))
             for lv in ls[:limit]]
     return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "deadline"), rows)
+
+
+def _deadline(lv: LeaseView) -> str:
+    left = "?" if lv.remaining_ms is None else (
+        f"in {duration(lv.remaining_ms)}" if lv.remaining_ms >= 0 else f"OVERDUE {duration(-lv.remaining_ms)}")
+    return left + (f" (GARBAGE {'; '.join(lv.garbage)})" if lv.garbage else "")
 
 
 def snapshot_sections(snap: Snapshot) -> list[Section]:
@@ -123,7 +159,8 @@ def entry_sections(e: EntryView) -> list[Section]:
         beat = "never registered" if e.worker_heartbeat_ms is None else duration(e.server_ms - e.worker_heartbeat_ms) + " ago"
         rows.append(("worker", f"{e.worker_id} ({'alive' if e.worker_alive else 'SILENT'}, last heartbeat {beat})"))
     if e.lease_id:
-        rows.append(("lease", f"{e.lease_id} by {e.lease_trainer}, deadline in {duration(e.lease_deadline_ms - e.server_ms)}"))
+        rows.append(("lease", f"{e.lease_id} by {e.lease_trainer}, deadline in "
+                     f"{duration(_since(e.lease_deadline_ms, e.server_ms))}"))
     if e.min_version is not None:
         rows.append(("oldest sample version", f"{e.min_version} (staleness {e.staleness} at version {e.version})"))
     if e.completion_bytes is not None:
@@ -133,6 +170,8 @@ def entry_sections(e: EntryView) -> list[Section]:
     rows += [("ledger", e.ledger or "-"), ("source_id", e.source_id or "-"), ("n", e.n or "-")]
     if e.group is not None:
         rows.append(("prompt", e.group.prompt if len(e.group.prompt) <= 200 else e.group.prompt[:200] + "…"))
+    if e.garbage:
+        rows.append(("GARBAGE (unreadable in Redis)", "; ".join(e.garbage)))
     history = [(a.attempt, a.worker_id, a.terminal, a.reason) for a in e.history]
     return [section(f"entry {e.entry_id}", ("", ""), rows),
             section("attempts that ended without a completion", ("attempt", "worker", "terminal", "reason"), history)]
@@ -160,9 +199,9 @@ def rich_group(sections: Sequence[Section]) -> Any:
         return None
     tables = []
     for s in sections:
-        table = Table(title=s.title, title_justify="left", show_header=any(s.columns))
+        table = Table(title=escape(s.title), title_justify="left", show_header=any(s.columns))
         for c in s.columns:
-            table.add_column(c)
+            table.add_column(escape(c))
         for row in s.rows:
             table.add_row(*(escape(v) for v in row))  # reasons and prompts may hold [brackets]
         tables.append(table)

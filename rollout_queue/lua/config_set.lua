@@ -4,8 +4,8 @@ KEYS:
   meta       config, policy version and counters
 ARGV:
   library    the caller's script library version (must equal the stored one)
-  *fields    triples: config name, the stored value the caller read, the new value (stored form,
-             every field of QueueConfig.to_meta, already validated by QueueConfig)
+  *fields    triples: config name, the stored value the caller read ('' if absent), the new value
+             (stored form, every field of QueueConfig.to_meta, already validated by QueueConfig)
 Returns:
   {'ok', fields changed}
   {'config_mismatch', 'library', stored, given}          another library version owns the queue
@@ -13,18 +13,30 @@ Returns:
                                                          it; nothing written (read again, retry)
 Invariant:
   the stored config is exactly the validated one the caller built from the config it read: a
-  concurrent change is never overwritten and a partly written config never exists.
+  concurrent change is never overwritten and a partly written config never exists. It does not
+  load the config it replaces, so a field holding garbage (which fails every other script with
+  "corrupt config") is repaired by setting it; every new value is a decimal integer (buffer_order
+  fifo or lifo), so the stored config decodes afterwards.
 ]]
--- @include load_config
-local cfg = load_config()
+-- @include bug
+local FIELDS = {max_executing_samples = 1, max_retained_groups = 1, max_completed_groups = 1, max_staleness = 1,
+  batch_groups = 1, buffer_order = 1, lease_timeout_ms = 1, worker_timeout_ms = 1, max_attempts = 1,
+  max_payload_bytes = 1, hold_timeout_ms = 1, commits_maxlen = 1, lease_record_ttl_ms = 1, settled_retention_ms = 1}
+local library = redis.call('HGET', K.meta, 'library')
+if not library then bug('queue not initialised: open it with RolloutQueue.from_url first') end
 local f = A.fields
 if #f % 3 ~= 0 or #f == 0 then bug('config_set takes name, expected, new triples, got ' .. #f .. ' values') end
-if cfg.library ~= A.library then return {'config_mismatch', 'library', cfg.library, A.library} end
+if library ~= A.library then return {'config_mismatch', 'library', library, A.library} end
 for i = 1, #f, 3 do
-  local stored = redis.call('HGET', K.meta, f[i])
-  if stored == false then bug('unknown config field: ' .. f[i]) end
+  if not FIELDS[f[i]] then bug('unknown config field: ' .. f[i]) end
+  local valid = f[i] == 'buffer_order' and (f[i + 2] == 'fifo' or f[i + 2] == 'lifo')
+    or f[i] ~= 'buffer_order' and string.match(f[i + 2], '^%-?%d+$')
+  if not valid then bug('bad value for ' .. f[i] .. ': ' .. f[i + 2]) end
+  local stored = redis.call('HGET', K.meta, f[i]) or ''
   if stored ~= f[i + 1] then return {'config_changed', f[i], stored, f[i + 1]} end
 end
+local count = redis.call('HGET', K.meta, 'config_changes')
+if count and not string.match(count, '^%-?%d+$') then bug('corrupt counter in meta: config_changes = ' .. count) end
 local changed = 0
 for i = 1, #f, 3 do
   if f[i + 1] ~= f[i + 2] then

@@ -10,13 +10,15 @@ ARGV:
   entry_id   the receipt's entry ID
   attempt    the receipt's attempt
   worker_id  the receipt's worker
-  reason     short token, counted per reason (e.g. 'zero_std')
+  reason     free text (e.g. 'all rewards equal'), kept whole in the ledger line; counted under
+             its token (reason_counter: at most 32 named counters, then 'other')
 Returns:
   {'ok', 'filtered' | 'replay'}
   {'stale_receipt', owner, delivery_count}   nothing written
 Invariant:
   the entry is XACKed and XDELed, its executing and retained capacity released, and the ledger says
-  s|filtered for this exact receipt; the settlement is recorded in settled for prune.
+  s|filtered|<attempt>|<worker>|<reason> for this exact receipt; the settlement is recorded in settled
+  for prune; meta holds at most 32 named filtered_reason:* counters besides filtered_reason:other.
 ]]
 -- @include now_ms
 -- @include load_config
@@ -26,6 +28,7 @@ Invariant:
 -- @include read_entry
 -- @include release_executing
 -- @include record_settled
+-- @include reason_counter
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
@@ -44,5 +47,5 @@ redis.call('XDEL', K.src, id)
 ledger_set(id, settled)
 redis.call('HINCRBY', K.meta, 'retained', -1)
 redis.call('HINCRBY', K.meta, 'filtered', 1)
-redis.call('HINCRBY', K.meta, 'filtered_reason:' .. A.reason, 1)
+redis.call('HINCRBY', K.meta, reason_counter(A.reason), 1)
 return {'ok', 'filtered'}

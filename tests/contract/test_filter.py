@@ -1,8 +1,9 @@
 """Contract of filter.lua: executing -> settled(filtered): consumed, never trained, never replayed.
 
 Header outcomes: {'ok', 'filtered' | 'replay'} and {'stale_receipt', owner, count} (nothing
-written). Invariant: XACKed and XDELed, executing and retained capacity released, counted by reason,
-and idempotent per receipt (DESIGN rule 5).
+written). Invariant: XACKed and XDELed, executing and retained capacity released, counted by the
+reason's token (at most 32 named counters, then 'other'), the reason's text kept in the ledger, and
+idempotent per receipt (DESIGN rule 5).
 """
 
 from __future__ import annotations
@@ -74,12 +75,53 @@ def test_a_stale_filter_changes_nothing(open_queue, raw: redis.Redis, queue_name
     assert res2.receipt.attempt == 2
 
 
-@pytest.mark.parametrize("reason", ["", "has space", "x" * 65, "a|b"])
-def test_a_reason_must_be_a_short_token(open_queue, raw: redis.Redis, queue_name: str, reason: str) -> None:
+@pytest.mark.parametrize("reason, token", [
+    ("all rewards equal", "all_rewards_equal"), ("Zero STD!!", "zero_std"), ("__a__b__", "a_b"),
+    ("zero_std.v2:a-b", "zero_std_v2_a_b"), ("a|b", "a_b"), ("", "other"), ("!!!", "other"), ("Other", "other"),
+    ("éé ünïcode", "n_code"), ("line\nbreak \x1b[31mred", "line_break_31mred"),
+    ("x" * 65, "x" * 48), ("y" * 47 + " z", "y" * 47), ("r" * 3000, "r" * 48),
+])
+def test_a_reason_is_free_text_kept_whole_and_counted_by_its_token(open_queue, raw: redis.Redis, queue_name: str,
+                                                                   reason: str, token: str) -> None:
+    """Issue 12 item 13: users write reasons as text. The ledger keeps the text (capped at 2,000
+    characters, like every reason), the counter is its token: lowercase, runs of other characters one
+    '_', trimmed, at most 48 characters ('other' when nothing is left)."""
+    q = open_queue(CFG)
+    [eid] = q.submit([group("txt")])
+    w = q.worker("w1")
+    [res] = w.reserve(1)
+    assert w.filter(res.receipt, reason) == "filtered"
+    assert ledger(raw, queue_name, eid) == "s|filtered|1|w1|" + reason[:2000]
+    assert counter(raw, queue_name, f"filtered_reason:{token}") == 1
+    assert q.stats().filtered_by_reason == {token: 1}
+    assert w.filter(res.receipt, reason) == "replay"  # the full text is the replay key
+
+
+def test_reason_counters_are_bounded_across_clients(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    """At most 32 distinct reason counters, the first ones seen, decided inside filter.lua: every later
+    new reason counts as 'other', whichever client filters; a known reason keeps its own counter."""
+    q = open_queue(QueueConfig())
+    reasons = [f"reason {i}" for i in range(40)]
+    ids = q.submit([group(f"b{i}") for i in range(len(reasons) + 2)])
+    workers = [q.worker("w1"), open_queue(QueueConfig(), name=queue_name).worker("w2")]  # two clients
+    for i, reason in enumerate(reasons + ["reason 3", "REASON 39"]):
+        [res] = workers[i % 2].reserve(1)
+        workers[i % 2].filter(res.receipt, reason)
+    by = q.stats().filtered_by_reason
+    assert len([k for k in by if k != "other"]) == 32 and by["other"] == 40 - 32 + 1  # 'REASON 39' too
+    assert by["reason_0"] == 1 and by["reason_3"] == 2 and by["reason_31"] == 1 and "reason_32" not in by
+    assert sum(by.values()) == q.stats().filtered == len(ids)
+    assert counter(raw, queue_name, "filtered_reasons") == 32
+    fields = [k for k in raw.hkeys(keys(queue_name)["meta"]) if k.startswith(b"filtered_reason:")]
+    assert len(fields) == 33
+
+
+@pytest.mark.parametrize("reason", [None, 3, b"zero_std", ["a"]])
+def test_a_reason_must_be_text(open_queue, raw: redis.Redis, queue_name: str, reason: object) -> None:
     q = open_queue(CFG)
     q.submit([group("tok")])
     [res] = q.worker("w1").reserve(1)
     before = snapshot(raw, queue_name)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInput, match="filter reason must be a string"):
         q.worker("w1").filter(res.receipt, reason)
     assert snapshot(raw, queue_name) == before

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from rollout_queue import HoldLost, ScriptError, VersionRegression
+from rollout_queue import HoldLost, InvalidInput, ScriptError, VersionRegression
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import check_header, keys, meta
+from tests.contract.worker_support import call
 from tests.helpers import wait_until
 
 
@@ -90,8 +91,10 @@ def test_through_a_released_hold_is_hold_lost(open_queue, raw, queue_name) -> No
 
 def test_out_of_range_versions_are_refused(open_queue) -> None:
     q = open_queue()
-    with pytest.raises(ScriptError, match="ROLLOUTQ"):
-        q.publish_version(2**21)
-    with pytest.raises(ScriptError, match="ROLLOUTQ"):
-        q.publish_version(-1)
+    for bad in (2**21, -1, 1.5, True):  # the client refuses them before sending (issue 12 item 12) ...
+        with pytest.raises(InvalidInput, match="version"):
+            q.publish_version(bad)
+    for bad in (2**21, -1, 1.5):  # ... and the script still does, for a raw call
+        with pytest.raises(ScriptError, match="ROLLOUTQ bad version"):
+            call(q, "publish_version", version=bad, weights_uri="", hold_id="")
     assert q.version == 0

@@ -35,7 +35,7 @@ LOGPROB = st.one_of(st.floats(max_value=0.0, allow_nan=False, width=32), st.samp
 def samples(draw: st.DrawFn) -> Sample:
     ids = draw(st.lists(IDS, max_size=24))
     lps = tuple(map(_f32, draw(st.lists(LOGPROB, min_size=len(ids), max_size=len(ids))))) if draw(st.booleans()) else ()
-    return Sample(draw(st.integers(0, 70_000)), ids, lps,
+    return Sample(draw(st.integers(0, 65_535)), ids, lps,  # slots are < n <= 65536
                   draw(st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False))),
                   draw(st.integers(0, 2**21 - 1)), draw(st.text(max_size=8).filter(_utf8)),
                   tuple(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3))))

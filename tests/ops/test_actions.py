@@ -88,7 +88,7 @@ def test_config_set_compares_every_field_before_writing(known_state: KnownState,
         flow.send(st.q.transport.execute(op))              # ... so the write is refused whole
     assert dump(r, st) == before
     old, new, changed = st.q.run(actions.set_config(keys, {"max_attempts": 4}))
-    assert (old.max_attempts, new.max_attempts, changed) == (2, 4, 1)
+    assert (old["max_attempts"], new.max_attempts, changed) == (2, 4, 1)
     assert RolloutQueue(st.q.client, st.queue).config == QueueConfig(
         worker_timeout_s=0.5, max_attempts=4, max_staleness=2, lease_timeout_s=5.0)
     with pytest.raises(ValueError, match="max_attempts"):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import Receipt, StaleReceipt
+from rollout_queue import InvalidInput, QueueConfig, Receipt, ScriptError, StaleReceipt
 from rollout_queue.cli import status
 from rollout_queue.local_server import pick_free_port
 from tests.ops.conftest import ALIVE, SILENT, TRAINER, Cli, KnownState, samples
@@ -192,6 +192,46 @@ def test_config_set_validates_and_stores_atomically(cli: Cli, known_state: Known
         code, _, err = run(cli, st, "config", "set", bad, "--yes")
         assert code == 2 and why in err, bad
     assert json.loads(run(cli, st, "config", "show", "--json")[1])["max_attempts"] == 5
+
+
+@pytest.mark.parametrize("field", ["max_staleness", "batch_groups"])
+def test_a_bool_bound_is_refused_and_config_set_none_repairs_a_stored_one(cli: Cli, known_state: KnownState,
+                                                                         r: redis.Redis, field: str) -> None:
+    """Issue 12 item 11: QueueConfig(max_staleness=True) was stored as "True" and bricked the queue (every
+    script failed "corrupt config", and `config set max_staleness=none` failed too)."""
+    st = known_state
+    with pytest.raises(InvalidInput, match=field):
+        QueueConfig(**{field: True})
+    r.hset(f"{st.prefix}:meta", field, "True")  # what an older build stored, or a hand edit
+    with pytest.raises(ScriptError, match="corrupt config"):
+        st.workers[ALIVE].reserve(1)
+    code, out, _ = run(cli, st, "config", "show")
+    assert code == 0 and "CORRUPT" in out and "'True'" in out
+    code, _, err = run(cli, st, "config", "set", "max_attempts=4", "--yes")  # the corrupt field is named
+    assert code == 2 and field in err and "config set" in err
+    code, out, err = run(cli, st, "config", "set", f"{field}=none", "--yes")
+    assert code == 0 and out.startswith(f"{field}\t'True'\tnone"), (out, err)
+    cfg = json.loads(run(cli, st, "config", "show", "--json")[1])
+    assert cfg[field] is None and "corrupt" not in cfg
+    st.workers[ALIVE].heartbeat()
+    assert st.workers[ALIVE].reserve(1)  # the queue works again
+
+
+def test_config_set_none_for_every_optional_field_and_a_clear_error_otherwise(cli: Cli, known_state: KnownState
+                                                                              ) -> None:
+    st = known_state
+    code, out, err = run(cli, st, "config", "set", "max_staleness=none", "batch_groups=none",
+                         "settled_retention_s=none", "--yes")
+    assert code == 0, err
+    cfg = json.loads(run(cli, st, "config", "show", "--json")[1])
+    assert (cfg["max_staleness"], cfg["batch_groups"], cfg["settled_retention_s"]) == (None, None, None)
+    for name in ("max_attempts", "lease_timeout_s", "buffer_order"):
+        code, _, err = run(cli, st, "config", "set", f"{name}=none", "--yes")
+        assert code == 2 and "cannot be none" in err and "not optional" in err, err
+    for bad in ("lease_timeout_s=inf", "lease_timeout_s=nan", "max_attempts=1e400", "hold_timeout_s=1e300",
+                "max_staleness=true", "max_attempts=9007199254740993"):
+        code, _, err = run(cli, st, "config", "set", bad, "--yes")
+        assert code == 2 and "Traceback" not in err, (bad, err)
 
 
 def test_drain_closes_admission_until_stopped(cli: Cli, known_state: KnownState) -> None:

@@ -193,8 +193,8 @@ def test_malformed_columns_cannot_exist(change: dict[str, object], message: str)
         _columns(**change)
 
 
-def test_versions_that_are_not_a_sequence_are_a_type_error() -> None:
-    with pytest.raises(TypeError):
+def test_versions_that_are_not_a_sequence_are_invalid_input() -> None:
+    with pytest.raises(InvalidInput, match="versions must be a sequence"):  # was a TypeError (issue 12 item 12)
         _columns(version_lists=((), 5))
 
 

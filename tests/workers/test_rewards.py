@@ -102,8 +102,9 @@ def test_filter_verdicts() -> None:
 
     assert run(Scorer(filter=always).check(GROUP, [])) == "always"
     assert run(Scorer(filter=lambda g, s: False).check(GROUP, [])) is None
+    assert run(Scorer(filter=lambda g, s: "all rewards equal!").check(GROUP, [])) == "all rewards equal!"
     with pytest.raises(ScoringError, match="bad reason"):
-        run(Scorer(filter=lambda g, s: "not a token!").check(GROUP, []))
+        run(Scorer(filter=lambda g, s: 3).check(GROUP, []))
 
 
 def test_arithmetic_exact_match() -> None:

@@ -8,7 +8,8 @@ takes effect for every client at once and two clients can never enforce differen
 local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 'dead', 'dead_purged',
   'dead_requeued', 'evicted_stale', 'evicted_overflow', 'executing_groups', 'executing_samples', 'filtered',
   'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'submitted', 'failed', 'malformed',
-  'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted'}
+  'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted',
+  'filtered_reasons'}
 local function is_integer(raw)
   -- Absent (HMGET gives false) is the caller's call; anything present must be a decimal integer.
   return not raw or string.match(raw, '^%-?%d+$') ~= nil
@@ -49,7 +50,7 @@ local function load_config()
     local raw = v[i < 6 and i + 1 or i + 2]  -- v[1] is library, v[7] buffer_order
     local optional = name == 'version' or name == 'checkpoint'
     if (not raw and not optional) or not is_integer(raw) then
-      bug('corrupt config in meta: ' .. name .. ' = ' .. tostring(raw) .. ' (fix it with `rollout-queue config`)')
+      bug('corrupt config in meta: ' .. name .. ' = ' .. tostring(raw) .. ' (see `rollout-queue config show`; repair it with `config set`)')
     end
   end
   if c.buffer_order ~= 'fifo' and c.buffer_order ~= 'lifo' then bug('corrupt config in meta: buffer_order') end
