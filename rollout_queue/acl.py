@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .keys import QueueKeys
-from .scripts import LIBRARY_VERSION, SCRIPTS, Script
+from .scripts import LIBRARY_VERSION, READ_ONLY_SCRIPTS, SCRIPTS, Script
 
 #: Commands whose ACL rules name a subcommand (``xgroup|create``) or a first argument (``info|server``:
 #: the queue clock reads the server's run_id, lua/include/now_ms.lua): granting the whole command
@@ -63,14 +63,17 @@ XAUTOCLAIM XCLAIM XDEL XGROUP XREADGROUP XTRIM PUBLISH
 READ_COMMANDS = (
     "xpending", "xrange", "xrevrange", "xlen", "xinfo|stream", "xinfo|groups", "xinfo|consumers",
     "zrange", "zrangebyscore", "zrevrange", "zscore", "zcard", "zcount", "hget", "hgetall", "hmget", "hlen",
-    "hstrlen", "hexists", "hkeys", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding", "scan",
+    "hstrlen", "hexists", "hkeys", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding",
 )
 
 
 @dataclass(frozen=True)
 class Role:
     """What one kind of process needs. ``raw`` are commands its client sends outside scripts, on the key
-    roles ``raw_keys``; ``all_keys`` grants the queue's whole prefix instead of the keys listed."""
+    roles ``raw_keys``; ``all_keys`` grants the queue's whole prefix instead of the keys listed;
+    ``read_keys`` are key roles it may only read (``%R~``), whatever its scripts' commands;
+    ``read_only``: no write command at all, and no SCRIPT LOAD (its scripts are loaded for it by the
+    first other client after a restart: transport._companions)."""
 
     name: str
     summary: str
@@ -80,12 +83,13 @@ class Role:
     versions_channel: bool = False
     all_keys: bool = False
     read_only: bool = False
+    read_keys: tuple[str, ...] = ()
 
 
 _OPEN = ("open",)
 ROLES: dict[str, Role] = {r.name: r for r in (
-    Role("producer", "submits source groups (submit, or produce: groups + cursor)", _OPEN + ("submit", "produce"),
-         ("hget",), ("meta", "producers")),
+    Role("producer", "submits source groups (submit, or produce: groups + cursor); reads the config",
+         _OPEN + ("submit", "produce"), ("hget",), ("meta", "producers"), read_keys=("meta",)),
     Role("worker", "reserves, completes, fails, aborts, filters; heartbeats",
          _OPEN + ("reserve", "complete", "complete_many", "fail", "abort", "filter", "reject", "heartbeat",
                   "close_worker"),
@@ -96,7 +100,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          ("hget", "hmget", "xread"), ("meta", "results", "wake_work", "wake_done"), versions_channel=True),
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",
-                  "finish_interrupted")),
+                  "finish_interrupted", "reindex")),
     Role("operator", "read-only: stats, top, inspect, workers, leases, metrics, the redis-cli guide",
          ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True,
          read_only=True),
@@ -128,7 +132,7 @@ def script_commands(script: Script) -> set[str]:
 
 def script_keys(script: Script, keys: QueueKeys) -> set[str]:
     """Key patterns of a script: its declared KEYS and the lease records and clock it builds (same hash tag)."""
-    out = {keys[role] for role in script.keys}
+    out = {keys[role] for role in script.keys + script.reads}
     if "'lease:'" in script.source:
         out.add(keys.lease("*"))
     if "'clock'" in script.source:
@@ -171,16 +175,21 @@ def role_rules(queue: str, role: str, password: str | None = None,
                          tuple(head + ["~" + keys.pattern, "&" + keys.pattern] + list(ADMIN_RULES)))
     spec = ROLES[role]
     scripts = [library[name] for name in spec.scripts]
-    commands = {"ping", "time", "script|load", "wait"} | set(spec.raw)
+    commands = {"ping", "time"} | set(spec.raw) | (set() if spec.read_only else {"script|load", "wait"})
     patterns = {keys[k] for k in spec.raw_keys}
     for script in scripts:
         commands |= script_commands(script)
         patterns |= script_keys(script, keys)
     if spec.read_only:
         commands = {c for c in commands if c.split("|")[0] not in WRITE_COMMANDS}
-    key_rules = ["~" + keys.pattern] if spec.all_keys else ["~" + k for k in sorted(patterns)]
+    read = {keys[k] for k in spec.read_keys}
+    if spec.all_keys:
+        key_rules = ["%R~" + keys.pattern if spec.read_only else "~" + keys.pattern]
+    else:
+        key_rules = ["~" + k for k in sorted(patterns - read)] + ["%R~" + k for k in sorted(read)]
     rules = head + key_rules + (channel if spec.versions_channel or "publish" in commands else [])
-    rules += ["+" + c for c in sorted(commands)] + [f"+evalsha|{s.sha}" for s in scripts]
+    rules += ["+" + c for c in sorted(commands)] + [
+        f"+{'evalsha_ro' if s.name in READ_ONLY_SCRIPTS else 'evalsha'}|{s.sha}" for s in scripts]
     return RoleRules(role, user_name(queue, role), tuple(rules))
 
 

@@ -36,6 +36,7 @@ KEY_SUFFIXES: dict[str, str] = {
     "producers": "producers",
     "settled": "settled",
     "clock": "clock",
+    "intake": "intake",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

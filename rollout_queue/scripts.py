@@ -15,11 +15,19 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping
 
+from .keys import KEY_SUFFIXES
+
+#: Scripts that write nothing queue state (their headers say read-only): sent as EVALSHA_RO (so a
+#: read-only ACL role may run them), never followed by WAIT in durable mode, and loaded beside any
+#: script a restarted server forgot (transport._companions). Every other script, including any added
+#: later, counts as a write: forgetting a name here costs a WAIT, never durability.
+READ_ONLY_SCRIPTS = frozenset({"stats", "reap_scan"})
+
 #: Version of the data layout the scripts keep in Redis. Bump when a key's meaning changes.
-DATA_LAYOUT = 1
+DATA_LAYOUT = 2
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
-_SECTION = re.compile(r"^(KEYS|ARGV|Returns|Invariant):\s*$")
+_SECTION = re.compile(r"^(KEYS|READS|ARGV|Returns|Invariant):\s*$")
 _ITEM = re.compile(r"^  (\*?[a-z_]+)\s+\S")
 
 
@@ -33,6 +41,10 @@ class Script:
     source: str
     sha: str
     header: str
+    #: Keys the script reads without declaring them (READS section): Redis checks every declared key
+    #: of an EVALSHA as read-write, so a key that a role may only read (%R~, acl.py) is named here and
+    #: built in the prelude from the first declared key's prefix (same hash tag, same slot).
+    reads: tuple[str, ...] = ()
 
     @property
     def variadic(self) -> str | None:
@@ -45,14 +57,14 @@ def parse_header(text: str) -> tuple[str, dict[str, list[str]]]:
     if not text.startswith("--[["):
         raise ValueError("a script must open with a --[[ header ]] block")
     header = text[4:text.index("]]")]
-    sections: dict[str, list[str]] = {"KEYS": [], "ARGV": [], "Returns": [], "Invariant": []}
+    sections: dict[str, list[str]] = {"KEYS": [], "READS": [], "ARGV": [], "Returns": [], "Invariant": []}
     current = None
     for line in header.splitlines():
         m = _SECTION.match(line)
         if m:
             current = m.group(1)
             continue
-        if current in ("KEYS", "ARGV"):
+        if current in ("KEYS", "READS", "ARGV"):
             item = _ITEM.match(line)
             if item:
                 sections[current].append(item.group(1))
@@ -70,8 +82,13 @@ def _expand(name: str, includes: Mapping[str, str], seen: set[str]) -> str:
     return "\n".join(out)
 
 
-def _prelude(keys: tuple[str, ...], argv: tuple[str, ...]) -> str:
+def _prelude(keys: tuple[str, ...], argv: tuple[str, ...], reads: tuple[str, ...] = ()) -> str:
     k = ", ".join(f"{role} = KEYS[{i}]" for i, role in enumerate(keys, 1))
+    if reads:
+        if not keys:
+            raise ValueError("a script with READS needs a declared key to build them from")
+        cut = len(KEY_SUFFIXES[keys[0]]) + 1
+        k += ", " + ", ".join(f"{role} = string.sub(KEYS[1], 1, -{cut}) .. '{KEY_SUFFIXES[role]}'" for role in reads)
     fixed = [a for a in argv if not a.startswith("*")]
     a = ", ".join(f"{n} = ARGV[{i}]" for i, n in enumerate(fixed, 1))
     lines = [f"local K = {{{k}}}", f"local A = {{{a}}}"]
@@ -95,15 +112,15 @@ def load_library() -> dict[str, Script]:
     library = {}
     for name, text in sorted(texts.items()):
         header, sections = parse_header(text)
-        keys, argv = tuple(sections["KEYS"]), tuple(sections["ARGV"])
+        keys, argv, reads = tuple(sections["KEYS"]), tuple(sections["ARGV"]), tuple(sections["READS"])
         seen: set[str] = set()
         body = []
         for dep in _INCLUDE.findall(text):
             if dep not in seen:
                 seen.add(dep)
                 body.append(_expand(dep, includes, seen))
-        source = f"-- rollout-queue:{name}\n" + _prelude(keys, argv) + "\n".join(body) + "\n" + _INCLUDE.sub("", text[text.index("]]") + 2:])
-        library[name] = Script(name, keys, argv, source, hashlib.sha1(source.encode()).hexdigest(), header)
+        source = f"-- rollout-queue:{name}\n" + _prelude(keys, argv, reads) + "\n".join(body) + "\n" + _INCLUDE.sub("", text[text.index("]]") + 2:])
+        library[name] = Script(name, keys, argv, source, hashlib.sha1(source.encode()).hexdigest(), header, reads)
     return library
 
 

@@ -52,6 +52,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import InvalidInput, NotReplicated, OutcomeUnknown, ScriptError, ServerUnavailable
 from .protocol import Call, Command, Op
+from .scripts import READ_ONLY_SCRIPTS, SCRIPTS
 
 #: Refusals of a Redis Cluster after which the command did not run (a node is down or restarting,
 #: a slot is moving). AskError covers MovedError, its subclass. Kept for importers; refusal() decides.
@@ -64,9 +65,6 @@ AsyncClient = Union[redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster]
 
 # -- what changes state: the one list of what needs no WAIT in durable mode ------------------------
 
-#: Scripts that write nothing (their headers say read-only). Every other script, including any added
-#: later, is followed by WAIT in durable mode: forgetting a name here costs a WAIT, never durability.
-READ_ONLY_SCRIPTS = frozenset({"stats", "reap_scan"})
 #: Plain commands that write nothing (the flows' and views' reads and blocking waits). Any other verb
 #: (the partition count's ``SET NX``, say) is followed by WAIT in durable mode.
 READ_COMMANDS = frozenset({
@@ -208,10 +206,18 @@ def _unknown(op: Op, exc: BaseException, elapsed: float) -> OutcomeUnknown:
     )
 
 
+def _companions(op: Call) -> tuple[str, ...]:
+    """The read-only scripts loaded beside a script a restarted server forgot (see _policy)."""
+    return tuple(SCRIPTS[name].source for name in sorted(READ_ONLY_SCRIPTS) if name != op.script.name)
+
+
 def _request(op: Op) -> tuple[Any, ...]:
     if isinstance(op, Command):
         return op.args
-    return ("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+    # A read-only script goes as EVALSHA_RO: Redis then checks its declared keys as read-only, so the
+    # operator role, which may only read (%R~, acl.py), can run it; a write in it would be refused.
+    verb = "EVALSHA_RO" if op.script.name in READ_ONLY_SCRIPTS else "EVALSHA"
+    return (verb, op.script.sha, len(op.keys), *op.keys, *op.args)
 
 
 def _policy(op: Op, retry: RetryPolicy, durability: Durability | None, clock: Callable[[], float]) -> Policy:
@@ -228,9 +234,18 @@ def _policy(op: Op, retry: RetryPolicy, durability: Durability | None, clock: Ca
         out: _Outcome = yield _Send((request,) + tail)
         if isinstance(op, Call) and out.replies and isinstance(out.replies[0], NoScriptError):
             # A restarted (or flushed) server forgot the script: load it on this connection (on a
-            # cluster, the node that refused) and send again, once.
-            out = yield _Send((("SCRIPT", "LOAD", op.script.source), request) + tail, fresh=False)
-            out = _Outcome(out.replies[1:], out.error) if out.replies else out
+            # cluster, the node that refused) and send again, once. The read-only scripts are loaded
+            # with it: the read-only operator role may not load scripts (ACL), so the first other
+            # client back after a restart loads them for it.
+            loads = tuple(("SCRIPT", "LOAD", source) for source in (op.script.source,) + _companions(op))
+            out = yield _Send(loads + (request,) + tail, fresh=False)
+            if out.replies and isinstance(out.replies[0], ResponseError):
+                raise ScriptError(
+                    f"{_name(op)}: the server does not have this script loaded (it restarted or its script "
+                    f"cache was flushed) and this client may not load it: {out.replies[0]}. Any other role "
+                    "(worker, trainer, reaper) loads the read-only scripts when it next calls; retry then."
+                ) from out.replies[0]
+            out = _Outcome(out.replies[len(loads):], out.error) if out.replies else out
         if out.replies:
             reply = out.replies[0]
             code = refusal(reply) if isinstance(reply, BaseException) else None

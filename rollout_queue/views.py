@@ -26,7 +26,7 @@ from .codec import CodecError
 from .config import QueueConfig
 from .errors import NotFound
 from .flows import Flow, T
-from .keys import QueueKeys
+from .keys import KEY_SUFFIXES, QueueKeys
 from .models import DeadLetter, QueueStats, SourceGroup, check_entry_id
 from .transport import Durability, RetryPolicy, SyncTransport
 from .view_models import (
@@ -411,16 +411,17 @@ def _lease_version(entry_id: str, members: Any, versions: Any, bad: Garbage) -> 
 
 
 def memory(keys: QueueKeys, limit: int = 10_000) -> Flow[dict[str, int]]:
-    """Bytes each of the queue's keys takes (MEMORY USAGE), found with SCAN; at most ``limit`` keys."""
-    cursor, sizes = b"0", {}
-    while True:
-        cursor, found = yield p.Command(("SCAN", cursor, "MATCH", keys.pattern, "COUNT", 1000))
-        for key in found:
-            if len(sizes) >= limit:
-                return sizes
-            sizes[text(key)] = int((yield p.Command(("MEMORY", "USAGE", key))) or 0)
-        if text(cursor) == "0":
-            return sizes
+    """Bytes each of the queue's keys takes (MEMORY USAGE): its fixed keys and the records of the
+    leases in its leases index (at most ``limit``). No SCAN: the operator role may not list key
+    names (SCAN is not confined to one queue's keys by ACL), and every key a queue writes is either
+    fixed or a lease record named by that index (closed records expire after lease_record_ttl_s)."""
+    sizes: dict[str, int] = {}
+    leases = yield p.Command(("ZRANGE", keys["leases"], 0, max(0, limit - 1)))
+    for key in [keys[role] for role in sorted(KEY_SUFFIXES)] + [keys.lease(text(x)) for x in leases or []]:
+        size = yield p.Command(("MEMORY", "USAGE", key))
+        if size:
+            sizes[key] = int(size)
+    return sizes
 
 
 # -- a read-only handle ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ KEYS:
   src        the reservations stream
   meta       config and counters
   ids        hash source_id -> entry ID
+  intake     counters of what was submitted (the only key a producer writes besides ids and src)
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
@@ -43,6 +44,6 @@ if sid and sid ~= '' then redis.call('HSET', K.ids, sid, id) end
 redis.call('XDEL', K.dlq, A.dlq_id)
 redis.call('HINCRBY', K.meta, 'dead', -1)
 redis.call('HINCRBY', K.meta, 'dead_requeued', 1)
-redis.call('HINCRBY', K.meta, 'submitted', 1)
+redis.call('HINCRBY', K.intake, 'submitted', 1)
 wake(K.wake_work)
 return {'ok', id}

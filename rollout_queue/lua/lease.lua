@@ -40,7 +40,8 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include hold_active
--- @include reap_some
+-- @include reap_some_lease
+-- @include reap_some_worker
 -- @include evict_stale_some
 -- @include lease_limit
 -- @include stale_floor

@@ -2,7 +2,9 @@
 open: create a queue (stream, consumer group, stored config) or check a client against an existing one.
 KEYS:
   src       the reservations stream (consumer group `rollout`)
-  meta      config, policy version and counters
+READS:
+  meta      config, policy version and counters (written only when this call creates the queue: a
+            producer, whose role may only read meta, cannot create one)
 ARGV:
   library   string, the script library version of the client
   mode      'check' (the client brought a config: it must equal the stored one) or 'adopt'

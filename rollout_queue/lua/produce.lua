@@ -2,10 +2,12 @@
 produce: a producer's next source groups -> backlog, with its cursor advanced in the same step.
 KEYS:
   src        the reservations stream
-  meta       config and counters
   ids        hash source_id -> entry ID
+  intake     counters of what was submitted (the only key a producer writes besides ids and src)
   wake_work  wake stream for blocked reservers
   producers  hash producer name -> '<cursor>|<plan>'
+READS:
+  meta       config (read only: the producer's ACL role may only read meta)
 ARGV:
   producer     the producer's name (its field in producers)
   plan         digest of what the producer enumerates (dataset, order, n, prompt); fixed per name

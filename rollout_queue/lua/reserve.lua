@@ -9,7 +9,6 @@ KEYS:
   results    completion payloads
   workers    worker ids by last heartbeat
   reserves   worker id -> the last reserve's request id and entry IDs (for replay)
-  leases     lease ids by deadline
   holds      admission hold ids by deadline
   history    entry ID -> counted failures and recent attempt reasons
   ledger     entry ID -> last terminal or settlement
@@ -40,7 +39,7 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include hold_active
--- @include reap_some
+-- @include reap_some_worker
 -- @include evict_stale_some
 -- @include pel_entry
 -- @include read_entry

@@ -13,12 +13,13 @@ KEYS:
   commits    one line per committed lease
   ledger     entry ID -> last terminal or settlement
   ids        hash source_id -> entry ID
+  intake     counters of what was submitted
 ARGV:
   (none)
 Returns:
   {'ok', {meta name, value, ...}, server_ms, stream length, ready, buffer, workers alive, workers
    silent, active leases, active holds, dlq length, commits length, buffer min versions {v, ...},
-   ledger lines, source_ids, outages seen by the queue clock}
+   ledger lines, source_ids, outages seen by the queue clock, submitted}
 Invariant:
   none (read-only); counts come from one atomic script so they agree with each other.
 ]]
@@ -36,4 +37,5 @@ return {'ok', redis.call('HGETALL', K.meta), now, redis.call('XLEN', K.src), red
   redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCOUNT', K.leases, 1, '+inf'),
   redis.call('ZCOUNT', K.holds, '(' .. due, '+inf'), redis.call('XLEN', K.dlq), redis.call('XLEN', K.commits),
   versions, redis.call('HLEN', K.ledger), redis.call('HLEN', K.ids),
-  tonumber(redis.call('HGET', clock_key(), 'outages')) or 0}
+  tonumber(redis.call('HGET', clock_key(), 'outages')) or 0,
+  tonumber(redis.call('HGET', K.intake, 'submitted')) or 0}

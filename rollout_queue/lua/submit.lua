@@ -2,9 +2,11 @@
 submit: new source groups -> backlog (one XADD each), idempotent by source_id.
 KEYS:
   src        the reservations stream
-  meta       config and counters
   ids        hash source_id -> entry ID
+  intake     counters of what was submitted (the only key a producer writes besides ids and src)
   wake_work  wake stream for blocked reservers
+READS:
+  meta       config (read only: the producer's ACL role may only read meta)
 ARGV:
   *groups    5 values per group: source_id, n, parents JSON, body (orjson), schema version
 Returns:

@@ -94,10 +94,11 @@ def test_a_lease_that_cannot_be_completed_hands_its_members_back(open_pq: Any) -
     generate(q, "w-a", 6)  # generated before version 2: stale once it is published
     q.publish_version(2)
     generate(q, "w-a", 6)
-    assert q.stats().completed == 12  # the buffers look like enough for 10 ...
-    assert q.lease(groups=10, block_ms=300) is None  # ... but only 6 are fresh: none is kept
+    # Each partition's reserve evicted its stale groups inline (issue 12 item 1): at most 6 are fresh.
+    assert q.stats().completed >= 6
+    assert q.lease(groups=10, block_ms=300) is None  # not enough fresh ones anywhere: none is kept
     s = q.stats()
-    assert (s.leased, s.committed, s.completed + s.ready) == (0, 0, 12)
+    assert (s.leased, s.committed, s.completed + s.ready + s.backlog) == (0, 0, 12)
     assert s.ready >= 6  # the fresh members went back to ready (to be generated again)
     q.reap()  # the stale groups the lease did not walk over are evicted too
     s = q.stats()

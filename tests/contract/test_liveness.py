@@ -111,3 +111,27 @@ def test_a_lease_replay_is_answered_before_the_bounds_are_checked(open_queue, ra
     first = send(q, call)
     raw.hset(q.keys["meta"], "max_completed_groups", 1)  # as `config set` would
     assert send(q, call) == first
+
+
+def test_an_owned_entry_missing_from_its_index_is_found_by_the_reaper(open_queue, raw, queue_name) -> None:
+    """Issue 12 item 4: an entry the PEL gives to @ready or @done but that ready / the buffer lost (a
+    hand edit, a crash of something that is not a script) was stuck for ever: reap skipped those owners."""
+    from tests.contract.worker_support import keys
+
+    q = open_queue(QueueConfig(max_attempts=5))
+    a, b = _complete(q, 2)
+    c = q.submit([group("c")])[0]
+    w = q.worker("w1")
+    (rc,) = w.reserve(1)
+    w.abort(rc.receipt)  # c: owned by @ready
+    k = keys(queue_name)
+    raw.zrem(k["ready"], c)
+    raw.zrem(k["buffer"], a)
+    raw.zrem(k["bufver"], a)
+    assert q.worker("w2").reserve(5) == [] and len(q.lease(2, partial=True)) == 1  # only b is reachable
+    report = q.reap()
+    while report.reindexed < 2:  # the sweep goes through both owners in bounded calls
+        report += q.reap()
+    granted = {r.entry_id: r.receipt.attempt for r in q.worker("w3").reserve(5)}
+    assert granted == {c: 2, a: 2}  # c at its next attempt; a's lost completion regenerated
+    assert q.stats().counters["reindexed"] == 2

@@ -179,3 +179,62 @@ def test_the_documented_limit_is_real(urls: Urls, queue_name: str) -> None:
     denied(lambda: wq.client.evalsha(sha, 1, wq.keys["src"]))
     with pytest.raises(StaleReceipt):  # the ledger no longer knows the attempt: damage done outside any script
         wq.worker("gpu-0").complete(Receipt(res.entry_id, 1, "gpu-0"), samples(2, 0))
+
+
+def test_each_role_is_refused_the_direct_commands_issue_12_found(urls: Urls, queue_name: str, r: redis.Redis) -> None:
+    """Issue 12 item 10: a worker credential could XGROUP DELCONSUMER a lease's consumer (destroying a
+    leased group) and HSET a lease record's token; the operator could SCAN other queues' keys and SCRIPT
+    LOAD; the producer could HSET the queue's version. Each is refused now, and changes nothing."""
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    RolloutQueue.from_url(urls["producer"], queue_name).submit([SourceGroup("s-0", "p", 2)])
+    wq = RolloutQueue.from_url(urls["worker"], queue_name)
+    (res,) = wq.worker("gpu-0").reserve(1)
+    wq.worker("gpu-0").complete(res.receipt, samples(2, 0))
+    lease = trainer.lease(1)
+    assert lease is not None
+    keys = wq.keys
+    before = dump(r, queue_name)
+    worker = redis.Redis.from_url(urls["worker"])
+    denied(lambda: worker.execute_command("XGROUP", "DELCONSUMER", keys["src"], "rollout", f"@lease:{lease.lease_id}"))
+    denied(lambda: worker.execute_command("XGROUP", "DELCONSUMER", keys["src"], "rollout", "gpu-0"))
+    denied(lambda: worker.hset(keys.lease(lease.lease_id), "token", "forged"))
+    denied(lambda: worker.hgetall(keys.lease(lease.lease_id)))
+    producer = redis.Redis.from_url(urls["producer"])
+    denied(lambda: producer.hset(keys["meta"], "version", 99))
+    denied(lambda: producer.hset(keys["meta"], "max_attempts", 99))
+    denied(lambda: producer.hincrby(keys["meta"], "committed", 1))
+    assert producer.hget(keys["meta"], "max_attempts") is not None  # it still reads the config
+    operator = redis.Redis.from_url(urls["operator"])
+    denied(lambda: operator.scan(0, match="*"))
+    denied(lambda: operator.script_load("return 1"))
+    denied(lambda: operator.execute_command("WAIT", 0, 0))
+    reaper = redis.Redis.from_url(urls["reaper"])
+    denied(lambda: reaper.evalsha(SCRIPTS["restore"].sha, 0))  # it finishes restores, never starts one
+    denied(lambda: reaper.evalsha(SCRIPTS["checkpoint"].sha, 0))
+    assert dump(r, queue_name) == before
+    lease.commit()  # the leased group was never touched
+    assert trainer.stats().committed == 1
+    for c in (worker, producer, operator, reaper):
+        c.close()
+
+
+def test_the_operator_reads_after_a_restart_once_another_role_loaded_its_scripts(
+        fresh_server: LocalServer, cli: Cli) -> None:
+    """The operator may not SCRIPT LOAD: after a restart its first stats says why, and the first other
+    client back (here a worker's heartbeat) loads the read-only scripts for it (transport._companions)."""
+    name = "acl-restart"
+    RolloutQueue.from_url(fresh_server.url, name, CONFIG).close()
+    args = [x for role in ROLES for x in ("--password", f"{role}=pw-{role}")]
+    assert cli(fresh_server.url, name, "acl", "--apply", "--yes", *args)[0] == 0
+    host = fresh_server.url.split("//")[1].split("/")[0]
+    url = {role: f"redis://{acl.user_name(name, role)}:pw-{role}@{host}/0" for role in ROLES}
+    trainer = RolloutQueue.from_url(url["trainer"], name)
+    admin = redis.Redis.from_url(fresh_server.url)
+    admin.script_flush()  # what a restart does to the script cache (ACL users stay: no aclfile here)
+    code, _, err = cli(url["operator"], name, "stats")
+    assert code != 0 and "may not load it" in err, err
+    RolloutQueue.from_url(url["worker"], name).worker("w").heartbeat()  # reloads its script + companions
+    code, out, err = cli(url["operator"], name, "stats")
+    assert code == 0, err
+    trainer.close()
+    admin.close()

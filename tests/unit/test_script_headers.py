@@ -19,7 +19,7 @@ from rollout_queue.scripts import SCRIPTS
 LUA = resources.files("rollout_queue") / "lua"
 NAMES = sorted(p.name[:-4] for p in LUA.iterdir() if p.name.endswith(".lua"))
 INCLUDES = sorted(p.name[:-4] for p in (LUA / "include").iterdir() if p.name.endswith(".lua"))
-SECTIONS = ("KEYS", "ARGV", "Returns", "Invariant")
+SECTIONS = ("KEYS", "READS", "ARGV", "Returns", "Invariant")
 ITEM = re.compile(r"^  (\*?[a-z_]+)\s+\S")
 
 
@@ -67,7 +67,7 @@ def test_the_header_has_its_four_sections_in_order(name: str) -> None:
     assert header.lstrip("\n").startswith(f"{name}: "), "the header opens with '<name>: <one sentence>'"
     lines = header.splitlines()
     found = [line[:-1] for line in lines if line.endswith(":") and line[:-1] in SECTIONS]
-    assert found == list(SECTIONS)
+    assert found == [x for x in SECTIONS if x != "READS" or x in found]  # READS is optional
     sections = _sections(name)
     assert _items(sections["KEYS"]), "a transition touches at least one key"
     for section in ("Returns", "Invariant"):
@@ -80,15 +80,19 @@ def test_the_loader_reads_the_same_keys_and_argv(name: str) -> None:
     sections = _sections(name)
     script = SCRIPTS[name]
     assert script.keys == tuple(_items(sections["KEYS"]))
+    assert script.reads == tuple(_items(sections.get("READS", [])))
     assert script.argv == tuple(_items(sections["ARGV"]))
     assert all(not a.startswith("*") for a in script.argv[:-1]), "only the last ARGV may be variadic"
     prelude = script.source.splitlines()[1]
-    assert prelude == "local K = {" + ", ".join(f"{k} = KEYS[{i}]" for i, k in enumerate(script.keys, 1)) + "}"
+    declared = ", ".join(f"{k} = KEYS[{i}]" for i, k in enumerate(script.keys, 1))
+    assert prelude.startswith("local K = {" + declared) and prelude.endswith("}")
+    for role in script.reads:  # built from the first declared key's prefix (same hash tag)
+        assert f"{role} = string.sub(KEYS[1], 1, -{len(KEY_SUFFIXES[script.keys[0]]) + 1}) .. '{KEY_SUFFIXES[role]}'" in prelude
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_key_role_is_one_of_keys_py(name: str) -> None:
-    assert set(SCRIPTS[name].keys) <= set(KEY_SUFFIXES)
+    assert set(SCRIPTS[name].keys) | set(SCRIPTS[name].reads) <= set(KEY_SUFFIXES)
     assert len(set(SCRIPTS[name].keys)) == len(SCRIPTS[name].keys)
 
 
@@ -99,8 +103,9 @@ def test_every_key_and_argv_the_code_uses_is_declared_and_every_declared_one_is_
     used_keys = set(re.findall(r"\bK\.(\w+)", code))
     used_argv = set(re.findall(r"\bA\.(\w+)", code))
     declared_argv = {a.lstrip("*") for a in script.argv}
-    assert used_keys - set(script.keys) == set(), "used but not declared in KEYS (nil at run time)"
-    assert set(script.keys) - used_keys == set(), "declared in KEYS but never used"
+    declared = set(script.keys) | set(script.reads)
+    assert used_keys - declared == set(), "used but not declared in KEYS or READS (nil at run time)"
+    assert declared - used_keys == set(), "declared in KEYS or READS but never used"
     assert used_argv - declared_argv == set(), "used but not declared in ARGV"
     assert declared_argv - used_argv == set(), "declared in ARGV but never used"
 

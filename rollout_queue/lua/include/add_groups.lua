@@ -1,6 +1,6 @@
 --[[
 add_groups: backlog source groups (one XADD each); a source_id already submitted adds nothing.
-Uses: K.src, K.ids, K.meta, K.wake_work. g holds 5 values per group: source_id, n, parents JSON,
+Uses: K.src, K.ids, K.intake, K.wake_work (not K.meta: the producer's ACL role may only read meta). g holds 5 values per group: source_id, n, parents JSON,
 body (orjson), schema version; check it with oversized_group first (this helper writes).
 Why: every path that adds groups (submit, produce) must keep one rule, "a source_id maps to exactly
 one entry ID", so a group enqueued twice by two paths (or a producer restarted) is stored once.
@@ -31,7 +31,7 @@ local function add_groups(g)
   end
   if new > 0 then
     call_batched({'HSET', K.ids}, pairs_)  -- chunks of 1000 items: whole pairs, since 1000 is even
-    redis.call('HINCRBY', K.meta, 'submitted', new)
+    redis.call('HINCRBY', K.intake, 'submitted', new)
     wake(K.wake_work)
   end
   return ids, new

@@ -7,8 +7,8 @@ takes effect for every client at once and two clients can never enforce differen
 -- Every counter the scripts HINCRBY (the per-reason filtered_reason:* counters aside).
 local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 'dead', 'dead_purged',
   'dead_requeued', 'evicted_stale', 'evicted_overflow', 'executing_groups', 'executing_samples', 'filtered',
-  'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'submitted', 'failed', 'malformed',
-  'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted',
+  'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'failed', 'malformed',
+  'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted', 'reindexed',
   'filtered_reasons'}
 local function is_integer(raw)
   -- Absent (HMGET gives false) is the caller's call; anything present must be a decimal integer.
