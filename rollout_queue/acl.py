@@ -10,10 +10,11 @@ It does no I/O; ``rollout-queue acl`` prints or applies the rules.
 
 What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", says it for people):
 - They confine every role to one queue's keys and channel, and each role to its own transitions: a
-  worker's EVALSHA of commit.lua is refused, and a worker cannot touch the commits, kept or ids keys
-  at all; the operator role runs no write command, in or out of a script.
-- SCRIPT LOAD is allowed: a loaded script only runs if its SHA1 is on the list, and SHA1 names the
-  content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
+  worker's EVALSHA of commit.lua is refused, and a worker cannot touch the commits, kept, ids or
+  lease keys at all, nor delete a consumer; a producer only reads meta (``read_keys``: ``%R~``); the
+  operator role runs no write command, in or out of a script, and neither SCANs nor loads scripts.
+- SCRIPT LOAD is allowed to the other roles: a loaded script only runs if its SHA1 is on the list, and
+  SHA1 names the content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
 - They cannot stop a holder of a role's password from sending, directly, the commands its own
   scripts use on the keys they declare (a worker credential can XACK or XCLAIM in the source stream).
   Redis has no "only inside this script" permission. ACLs stop the wrong process and a misconfigured
@@ -205,7 +206,8 @@ def banner(queue: str) -> list[str]:
         f"# Redis ACL users for rollout-queue queue {queue!r}, script library {LIBRARY_VERSION}.",
         "# Regenerate and apply after every upgrade of rollout-queue: scripts are allow-listed by SHA1,",
         "# so a new library is refused (NOPERM) until the rules match it. Create the queue as admin first:",
-        "# every role but operator may run `open`, which creates a missing queue with its own config.",
+        "# worker, trainer and reaper may run `open`, which creates a missing queue with its own config;",
+        "# a producer (read-only meta) and the operator cannot create one.",
         "# Users without a password cannot log in: add one (>secret) or use --password ROLE=SECRET.",
     ] + [f"#   {user_name(queue, r.name)}: {r.summary}" for r in ROLES.values()] + [
         f"#   {user_name(queue, 'admin')}: every script and non-dangerous command on the queue's keys",
