@@ -34,7 +34,7 @@ if not count or count < SETTLED_CHUNK or count ~= math.floor(count) then bug('ba
 if not cfg.settled_retention_ms then return {'ok', 0, 1} end
 -- An ms-only end ID covers every sequence number of that millisecond: settled at or before the cutoff.
 -- Whole records only, at most `count` groups: a record holds at most SETTLED_CHUNK <= count groups.
-local records, ids, sids, done = due_settled(tostring(now - cfg.settled_retention_ms), count)
+local records, ids, sids, done = due_settled(tostring(stream_ms() - cfg.settled_retention_ms), count)
 local lines = hmget_many(K.ledger, ids)
 local forget, mapped, unmap, ghosts, seen = {}, {}, {}, 0, {}
 for i, id in ipairs(ids) do

@@ -63,7 +63,7 @@ for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.src, 'rollout')) do
 end
 local prune_due = 0
 if cfg.settled_retention_ms then
-  local head = redis.call('XRANGE', K.settled, '-', tostring(now - cfg.settled_retention_ms), 'COUNT', 1)
+  local head = redis.call('XRANGE', K.settled, '-', tostring(stream_ms() - cfg.settled_retention_ms), 'COUNT', 1)
   if head[1] then prune_due = 1 end
 end
 local interrupted = 0

@@ -29,8 +29,14 @@ def check_states(t: Truth, m: LedgerModel) -> dict[str, str]:
     assert t.ids == m.by_source, "the source_id -> entry_id map differs from the model"
     assert t.settled == m.recorded(), "the settled records (waiting for prune) differ from the model"
     states = {eid: derive_state(t, eid) for eid in t.ids.values()}
+    assert set(t.history) <= set(m.entries), "an attempt history names an entry the model never had"
     for eid, e in m.entries.items():
         assert t.ledger.get(eid) == e.ledger, f"ledger of {eid}: {t.ledger.get(eid)!r} != model {e.ledger!r}"
+        # The attempt history is kept until prune (issue 12 item 7): a late settlement is judged by it.
+        h = t.history.get(eid)
+        got = [] if h is None else [(x["a"], x["w"], x["t"], x.get("c")) for x in h["h"]]
+        assert got == [tuple(x) for x in e.history], f"history of {eid}: {got} != model {e.history}"
+        assert (0 if h is None else h["f"]) == e.failures, f"{eid}: counted failures {h and h['f']} != {e.failures}"
         if e.state == RETIRED or e.pruned:  # requeued under a new ID, or forgotten: gone from every index
             assert eid not in states and not states_of(t, eid), f"retired or pruned {eid}: {states_of(t, eid)}"
             assert eid not in t.pel and eid not in t.stream, f"retired or pruned {eid} is still in the stream"

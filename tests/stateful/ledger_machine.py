@@ -49,14 +49,16 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
         self.raw: redis.Redis | None = None
         self.holds: dict[str, Hold] = {}  # the client's handle of each hold the model knows
         self.restarts = 0
+        self.no_reaper = False
 
     @initialize(order=st.sampled_from(["fifo", "lifo"]), max_completed=st.integers(2, 4),
                 max_staleness=st.sampled_from([1, 1, 1, 0, None]),
                 max_exec=st.sampled_from([4, 4, 6, 9, 2]), max_retained=st.integers(3, 8),
                 batch=st.sampled_from([None, None, 1, 2, 3]), max_attempts=st.integers(2, 3),
-                retention=st.sampled_from([0.001, 0.001, None, 86_400.0]))
+                retention=st.sampled_from([0.001, 0.001, None, 86_400.0]), no_reaper=st.booleans())
     def open_queue(self, order: str, max_completed: int, max_staleness: int | None, max_exec: int,
-                   max_retained: int, batch: int | None, max_attempts: int, retention: float | None) -> None:
+                   max_retained: int, batch: int | None, max_attempts: int, retention: float | None,
+                   no_reaper: bool) -> None:
         """max_exec=2 with n up to 3 makes some submits refused whole (GroupTooLarge: could never run).
         retention 1 ms: every reap prunes what earlier steps settled (steps_base.reap_pass); a day:
         settlements are recorded, never due; None: nothing is recorded."""
@@ -68,6 +70,7 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
         self.q = RolloutQueue.from_url(self.server.url, f"sm-{uuid.uuid4().hex[:12]}", cfg,
                                        retry=RetryPolicy(window_s=20.0))
         self.model = LedgerModel(cfg)
+        self.no_reaper = no_reaper  # the final drain runs with inline reaping only
 
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
@@ -88,7 +91,10 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
         if not self.server.is_running():  # the example ended inside server_restart: bring it back
             self.server.restart()
         if self.q is not None:
-            self.q.close()
+            try:
+                self.drain_to_settlement(self.no_reaper, rounds=20 + 2 * len(self.model.entries))
+            finally:
+                self.q.close()
         if self.raw is not None and self.q is not None:
             doomed = list(self.raw.scan_iter(match=self.q.keys.pattern, count=1000))
             if doomed:
@@ -128,4 +134,7 @@ ACTIONS: list[tuple[str, int, Callable[[LedgerMachine], bool]]] = [
     ("checkpoint", 1, lambda m: m.model.step > 0),
     ("restore", 1, lambda m: m.model.step > 0),
     ("server_restart", 1, lambda m: bool(m.model.entries) and m.restarts < 3),
+    ("long_outage", 1, lambda m: bool(m.model.in_state(COMPLETED)) and m.restarts < 3),
+    ("interrupted_op", 2, lambda m: bool(m.model.active_leases() or m.model.in_state(EXECUTING))
+     or m.model.step > 0),
 ]

@@ -25,9 +25,11 @@ from .model_entries import (
     READY,
     RETAINED,
     RETIRED,
+    Attempt,
     Entry,
     LeaseRecord,
     attempt_line,
+    completer,
     id_key,
 )
 from .trainer_model import TrainerModel
@@ -52,6 +54,7 @@ class LedgerModel(TrainerModel):
     step: int = 0                   # the trainer's last step
     counters: Counter[str] = field(default_factory=Counter)
     last_reserve: str = ""          # the status word of the last reserve call, for coverage events
+    in_grace: bool = False          # a server restart happened: nothing expires for 2 worker timeouts
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -132,14 +135,14 @@ class LedgerModel(TrainerModel):
 
     # -- worker side -----------------------------------------------------------------------------
 
-    def reserve(self, worker: str, max_groups: int, max_samples: int = 0,
-                reply_lost: bool = False) -> list[tuple[str, int]]:
+    def reserve(self, worker: str, max_groups: int, max_samples: int = 0, reply_lost: bool = False,
+                overcommit: bool = False) -> list[tuple[str, int]]:
         """(entry_id, attempt) of each grant, in reply order. The client repeats a 'retry' at once;
         but when the first reply was lost, the resent call replays it as 'ok' with nothing granted
         (the request id matches), and the client stops there."""
         self.workers.add(worker)
         while True:
-            status, grants = self._reserve_once(worker, max_groups, max_samples)
+            status, grants = self._reserve_once(worker, max_groups, max_samples, overcommit)
             self.last_reserve = status
             if grants or status != "retry" or reply_lost:
                 return grants
@@ -149,82 +152,85 @@ class LedgerModel(TrainerModel):
             return f"malformed_reservation: n={e.n} exceeds max_executing_samples={self.cfg.max_executing_samples}"
         return None
 
-    def _reserve_once(self, worker: str, max_groups: int, max_samples: int) -> tuple[str, list[tuple[str, int]]]:
-        """One reserve script: ready first (submission order), then the backlog (lua/reserve.lua)."""
+    def evict_stale(self, budget: int = 32) -> int:
+        """The stale buffered groups, stalest first, back to ready (reserve and lease do it inline)."""
+        floor = self.stale_floor()
+        if floor is None:
+            return 0
+        stale = sorted((e for e in self.in_state(COMPLETED) if e.min_version < floor),
+                       key=lambda x: (x.min_version, x.arrival))[:budget]
+        for e in stale:
+            self._evict(e, "stale")
+        return len(stale)
+
+    def _reserve_once(self, worker: str, max_groups: int, max_samples: int,
+                      overcommit: bool) -> tuple[str, list[tuple[str, int]]]:
+        """One reserve script (lua/reserve.lua): stale groups evicted, then ready first (submission
+        order), then the backlog; a group too large for the caller's max_samples is skipped when the
+        call has nothing yet (parked in ready at attempt 0 when it came from the backlog), taken as
+        the first grant with overcommit, and ends a call that has grants."""
+        self.evict_stale()
         if self.holds:
             return "held", []
         if self.count(COMPLETED) >= self.cfg.max_completed_groups:
             return "backpressure", []
-        cap = self.cfg.max_executing_samples - self.executing_samples()
-        if 0 < max_samples < cap:  # the caller's own cap (the sample scheduler's free slots)
-            cap = max_samples
         retained, committed = self.retained(), self.count(COMMITTED)  # read once, before any grant
-        grants: list[Entry] = []
-        dead, taken, stop = self._grant_ready(grants, max_groups, cap)
-        if stop is None and len(grants) < max_groups:
-            died, stop = self._grant_backlog(grants, worker, max_groups, cap - taken, retained, committed)
-            dead += died
-        for e in grants:
+        call = _Call(max(1, min(max_groups, 64)), self.cfg.max_executing_samples - self.executing_samples(),
+                     max_samples if max_samples > 0 else 10**9, overcommit)
+        stop = self._grant_ready(call)
+        if stop is None and len(call.grants) < call.groups:
+            stop = self._grant_backlog(call, worker, retained, committed)
+        if stop == "full":
+            stop = None
+        for e in call.grants:
             e.state, e.worker = EXECUTING, worker
             self.receipts.append(Receipt(e.entry_id, e.attempt, worker))
-        if not grants:
-            return (stop or ("retry" if dead else "empty")), []
-        return "ok", [(e.entry_id, e.attempt) for e in grants]
+        if not call.grants:
+            return (stop or ("retry" if call.dead else "oversized" if call.skipped else "empty")), []
+        return "ok", [(e.entry_id, e.attempt) for e in call.grants]
 
-    def _grant_ready(self, grants: list[Entry], max_groups: int, cap: int) -> tuple[int, int, str | None]:
-        """Requeued work, in submission order, while samples fit. Returns (dead, taken, stop)."""
-        taken = dead = 0
+    def _grant_ready(self, call: "_Call") -> str | None:
         for e in self.in_state(READY):
-            if len(grants) >= max_groups:
-                break
-            bad = self._invalid(e)
-            if bad:
-                self._settle_dead(e, bad, e.attempt, "@ready")
-                dead += 1
-                continue
-            if taken + e.n > cap:
-                return dead, taken, "capacity"
-            taken += e.n
-            e.attempt += 1
-            grants.append(e)
-        return dead, taken, None
+            if len(call.grants) >= call.groups or call.skipped >= 32:
+                return None
+            verdict = call.fit(e.n)
+            if verdict in ("stop", "full"):
+                return "capacity" if verdict == "stop" else "full"
+            if verdict == "grant":
+                call.taken += e.n
+                e.attempt += 1
+                call.grants.append(e)
+        return None
 
-    def _grant_backlog(self, grants: list[Entry], worker: str, max_groups: int, cap: int, retained: int,
-                       committed: int) -> tuple[int, str | None]:
-        """First deliveries, bounded by retained capacity and admission; the script peeks up to 16
-        entries past what it wants, and malformed ones among those delivered die at once."""
-        stop = None
+    def _grant_backlog(self, call: "_Call", worker: str, retained: int, committed: int) -> str | None:
+        """First deliveries, bounded by retained capacity and admission: granted, or parked in ready
+        (too large for this caller); both become retained."""
         allow = self.cfg.max_retained_groups - retained
         if allow <= 0:
-            stop = "retained_full"
+            return "retained_full"
         if self.cfg.batch_groups:
             room = (self.version + self.staleness_bound + 1) * self.cfg.batch_groups - retained - committed
-            allow = min(allow, room)
             if room <= 0:
-                stop = "admission"
-        want = min(max_groups - len(grants), allow)
-        cands = self.in_state(BACKLOG)[: want + 16] if want > 0 else []
-        delivered = valid = taken = 0
-        for i, e in enumerate(cands, 1):
-            if not self._invalid(e):
-                if valid >= want:
-                    break
-                if taken + e.n > cap:
-                    stop = "capacity"
-                    break
-                valid += 1
-                taken += e.n
-            delivered = i
-        dead = 0
-        for e in cands[:delivered]:
-            e.attempt = 1
-            bad = self._invalid(e)
-            if bad:
-                self._settle_dead(e, bad, 1, worker)
-                dead += 1
+                return "admission"
+            allow = min(allow, room)
+        delivered, stop = 0, None
+        for e in self.in_state(BACKLOG):
+            if delivered >= allow or len(call.grants) >= call.groups or call.skipped >= 32:
+                break
+            verdict = call.fit(e.n)
+            if verdict == "stop":
+                stop = "capacity"
+                break
+            if verdict == "full":
+                break
+            delivered += 1
+            if verdict == "skip":
+                e.state, e.attempt = READY, 0
             else:
-                grants.append(e)
-        return dead, stop
+                call.taken += e.n
+                e.attempt = 1
+                call.grants.append(e)
+        return stop
 
     def complete(self, r: Receipt, samples: Sequence[Sample]) -> tuple[str, str]:
         """('buffered', evicted id or '') | ('evicted_self', id) | ('malformed', 'ready'|'dead')
@@ -234,10 +240,7 @@ class LedgerModel(TrainerModel):
             where = self.fail(r, "malformed")
             return ("stale", "") if where == "stale" else ("malformed", where)
         if not e.owns(r):
-            if e.ledger == attempt_line(r.attempt, r.worker_id, "completed") or (e.ledger or "").startswith(
-                    f"s|committed|{r.attempt}|{r.worker_id}|"):
-                return "replay", ""
-            return "stale", ""
+            return ("replay", "") if self._completed_before(e, r) else ("stale", "")
         slots = [s.slot for s in samples]
         if any(not 0 <= s < e.n for s in slots) or len(set(slots)) < e.n:
             return "malformed", self._end_attempt(e, "malformed", counted=True)
@@ -252,6 +255,7 @@ class LedgerModel(TrainerModel):
                 evicted = victim.entry_id
             else:
                 self.counters["evicted_overflow"] += 1
+                e.history.append(Attempt(r.attempt, r.worker_id, "overflow"))
                 self._requeue(e, counted=False)
                 e.ledger = attempt_line(r.attempt, r.worker_id, "completed")
                 return "evicted_self", e.entry_id
@@ -260,18 +264,34 @@ class LedgerModel(TrainerModel):
         e.ledger = attempt_line(r.attempt, r.worker_id, "completed")
         return "buffered", evicted
 
+    def _completed_before(self, e: Entry, r: Receipt) -> bool:
+        """replayed.lua, kind 'completed': the ledger still says so, or the history kept the
+        completion's requeue (from the buffer, a lease or a restore, or its own overflow)."""
+        if e.ledger == attempt_line(r.attempt, r.worker_id, "completed") or (e.ledger or "").startswith(
+                f"s|committed|{r.attempt}|{r.worker_id}|"):
+            return True
+        return any(h.a == r.attempt and (h.c == r.worker_id or (h.w == r.worker_id and h.t == "overflow"))
+                   for h in e.history)
+
+    def _ended_before(self, e: Entry, r: Receipt, terminal: str) -> bool:
+        """replayed.lua: this attempt already ended as ``terminal`` by this worker."""
+        if e.ledger == attempt_line(r.attempt, r.worker_id, terminal):
+            return True
+        if terminal != "aborted" and e.ledger == f"s|dead|{r.attempt}|{r.worker_id}|max_attempts":
+            return True
+        return any(h.a == r.attempt and h.w == r.worker_id and h.t == terminal for h in e.history)
+
     def fail(self, r: Receipt, terminal: str = "failed") -> str:
         """'ready' | 'dead' | 'replay' | 'stale'."""
         e = self.entries[r.entry_id]
         if not e.owns(r):
-            replays = (attempt_line(r.attempt, r.worker_id, terminal), f"s|dead|{r.attempt}|{r.worker_id}|max_attempts")
-            return "replay" if e.ledger in replays else "stale"
+            return "replay" if self._ended_before(e, r, terminal) else "stale"
         return self._end_attempt(e, terminal, counted=True)
 
     def abort(self, r: Receipt) -> str:
         e = self.entries[r.entry_id]
         if not e.owns(r):
-            return "replay" if e.ledger == attempt_line(r.attempt, r.worker_id, "aborted") else "stale"
+            return "replay" if self._ended_before(e, r, "aborted") else "stale"
         return self._end_attempt(e, "aborted", counted=False)
 
     def filter(self, r: Receipt, reason: str) -> str:
@@ -279,7 +299,7 @@ class LedgerModel(TrainerModel):
         line = f"s|filtered|{r.attempt}|{r.worker_id}|{reason}"
         if not e.owns(r):
             return "replay" if e.ledger == line else "stale"
-        e.state, e.worker, e.ledger, e.failures = FILTERED, None, line, 0
+        e.state, e.worker, e.ledger = FILTERED, None, line
         e.recorded = self.records
         self.counters[f"filtered_reason:{reason}"] += 1
         return "filtered"
@@ -296,6 +316,7 @@ class LedgerModel(TrainerModel):
     def _end_attempt(self, e: Entry, terminal: str, counted: bool) -> str:
         attempt, worker = e.attempt, e.worker or ""
         self.counters[terminal] += 1
+        e.history.append(Attempt(attempt, worker, terminal))
         where = self._requeue(e, counted)
         if where == "ready":
             e.ledger = attempt_line(attempt, worker, terminal)
@@ -313,8 +334,35 @@ class LedgerModel(TrainerModel):
 
     def _evict(self, e: Entry, reason: str) -> None:
         self.counters[f"evicted_{reason}"] += 1
+        e.history.append(Attempt(e.attempt, "@done", reason, completer(e.ledger, e.attempt)))
         self._requeue(e, counted=False)
 
     def _settle_dead(self, e: Entry, reason: str, attempt: int, worker: str) -> None:
-        e.state, e.worker, e.lease_id, e.samples, e.failures = DEAD, None, None, (), 0
+        e.state, e.worker, e.lease_id, e.samples = DEAD, None, None, ()
         e.ledger = f"s|dead|{attempt}|{worker}|{reason}"
+
+
+@dataclass
+class _Call:
+    """One reserve call's budget (lua/include/reserve_fit.lua)."""
+
+    groups: int
+    queue_free: int
+    call_cap: int
+    overcommit: bool
+    taken: int = 0
+    skipped: int = 0
+    dead: int = 0
+    grants: list[Entry] = field(default_factory=list)
+
+    def fit(self, n: int) -> str:
+        if self.taken + n > self.queue_free:
+            return "stop"
+        if self.taken + n <= self.call_cap:
+            return "grant"
+        if self.grants:
+            return "full"
+        if self.overcommit:
+            return "grant"
+        self.skipped += 1
+        return "skip"

@@ -6,7 +6,8 @@ model keeps per source group and per lease. It does no I/O and holds no transiti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rollout_queue import Receipt, Sample, SourceGroup
 
@@ -30,6 +31,27 @@ def attempt_line(attempt: int, worker: str, terminal: str) -> str:
     return f"a|{attempt}|{worker}|{terminal}"
 
 
+class Attempt(NamedTuple):
+    """One record of an entry's attempt history (lua/include/append_histories.lua): the attempt, who
+    ended it, how, and (for a completion requeued from the buffer, a lease or a restore) whose
+    completion it was. Kept after settlement until prune, so late settlements can be answered."""
+
+    a: int
+    w: str
+    t: str
+    c: str | None = None
+
+
+def completer(ledger: str | None, attempt: int) -> str | None:
+    """The worker whose completion of ``attempt`` the ledger line names, if it names one."""
+    parts = (ledger or "").split("|")
+    if parts[0] == "a" and len(parts) == 4 and parts[3] == "completed" and parts[1] == str(attempt):
+        return parts[2]
+    if parts[:2] == ["s", "committed"] and len(parts) > 3 and parts[2] == str(attempt):
+        return parts[3] or None
+    return None
+
+
 @dataclass
 class Entry:
     """One submitted source group as the model expects it to be."""
@@ -39,7 +61,7 @@ class Entry:
     state: str = BACKLOG
     attempt: int = 0               # the PEL delivery count once delivered
     worker: str | None = None      # the executing owner
-    failures: int = 0              # counted failures since the last settlement (history's "f")
+    failures: int = 0              # counted failures (history's "f"), kept until prune
     samples: tuple[Sample, ...] = ()
     min_version: int = 0
     arrival: int = 0               # buffer order
@@ -50,6 +72,7 @@ class Entry:
     ledger: str | None = None      # the exact line the ledger hash should hold
     recorded: bool = False         # in the settled stream, waiting for prune (settled_retention_s)
     pruned: bool = False           # its ledger line and source_id mapping were pruned
+    history: list[Attempt] = field(default_factory=list)  # until prune, as the ledger line
 
     @property
     def n(self) -> int:

@@ -8,6 +8,7 @@ against what the model believes. It must not call the queue's scripts or change 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ class Truth:
     workers: dict[str, float]
     holds: dict[str, float]
     settled: dict[str, str]                     # entry_id -> source_id of each record waiting for prune
+    history: dict[str, Any]                     # entry_id -> {"f": counted failures, "h": [attempts]}
 
     @property
     def dead_ids(self) -> Counter[str]:
@@ -104,6 +106,7 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         kept=_zset(r, keys["kept"]), ledger=_hash(r, keys["ledger"]), ids=_hash(r, keys["ids"]),
         meta=_hash(r, keys["meta"]), workers=_zset(r, keys["workers"]), holds=_zset(r, keys["holds"]),
         settled=_records(r, keys["settled"]),
+        history={_s(k): json.loads(v) for k, v in r.hgetall(keys["history"]).items()},
     )
 
 

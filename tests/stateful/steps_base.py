@@ -50,6 +50,10 @@ class Steps:
                        message="the server clock past the retention")
         return self.q.reap()
 
+    def check_reap(self, expected: ReapReport) -> None:
+        got = self.reap_pass()
+        assert got == expected, f"reap {got} != model {expected}"
+
     def unchanged(self, call: Callable[[], Any]) -> Any:
         """Run ``call`` and assert that no key of the queue changed (refusals and replays)."""
         before = snapshot(self.raw, self.keys)

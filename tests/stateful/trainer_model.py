@@ -11,15 +11,46 @@ from typing import Sequence
 
 from rollout_queue import ReapReport, Receipt
 
-from .model_entries import COMMITTED, COMPLETED, EXECUTING, LEASED, READY, Entry, LeaseRecord, attempt_line
+from .model_entries import (
+    COMMITTED,
+    COMPLETED,
+    EXECUTING,
+    LEASED,
+    READY,
+    RETAINED,
+    Attempt,
+    Entry,
+    LeaseRecord,
+    attempt_line,
+    completer,
+)
 
 
 class TrainerModel:
     """Trainer-side transitions; ``self`` is always a LedgerModel."""
 
+    def lease_limit(self) -> tuple[str, int]:
+        """lua/include/lease_limit.lua: the most groups the bounds can ever have completed at once."""
+        cfg = self.cfg
+        retained = sum(1 for e in self.entries.values() if e.state in RETAINED)
+        bound, possible = "max_retained_groups", cfg.max_retained_groups
+        if cfg.batch_groups:
+            admitted = (self.version + self.staleness_bound + 1) * cfg.batch_groups - self.count(COMMITTED)
+            if admitted < possible:
+                bound, possible = "batch_groups", admitted
+        possible = max(possible, retained)
+        if cfg.max_completed_groups < possible:
+            return "max_completed_groups", cfg.max_completed_groups
+        return bound, possible
+
+    def unsatisfiable(self, groups: int, partial: bool) -> bool:
+        """A lease the bounds can never satisfy is refused at once (LeaseUnsatisfiable)."""
+        return self.lease_limit()[1] < (1 if partial else groups)
+
     def lease(self, groups: int, partial: bool) -> list[str] | None:
-        """The members a lease gets, in order (stale groups met on the way are requeued), or None.
-        The caller binds the members to the client's lease id with ``leased``."""
+        """The members a lease gets, in order (stale groups are requeued first), or None. The caller
+        checks ``unsatisfiable`` first, and binds the members to the client's lease id with ``leased``."""
+        self.evict_stale()
         if self.holds:
             return None
         floor = self.stale_floor()
@@ -60,7 +91,7 @@ class TrainerModel:
             parts = (e.ledger or "").split("|")
             attempt, worker = (parts[1], parts[2]) if parts[0] == "a" else ("0", "")
             e.ledger = f"s|committed|{attempt}|{worker}|{lease_id}|{'' if step is None else step}"
-            e.state, e.lease_id, e.samples, e.failures = COMMITTED, None, (), 0
+            e.state, e.lease_id, e.samples = COMMITTED, None, ()
             e.kept_step = step if keep else None
             e.recorded = self.records and not keep  # a kept copy is recorded when checkpoint drops it
             e.commits += 1
@@ -112,6 +143,7 @@ class TrainerModel:
         gone = [e for e in self.entries.values() if e.recorded]
         for e in gone:
             e.recorded, e.pruned, e.ledger = False, True, None
+            e.history, e.failures = [], 0  # the attempt history goes with the ledger line
             if self.by_source.get(e.group.source_id) == e.entry_id:
                 del self.by_source[e.group.source_id]
         return len(gone)
@@ -145,12 +177,17 @@ class TrainerModel:
         self.holds.pop(hold_id, None)
         return len(self.holds)
 
-    def checkpoint_at(self, step: int) -> int:
+    def checkpoint_at(self, step: int) -> int | str:
+        """How many kept copies were dropped; or 'regression' (a step below the last checkpoint) or
+        'leases_open' (a new checkpoint while groups are leased): refused, nothing written."""
+        if self.checkpoint is not None and step < self.checkpoint:
+            return "regression"
+        if step != self.checkpoint and self.count(LEASED):
+            return "leases_open"
         pruned = [e for e in self.entries.values() if e.kept_step is not None and e.kept_step <= step]
         for e in pruned:
             e.kept_step, e.recorded = None, self.records
-        if self.checkpoint is None or step > self.checkpoint:
-            self.checkpoint = step
+        self.checkpoint = step
         return len(pruned)
 
     def restore(self, step: int) -> int | None:
@@ -160,6 +197,7 @@ class TrainerModel:
         restored = [e for e in self.entries.values() if e.kept_step is not None and e.kept_step > step]
         for e in restored:
             e.attempt = int((e.ledger or "").split("|")[2]) or 1
+            e.history.append(Attempt(e.attempt, "@restore", "restored", completer(e.ledger, e.attempt)))
             e.state, e.kept_step = READY, None
             e.ledger = attempt_line(e.attempt, "@restore", "restored")
             e.restores += 1
@@ -170,6 +208,7 @@ class TrainerModel:
         members = [self.entries[i] for i in lease.members if self.entries[i].state == LEASED
                    and self.entries[i].lease_id == lease.lease_id]
         for e in members:
+            e.history.append(Attempt(e.attempt, f"@lease:{lease.lease_id}", terminal, completer(e.ledger, e.attempt)))
             self._requeue(e, counted=False)
         self.counters[terminal] += len(members)
         lease.state = terminal

@@ -8,6 +8,7 @@ the invariants run after it. This module must not check invariants itself (invar
 from __future__ import annotations
 
 import threading
+import time
 from functools import partial
 from typing import Any, Callable
 
@@ -15,9 +16,21 @@ import pytest
 from hypothesis import event
 from hypothesis import strategies as st
 
-from rollout_queue import CheckpointPruned, HoldLost, Lease, LeaseLost, VersionRegression, flows, protocol
+from rollout_queue import (
+    CheckpointPruned,
+    CheckpointRegression,
+    HoldLost,
+    Lease,
+    LeaseLost,
+    LeasesOpen,
+    LeaseUnsatisfiable,
+    VersionRegression,
+    flows,
+    protocol,
+)
 from tests.helpers import wait_until
 
+from .model_entries import EXECUTING
 from .steps_base import WORKERS, Steps
 
 
@@ -27,8 +40,20 @@ class TrainerSteps(Steps):
     def lease(self, data: st.DataObject) -> None:
         groups = data.draw(st.integers(1, 2), label="groups")
         partial_ok = data.draw(st.booleans(), label="partial")
+        if self.refused_lease(groups, partial_ok):
+            return
         members = self.model.lease(groups, partial_ok)
         self.check_lease(members, self.q.lease(groups, partial=partial_ok))
+
+    def refused_lease(self, groups: int, partial_ok: bool) -> bool:
+        """A lease the bounds can never satisfy is refused at once, writing nothing (issue 12 item 3)."""
+        if not self.model.unsatisfiable(groups, partial_ok):
+            return False
+        event("lease -> unsatisfiable")
+        with pytest.raises(LeaseUnsatisfiable) as exc:
+            self.unchanged(partial(self.q.lease, groups, partial=partial_ok))
+        assert (exc.value.bound, exc.value.limit) == self.model.lease_limit()
+        return True
 
     def check_lease(self, members: list[str] | None, lease: Any) -> None:
         """The lease holds exactly the model's members, pristine and fresh; then the model binds them."""
@@ -51,8 +76,12 @@ class TrainerSteps(Steps):
 
     def commit(self, data: st.DataObject) -> None:
         record = data.draw(st.sampled_from(self.model.active_leases()), label="lease")
+        self.commit_lease(record.lease_id, data.draw(st.booleans(), label="with step"))
+
+    def commit_lease(self, lease_id: str, with_step: bool = False) -> None:
+        record = self.model.leases[lease_id]
         step = None
-        if data.draw(st.booleans(), label="with step"):
+        if with_step:
             self.model.step += 1
             step = self.model.step
         assert self.model.commit(record.lease_id, step) == ("committed", "")
@@ -95,13 +124,22 @@ class TrainerSteps(Steps):
         it back; a commit or extend in between is refused (LeaseLost 'expired') and writes nothing."""
         groups = data.draw(st.integers(1, 2), label="groups")
         partial_ok = data.draw(st.booleans(), label="partial")
-        how = data.draw(st.sampled_from(["reap", "commit", "extend", "rollback", "reserve", "lease"]), label="then")
+        how = data.draw(st.sampled_from(["reap", "commit", "extend", "rollback", "lease"]), label="then")
+        if self.refused_lease(groups, partial_ok):
+            return
         members = self.model.lease(groups, partial_ok)
         lease = self.q.lease(groups, timeout_s=0.02, partial=partial_ok)
         self.check_lease(members, lease)
         if lease is None:
             return
         wait_until(lambda: self.server_ms() > lease.deadline_ms, timeout=5.0, message="the lease deadline")
+        if self.model.in_grace:
+            # The server restarted in this example: for two worker timeouts nothing expires (every
+            # client gets that long to come back, lua/include/now_ms.lua), so the lease is still good.
+            event("short lease past its deadline in an outage's grace")
+            self.check_reap(self.model.reap())
+            self.commit_lease(lease.lease_id)
+            return
         event(f"short lease expired, then {how}")
         if how in ("commit", "extend"):
             call = partial(lease.commit, step=None) if how == "commit" else partial(lease.extend, 60)
@@ -111,17 +149,17 @@ class TrainerSteps(Steps):
         if how == "rollback":  # the trainer gives up after the deadline, before the reaper does
             status, n = self.model.rollback(lease.lease_id)
             assert status == "rolled_back" and lease.rollback() == n
-        elif how in ("reserve", "lease"):
-            self.model.expire(lease.lease_id)  # both roll back the earliest expired lease first
-            getattr(self, how)(data)
+        elif how == "lease" and self.model.lease_limit()[1] >= 2:
+            self.model.expire(lease.lease_id)  # lease rolls back the earliest expired lease first
+            self.lease(data)
         else:
-            assert self.reap_pass() == self.model.reap(expired=[lease.lease_id])
+            self.check_reap(self.model.reap(expired=[lease.lease_id]))
 
     def reap(self, data: st.DataObject) -> None:
         expected = self.model.reap()
         if expected.pruned:
             event("reap pruned settled groups")
-        assert self.reap_pass() == expected
+        self.check_reap(expected)
 
     # -- lost replies and crashes ----------------------------------------------------------------
 
@@ -141,6 +179,8 @@ class TrainerSteps(Steps):
             event(f"lost reserve reply -> {len(expected)} groups")
             return
         groups = data.draw(st.integers(1, 2), label="groups")
+        if self.refused_lease(groups, True):
+            return
         members = self.model.lease(groups, True)
         first, got = self.run_losing_first_reply(
             flows.lease(self.keys, "trainer-1", groups, True, None, 0, self.q.clock))
@@ -148,6 +188,13 @@ class TrainerSteps(Steps):
         if got is not None:
             assert [m.entry_id for m in protocol.parse_lease(first, got[0].lease_id).members] == members
         event(f"lost lease reply -> {'none' if members is None else len(members)}")
+
+    def note_outage(self) -> None:
+        """A restart ahead: a new run_id makes the queue clock grant every client its grace, if the
+        clock had a reading before (a queue whose first timed call comes after the restart has no
+        outage to measure, and nothing that could expire)."""
+        if self.raw.hexists(self.keys["clock"], "ms"):
+            self.model.in_grace = True
 
     def run_losing_first_reply(self, flow: Any) -> tuple[Any, Any]:
         """Drive ``flow`` but send its first call twice, as after a dropped connection; only the
@@ -168,6 +215,7 @@ class TrainerSteps(Steps):
         # out of data), and the next example must not find the server down.
         call_while_down = data.draw(st.booleans(), label="call while down")
         self.restarts += 1
+        self.note_outage()
         self.server.kill()
         if not call_while_down:
             self.server.restart()
@@ -227,7 +275,16 @@ class TrainerSteps(Steps):
     def checkpoint(self, data: st.DataObject) -> None:
         # Up to two steps ahead of the trainer: later commits at or below it keep no copy.
         step = data.draw(st.integers(0, self.model.step + 2), label="step")
-        assert self.q.checkpoint(step) == self.model.checkpoint_at(step)
+        expected = self.model.checkpoint_at(step)
+        event(f"checkpoint -> {expected if isinstance(expected, str) else 'ok'}")
+        if expected == "regression":
+            with pytest.raises(CheckpointRegression):
+                self.unchanged(partial(self.q.checkpoint, step))
+        elif expected == "leases_open":
+            with pytest.raises(LeasesOpen):
+                self.unchanged(partial(self.q.checkpoint, step))
+        else:
+            assert self.q.checkpoint(step) == expected
 
     def restore(self, data: st.DataObject) -> None:
         step = data.draw(st.integers(0, self.model.step), label="step")
@@ -239,3 +296,133 @@ class TrainerSteps(Steps):
         else:
             assert self.q.restore(step) == expected
             self.model.step = step  # the trainer resumes from the checkpoint it restored
+
+    # -- issue 12: interrupted operations, outages past the timeouts, liveness ----------------------
+
+    def interrupted_op(self, data: st.DataObject) -> None:
+        """A multi-call operation cut short after a few of its calls (the caller died); another
+        process finishes it (the reaper, or the caller again). The outcome is the whole operation's."""
+        m = self.model
+        choices = (["rollback"] * bool(m.active_leases()) + ["close_worker"] * bool(m.in_state(EXECUTING))
+                   + ["restore", "checkpoint"] * (m.step > 0))
+        if not choices:
+            return
+        op = data.draw(st.sampled_from(choices), label="interrupted op")
+        calls = data.draw(st.integers(1, 3), label="calls before the caller dies")
+        finisher = data.draw(st.sampled_from(["reaper", "caller again"]), label="finished by")
+        finish: Callable[[], Any]
+        if op == "rollback":
+            record = data.draw(st.sampled_from(m.active_leases()), label="lease")
+            m.rollback(record.lease_id)
+            flow = flows.rollback(self.keys, record.lease_id, record.handle.token)
+            finish = record.handle.rollback
+        elif op == "close_worker":
+            worker = data.draw(st.sampled_from(sorted({e.worker or "" for e in m.in_state(EXECUTING)})), label="worker")
+            terminal = data.draw(st.sampled_from(["aborted", "lost"]), label="terminal")
+            m.close_worker(worker, terminal)
+            flow = flows.close_worker(self.keys, worker, terminal, "closing")
+            finish = partial(self.q.worker(worker).close, terminal)
+        elif op == "restore":
+            step = data.draw(st.integers(0, m.step), label="step")
+            if m.restore(step) is None:
+                return  # refused whole (CheckpointPruned): the restore step covers it
+            m.step = step
+            flow, finish = flows.restore(self.keys, step), partial(self.q.restore, step)
+        else:
+            step = data.draw(st.integers(0, m.step + 2), label="step")
+            if isinstance(m.checkpoint_at(step), str):
+                return  # refused whole: the checkpoint step covers it
+            flow, finish = flows.checkpoint(self.keys, step), partial(self.q.checkpoint, step)
+        event(f"{op} interrupted after {calls} call(s), finished by {finisher}")
+        saved, flows.BATCH = flows.BATCH, 1  # one entry per call: every cut point is reachable
+        try:
+            self.run_calls(flow, calls)
+            if finisher == "reaper":
+                self.model.reap()  # the pass's other work (stale groups, prune) is the model's too
+                self.reap_pass()
+            else:
+                finish()
+        finally:
+            flows.BATCH = saved
+
+    def run_calls(self, flow: Any, calls: int) -> None:
+        """Send at most ``calls`` of ``flow``'s calls, then drop it (its process died)."""
+        reply: Any = None
+        for _ in range(calls):
+            try:
+                op = flow.send(reply)
+            except StopIteration:
+                return
+            reply = self.q.transport.execute(op)
+        flow.close()
+
+    def long_outage(self, data: st.DataObject) -> None:
+        """Redis is down for longer than a lease's timeout (kill -9, back on the same AOF after it):
+        that time does not count, so the lease is still the trainer's and commits (now_ms.lua)."""
+        groups = data.draw(st.integers(1, 2), label="groups")
+        if self.refused_lease(groups, True):
+            return
+        members = self.model.lease(groups, True)
+        lease = self.q.lease(groups, timeout_s=0.2, partial=True)
+        self.check_lease(members, lease)
+        self.restarts += 1
+        self.note_outage()
+        self.server.kill()
+        try:
+            time.sleep(0.4)  # down past the lease's deadline
+        finally:
+            self.server.restart()
+        event("outage longer than a lease's timeout")
+        if lease is not None:
+            self.check_reap(self.model.reap())  # nothing expired
+            self.commit_lease(lease.lease_id)
+
+    def drain_to_settlement(self, no_reaper: bool, rounds: int = 40) -> None:
+        """Liveness: once workers and a trainer keep calling, every group reaches a settlement within
+        a bounded number of rounds, with no reaper process (inline reaping only) in part of the runs.
+        Runs at the end of an example, through the real client only (the model is done by then)."""
+        from rollout_queue import StaleReceipt
+
+        q = self.q
+        for hold in list(self.holds.values()):
+            hold.release()
+        for record in self.model.active_leases():
+            try:
+                record.handle.commit()
+            except LeaseLost:
+                pass
+        version = q.version
+        for r in self.model.executing_receipts():
+            try:
+                q.worker(r.worker_id).complete(r, self.drain_samples(self.model.entries[r.entry_id].n, version))
+            except StaleReceipt:
+                pass
+        for i in range(rounds):
+            s = q.stats()
+            if s.backlog + s.ready + s.executing_groups + s.completed + s.leased == 0:
+                event(f"drained in {i} rounds" + (" without a reaper" if no_reaper else ""))
+                return
+            version = q.version
+            for j, worker in enumerate(WORKERS):
+                w = q.worker(worker)
+                for res in w.reserve(4, max_samples=(0, 2, 1)[j], overcommit=j == 2):
+                    w.complete(res.receipt, self.drain_samples(res.group.n, version))
+            lease = None
+            try:
+                lease = q.lease(self.model.cfg.max_completed_groups, partial=True)
+            except LeaseUnsatisfiable:
+                pass
+            if lease is not None:
+                lease.commit()
+            q.publish_version(version + 1)  # the trainer's next step: admission opens further
+            if not no_reaper:
+                q.reap()
+        s = q.stats()
+        raise AssertionError(f"not every group settled within {rounds} rounds (liveness): {s}")
+
+    @staticmethod
+    def drain_samples(n: int, version: int) -> list[Any]:
+        from rollout_queue import Sample
+
+        return [Sample(slot=i, token_ids=(i, 1), logprobs=(-0.5, -0.5), reward=float(i), version=version)
+                for i in range(n)]

@@ -34,7 +34,7 @@ local function now_ms(read_only)
   local last = tonumber(c[1])
   local offset = tonumber(c[2]) or 0
   local q = raw - offset
-  clock = {now = q, resumed = tonumber(c[4])}
+  clock = {now = q, resumed = tonumber(c[4]), raw = raw}
   if last and q >= last and q - last < CLOCK_STEP_MS then return q end
   -- A gap of a step or more (or a first use, or a clock that went back): is it the same server?
   local run = server_run_id()
@@ -62,6 +62,14 @@ local function now_ms(read_only)
     redis.call('HSET', key, unpack(writes))
   end
   return q
+end
+--[[
+stream_ms: the server's own TIME in ms (call now_ms first): what the IDs a stream gives with '*' are
+made of. The settled stream's retention is judged by it, not by the queue clock, so that a record
+written just before an outage and one written just after it compare in one clock.
+]]
+local function stream_ms()
+  return clock.raw
 end
 local function due_now(cfg, now)
   local r = clock and clock.resumed
