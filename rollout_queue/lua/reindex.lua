@@ -2,10 +2,11 @@
 reindex: owned entries an index lost are indexed again: one the PEL gives to @ready but that is not
 in ready goes back into ready at its place; one the PEL gives to @done but that is not in the buffer
 is requeued (its completion is regenerated: the buffer's order and version scores cannot be rebuilt
-from the PEL). The reaper's step; bounded: `count` PEL entries of one owner per call.
+from the PEL). The reaper's step; bounded: `count` PEL entries of one owner per call. Its cursor
+is kept beside the queue clock (rollout:{q}:clock field reindex: bookkeeping, not queue state).
 KEYS:
   src        the reservations stream
-  meta       config, counters and the scan's cursor (reindex_cursor)
+  meta       config and counters
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -32,7 +33,7 @@ local now = now_ms()
 local cfg = load_config()
 local count = tonumber(A.count)
 if not count or count < 1 then bug('bad count: ' .. tostring(A.count)) end
-local cursor = redis.call('HGET', K.meta, 'reindex_cursor') or ''
+local cursor = redis.call('HGET', clock_key(), 'reindex') or ''  -- bookkeeping, not queue state
 local owner, after = string.match(cursor, '^(@%a+)|(.*)$')
 if owner ~= '@ready' and owner ~= '@done' then owner, after = '@ready', '' end
 if after ~= '' and not string.match(after, '^%d+%-%d+$') then after = '' end
@@ -66,8 +67,8 @@ local wrapped = 0
 if #ids < count then
   -- This owner is done: the other one next, from its start.
   if owner == '@done' then wrapped = 1 end
-  redis.call('HSET', K.meta, 'reindex_cursor', (owner == '@ready' and '@done' or '@ready') .. '|')
+  redis.call('HSET', clock_key(), 'reindex', (owner == '@ready' and '@done' or '@ready') .. '|')
 else
-  redis.call('HSET', K.meta, 'reindex_cursor', owner .. '|' .. ids[#ids])
+  redis.call('HSET', clock_key(), 'reindex', owner .. '|' .. ids[#ids])
 end
 return {'ok', fixed, wrapped}

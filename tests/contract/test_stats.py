@@ -28,7 +28,7 @@ from tests.contract.lifecycle import (
 def test_header_matches_builder() -> None:
     check_header("stats",
                  ["src", "meta", "ready", "buffer", "bufver", "workers", "leases", "holds", "dlq", "commits",
-                  "ledger", "ids"], [])
+                  "ledger", "ids", "intake"], [])
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

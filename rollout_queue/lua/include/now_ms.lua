@@ -4,7 +4,8 @@ due_now: the instant deadlines are judged against (worker silence, lease and hol
 Uses: the hash rollout:{q}:clock (built from K.meta's prefix, same hash tag; not queue state, so a
 refusal that only moved the clock still "wrote nothing"): ms (the last queue time a script saw,
 written at most every CLOCK_STEP_MS), offset (server time - queue time), run (the server's run_id
-when ms was written), resumed (queue time at the end of the last outage), outages (how many).
+when ms was written), resumed (queue time at the end of the last outage), outages (how many);
+the reaper's re-index sweep keeps its cursor there too (reindex.lua).
 Why: DESIGN rule 6, time comes from Redis TIME, never from client clocks; and time the server was
 down must not count against workers, leases or holds (issue 12 item 5). A restart or a failover
 changes the server's run_id: the first script that sees a new run_id (or a clock that went
