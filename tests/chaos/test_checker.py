@@ -270,6 +270,16 @@ def test_a_receipt_refused_to_a_worker_paused_while_it_held_it_is_expected() -> 
     assert report.violations == [] and report.refused_paused == 1
 
 
+def test_a_refused_grant_acknowledged_in_an_everysec_loss_window_is_explained() -> None:
+    """A simulated host crash dropped the grant itself: the group was granted again, legitimately."""
+    records, truth = clean_history()
+    records = _refuse_e0(records)
+    records += [rec("redis_kill", 2.1, "harness", kill_t=2.1, loss_from=1.95),
+                rec("redis_restart", 2.15, "harness", pid=2)]
+    report = check(records, _refused_truth(truth), SPEC)
+    assert report.violations == [] and report.refused_lost_write == 1
+
+
 def test_a_refusal_with_neither_pause_nor_outage_is_counted_not_failed() -> None:
     records, truth = clean_history()
     report = check(_refuse_e0(records), _refused_truth(truth), SPEC)
