@@ -82,6 +82,7 @@ class Report:
     checkpoints: int = 0
     checkpoints_refused: dict[str, int] = field(default_factory=dict)
     oversize_grants: int = 0                  # grants beyond a worker's slots (overcommit, one group alone)
+    oversize_queue: dict[str, int] = field(default_factory=dict)  # the queue's own oversize_* counters
     refused_paused: int = 0                   # settlements refused to a worker paused while it held them
     refused_lost_write: int = 0               # everysec: the grant was acknowledged in a loss window
     refused_unexplained: int = 0              # refused with no pause and no outage (a starved heartbeat?)
@@ -400,6 +401,7 @@ class Checker:
 
     def check_counters(self) -> None:
         meta, t = self.truth.meta, self.truth
+        self.report.oversize_queue = {k: int(meta.get(k, 0) or 0) for k in ("oversize_skipped", "oversize_granted")}
         committed = sum(len(list(filter(None, line["ids"].split(",")))) for line in t.commits)
         for name, want in (("committed", committed), ("dead", len(t.dlq)), ("retained", 0),
                            ("executing_groups", 0), ("executing_samples", 0), ("leased", 0)):

@@ -125,7 +125,8 @@ class RunResult:
             "outages": r.outages, "outages_longer_than_worker_timeout":
                 sum(o["longer_than_worker_timeout"] for o in r.outages),
             "worker_slots": [f"{s}{'+' if o else ''}" for s, o in self._slots()],
-            "oversize_grants": r.oversize_grants, "refused_paused": r.refused_paused,
+            "oversize_grants": r.oversize_grants, "oversize_queue_counters": r.oversize_queue,
+            "refused_paused": r.refused_paused,
             "refused_across_outage": r.refused_across_outage, "refused_lost_write": r.refused_lost_write,
             "refused_unexplained": r.refused_unexplained,
             "checkpoints": r.checkpoints, "checkpoints_refused": r.checkpoints_refused,

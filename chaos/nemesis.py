@@ -63,11 +63,6 @@ class NemesisConfig:
     outage_factor: tuple[float, float] = (1.5, 3.0)  # redis_outage: down this many x worker_timeout_s
     cover_all: bool = True                     # begin with one fault of every kind (in seeded order)
 
-    @property
-    def max_outage_s(self) -> float:
-        """The longest a redis_outage keeps the server down (the progress bound allows for it)."""
-        return self.worker_timeout_s * self.outage_factor[1]
-
 
 def _last_op(slot: Slot) -> str | None:
     """The op of the last complete line of a slot's log (reads only the file's tail)."""
