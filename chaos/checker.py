@@ -424,10 +424,12 @@ class Checker:
                       "planned_s": rec.get("down_s"), "longer_than_worker_timeout":
                       (min(e, 1e12) - s) > float(rec.get("worker_timeout_s") or 1e12)}
                      for s, e, rec in self.down if rec["op"] == "redis_outage"]
+        # The worker held a receipt from when its reserve call was sent (Redis may grant it at any
+        # moment until the reply: a worker paused inside the call logs its grant only after SIGCONT).
         grants: dict[tuple[str, int, str], float] = {}
         for rec in h.by_op["reserve_ok"]:
             for eid, attempt, *_ in rec["grants"]:
-                grants.setdefault((eid, attempt, rec["worker"]), rec["t"])
+                grants.setdefault((eid, attempt, rec["worker"]), float(rec.get("sent", rec["t"])))
         for rec in h.ops("complete_refused", "fail_refused"):
             if rec.get("error") != "StaleReceipt":
                 continue

@@ -232,12 +232,13 @@ def run_worker(args: argparse.Namespace) -> int:
         log.write("start")
         beat.start()
         while not stop.is_set():
+            sent = time.time()  # the grant may be made in Redis any time from here to the reply
             got = w.reserve(max_groups=args.max_groups, block_ms=500, max_samples=args.max_samples,
                             overcommit=bool(args.overcommit))
             reserved_at = time.monotonic()
             if got:
                 log.write("reserve_ok", grants=[[r.entry_id, r.receipt.attempt, r.group.source_id, r.group.n]
-                                                for r in got], version=got[0].version)
+                                                for r in got], version=got[0].version, sent=sent)
             for r in got:
                 if stop.is_set():
                     break  # close() below requeues what we did not settle
@@ -332,19 +333,21 @@ def _train_one(q: RolloutQueue, trainer_id: str, step: int, args: argparse.Names
     return True
 
 
-def _checkpoint(q: RolloutQueue, step: int, log: OpLog) -> None:
+def _checkpoint(q: RolloutQueue, step: int, log: OpLog) -> bool:
     """checkpoint(step), or a logged skip when the queue refuses it: another trainer (or a killed
     one whose lease has not expired yet) still holds a lease (LeasesOpen), another trainer already
     checkpointed a later step (CheckpointRegression), or a restore is unfinished. A refused checkpoint
-    wrote nothing, so the next one simply tries again; it is not a failure of the run."""
+    wrote nothing, so the trainer tries again after its next step; it is not a failure of the run.
+    True when the checkpoint was taken."""
     log.write("checkpoint_invoke", step=step)
     try:
         dropped = q.checkpoint(step)
     except CHECKPOINT_REFUSALS as exc:
         log.write("checkpoint_refused", step=step, error=type(exc).__name__, error_text=str(exc)[:300],
                   **{k: getattr(exc, k) for k in ("leased", "checkpoint") if isinstance(getattr(exc, k, None), int)})
-        return
+        return False
     log.write("checkpoint_ok", step=step, dropped=dropped)
+    return True
 
 
 def _weight_update(q: RolloutQueue, log: OpLog) -> None:
@@ -375,11 +378,12 @@ def run_trainer(args: argparse.Namespace) -> int:
         log.write("start", step=step)
         if args.lease_probe > 0:
             _probe_lease_bound(q, trainer_id, args.lease_probe, log)
+        owed = False  # a checkpoint was refused and is owed
         while not stop.is_set():
             if not _train_one(q, trainer_id, step, args, rng, log):
                 continue
-            if step % args.checkpoint_every == 0:
-                _checkpoint(q, step, log)
+            if owed or step % args.checkpoint_every == 0:
+                owed = not _checkpoint(q, step, log)  # refused: try again after the next step
             if args.publish_every > 0 and step % args.publish_every == 0:
                 _weight_update(q, log)
             step += 1

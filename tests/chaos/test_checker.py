@@ -280,6 +280,17 @@ def test_a_refused_grant_acknowledged_in_an_everysec_loss_window_is_explained() 
     assert report.violations == [] and report.refused_lost_write == 1
 
 
+def test_a_pause_inside_the_reserve_call_explains_the_refusal() -> None:
+    """Paused after Redis granted but before the reply was read: the grant is logged after SIGCONT."""
+    records, truth = clean_history()
+    records = _refuse_e0(records)
+    records[5]["sent"] = 1.5
+    records += [rec("signal", 1.6, "harness", slot="worker0", child=1, sig="SIGSTOP", kind="worker_pause"),
+                rec("signal", 1.99, "harness", slot="worker0", child=1, sig="SIGCONT", kind="worker_pause_end")]
+    report = check(records, _refused_truth(truth), SPEC)
+    assert report.violations == [] and report.refused_paused == 1
+
+
 def test_a_refusal_with_neither_pause_nor_outage_is_counted_not_failed() -> None:
     records, truth = clean_history()
     report = check(_refuse_e0(records), _refused_truth(truth), SPEC)
