@@ -118,6 +118,7 @@ class RunResult:
             "ok": self.ok, "finished": self.finished, "mode": self.config["mode"], "seed": self.config["seed"],
             "groups": r.groups, "committed": r.committed, "dead_lettered": r.dead, "dead_poison": r.dead_poison,
             "dead_valid": r.dead_valid, "lost": r.lost, "trained_twice": r.trained_twice, "stuck": r.stuck,
+            "liveness": _liveness(r.progress),
             "no_progress_max_s": r.progress.get("worst_s"), "no_progress_bound_s": r.progress.get("bound_s"),
             "no_progress_worst": r.progress.get("worst"), "stalls": r.progress.get("stalls"),
             "stalls_live": self.stalls_live,
@@ -147,6 +148,16 @@ class RunResult:
         c = self.config
         return [(c["worker_slots"][i % len(c["worker_slots"])], bool(c["worker_overcommit"][i % len(c["worker_overcommit"])]))
                 for i in range(c["workers"])]
+
+
+def _liveness(progress: Mapping[str, Any]) -> str:
+    """stuck = 0 in words: the watchdog's verdict over the whole run, not only at its end."""
+    if not progress:
+        return "not measured"
+    stalls, bound, worst = progress.get("stalls", 0), progress.get("bound_s"), progress.get("worst_s")
+    if stalls:
+        return f"{stalls} gap(s) without progress longer than {bound} s (worst {worst} s)"
+    return f"no group without progress for longer than {bound} s (worst {worst} s)"
 
 
 def snapshot_code(dest: Path) -> Path:
