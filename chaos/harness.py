@@ -146,8 +146,8 @@ class RunResult:
 
     def _slots(self) -> list[tuple[int, bool]]:
         c = self.config
-        return [(c["worker_slots"][i % len(c["worker_slots"])], bool(c["worker_overcommit"][i % len(c["worker_overcommit"])]))
-                for i in range(c["workers"])]
+        slots, over = c["worker_slots"] or [0], c["worker_overcommit"] or [False]
+        return [(slots[i % len(slots)], bool(over[i % len(over)])) for i in range(c["workers"])]
 
 
 def _liveness(progress: Mapping[str, Any]) -> str:

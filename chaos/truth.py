@@ -85,7 +85,8 @@ def observe(url: str, queue: str) -> Truth:
             ledger={_s(k): _s(v) for k, v in r.hgetall(keys["ledger"]).items()},
             ids={_s(k): _s(v) for k, v in r.hgetall(keys["ids"]).items()},
             # stream_id: the Redis time of the settlement (the progress watchdog's clock for it).
-            commits=[{**{_s(k): _s(v) for k, v in f.items()}, "stream_id": _s(i)} for i, f in r.xrange(keys["commits"])],
+            commits=[{**{_s(k): _s(v) for k, v in f.items()}, "stream_id": _s(i)}
+                     for i, f in r.xrange(keys["commits"])],
             dlq=[_dlq_line(f, i) for i, f in r.xrange(keys["dlq"])],
             meta={_s(k): _s(v) for k, v in r.hgetall(keys["meta"]).items()},
         )
