@@ -54,3 +54,33 @@ def read_logs(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
             rec["file"] = path.name
             out.append(rec)
     return out
+
+
+class LogTail:
+    """The records appended to a directory's ``*.jsonl`` logs since the last ``read()``: each file
+    is read from where the previous call stopped, and a line not yet ended by its newline (a writer
+    in mid-write) waits for the next call. For watching a run while it goes (progress.py)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.offsets: dict[Path, int] = {}
+
+    def read(self) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            start = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(start)
+                    data = fh.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n") + 1
+            if not end:
+                continue
+            self.offsets[path] = start + end
+            for raw in data[:end].splitlines():
+                rec = orjson.loads(raw)
+                rec["file"] = path.name
+                out.append(rec)
+        return out

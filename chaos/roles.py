@@ -11,6 +11,11 @@ Rules every role keeps, because the checker relies on them:
 2. A refusal (StaleReceipt, LeaseLost) is logged and the work is dropped: never retried, never counted.
 3. Any other exception is logged as ``crash`` with its type and the process exits 1; the checker
    fails the run on a crash whose type is not a RolloutQueueError the role expects.
+4. A refusal the caller is told to act on is logged and acted on, never a crash: a checkpoint the
+   queue refuses (LeasesOpen while another trainer holds a lease, CheckpointRegression after another
+   trainer checkpointed further, RestoreInProgress) is skipped (``checkpoint_refused``); a lease the
+   bounds can never satisfy (LeaseUnsatisfiable) is logged (``lease_unsatisfiable``): the checker
+   decides whether the run's config could have caused it.
 The reaper role runs the library's own loop (``rollout_queue.reaper.run_reaper``, what ``rollout-queue
 reaper`` runs) and copies its log records into the operation log.
 """
@@ -34,12 +39,16 @@ import orjson
 
 import rollout_queue
 from rollout_queue import (
+    CheckpointRegression,
     HoldLost,
     LeaseLost,
+    LeasesOpen,
+    LeaseUnsatisfiable,
     OutcomeUnknown,
     QueueConfig,
     Receipt,
     Reservation,
+    RestoreInProgress,
     RetryPolicy,
     RolloutQueue,
     RolloutQueueError,
@@ -51,21 +60,47 @@ from rollout_queue.walkthrough import test_engine_generate
 
 from .oplog import OpLog
 
-#: Longer than any Redis restart of a run (kill, AOF replay, LOADING), so a restart is a pause.
-RETRY = RetryPolicy(window_s=20.0)
+#: Longer than any Redis restart or outage of a run (kill, clean stop, down for up to 3 x
+#: worker_timeout_s, AOF replay, LOADING), so an outage is a pause to every role, never an exit.
+RETRY = RetryPolicy(window_s=30.0)
 EXIT_UNKNOWN, EXIT_CRASH = 3, 1
+
+#: The sizes (``n``) groups are drawn from when a run names none: mostly small, some larger than a
+#: 2- or 4-slot worker, so the oversized-group path (skip for a strict caller, grant to a caller
+#: with the slots or to one that overcommits) runs all the time.
+DEFAULT_SIZES: tuple[int, ...] = (1, 2, 2, 3, 3, 4, 4, 6, 8)
+
+#: The refusals of checkpoint(step) after which nothing was written: the trainer skips that
+#: checkpoint and tries again at the next one.
+CHECKPOINT_REFUSALS = (LeasesOpen, CheckpointRegression, RestoreInProgress)
 
 
 def source_id(seed: int, i: int) -> str:
     return f"chaos-{seed}-{i:06d}"
 
 
-def source_group(seed: int, i: int, poison_every: int) -> SourceGroup:
-    """Group ``i`` of a run: 2-4 parent slots; every ``poison_every``-th prompt makes the test
+def group_n(seed: int, i: int, sizes: Sequence[int] | None = None) -> int:
+    """The ``n`` of group ``i``: drawn from ``sizes`` by (seed, i) alone, so a restarted producer
+    submits exactly the same group again. Without sizes: the harness's original 2-4."""
+    if not sizes:
+        return 2 + i % 3
+    return sizes[random.Random(f"{seed}:n:{i}").randrange(len(sizes))]
+
+
+def is_poison(i: int, poison_every: int) -> bool:
+    return poison_every > 0 and i % poison_every == poison_every - 1
+
+
+def source_group(seed: int, i: int, poison_every: int, sizes: Sequence[int] | None = None) -> SourceGroup:
+    """Group ``i`` of a run: ``group_n`` parent slots; every ``poison_every``-th prompt makes the test
     engine fail (so it must end as a dead letter with its reasons)."""
-    poison = poison_every > 0 and i % poison_every == poison_every - 1
-    return SourceGroup(source_id(seed, i), f"chaos prompt {seed}/{i}", n=2 + i % 3,
-                       metadata={"i": i, "poison": poison})
+    return SourceGroup(source_id(seed, i), f"chaos prompt {seed}/{i}", n=group_n(seed, i, sizes),
+                       metadata={"i": i, "poison": is_poison(i, poison_every)})
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,8"`` -> (1, 2, 8); empty: the original 2-4 (see group_n)."""
+    return tuple(int(x) for x in text.split(",") if x.strip())
 
 
 def _connect(args: argparse.Namespace, name: str) -> RolloutQueue:
@@ -111,12 +146,14 @@ def run_producer(args: argparse.Namespace) -> int:
     def body() -> None:
         q = _connect(args, f"chaos-producer:{os.getpid()}|work")
         log.write("start", groups=args.groups)
+        sizes = parse_sizes(args.sizes)
         i = 0
         while i < args.groups and not stop.is_set():
             if q.stats().backlog >= args.backlog:
                 stop.wait(0.05)
                 continue
-            batch = [source_group(args.seed, j, args.poison_every) for j in range(i, min(i + args.batch, args.groups))]
+            batch = [source_group(args.seed, j, args.poison_every, sizes)
+                     for j in range(i, min(i + args.batch, args.groups))]
             sids = [g.source_id for g in batch]
             log.write("submit_invoke", sids=sids)
             ids = q.submit(batch)
@@ -175,9 +212,16 @@ def _settle(w: Any, r: Reservation, reserved_at: float, args: argparse.Namespace
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    """Reserve -> generate (test engine) -> complete, until SIGTERM; then close (requeue owned work)."""
+    """Reserve -> generate (test engine) -> complete, until SIGTERM; then close (requeue owned work).
+
+    ``--max-samples`` is this worker's slot count: each reserve asks for at most that many samples,
+    as a sample-policy engine passes its free slots. With ``--overcommit`` the worker declares that it
+    queues samples internally (what workers/runtime.py's sample policy does), so the queue may grant it
+    one group larger than its slots as the first grant of a call; without it such groups are left for
+    another caller. Both are in every log line, so the checker can hold each grant to them."""
     worker_id = f"chaos-w{args.index}:{os.getpid()}:{secrets.token_hex(2)}"
-    log = OpLog(args.log, "worker", worker=worker_id)
+    log = OpLog(args.log, "worker", worker=worker_id, max_samples=args.max_samples,
+                overcommit=bool(args.overcommit))
     stop = _stop_event()
     rng = random.Random(f"{args.seed}:{worker_id}")
     beat = HeartbeatThread(args, worker_id, log)
@@ -188,11 +232,13 @@ def run_worker(args: argparse.Namespace) -> int:
         log.write("start")
         beat.start()
         while not stop.is_set():
-            got = w.reserve(max_groups=2, block_ms=500)
+            sent = time.time()  # the grant may be made in Redis any time from here to the reply
+            got = w.reserve(max_groups=args.max_groups, block_ms=500, max_samples=args.max_samples,
+                            overcommit=bool(args.overcommit))
             reserved_at = time.monotonic()
             if got:
-                log.write("reserve_ok", grants=[[r.entry_id, r.receipt.attempt, r.group.source_id] for r in got],
-                          version=got[0].version)
+                log.write("reserve_ok", grants=[[r.entry_id, r.receipt.attempt, r.group.source_id, r.group.n]
+                                                for r in got], version=got[0].version, sent=sent)
             for r in got:
                 if stop.is_set():
                     break  # close() below requeues what we did not settle
@@ -233,10 +279,31 @@ def _payload_mismatches(lease: Any) -> list[str]:
     return bad
 
 
+def _probe_lease_bound(q: RolloutQueue, trainer_id: str, groups: int, log: OpLog) -> None:
+    """Ask once for a lease no bound can ever satisfy (more groups than max_completed_groups): the
+    queue must refuse it at once with LeaseUnsatisfiable (issue 12 item 3), never answer None (which
+    a trainer would take for "not yet" and wait on forever). The checker fails the run on anything
+    but a refusal."""
+    log.write("lease_probe_invoke", groups=groups)
+    try:
+        lease = q.lease(groups, block_ms=0, trainer_id=trainer_id)
+    except LeaseUnsatisfiable as exc:
+        log.write("lease_probe_refused", groups=groups, bound=exc.bound, limit=exc.limit)
+        return
+    if lease is not None:
+        lease.rollback()  # impossible with the run's bounds; hand the groups back before reporting it
+    log.write("lease_probe_answered", groups=groups, got=None if lease is None else len(lease.groups))
+
+
 def _train_one(q: RolloutQueue, trainer_id: str, step: int, args: argparse.Namespace, rng: random.Random,
                log: OpLog) -> bool:
     """Lease -> "train" -> commit(step) or rollback. True when a step was committed."""
-    lease = q.lease(args.batch, block_ms=1000, partial=True, trainer_id=trainer_id)
+    try:
+        lease = q.lease(args.batch, block_ms=1000, partial=True, trainer_id=trainer_id)
+    except LeaseUnsatisfiable as exc:  # a partial lease of the run's size: the checker judges it
+        log.write("lease_unsatisfiable", groups=args.batch, bound=exc.bound, limit=exc.limit, error=str(exc)[:300])
+        time.sleep(0.5)
+        return False
     if lease is None:
         return False
     members = [[g.entry_id, g.attempt, g.group.source_id, g.min_version] for g in lease.groups]
@@ -266,9 +333,28 @@ def _train_one(q: RolloutQueue, trainer_id: str, step: int, args: argparse.Names
     return True
 
 
+def _checkpoint(q: RolloutQueue, step: int, log: OpLog) -> bool:
+    """checkpoint(step), or a logged skip when the queue refuses it: another trainer (or a killed
+    one whose lease has not expired yet) still holds a lease (LeasesOpen), another trainer already
+    checkpointed a later step (CheckpointRegression), or a restore is unfinished. A refused checkpoint
+    wrote nothing, so the trainer tries again after its next step; it is not a failure of the run.
+    True when the checkpoint was taken."""
+    log.write("checkpoint_invoke", step=step)
+    try:
+        dropped = q.checkpoint(step)
+    except CHECKPOINT_REFUSALS as exc:
+        log.write("checkpoint_refused", step=step, error=type(exc).__name__, error_text=str(exc)[:300],
+                  **{k: getattr(exc, k) for k in ("leased", "checkpoint") if isinstance(getattr(exc, k, None), int)})
+        return False
+    log.write("checkpoint_ok", step=step, dropped=dropped)
+    return True
+
+
 def _weight_update(q: RolloutQueue, log: OpLog) -> None:
     """The weight-update boundary through an admission hold. A hold that expired first (Redis was
-    down past hold_timeout, or lost it) is logged and the update waits for the next step."""
+    down past hold_timeout, or lost it) is logged and the update waits for the next step; the
+    checker fails the run when the hold spanned an outage (downtime must not expire a hold)."""
+    log.write("publish_invoke")
     try:
         with q.hold(timeout_s=5.0) as hold:
             drained = hold.wait_terminal(timeout_s=2.0)
@@ -290,13 +376,15 @@ def run_trainer(args: argparse.Namespace) -> int:
         q = _connect(args, f"{trainer_id}|work")
         step = _next_step(q)
         log.write("start", step=step)
+        if args.lease_probe > 0:
+            _probe_lease_bound(q, trainer_id, args.lease_probe, log)
+        owed = False  # a checkpoint was refused and is owed
         while not stop.is_set():
             if not _train_one(q, trainer_id, step, args, rng, log):
                 continue
-            if step % args.checkpoint_every == 0:
-                dropped = q.checkpoint(step)
-                log.write("checkpoint_ok", step=step, dropped=dropped)
-            if step % args.publish_every == 0:
+            if owed or step % args.checkpoint_every == 0:
+                owed = not _checkpoint(q, step, log)  # refused: try again after the next step
+            if args.publish_every > 0 and step % args.publish_every == 0:
                 _weight_update(q, log)
             step += 1
 
@@ -357,13 +445,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=8, help="producer: groups per submit; trainer: per lease")
     parser.add_argument("--backlog", type=int, default=128, help="producer: submit while the backlog is shorter")
     parser.add_argument("--poison-every", type=int, default=0, help="every k-th prompt fails in the test engine")
+    parser.add_argument("--sizes", default="", help="producer: the n of each group is drawn from these (1,2,8)")
+    parser.add_argument("--max-samples", type=int, default=0, help="worker: slots per reserve (0: no cap)")
+    parser.add_argument("--overcommit", type=int, choices=[0, 1], default=0,
+                        help="worker: 1 = queues samples internally (may be granted one group beyond its slots)")
+    parser.add_argument("--max-groups", type=int, default=2, help="worker: groups per reserve")
+    parser.add_argument("--lease-probe", type=int, default=0,
+                        help="trainer: at start, ask for this many groups (more than any bound allows)")
     parser.add_argument("--gen-ms", type=float, default=30.0)
     parser.add_argument("--heartbeat-s", type=float, default=0.4)
     parser.add_argument("--worker-timeout-s", type=float, default=2.0)
     parser.add_argument("--train-ms", type=float, default=200.0)
     parser.add_argument("--rollback-rate", type=float, default=0.05)
     parser.add_argument("--checkpoint-every", type=int, default=10)
-    parser.add_argument("--publish-every", type=int, default=5)
+    parser.add_argument("--publish-every", type=int, default=5, help="trainer: 0 = never publish weights")
     parser.add_argument("--reap-interval-s", type=float, default=0.5)
     return parser
 

@@ -37,8 +37,8 @@ class Truth:
     lease_records: dict[str, dict[str, str]]
     ledger: dict[str, str]                     # entry_id -> a|... or s|...
     ids: dict[str, str]                        # source_id -> entry_id
-    commits: list[dict[str, str]]              # one line per committed lease: lease, ids, step, ...
-    dlq: list[dict[str, Any]]                  # entry_id, source_id, reason, attempt, history (decoded)
+    commits: list[dict[str, str]]              # one line per committed lease: lease, ids, step, ..., stream_id
+    dlq: list[dict[str, Any]]                  # entry_id, source_id, reason, attempt, history (decoded), stream_id
     meta: dict[str, str]
 
     @property
@@ -48,7 +48,7 @@ class Truth:
         return [i for i in self.stream_ids if _id_key(i) > cursor and i not in self.pel]
 
 
-def _dlq_line(fields: dict[bytes, bytes]) -> dict[str, Any]:
+def _dlq_line(fields: dict[bytes, bytes], stream_id: Any = b"") -> dict[str, Any]:
     f = {_s(k): v for k, v in fields.items()}
     try:
         history = orjson.loads(f.get("history", b"[]") or b"[]")
@@ -58,7 +58,8 @@ def _dlq_line(fields: dict[bytes, bytes]) -> dict[str, Any]:
         history = history.get("h")
     return {"entry_id": _s(f.get("entry_id", b"")), "source_id": _s(f.get("source_id", b"")),
             "reason": _s(f.get("reason", b"")), "attempt": int(f.get("attempt", b"0") or 0),
-            "worker": _s(f.get("worker", b"")), "history": history if isinstance(history, list) else []}
+            "worker": _s(f.get("worker", b"")), "history": history if isinstance(history, list) else [],
+            "stream_id": _s(stream_id)}
 
 
 def observe(url: str, queue: str) -> Truth:
@@ -83,8 +84,10 @@ def observe(url: str, queue: str) -> Truth:
             lease_records=records,
             ledger={_s(k): _s(v) for k, v in r.hgetall(keys["ledger"]).items()},
             ids={_s(k): _s(v) for k, v in r.hgetall(keys["ids"]).items()},
-            commits=[{_s(k): _s(v) for k, v in f.items()} for _, f in r.xrange(keys["commits"])],
-            dlq=[_dlq_line(f) for _, f in r.xrange(keys["dlq"])],
+            # stream_id: the Redis time of the settlement (the progress watchdog's clock for it).
+            commits=[{**{_s(k): _s(v) for k, v in f.items()}, "stream_id": _s(i)}
+                     for i, f in r.xrange(keys["commits"])],
+            dlq=[_dlq_line(f, i) for i, f in r.xrange(keys["dlq"])],
             meta={_s(k): _s(v) for k, v in r.hgetall(keys["meta"]).items()},
         )
     finally:

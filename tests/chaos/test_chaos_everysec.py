@@ -3,7 +3,9 @@
 Each Redis kill also drops the AOF bytes written in the last second (chaos/aof.py), as a power loss
 would with ``appendfsync everysec``. The checker then requires every acknowledged operation missing
 from Redis to lie in a loss window ([kill - 1 s, kill]), and every lost or twice-trained group to be
-explained by one of them; nothing may stay owned. In the slow suite (about a minute or two).
+explained by one of them; nothing may stay owned. Long outages (down 1.5-3 x worker_timeout_s, half
+of them a kill -9 that also drops the last second of AOF) run too. In the slow suite (about a
+minute or two).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def test_everysec_losses_lie_in_the_last_second_before_each_kill(tmp_path, reque
     if "slow" not in (request.config.getoption("-m") or ""):
         pytest.skip("the everysec crash run belongs to the slow suite: pytest -m slow")
     weights = {"worker_kill": 2, "worker_pause": 2, "trainer_kill": 2, "reaper_kill": 1, "redis_kill": 5,
-               "conn_kill": 2}
+               "redis_outage": 1, "conn_kill": 2}
     cfg = RunConfig(groups=800, seed=31, kind=_kind(), mode="everysec", weights=weights, fault_interval_s=0.7,
                     deadline_s=200.0, settle_s=60.0, lease_batch=16, train_ms=100.0, log_dir=str(tmp_path / "c"))
     result = run(cfg)

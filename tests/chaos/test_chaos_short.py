@@ -1,9 +1,14 @@
 """The short chaos run of the default suite: every fault kind, a fixed seed, about a minute.
 
-Processes (producer, 3 test-engine workers, a trainer, 2 reapers) run against a private Redis with AOF
-``always`` while the nemesis SIGKILLs and SIGSTOPs them, kills -9 Redis and restarts it on its AOF,
-and cuts client connections mid-call; the history checker then proves lost = 0, trained twice = 0,
-stuck = 0 and no late settlement accepted (chaos/checker.py). The long run is documented in README.
+Processes (producer, 3 test-engine workers with 2, 4 and 6 slots, the 2- and 6-slot ones
+overcommitting, 2 trainers, 2 reapers) run against a private Redis with AOF ``always`` while the
+nemesis SIGKILLs and SIGSTOPs them, kills -9 Redis and restarts it on its AOF, takes Redis down for
+longer than worker_timeout_s (a clean stop and a kill -9, 1.5-3 x worker_timeout_s each), and cuts
+client connections mid-call. Groups have mixed n (1 to 8: some larger than every worker's slots).
+The history checker then proves lost = 0, trained twice = 0, stuck = 0 (nothing owned at the end and
+no group without progress for longer than the bound, measured during the run), dead letters only
+for poison prompts, no late settlement accepted and no downtime counted against a live worker,
+lease or hold (chaos/checker.py). The long run is documented in README.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import os
 
 from chaos.harness import RunConfig, run
-from chaos.nemesis import FAULT_KINDS
+from chaos.nemesis import DEFAULT_WEIGHTS, FAULT_KINDS
 
 
 def _kind() -> str | None:
@@ -21,8 +26,10 @@ def _kind() -> str | None:
 
 
 def test_short_chaos_run_loses_nothing_and_trains_nothing_twice(tmp_path) -> None:
-    cfg = RunConfig(groups=1200, seed=20240611, kind=_kind(), fault_interval_s=0.6, deadline_s=170.0,
-                    settle_s=50.0, lease_batch=16, train_ms=100.0, log_dir=str(tmp_path / "chaos"))
+    # Long outages twice as likely as by default, so a run of this length meets a clean stop and a kill.
+    weights = {**DEFAULT_WEIGHTS, "redis_outage": 1.5}
+    cfg = RunConfig(groups=1100, seed=20240611, kind=_kind(), fault_interval_s=0.5, deadline_s=170.0,
+                    settle_s=50.0, lease_batch=16, train_ms=100.0, weights=weights, log_dir=str(tmp_path / "chaos"))
     result = run(cfg)
     summary = result.summary()
     print(summary)  # the figures land in the test log (pytest -s or on failure)
@@ -30,5 +37,12 @@ def test_short_chaos_run_loses_nothing_and_trains_nothing_twice(tmp_path) -> Non
     assert result.report.violations == [], summary
     assert (summary["lost"], summary["trained_twice"], summary["stuck"]) == (0, 0, 0)
     assert summary["committed"] + summary["dead_lettered"] == cfg.groups
+    assert summary["dead_lettered"] == summary["dead_poison"] and summary["dead_valid"] == 0
+    assert summary["stalls"] == 0 and summary["no_progress_max_s"] <= summary["no_progress_bound_s"], summary
     assert all(summary["faults"].get(k, 0) >= 1 for k in FAULT_KINDS), summary["faults"]
     assert summary["faults_total"] >= 20, summary["faults"]
+    # Redis was down longer than worker_timeout_s at least once, with work in flight.
+    assert summary["outages_longer_than_worker_timeout"] >= 1, summary["outages"]
+    assert summary["faults"].get("redis_outage_in_flight", 0) >= 1, summary["faults"]
+    # Groups larger than a worker's slots were granted to the overcommitting workers.
+    assert summary["oversize_grants"] >= 1, summary

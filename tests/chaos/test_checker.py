@@ -153,3 +153,202 @@ def test_counters_that_disagree_with_the_records_are_caught() -> None:
     truth = copy.deepcopy(truth)
     truth.meta["retained"] = "1"
     assert any("meta counter retained" in v for v in violations(records, truth))
+
+
+# -- issue 12: dead letters, callers' bounds, downtime, liveness ---------------------------------------
+
+PSPEC = Spec(groups=2, seed=SEED, poison_every=2)  # group 1 is poison, group 0 is valid
+
+
+def _dead(truth: Truth, eid: str, sid: str) -> None:
+    truth.dlq.append({"entry_id": eid, "source_id": sid, "reason": "worker lost", "attempt": 6, "worker": W,
+                      "history": [{"a": 1, "r": "lost"}], "stream_id": "5000-0"})
+    truth.ledger[eid] = f"s|dead|1|{W}|worker lost"
+    truth.meta["dead"] = str(len(truth.dlq))
+
+
+def _only(records: list[dict[str, Any]], truth: Truth, eid: str) -> None:
+    """Make the clean history commit only ``eid``."""
+    for r in records:
+        if r["op"] in ("commit_invoke", "commit_ok"):
+            r["ids"] = [eid]
+        if r["op"] == "lease_ok":
+            r["members"] = [m for m in r["members"] if m[0] == eid]
+    truth.commits = [{"lease": "L1", "ids": eid, "step": "1"}]
+    truth.ledger = {eid: f"s|committed|1|{W}|L1|1"}
+    truth.meta["committed"] = "1"
+
+
+def test_a_poison_prompt_dead_lettered_is_expected() -> None:
+    records, truth = clean_history()
+    _only(records, truth, E0)
+    _dead(truth, E1, S1)
+    report = check(records, truth, PSPEC)
+    assert report.violations == []
+    assert (report.dead, report.dead_poison, report.dead_valid) == (1, 1, 0)
+
+
+def test_a_valid_group_dead_lettered_fails_the_run() -> None:
+    records, truth = clean_history()
+    _only(records, truth, E1)
+    _dead(truth, E0, S0)
+    report = check(records, truth, PSPEC)
+    assert report.dead_valid == 1
+    assert any(f"valid group {S0}" in v and "worker lost" in v for v in report.violations)
+    assert any("poison group" in v for v in report.violations)  # and the poison one was trained
+
+
+def _grant(records: list[dict[str, Any]], cap: int, overcommit: int, sizes: list[int]) -> None:
+    records[5] = rec("reserve_ok", 2.0, "worker", worker=W, max_samples=cap, overcommit=overcommit,
+                     grants=[[e, 1, s, n] for (e, s), n in zip([(E0, S0), (E1, S1)], sizes)])
+
+
+def test_a_worker_granted_more_samples_than_its_slots_is_caught() -> None:
+    records, truth = clean_history()
+    _grant(records, 4, 0, [3, 2])
+    assert any("with 4 slots" in v for v in violations(records, truth))
+
+
+def test_one_group_beyond_the_slots_of_a_worker_that_overcommits_is_allowed() -> None:
+    records, truth = clean_history()
+    _grant(records, 2, 1, [8])
+    records[5]["grants"] = records[5]["grants"][:1]
+    records.insert(6, rec("reserve_ok", 2.05, "worker", worker=W, max_samples=2, overcommit=1,
+                          grants=[[E1, 1, S1, 2]]))
+    report = check(records, truth, SPEC)
+    assert report.violations == [] and report.oversize_grants == 1
+
+
+def test_an_overcommitting_worker_granted_a_second_group_beyond_its_slots_is_caught() -> None:
+    records, truth = clean_history()
+    _grant(records, 2, 1, [8, 1])
+    assert any("with 2 slots (overcommit=True)" in v for v in violations(records, truth))
+
+
+def _outage(records: list[dict[str, Any]], start: float, end: float) -> None:
+    records += [rec("redis_outage", start, "harness", how="stop", kill_t=start, down_s=end - start,
+                    worker_timeout_s=1.0),
+                rec("redis_restart", end, "harness", pid=2, outage="stop", down_s=end - start)]
+
+
+def _refuse_e0(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """E0's complete refused (StaleReceipt) at 2.2; attempt 2 of another worker commits it."""
+    w2 = "chaos-w1:2:bb"
+    records[7] = rec("complete_refused", 2.2, "worker", eid=E0, attempt=1, worker=W, late=True,
+                     error="StaleReceipt", sid=S0)
+    records.insert(8, rec("reserve_ok", 2.25, "worker", grants=[[E0, 2, S0]], worker=w2, pid=2))
+    records.insert(9, rec("complete_invoke", 2.26, "worker", eid=E0, attempt=2, worker=w2, late=False))
+    records.insert(10, rec("complete_ok", 2.27, "worker", eid=E0, attempt=2, worker=w2, late=False))
+    for r in records:
+        if r["op"] == "lease_ok":
+            r["members"][0][1] = 2
+    return records
+
+
+def _refused_truth(truth: Truth) -> Truth:
+    truth.ledger[E0] = "s|committed|2|chaos-w1:2:bb|L1|1"
+    return truth
+
+
+def test_a_receipt_refused_to_a_live_worker_across_an_outage_is_downtime_counted_against_it() -> None:
+    records, truth = clean_history()
+    records = _refuse_e0(records)
+    _outage(records, 2.05, 2.15)
+    report = check(records, _refused_truth(truth), SPEC)
+    assert report.refused_across_outage == 1
+    assert any("downtime was counted against it" in v for v in report.violations)
+    assert [(o["how"], o["longer_than_worker_timeout"]) for o in report.outages] == [("stop", False)]
+
+
+def test_a_receipt_refused_to_a_worker_paused_while_it_held_it_is_expected() -> None:
+    records, truth = clean_history()
+    records = _refuse_e0(records)
+    _outage(records, 2.05, 2.15)
+    records += [rec("signal", 2.01, "harness", slot="worker0", child=1, sig="SIGSTOP", kind="worker_pause"),
+                rec("signal", 2.19, "harness", slot="worker0", child=1, sig="SIGCONT", kind="worker_pause_end")]
+    report = check(records, _refused_truth(truth), SPEC)
+    assert report.violations == [] and report.refused_paused == 1
+
+
+def test_a_refused_grant_acknowledged_in_an_everysec_loss_window_is_explained() -> None:
+    """A simulated host crash dropped the grant itself: the group was granted again, legitimately."""
+    records, truth = clean_history()
+    records = _refuse_e0(records)
+    records += [rec("redis_kill", 2.1, "harness", kill_t=2.1, loss_from=1.95),
+                rec("redis_restart", 2.15, "harness", pid=2)]
+    report = check(records, _refused_truth(truth), SPEC)
+    assert report.violations == [] and report.refused_lost_write == 1
+
+
+def test_a_pause_inside_the_reserve_call_explains_the_refusal() -> None:
+    """Paused after Redis granted but before the reply was read: the grant is logged after SIGCONT."""
+    records, truth = clean_history()
+    records = _refuse_e0(records)
+    records[5]["sent"] = 1.5
+    records += [rec("signal", 1.6, "harness", slot="worker0", child=1, sig="SIGSTOP", kind="worker_pause"),
+                rec("signal", 1.99, "harness", slot="worker0", child=1, sig="SIGCONT", kind="worker_pause_end")]
+    report = check(records, _refused_truth(truth), SPEC)
+    assert report.violations == [] and report.refused_paused == 1
+
+
+def test_a_refusal_with_neither_pause_nor_outage_is_counted_not_failed() -> None:
+    records, truth = clean_history()
+    report = check(_refuse_e0(records), _refused_truth(truth), SPEC)
+    assert report.violations == [] and report.refused_unexplained == 1
+
+
+def test_a_live_trainers_lease_expiring_across_an_outage_is_caught() -> None:
+    records, truth = clean_history()
+    records += [rec("lease_ok", 4.0, "trainer", lease="L2", members=[[E0, 1, S0, 0]]),
+                rec("commit_invoke", 4.1, "trainer", lease="L2", ids=[E0], step=2),
+                rec("commit_refused", 9.0, "trainer", lease="L2", ids=[E0], state="expired")]
+    assert not violations(records, truth)  # a lease that expired with Redis up: the trainer was slow
+    _outage(records, 4.2, 8.0)
+    assert any("expired across a Redis outage" in v for v in violations(records, truth))
+
+
+def test_a_hold_lost_across_an_outage_is_caught() -> None:
+    records, truth = clean_history()
+    records += [rec("publish_invoke", 4.0, "trainer"), rec("publish_refused", 9.0, "trainer", hold="H1")]
+    assert not violations(records, truth)
+    _outage(records, 4.2, 8.0)
+    assert any("admission hold H1" in v for v in violations(records, truth))
+
+
+def test_refused_checkpoints_are_counted_not_failed() -> None:
+    records, truth = clean_history()
+    records += [rec("checkpoint_refused", 4.0, "trainer", step=10, error="LeasesOpen", leased=3),
+                rec("checkpoint_refused", 4.1, "trainer", step=10, error="CheckpointRegression", checkpoint=20),
+                rec("checkpoint_ok", 4.2, "trainer", step=30, dropped=2)]
+    report = check(records, truth, SPEC)
+    assert report.violations == []
+    assert (report.checkpoints, report.checkpoints_refused) == (1, {"LeasesOpen": 1, "CheckpointRegression": 1})
+
+
+@pytest.mark.parametrize("op", ["lease_probe_answered", "lease_unsatisfiable"])
+def test_a_lease_bound_answered_wrongly_is_caught(op: str) -> None:
+    records, truth = clean_history()
+    records.append(rec(op, 4.0, "trainer", groups=65, got=None, bound="max_completed_groups", limit=64))
+    assert any("lease of" in v for v in violations(records, truth))
+
+
+def test_a_group_without_progress_for_longer_than_the_bound_fails_the_run() -> None:
+    from chaos.progress import replay
+
+    records, truth = clean_history()
+    lines = [("3500-0", {"lease": "L1", "ids": f"{E0},{E1}"})]
+    fast = replay(records, lines, [], truth.ids, bound_s=1.5, end=4.0)
+    assert check(records, truth, SPEC, fast).violations == []
+    slow = replay(records, lines, [], truth.ids, bound_s=0.5, end=4.0)  # 2.4 -> 3.0 and 1.0 -> 2.0 ...
+    found = check(records, truth, SPEC, slow).violations
+    assert any(f"group {S0} made no progress for 1.0s (bound 0.5s) while backlog" in v for v in found), found
+
+
+def test_a_stall_inside_an_everysec_loss_window_is_explained() -> None:
+    from chaos.progress import replay
+
+    records, truth = clean_history()
+    records.append(rec("redis_kill", 1.95, "harness", kill_t=1.95, loss_from=0.95))
+    slow = replay(records, [("3500-0", {"lease": "L1", "ids": f"{E0},{E1}"})], [], truth.ids, bound_s=0.9, end=4.0)
+    assert slow.stalls  # submit at 1.0 -> grant at 2.0 is over 0.9 s, but inside the window's reach
+    assert check(records, truth, SPEC, slow).violations == []
