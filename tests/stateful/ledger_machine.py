@@ -133,8 +133,8 @@ ACTIONS: list[tuple[str, int, Callable[[LedgerMachine], bool]]] = [
     ("hold_wait_or_release", 8, lambda m: bool(m.model.holds)),
     ("checkpoint", 1, lambda m: m.model.step > 0),
     ("restore", 1, lambda m: m.model.step > 0),
-    ("server_restart", 1, lambda m: bool(m.model.entries) and m.restarts < 3),
-    ("long_outage", 1, lambda m: bool(m.model.in_state(COMPLETED)) and m.restarts < 3),
+    ("server_restart", 1, lambda m: bool(m.model.entries) and m.restarts < 2),
+    ("long_outage", 1, lambda m: bool(m.model.in_state(COMPLETED)) and m.restarts < 2),
     ("interrupted_op", 2, lambda m: bool(m.model.active_leases() or m.model.in_state(EXECUTING))
      or m.model.step > 0),
 ]

@@ -330,9 +330,28 @@ class TrainerSteps(Steps):
             flow, finish = flows.restore(self.keys, step), partial(self.q.restore, step)
         else:
             step = data.draw(st.integers(0, m.step + 2), label="step")
+            covered = sorted((e for e in m.entries.values() if e.kept_step is not None and e.kept_step <= step),
+                             key=lambda e: (e.kept_step, e.entry_id))  # kept's order: score, then member
             if isinstance(m.checkpoint_at(step), str):
                 return  # refused whole: the checkpoint step covers it
             flow, finish = flows.checkpoint(self.keys, step), partial(self.q.checkpoint, step)
+            if finisher == "reaper":
+                # One entry per call: the first `calls` are dropped (and recorded) before the reap
+                # pass, the rest by its finish_interrupted, after its prune: not pruned in that pass.
+                late = covered[calls:]
+                for e in late:
+                    e.recorded = False
+                saved, flows.BATCH = flows.BATCH, 1
+                try:
+                    self.run_calls(flow, calls)
+                    self.model.reap()
+                    self.reap_pass()
+                finally:
+                    flows.BATCH = saved
+                for e in late:
+                    e.recorded = m.records
+                event(f"{op} interrupted after {calls} call(s), finished by {finisher}")
+                return
         event(f"{op} interrupted after {calls} call(s), finished by {finisher}")
         saved, flows.BATCH = flows.BATCH, 1  # one entry per call: every cut point is reachable
         try:
@@ -363,13 +382,13 @@ class TrainerSteps(Steps):
         if self.refused_lease(groups, True):
             return
         members = self.model.lease(groups, True)
-        lease = self.q.lease(groups, timeout_s=0.2, partial=True)
+        lease = self.q.lease(groups, timeout_s=0.1, partial=True)
         self.check_lease(members, lease)
         self.restarts += 1
         self.note_outage()
         self.server.kill()
         try:
-            time.sleep(0.4)  # down past the lease's deadline
+            time.sleep(0.25)  # down past the lease's deadline
         finally:
             self.server.restart()
         event("outage longer than a lease's timeout")
