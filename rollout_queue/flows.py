@@ -509,29 +509,27 @@ REINDEX_BATCH = 256
 def finish_interrupted(keys: QueueKeys, count: int = BATCH, max_calls: int | None = None) -> Flow[ReapReport]:
     """Finish a restore or checkpoint whose caller died between batches (the step the queue recorded),
     ``count`` entries per call, until done or ``max_calls`` ran."""
-    report, calls = ReapReport(), 0
-    while max_calls is None or calls < max_calls:
-        calls += 1
-        reply = yield p.build(keys, "finish_interrupted", count=count)
-        _, r = p.check(reply, ("ok",), {})
-        report += ReapReport(finished=int(r[3]))
-        if int(r[4]):
-            break
-    return report
+    return ReapReport(finished=(yield from _batches(keys, "finish_interrupted", count, max_calls, 3, 4)))
 
 
 def prune(keys: QueueKeys, count: int = BATCH, max_calls: int | None = None) -> Flow[ReapReport]:
     """Delete the ledger lines and source_id mappings of groups settled longer ago than the queue's
     settled_retention_s, ``count`` groups per call (>= 32), until none is due or ``max_calls`` ran."""
-    report, calls = ReapReport(), 0
+    return ReapReport(pruned=(yield from _batches(keys, "prune", count, max_calls, 1, 2)))
+
+
+def _batches(keys: QueueKeys, script: str, count: int, max_calls: int | None, moved: int, done: int) -> Flow[int]:
+    """Call a bounded reaper script until its reply's ``done`` field says so (or ``max_calls`` ran);
+    the sum of its ``moved`` field."""
+    total, calls = 0, 0
     while max_calls is None or calls < max_calls:
         calls += 1
-        reply = yield p.build(keys, "prune", count=count)
+        reply = yield p.build(keys, script, count=count)
         _, r = p.check(reply, ("ok",), {})
-        report += ReapReport(pruned=int(r[1]))
-        if int(r[2]):
+        total += int(r[moved])
+        if int(r[done]):
             break
-    return report
+    return total
 
 
 def _raw(value: Any) -> bytes:
