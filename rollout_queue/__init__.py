@@ -3,62 +3,96 @@
 Every source group is trained exactly once (in exactly one committed lease) or dead-lettered with a
 reason; no sample is trained on weights staler than the bound; operators see who owns what with
 redis-cli. This module exports the public API of DESIGN.md and nothing else.
+
+Names load on first use (PEP 562), so importing the sans-IO core (``rollout_queue.core``) needs
+neither redis nor a driver (tests/unit/test_layout.py checks it).
 """
 
-from .aio import AsyncHold, AsyncLease, AsyncRolloutQueue, AsyncWorker
-from .aio_partitioned import AsyncPartitionedQueue
-from .client import Hold, Lease, RolloutQueue, Worker
-from .config import QueueConfig
-from .errors import (
-    CheckpointPruned,
-    CheckpointRegression,
-    ConfigMismatch,
-    HoldLost,
-    InvalidInput,
-    LeaseLost,
-    LeasesOpen,
-    LeaseUnsatisfiable,
-    MalformedCompletion,
-    MalformedReservation,
-    NotFound,
-    NotReplicated,
-    OutcomeUnknown,
-    OwnershipLost,
-    PartitionsUnreachable,
-    PayloadTooLarge,
-    ProtocolError,
-    RestoreInProgress,
-    RolloutQueueError,
-    ScriptError,
-    ServerUnavailable,
-    StaleReceipt,
-    StateConflict,
-    VersionRegression,
-)
-from .fleet import AsyncFleetReserver, FleetReserver
-from .models import (
-    CompletedGroup,
-    DeadLetter,
-    HeartbeatInfo,
-    QueueStats,
-    ReapReport,
-    Receipt,
-    Reservation,
-    Sample,
-    SourceGroup,
-)
-from .owned import OwnedAttempt
-from .partitioned import PartitionedQueue
-from .transport import Durability, RetryPolicy
+from __future__ import annotations
 
-__all__ = [
-    "AsyncFleetReserver", "AsyncHold", "AsyncLease", "AsyncPartitionedQueue", "AsyncRolloutQueue",
-    "AsyncWorker", "CheckpointPruned", "CheckpointRegression", "CompletedGroup", "ConfigMismatch", "DeadLetter",
-    "Durability", "FleetReserver", "HeartbeatInfo", "Hold", "HoldLost", "InvalidInput", "Lease", "LeaseLost",
-    "LeaseUnsatisfiable", "LeasesOpen", "MalformedCompletion", "MalformedReservation", "NotFound", "NotReplicated",
-    "OutcomeUnknown", "OwnedAttempt", "OwnershipLost", "PartitionedQueue", "PartitionsUnreachable", "PayloadTooLarge",
-    "ProtocolError", "QueueConfig", "QueueStats", "ReapReport", "Receipt", "Reservation", "RestoreInProgress",
-    "RetryPolicy", "RolloutQueue", "RolloutQueueError", "Sample", "ScriptError", "ServerUnavailable", "SourceGroup",
-    "StaleReceipt", "StateConflict", "VersionRegression", "Worker",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> the module that defines it
+_WHERE = {
+    "AsyncPartitionedQueue": "rollout_queue.api.queue",
+    "AsyncRolloutQueue": "rollout_queue.api.queue",
+    "CheckpointPruned": "rollout_queue.core.errors",
+    "CheckpointRegression": "rollout_queue.core.errors",
+    "CompletedGroup": "rollout_queue.core.models",
+    "ConfigMismatch": "rollout_queue.core.errors",
+    "DeadLetter": "rollout_queue.core.models",
+    "Durability": "rollout_queue.core.policy",
+    "FleetReserver": "rollout_queue.api.fleet",
+    "GroupTooLarge": "rollout_queue.core.errors",
+    "HeartbeatInfo": "rollout_queue.core.models",
+    "Hold": "rollout_queue.api.lease",
+    "HoldLost": "rollout_queue.core.errors",
+    "InvalidInput": "rollout_queue.core.errors",
+    "Lease": "rollout_queue.api.lease",
+    "LeaseLost": "rollout_queue.core.errors",
+    "LeaseUnsatisfiable": "rollout_queue.core.errors",
+    "LeasesOpen": "rollout_queue.core.errors",
+    "MalformedCompletion": "rollout_queue.core.errors",
+    "MalformedReservation": "rollout_queue.core.errors",
+    "NotFound": "rollout_queue.core.errors",
+    "NotReplicated": "rollout_queue.core.errors",
+    "OutcomeUnknown": "rollout_queue.core.errors",
+    "OwnedAttempt": "rollout_queue.core.owned",
+    "OwnershipLost": "rollout_queue.core.errors",
+    "PartitionedQueue": "rollout_queue.api.queue",
+    "PartitionsUnreachable": "rollout_queue.core.errors",
+    "PayloadTooLarge": "rollout_queue.core.errors",
+    "ProtocolError": "rollout_queue.core.errors",
+    "QueueConfig": "rollout_queue.core.config",
+    "QueueStats": "rollout_queue.core.models",
+    "ReapReport": "rollout_queue.core.models",
+    "Receipt": "rollout_queue.core.models",
+    "Reservation": "rollout_queue.core.models",
+    "RestoreInProgress": "rollout_queue.core.errors",
+    "RetryPolicy": "rollout_queue.core.policy",
+    "RolloutQueue": "rollout_queue.api.queue",
+    "RolloutQueueError": "rollout_queue.core.errors",
+    "Sample": "rollout_queue.core.models",
+    "ScriptError": "rollout_queue.core.errors",
+    "ServerUnavailable": "rollout_queue.core.errors",
+    "SourceGroup": "rollout_queue.core.models",
+    "StaleReceipt": "rollout_queue.core.errors",
+    "StateConflict": "rollout_queue.core.errors",
+    "VersionRegression": "rollout_queue.core.errors",
+    "Worker": "rollout_queue.api.worker",
+}
+#: older names of the same classes (one class serves sync and asyncio, plain and partitioned)
+_ALIASES = {"AsyncWorker": "Worker", "AsyncLease": "Lease", "AsyncHold": "Hold", "AsyncFleetReserver": "FleetReserver"}
+
+__all__ = sorted([*_WHERE, *_ALIASES])
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    target = _ALIASES.get(name, name)
+    if target not in _WHERE:
+        raise AttributeError(f"module 'rollout_queue' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[target]), target)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from rollout_queue.api.fleet import FleetReserver
+    from rollout_queue.api.lease import Hold, Lease
+    from rollout_queue.api.queue import AsyncPartitionedQueue, AsyncRolloutQueue, PartitionedQueue, RolloutQueue
+    from rollout_queue.api.worker import Worker
+    from rollout_queue.core.config import QueueConfig
+    from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression
+    from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
+    from rollout_queue.core.owned import OwnedAttempt
+    from rollout_queue.core.policy import Durability, RetryPolicy
+    from rollout_queue.api.fleet import FleetReserver as AsyncFleetReserver
+    from rollout_queue.api.lease import Hold as AsyncHold
+    from rollout_queue.api.lease import Lease as AsyncLease
+    from rollout_queue.api.worker import Worker as AsyncWorker

@@ -39,7 +39,7 @@ from bench_lifecycle import run_bytes, run_latency, run_lifecycle, run_raw, run_
 from bench_peers import PEERS, installed, run_peers
 from bench_reaper import run_reaper
 from bench_scheduler import EngineModel, run_scheduler
-from rollout_queue.local_server import LocalServer
+from rollout_queue.devtools.local_server import LocalServer
 
 SCENARIOS = ("lifecycle", "raw", "peers", "calls", "latency", "bytes", "reaper", "scheduler")
 ROOT = Path(__file__).resolve().parents[1]

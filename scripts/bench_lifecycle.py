@@ -34,8 +34,8 @@ from bench_common import (
     percentile,
 )
 from rollout_queue import AsyncRolloutQueue, QueueConfig, RolloutQueue
-from rollout_queue.codec import encode_completion, encode_group
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core.codec import encode_completion, encode_group
+from rollout_queue.core.keys import QueueKeys
 
 #: Big enough that no bound refuses work during a bench: only the pipeline's own speed counts.
 CONFIG = QueueConfig(max_executing_samples=10**7, max_retained_groups=10**7, max_completed_groups=10**6,

@@ -24,8 +24,8 @@ import orjson
 import redis
 
 from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
-from rollout_queue.local_server import LocalServer
-from rollout_queue.scripts import SCRIPTS
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.core.scripts import SCRIPTS
 
 WORKER_TIMEOUT_S = 3.0
 LEASE_GROUPS = 4096

@@ -56,8 +56,8 @@ class EngineModel:
 def worker_main(url: str, queue: str, policy: str, model: EngineModel, ready: Any, stop: Any, results: Any) -> None:
     """A worker process: the real runtime with the test engine; reports every sample's start and
     latency and the runtime's reserve times."""
-    from workers.engines.scripted import ScriptedEngine
-    from workers.runtime import WorkerOptions, WorkerRuntime
+    from rollout_queue.workers.engines.scripted import ScriptedEngine
+    from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
 
     starts: list[tuple[float, float]] = []
 

@@ -30,9 +30,9 @@ import orjson
 # Run from anywhere: the harness package sits at the repository root, and this file's own name would
 # shadow it, so the script's directory is replaced by the root before the harness is imported.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
-harness = importlib.import_module("chaos.harness")
-nemesis = importlib.import_module("chaos.nemesis")
-roles = importlib.import_module("chaos.roles")
+harness = importlib.import_module("rollout_queue.devtools.chaos.harness")
+nemesis = importlib.import_module("rollout_queue.devtools.chaos.nemesis")
+roles = importlib.import_module("rollout_queue.devtools.chaos.roles")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

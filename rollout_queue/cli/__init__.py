@@ -27,8 +27,8 @@ from typing import Sequence
 
 import redis
 
-from .. import logs
-from ..errors import (
+from rollout_queue.ops import logs
+from rollout_queue.core.errors import (
     ConfigMismatch,
     InvalidInput,
     NotFound,
@@ -37,9 +37,9 @@ from ..errors import (
     RolloutQueueError,
     StateConflict,
 )
-from ..escape import clean
-from . import admin, entries, processes, rl, status
-from .common import (
+from rollout_queue.ops.escape import clean
+from rollout_queue.cli import admin, entries, processes, rl, status
+from rollout_queue.cli.common import (
     EXIT_DENIED,
     EXIT_FAIL,
     EXIT_NOT_FOUND,

@@ -11,12 +11,12 @@ import sys
 import time
 from typing import Any
 
-from .. import acl, actions, views
-from ..config import QueueConfig
-from ..errors import InvalidInput
-from ..models import DeadLetter
-from . import render
-from .common import (
+from rollout_queue.ops import acl, actions, views
+from rollout_queue.core.config import QueueConfig
+from rollout_queue.core.errors import InvalidInput
+from rollout_queue.core.models import DeadLetter
+from rollout_queue.cli import render
+from rollout_queue.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,

@@ -19,14 +19,15 @@ from urllib.parse import urlsplit
 import orjson
 import redis
 
-from .. import views
-from ..client import RolloutQueue, redis_options
-from ..cluster import connect
-from ..escape import clean, json_safe
-from ..keys import QueueKeys, validate_queue_name
-from ..logs import fields
-from ..transport import Durability, RetryPolicy
-from ..views import QueueView
+from rollout_queue.ops import views
+from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.drivers.cluster import redis_options
+from rollout_queue.drivers.cluster import connect
+from rollout_queue.ops.escape import clean, json_safe
+from rollout_queue.core.keys import QueueKeys, validate_queue_name
+from rollout_queue.ops.logs import fields
+from rollout_queue.core.policy import Durability, RetryPolicy
+from rollout_queue.ops.views import QueueView
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_DENIED = 0, 1, 2, 3, 4, 5, 6
 #: A CLI should fail fast when Redis is down, not retry for the library default of 30 s.

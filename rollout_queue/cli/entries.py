@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import actions, views
-from . import render
-from .common import EXIT_OK, confirm, log_action, open_queue, open_view, print_json, print_line
+from rollout_queue.ops import actions, views
+from rollout_queue.cli import render
+from rollout_queue.cli.common import EXIT_OK, confirm, log_action, open_queue, open_view, print_json, print_line
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

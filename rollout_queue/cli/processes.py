@@ -8,11 +8,11 @@ import sys
 import threading
 from typing import Any
 
-from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, open_queue
+from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, open_queue
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:
-    from ..reaper import run_reaper, stop_on_signals
+    from rollout_queue.ops.reaper import run_reaper, stop_on_signals
 
     q = open_queue(args, must_exist=False)  # as before: a reaper may start before the producer
     stop = threading.Event()
@@ -22,7 +22,7 @@ def cmd_reaper(args: argparse.Namespace) -> int:
 
 
 def cmd_walkthrough(args: argparse.Namespace) -> int:
-    from ..walkthrough import run_walkthrough
+    from rollout_queue.demo.walkthrough import run_walkthrough
 
     return EXIT_OK if run_walkthrough(url=args.url, groups=args.groups, kill_worker=not args.no_kill) else EXIT_FAIL
 
@@ -31,7 +31,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """Delegate to the generation runtime in ``workers`` (it may import torch or vLLM; the core
     package must stay importable without them)."""
     try:
-        from workers.cli import main as worker_main
+        from rollout_queue.workers.cli import main as worker_main
     except ImportError as exc:
         print(f"rollout-queue worker: the workers package is not installed ({exc}); "
               "pip install 'rollout-queue[workers]'", file=sys.stderr)

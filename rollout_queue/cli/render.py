@@ -16,8 +16,16 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from ..escape import clean
-from ..view_models import STATES, DrainStatus, EntryView, LeaseView, Snapshot, WorkerView, state_counts
+from rollout_queue.ops.escape import clean
+from rollout_queue.ops.view_models import (
+    STATES,
+    DrainStatus,
+    EntryView,
+    LeaseView,
+    Snapshot,
+    WorkerView,
+    state_counts,
+)
 
 SPARKS = "▁▂▃▄▅▆▇█"
 

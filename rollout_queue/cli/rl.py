@@ -1,7 +1,7 @@
 """The RL-loop commands: ``produce`` (a dataset into the queue, exactly once), ``train`` (the GRPO
 trainer process of docker-compose) and ``demo`` (everything on one machine, with a private Redis).
 
-Each parses its flags and hands over to ``rollout_queue.producer``, ``rollout_queue.demo.grpo`` or
+Each parses its flags and hands over to ``rollout_queue.rl.producer``, ``rollout_queue.demo.grpo`` or
 ``rollout_queue.demo.main``; torch and transformers are imported only by the commands that train.
 """
 
@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any
 
-from ..config import QueueConfig
-from .common import EXIT_FAIL, EXIT_OK, UsageError, client, durability, log_action, open_queue
+from rollout_queue.core.config import QueueConfig
+from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, UsageError, client, durability, log_action, open_queue
 
 
 def _stop_on_signals() -> threading.Event:
@@ -30,7 +30,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from ..producer import ProducePlan, load_records, run_producer
+    from rollout_queue.rl.producer import ProducePlan, load_records, run_producer
 
     if args.template is not None and args.prompt_field_given:
         raise UsageError("give --prompt-field or --template, not both")
@@ -59,7 +59,7 @@ def _default_name(path: str) -> str:
 
 def _wait_for_queue(args: argparse.Namespace) -> Any:
     """Wait (up to --wait-for-queue seconds) until the trainer has created the queue, then adopt its config."""
-    from ..keys import QueueKeys
+    from rollout_queue.core.keys import QueueKeys
 
     deadline = time.monotonic() + args.wait_for_queue
     c = client(args)
@@ -110,8 +110,8 @@ class _progress:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..client import RolloutQueue
-    from ..demo.grpo import GrpoSettings, GrpoTrainer
+    from rollout_queue.api.queue import RolloutQueue
+    from rollout_queue.demo.grpo import GrpoSettings, GrpoTrainer
 
     if not args.url or not args.queue:
         raise UsageError("train needs --url and --queue (or REDIS_URL and ROLLOUT_QUEUE)")
@@ -136,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..demo.main import run_demo
+    from rollout_queue.demo.main import run_demo
 
     try:
         return _run_demo(args, run_demo, Console)

@@ -11,10 +11,10 @@ import time
 from collections import deque
 from typing import Any, Callable, Mapping
 
-from .. import views
-from ..view_models import Snapshot
-from . import render
-from .common import EXIT_OK, UsageError, open_view, print_json, to_json
+from rollout_queue.ops import views
+from rollout_queue.ops.view_models import Snapshot
+from rollout_queue.cli import render
+from rollout_queue.cli.common import EXIT_OK, UsageError, open_view, print_json, to_json
 
 #: (label, meta counter) of the rates `top` shows.
 RATES = (("in/s (submitted)", "submitted"), ("completed/s", "completed_total"), ("out/s (committed)", "committed"))
@@ -98,7 +98,7 @@ def _live() -> Any:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     try:
-        from .. import metrics
+        from rollout_queue.ops import metrics
     except ImportError as exc:
         raise UsageError(f"the exporter needs prometheus-client ({exc}): pip install 'rollout-queue[metrics]'") from exc
     view = open_view(args)

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..models import QueueStats
-from .grpo import StepRecord, TrainerState
+from rollout_queue.core.models import QueueStats
+from rollout_queue.demo.grpo import StepRecord, TrainerState
 
 BARS = "▁▂▃▄▅▆▇█"
 

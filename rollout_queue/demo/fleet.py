@@ -1,4 +1,4 @@
-"""The demo's worker processes: ``python -m workers`` started, killed (SIGKILL: a host crash) and
+"""The demo's worker processes: ``python -m rollout_queue.workers`` started, killed (SIGKILL: a host crash) and
 stopped (SIGTERM: a drain), each in its own process group so vLLM's EngineCore goes with it.
 
 It owns only process lifetimes and their log files; the workers themselves are ``workers.cli``.
@@ -56,7 +56,7 @@ def worker_env() -> dict[str, str]:
 
 @dataclass
 class WorkerProcess:
-    """One ``python -m workers`` process and its log file."""
+    """One ``python -m rollout_queue.workers`` process and its log file."""
 
     worker_id: str
     argv: list[str]
@@ -136,7 +136,7 @@ def start_workers(count: int, *, url: str, queue: str, engine: str, model_dir: P
     fleet = []
     for i in range(count):
         worker_id = f"demo-worker-{i + 1}"
-        argv = [sys.executable, "-m", "workers", "--url", url, "--queue", queue, "--engine", engine,
+        argv = [sys.executable, "-m", "rollout_queue.workers", "--url", url, "--queue", queue, "--engine", engine,
                 "--model", os.fspath(model_dir), "--worker-id", worker_id, "--max-tokens", str(max_tokens),
                 "--temperature", "1.0", "--reward", reward, "--weights-mode", weights_mode, "--block-ms", "250",
                 "--drain-timeout", "5", *engine_args(engine), *extra]

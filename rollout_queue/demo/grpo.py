@@ -3,7 +3,7 @@ publish weights; checkpoints (model + optimizer) wired to the queue's commit(ste
 
 Used by ``rollout-queue demo`` (on the tiny model) and ``rollout-queue train`` (docker-compose's
 trainer service). It owns the optimizer loop and its checkpoint files; everything about the queue
-goes through ``rollout_queue.trainer``. Checkpoints are safetensors + JSON (never pickle), so a
+goes through ``rollout_queue.rl.trainer``. Checkpoints are safetensors + JSON (never pickle), so a
 resumed trainer is exactly the one that stopped: ``resume`` requeues what was committed after it.
 """
 
@@ -19,9 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..client import RolloutQueue
-from ..trainer import grpo_loss, lease_batch, publish_weights, response_logprobs, resume, save_checkpoint
-from ..trainer import training_step
+from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.rl.trainer import (
+    grpo_loss,
+    lease_batch,
+    publish_weights,
+    response_logprobs,
+    resume,
+    save_checkpoint,
+)
+from rollout_queue.rl.trainer import training_step
 
 log = logging.getLogger("rollout_queue.demo.grpo")
 

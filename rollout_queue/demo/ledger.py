@@ -18,8 +18,8 @@ from typing import Iterable
 
 import redis
 
-from ..keys import QueueKeys
-from ..models import QueueStats
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.models import QueueStats
 
 
 @dataclass

@@ -13,10 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..local_server import LocalServer
-from .fleet import vllm_available
-from .run import DemoOptions, DemoRun, RunResult
-from .task import TASK
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.demo.fleet import vllm_available
+from rollout_queue.demo.run import DemoOptions, DemoRun, RunResult
+from rollout_queue.demo.task import TASK
 
 ENGINE_NOTE = {
     "vllm": "vLLM (CPU build here): ~10-40 s and ~1 GiB per worker to start, then fast generation",
@@ -40,12 +40,11 @@ def quiet_libraries() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    for name in ("rollout_queue", "workers"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("rollout_queue").setLevel(logging.WARNING)
 
 
 def build_model(run_dir: Path) -> Path:
-    from workers.tiny_model import build_tiny_model
+    from rollout_queue.workers.tiny_model import build_tiny_model
 
     return build_tiny_model(run_dir / "tiny-model")
 

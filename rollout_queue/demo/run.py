@@ -3,7 +3,7 @@ trainer, dashboard, an optional worker kill, then the ledger check.
 
 Roles and where they run: the producer, the reaper and the dashboard are threads of this process,
 each with its own connection; the trainer runs on the main thread; the workers are separate
-processes (``python -m workers``), as they would be on GPU hosts. Admission is held closed until
+processes (``python -m rollout_queue.workers``), as they would be on GPU hosts. Admission is held closed until
 every worker is up, so both ``--compare`` modes start their clocks from the same point.
 """
 
@@ -18,15 +18,15 @@ from typing import Any, Callable
 
 import redis
 
-from ..client import RolloutQueue
-from ..config import QueueConfig
-from ..producer import GroupBuilder, ProducePlan, load_records, run_producer
-from ..reaper import run_reaper
-from .dashboard import Dashboard, Events
-from .fleet import WorkerProcess, split_cpus, start_workers
-from .grpo import GrpoSettings, GrpoTrainer, StepRecord, TrainerState
-from .ledger import LedgerCheck, check_ledger
-from .task import REWARD_SPEC, write_dataset
+from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.core.config import QueueConfig
+from rollout_queue.rl.producer import GroupBuilder, ProducePlan, load_records, run_producer
+from rollout_queue.ops.reaper import run_reaper
+from rollout_queue.demo.dashboard import Dashboard, Events
+from rollout_queue.demo.fleet import WorkerProcess, split_cpus, start_workers
+from rollout_queue.demo.grpo import GrpoSettings, GrpoTrainer, StepRecord, TrainerState
+from rollout_queue.demo.ledger import LedgerCheck, check_ledger
+from rollout_queue.demo.task import REWARD_SPEC, write_dataset
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollout_queue.local_server import available_servers
+from rollout_queue.devtools.local_server import available_servers
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ("raw", "calls", "latency", "bytes")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.harness import RunConfig, run
+from rollout_queue.devtools.chaos.harness import RunConfig, run
 
 from .test_chaos_short import _kind
 

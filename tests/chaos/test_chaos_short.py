@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 
-from chaos.harness import RunConfig, run
-from chaos.nemesis import DEFAULT_WEIGHTS, FAULT_KINDS
+from rollout_queue.devtools.chaos.harness import RunConfig, run
+from rollout_queue.devtools.chaos.nemesis import DEFAULT_WEIGHTS, FAULT_KINDS
 
 
 def _kind() -> str | None:

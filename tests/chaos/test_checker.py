@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from chaos.checker import Spec, check
-from chaos.roles import source_id
-from chaos.truth import Truth
+from rollout_queue.devtools.chaos.checker import Spec, check
+from rollout_queue.devtools.chaos.roles import source_id
+from rollout_queue.devtools.chaos.truth import Truth
 
 SEED = 9
 E0, E1 = "100-0", "100-1"
@@ -333,7 +333,7 @@ def test_a_lease_bound_answered_wrongly_is_caught(op: str) -> None:
 
 
 def test_a_group_without_progress_for_longer_than_the_bound_fails_the_run() -> None:
-    from chaos.progress import replay
+    from rollout_queue.devtools.chaos.progress import replay
 
     records, truth = clean_history()
     lines = [("3500-0", {"lease": "L1", "ids": f"{E0},{E1}"})]
@@ -345,7 +345,7 @@ def test_a_group_without_progress_for_longer_than_the_bound_fails_the_run() -> N
 
 
 def test_a_stall_inside_an_everysec_loss_window_is_explained() -> None:
-    from chaos.progress import replay
+    from rollout_queue.devtools.chaos.progress import replay
 
     records, truth = clean_history()
     records.append(rec("redis_kill", 1.95, "harness", kill_t=1.95, loss_from=0.95))

@@ -15,18 +15,18 @@ import uuid
 
 import redis
 
-from chaos.aof import live_incr_file
+from rollout_queue.devtools.chaos.aof import live_incr_file
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
-from rollout_queue.keys import QueueKeys
-from rollout_queue.local_server import LocalServer
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.devtools.local_server import LocalServer
 from tests.contract.worker_support import history
 from tests.helpers import wait_until
 from tests.stateful.redis_truth import check_no_ghosts, derive_state, observe
 from tests.workers.runtime_helpers import RuntimeThread, train
-from workers.engines.base import SamplingConfig
-from workers.engines.scripted import ScriptedEngine
-from workers.reconcile import REASON
-from workers.runtime import WorkerOptions, WorkerRuntime
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.scripted import ScriptedEngine
+from rollout_queue.workers.reconcile import REASON
+from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
 
 
 def owner_of(client: redis.Redis, name: str, entry_id: str) -> tuple[str, int] | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chaos.oplog import LogTail, OpLog
-from chaos.progress import Progress, bound_for, replay, stream_time
+from rollout_queue.devtools.chaos.oplog import LogTail, OpLog
+from rollout_queue.devtools.chaos.progress import Progress, bound_for, replay, stream_time
 
 S0, E0 = "chaos-1-000000", "100-0"
 

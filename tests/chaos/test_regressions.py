@@ -10,15 +10,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rollout_queue import (
-    InvalidInput,
-    LeaseLost,
-    QueueConfig,
-    RolloutQueue,
-    Sample,
-    ScriptError,
-    SourceGroup,
-)
+from rollout_queue import InvalidInput, LeaseLost, QueueConfig, RolloutQueue, Sample, ScriptError, SourceGroup
 from tests.helpers import wait_until
 
 CFG = QueueConfig(worker_timeout_s=5.0, lease_timeout_s=30.0, max_payload_bytes=65536)

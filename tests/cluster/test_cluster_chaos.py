@@ -26,7 +26,7 @@ from rollout_queue import (
     SourceGroup,
     StaleReceipt,
 )
-from rollout_queue.local_cluster import LocalCluster
+from rollout_queue.devtools.local_cluster import LocalCluster
 from tests.cluster.conftest import P, spread_name
 from tests.helpers import wait_until
 

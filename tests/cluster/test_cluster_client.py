@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from rollout_queue import AsyncRolloutQueue, QueueConfig, RolloutQueue, Sample, SourceGroup
-from rollout_queue.cluster import split_url
-from rollout_queue.local_cluster import LocalCluster
+from rollout_queue.drivers.cluster import split_url
+from rollout_queue.devtools.local_cluster import LocalCluster
 from tests.cluster.conftest import SyncView, delete_queue
 
 CFG = QueueConfig(max_staleness=2)

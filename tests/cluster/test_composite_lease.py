@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Generator
 
-from rollout_queue import QueueConfig, flows
-from rollout_queue.keys import QueueKeys
-from rollout_queue.protocol import Command
+from rollout_queue import QueueConfig
+from rollout_queue.core import flows
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.protocol import Command
 from tests.cluster.test_partitioned import generate, groups
 from tests.helpers import wait_until
 

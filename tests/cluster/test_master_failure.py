@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rollout_queue import OutcomeUnknown, PartitionedQueue, PartitionsUnreachable, QueueConfig, RetryPolicy
-from rollout_queue.local_cluster import LocalCluster
+from rollout_queue.devtools.local_cluster import LocalCluster
 from tests.cluster.conftest import P, spread_name
 from tests.cluster.test_partitioned import groups, samples
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from rollout_queue import InvalidInput, MalformedReservation, PartitionedQueue, QueueConfig, Sample, SourceGroup
-from rollout_queue.errors import GroupTooLarge
-from rollout_queue.local_cluster import LocalCluster
+from rollout_queue.core.errors import GroupTooLarge
+from rollout_queue.devtools.local_cluster import LocalCluster
 from tests.cluster.conftest import delete_queue, spread_name
 
 P = 4

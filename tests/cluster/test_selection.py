@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from rollout_queue import InvalidInput, MalformedReservation, QueueConfig, Receipt, Reservation, SourceGroup
-from rollout_queue.errors import GroupTooLarge
-from rollout_queue.fleet import BLOCK_SLICE_MS, WeightedShare, plan_reserve
-from rollout_queue.models import QueueStats, check_group_sizes
-from rollout_queue.partitions import (
+from rollout_queue.core.errors import GroupTooLarge
+from rollout_queue.scale.fleet import BLOCK_SLICE_MS, WeightedShare, plan_reserve
+from rollout_queue.core.models import QueueStats, check_group_sizes
+from rollout_queue.scale.layout import (
     Layout,
     PartitionReceipt,
     Selector,
@@ -24,7 +24,7 @@ from rollout_queue.partitions import (
     split_config,
     sum_stats,
 )
-from rollout_queue.transport import routing_key
+from rollout_queue.drivers.transport import routing_key
 
 # -- partitions ------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from rollout_queue import Reservation, Sample, SourceGroup
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core.keys import QueueKeys
 
 
 def make_groups(count: int, n: int = 2, tag: str | None = None) -> list[SourceGroup]:
@@ -121,7 +121,7 @@ def history(raw: redis.Redis, queue_name: str, entry_id: str) -> list[dict[str, 
 
 def execute(q: Any, op: Any) -> Any:
     """Run one protocol Call/Command through the queue's own transport (sync or async)."""
-    result = q.transport.execute(op)
+    result = q.driver.execute(op)
     if inspect.isawaitable(result):
         return q._loop.run_until_complete(result)  # the SyncView's private loop
     return result
@@ -155,9 +155,9 @@ def wait_silent(q: Any, count: int = 1, timeout: float = 5.0) -> None:
 
 def check_header(name: str, keys_: Sequence[str], argv: Sequence[str]) -> None:
     """The script's header declares exactly these KEYS and ARGV, and the builder follows it."""
-    from rollout_queue import protocol
-    from rollout_queue.keys import KEY_SUFFIXES
-    from rollout_queue.scripts import SCRIPTS
+    from rollout_queue.core import protocol
+    from rollout_queue.core.keys import KEY_SUFFIXES
+    from rollout_queue.core.scripts import SCRIPTS
 
     script = SCRIPTS[name]
     assert script.keys == tuple(keys_), f"{name} KEYS"

@@ -33,7 +33,7 @@ from rollout_queue import (
     Sample,
     SourceGroup,
 )
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core.keys import QueueKeys
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import group, samples
 from tests.fuzz.support import EXAMPLES
@@ -142,7 +142,7 @@ CASES: dict[str, tuple[Callable[[Any], Ctx], Call, tuple[type[Exception], ...]]]
 
 def record_ops(q: Any) -> list[Any]:
     """Every op the queue's transport sends from now on (sync or asyncio transport)."""
-    transport, sent = q.transport, []
+    transport, sent = q.driver, []
     original = transport.execute
     if inspect.iscoroutinefunction(original):
         async def execute(op: Any) -> Any:

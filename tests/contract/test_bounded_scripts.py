@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
-from rollout_queue import flows
-from rollout_queue import protocol as p
-from rollout_queue.keys import QueueKeys
-from rollout_queue.local_server import LocalServer
+from rollout_queue.core import flows
+from rollout_queue.core import protocol as p
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.devtools.local_server import LocalServer
 from tests.contract.worker_support import group
 
 CFG = QueueConfig(max_attempts=10)

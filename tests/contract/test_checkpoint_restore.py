@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from rollout_queue import CheckpointRegression, CheckpointPruned, QueueConfig
-from rollout_queue import protocol as p
+from rollout_queue.core import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
     check_header,

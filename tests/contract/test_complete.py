@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from rollout_queue import MalformedCompletion, PayloadTooLarge, QueueConfig, Sample, StaleReceipt
-from rollout_queue.codec import decode_completion, encode_completion
+from rollout_queue.core.codec import decode_completion, encode_completion
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import (
     buffer_ids,

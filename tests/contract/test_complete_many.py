@@ -26,10 +26,10 @@ from rollout_queue import (
     ScriptError,
     StaleReceipt,
 )
-from rollout_queue import flows
-from rollout_queue import protocol as p
-from rollout_queue.codec import encode_completion
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core import flows
+from rollout_queue.core import protocol as p
+from rollout_queue.core.codec import encode_completion
+from rollout_queue.core.keys import QueueKeys
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import buffer_ids, call, group, keys, pel, ready_ids, samples, send
 from tests.stateful.redis_truth import derive_state, observe

@@ -14,8 +14,9 @@ import threading
 import orjson
 import pytest
 
-from rollout_queue import LeaseLost, QueueConfig, RolloutQueue, flows
-from rollout_queue import protocol as p
+from rollout_queue import LeaseLost, QueueConfig, RolloutQueue
+from rollout_queue.core import flows
+from rollout_queue.core import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
     check_header,

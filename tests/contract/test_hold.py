@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from rollout_queue import HoldLost
-from rollout_queue import protocol as p
+from rollout_queue.core import protocol as p
 from rollout_queue import QueueConfig
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from rollout_queue import CheckpointPruned, LeaseLost, QueueConfig, RestoreInProgress
-from rollout_queue import flows
-from rollout_queue import actions
+from rollout_queue.core import flows
+from rollout_queue.ops import actions
 from tests.contract.lifecycle import execute, fill_buffer, history, keys, meta, pel, reserve_all, submit, train, zmembers
 
 CFG = QueueConfig(max_attempts=1)

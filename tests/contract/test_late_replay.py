@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from rollout_queue import QueueConfig, StaleReceipt
-from rollout_queue import protocol as p
+from rollout_queue.core import protocol as p
 from tests.contract.lifecycle import execute, samples_for
 from tests.contract.worker_support import group, samples
 

@@ -12,10 +12,11 @@ import time
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, flows
-from rollout_queue import protocol as p
-from rollout_queue.codec import decode_completion
-from rollout_queue.errors import ScriptError
+from rollout_queue import QueueConfig, RolloutQueue
+from rollout_queue.core import flows
+from rollout_queue.core import protocol as p
+from rollout_queue.core.codec import decode_completion
+from rollout_queue.core.errors import ScriptError
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
     check_header,

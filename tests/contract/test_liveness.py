@@ -102,7 +102,7 @@ def test_a_partial_lease_is_refused_only_when_nothing_can_ever_complete(open_que
 
 def test_a_lease_replay_is_answered_before_the_bounds_are_checked(open_queue, raw, queue_name) -> None:
     """A retried lease call (its reply lost) replays the lease it made, even if a bound shrank since."""
-    from rollout_queue import protocol as p
+    from rollout_queue.core import protocol as p
     from tests.contract.worker_support import send
 
     q = open_queue(QueueConfig(max_completed_groups=4))

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from rollout_queue import ConfigMismatch, QueueConfig
-from rollout_queue import protocol as p
-from rollout_queue.scripts import LIBRARY_VERSION
+from rollout_queue.core import protocol as p
+from rollout_queue.core.scripts import LIBRARY_VERSION
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import keys, meta, send
 

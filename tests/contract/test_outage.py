@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from rollout_queue import QueueConfig, RetryPolicy, RolloutQueue, StaleReceipt
-from rollout_queue.local_server import LocalServer
+from rollout_queue.devtools.local_server import LocalServer
 from tests.contract.worker_support import group, samples
 
 NAME = "outage"

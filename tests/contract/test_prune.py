@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import (LeaseLost, NotFound, QueueConfig, ReapReport, RolloutQueue, StaleReceipt, flows, protocol,
-                           views)
-from rollout_queue import actions
-from rollout_queue import producer_flows as pf
-from rollout_queue.errors import ScriptError
-from rollout_queue.reaper import run_reaper
+from rollout_queue import LeaseLost, NotFound, QueueConfig, ReapReport, RolloutQueue, StaleReceipt
+from rollout_queue.core import flows, protocol
+from rollout_queue.ops import views
+from rollout_queue.ops import actions
+from rollout_queue.core import producer_flows as pf
+from rollout_queue.core.errors import ScriptError
+from rollout_queue.ops.reaper import run_reaper
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (check_header, complete_all, execute, fill_buffer, keys, ledger, make_groups,
                                       reserve_all, samples_for, server_ms, submit, train, wait_past)
@@ -461,7 +462,7 @@ def test_the_reaper_logs_what_it_pruned(redis_url, raw, queue_name, caplog) -> N
         fill_buffer(q, 3)
         train(q, 3)
         _past_retention(raw)
-        with caplog.at_level(logging.INFO, logger="rollout_queue.reaper"):
+        with caplog.at_level(logging.INFO, logger="rollout_queue.ops.reaper"):
             total = run_reaper(q, interval_s=0.0, max_passes=1)
         assert total.pruned == 3
         [line] = [r for r in caplog.records if r.getMessage() == "reaped"]

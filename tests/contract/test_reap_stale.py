@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 
 from rollout_queue import QueueConfig
-from rollout_queue import protocol as p
+from rollout_queue.core import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (
     check_header,

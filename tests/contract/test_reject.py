@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from rollout_queue import QueueConfig, StaleReceipt
-from rollout_queue import flows
+from rollout_queue.core import flows
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import call, group, keys, ledger, pel
 

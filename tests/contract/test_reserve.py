@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import QueueConfig, Receipt, RolloutQueue, actions
-from rollout_queue.errors import GroupTooLarge
-from rollout_queue import protocol as p
+from rollout_queue import QueueConfig, Receipt, RolloutQueue
+from rollout_queue.ops import actions
+from rollout_queue.core.errors import GroupTooLarge
+from rollout_queue.core import protocol as p
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import (
     counter,

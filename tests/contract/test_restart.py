@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from rollout_queue import AsyncRolloutQueue, OutcomeUnknown, QueueConfig, RetryPolicy, RolloutQueue
-from rollout_queue.keys import QueueKeys
-from rollout_queue.local_server import LocalServer
-from rollout_queue.scripts import SCRIPTS
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.core.scripts import SCRIPTS
 from tests.contract.conftest import SyncView
 from tests.contract.worker_support import group, samples
 
@@ -93,7 +93,7 @@ def crash(server: LocalServer, admin: redis.Redis) -> None:
 def hook_retries(q: Any, transport: str) -> threading.Event:
     """An event set when the queue's transport first backs off to retry (the call met a dead server)."""
     retried = threading.Event()
-    real = q.transport.sleep
+    real = q.driver.sleep
     if transport == "sync":
         def sleep(seconds: float) -> None:
             retried.set()
@@ -102,7 +102,7 @@ def hook_retries(q: Any, transport: str) -> threading.Event:
         async def sleep(seconds: float) -> None:  # type: ignore[misc]
             retried.set()
             await real(seconds)
-    q.transport.sleep = sleep
+    q.driver.sleep = sleep
     return retried
 
 

@@ -135,7 +135,7 @@ def test_rolled_back_work_goes_ahead_of_the_backlog(open_queue, raw, queue_name)
 
 
 def test_rollback_in_batches_fences_the_lease_from_the_first_call(open_queue, raw, queue_name) -> None:
-    from rollout_queue import protocol as p
+    from rollout_queue.core import protocol as p
     from tests.contract.lifecycle import execute, owners
 
     q = open_queue()

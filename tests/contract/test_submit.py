@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from rollout_queue import PayloadTooLarge, QueueConfig, SourceGroup
-from rollout_queue import protocol as p
-from rollout_queue.codec import SCHEMA_VERSION, decode_group, encode_group
+from rollout_queue.core import protocol as p
+from rollout_queue.core.codec import SCHEMA_VERSION, decode_group, encode_group
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import call, counter, group, keys
 

@@ -20,16 +20,9 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import (
-    AsyncRolloutQueue,
-    QueueConfig,
-    RetryPolicy,
-    RolloutQueue,
-    ScriptError,
-    ServerUnavailable,
-)
-from rollout_queue.local_server import LocalServer
-from rollout_queue.transport import refusal
+from rollout_queue import AsyncRolloutQueue, QueueConfig, RetryPolicy, RolloutQueue, ScriptError, ServerUnavailable
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.drivers.transport import refusal
 from tests.conftest import SERVER_KINDS
 from tests.contract.conftest import SyncView
 from tests.contract.worker_support import group
@@ -66,7 +59,7 @@ def opener(transport: str) -> Iterator[Callable[..., Any]]:
 def on_backoff(q: Any, transport: str, action: Callable[[], None]) -> list[float]:
     """Run ``action`` at the transport's first backoff (the call met a refusal); the list of backoffs."""
     seen: list[float] = []
-    real = q.transport.sleep
+    real = q.driver.sleep
 
     def note(seconds: float) -> None:
         seen.append(seconds)
@@ -81,7 +74,7 @@ def on_backoff(q: Any, transport: str, action: Callable[[], None]) -> list[float
         async def sleep(seconds: float) -> None:  # type: ignore[misc]
             note(seconds)
             await real(seconds)
-    q.transport.sleep = sleep
+    q.driver.sleep = sleep
     return seen
 
 

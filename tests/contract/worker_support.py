@@ -14,8 +14,8 @@ import orjson
 import redis
 
 from rollout_queue import Sample, SourceGroup
-from rollout_queue import protocol as p
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core import protocol as p
+from rollout_queue.core.keys import QueueKeys
 
 
 def group(source_id: str, n: int = 2, **kwargs: Any) -> SourceGroup:

@@ -51,7 +51,7 @@ def test_the_services_the_readme_promises_are_there(compose: dict[str, Any]) -> 
 
 def test_every_rollout_queue_command_parses_with_the_real_cli(compose: dict[str, Any]) -> None:
     from rollout_queue.cli import build_parser
-    from workers.cli import build_parser as worker_parser
+    from rollout_queue.workers.cli import build_parser as worker_parser
 
     env = env_file()
     parsed = {}

@@ -16,12 +16,12 @@ from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rollout_queue.demo.grpo import GrpoSettings, GrpoTrainer  # noqa: E402  # needs torch
+from rollout_queue.demo.grpo import GrpoSettings, GrpoTrainer
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.tiny_model import build_tiny_model
+    from rollout_queue.workers.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("grpo") / "tiny")
 

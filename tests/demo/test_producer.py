@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
-from rollout_queue.errors import GroupTooLarge, InvalidInput, PayloadTooLarge, ProducerConflict
-from rollout_queue.producer import GroupBuilder, ProducePlan, load_records, run_producer
-from rollout_queue.producer_flows import produce, read_cursor
+from rollout_queue.core.errors import GroupTooLarge, InvalidInput, PayloadTooLarge, ProducerConflict
+from rollout_queue.rl.producer import GroupBuilder, ProducePlan, load_records, run_producer
+from rollout_queue.core.producer_flows import produce, read_cursor
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,7 +245,7 @@ def test_the_cli_refuses_a_field_and_a_template_together(redis_url: str, queue_n
 
 def test_the_producer_acl_role_may_produce_and_nothing_more(redis_url: str, queue_name: str, r: redis.Redis,
                                                            tmp_path: Path) -> None:
-    from rollout_queue import acl
+    from rollout_queue.ops import acl
 
     RolloutQueue.from_url(redis_url, queue_name, QueueConfig()).close()  # the admin creates the queue
     rules = acl.role_rules(queue_name, "producer", "pw")

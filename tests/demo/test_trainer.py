@@ -12,17 +12,11 @@ from typing import Any
 import pytest
 
 from rollout_queue import CompletedGroup, InvalidInput, QueueConfig, RolloutQueue, Sample, SourceGroup
-from rollout_queue.trainer import grpo_advantages, training_step
+from rollout_queue.rl.trainer import grpo_advantages, training_step
 
 torch = pytest.importorskip("torch")
 
-from rollout_queue.trainer import (  # noqa: E402  # after importorskip: these build tensors
-    grpo_loss,
-    lease_batch,
-    publish_weights,
-    response_logprobs,
-    save_weights,
-)
+from rollout_queue.rl.trainer import grpo_loss, lease_batch, publish_weights, response_logprobs, save_weights
 
 
 def group(entry_id: str, prompt_ids: list[int], samples: list[Sample], min_version: int = 0) -> CompletedGroup:
@@ -147,7 +141,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
     pytest.importorskip("transformers")
     from transformers import AutoModelForCausalLM
 
-    from workers.tiny_model import build_tiny_model
+    from rollout_queue.workers.tiny_model import build_tiny_model
 
     folder = build_tiny_model(tmp_path_factory.mktemp("trainer") / "tiny")
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -16,15 +16,8 @@ from typing import TypeVar
 
 import redis
 
-from rollout_queue import (
-    QueueConfig,
-    RolloutQueue,
-    RolloutQueueError,
-    Sample,
-    ScriptError,
-    SourceGroup,
-)
-from rollout_queue.keys import QueueKeys
+from rollout_queue import QueueConfig, RolloutQueue, RolloutQueueError, Sample, ScriptError, SourceGroup
+from rollout_queue.core.keys import QueueKeys
 
 T = TypeVar("T")
 

@@ -16,16 +16,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_queue import (
-    InvalidInput,
-    MalformedCompletion,
-    PayloadTooLarge,
-    RolloutQueueError,
-    Sample,
-    SourceGroup,
-)
-from rollout_queue import protocol as p
-from rollout_queue.codec import encode_completion
+from rollout_queue import InvalidInput, MalformedCompletion, PayloadTooLarge, RolloutQueueError, Sample, SourceGroup
+from rollout_queue.core import protocol as p
+from rollout_queue.core.codec import encode_completion
 
 from .support import EXAMPLES, drive, fresh_queue, samples_for, typed
 
@@ -135,7 +128,7 @@ def test_raw_complete_calls_get_a_status_or_a_rolloutq_error(redis_url: str, pay
         rc = target.receipt
         call = p.build(q.keys, "complete", entry_id=rc.entry_id, attempt=rc.attempt, worker_id=rc.worker_id,
                        payload=payload, min_version=min_version, slots=slots)
-        reply = typed(lambda: q.transport.execute(call), script_errors="rolloutq")
+        reply = typed(lambda: q.driver.execute(call), script_errors="rolloutq")
         if isinstance(reply, list):
             status = p.s(reply[0])
             assert status in ("ok", "malformed", "payload_too_large"), reply

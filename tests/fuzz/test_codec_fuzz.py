@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_queue import Sample
-from rollout_queue.codec import CodecError, decode_completion, encode_completion
+from rollout_queue.core.codec import CodecError, decode_completion, encode_completion
 
 from .support import EXAMPLES
 

@@ -19,7 +19,7 @@ import pytest
 
 from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup, Worker
 from rollout_queue.cli import main
-from rollout_queue.local_server import LocalServer
+from rollout_queue.devtools.local_server import LocalServer
 from tests.conftest import _delete_queue_keys
 from tests.helpers import wait_until
 

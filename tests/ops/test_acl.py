@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import Receipt, RolloutQueue, ScriptError, SourceGroup, StaleReceipt, acl, flows
-from rollout_queue.local_server import LocalServer
-from rollout_queue.scripts import SCRIPTS
+from rollout_queue import Receipt, RolloutQueue, ScriptError, SourceGroup, StaleReceipt
+from rollout_queue.ops import acl
+from rollout_queue.core import flows
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.core.scripts import SCRIPTS
 from tests.ops.conftest import CONFIG, Cli, samples
 
 ROLES = acl.ROLE_NAMES

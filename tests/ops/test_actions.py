@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from rollout_queue import ConfigMismatch, QueueConfig, Receipt, RolloutQueue, StaleReceipt
-from rollout_queue import actions, views
-from rollout_queue import protocol as p
-from rollout_queue.scripts import SCRIPTS
+from rollout_queue.ops import actions, views
+from rollout_queue.core import protocol as p
+from rollout_queue.core.scripts import SCRIPTS
 from tests.ops.conftest import ALIVE, SILENT, KnownState, samples
 
 
@@ -80,12 +80,12 @@ def test_config_set_compares_every_field_before_writing(known_state: KnownState,
     st, keys = known_state, known_state.q.keys
     flow = actions.set_config(keys, {"max_attempts": 4})
     op = next(flow)                                         # the flow read the stored config ...
-    reply = st.q.transport.execute(op)
+    reply = st.q.driver.execute(op)
     st.q.run(actions.set_config(keys, {"lease_timeout_s": 5.0}))   # ... someone changes it meanwhile ...
     before = dump(r, st)
     op = flow.send(reply)
     with pytest.raises(actions.ConfigChanged, match="lease_timeout_ms"):
-        flow.send(st.q.transport.execute(op))              # ... so the write is refused whole
+        flow.send(st.q.driver.execute(op))              # ... so the write is refused whole
     assert dump(r, st) == before
     old, new, changed = st.q.run(actions.set_config(keys, {"max_attempts": 4}))
     assert (old["max_attempts"], new.max_attempts, changed) == (2, 4, 1)

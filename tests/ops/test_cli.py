@@ -14,7 +14,7 @@ import redis
 
 from rollout_queue import InvalidInput, QueueConfig, Receipt, ScriptError, StaleReceipt
 from rollout_queue.cli import status
-from rollout_queue.local_server import pick_free_port
+from rollout_queue.devtools.local_server import pick_free_port
 from tests.ops.conftest import ALIVE, SILENT, TRAINER, Cli, KnownState, samples
 
 

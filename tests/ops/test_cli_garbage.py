@@ -23,8 +23,8 @@ import redis
 
 from rollout_queue import RolloutQueue, SourceGroup
 from rollout_queue.cli import render
-from rollout_queue.escape import clean
-from rollout_queue.local_server import LocalServer
+from rollout_queue.ops.escape import clean
+from rollout_queue.devtools.local_server import LocalServer
 from tests.conftest import _delete_queue_keys
 from tests.ops.conftest import ALIVE, SILENT, Cli, KnownState, build_known_state
 

@@ -7,8 +7,8 @@ import urllib.request
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollout_queue import metrics
-from rollout_queue.views import QueueView
+from rollout_queue.ops import metrics
+from rollout_queue.ops.views import QueueView
 from tests.ops.conftest import Cli, KnownState
 
 

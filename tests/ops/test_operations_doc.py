@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from rollout_queue import acl
-from rollout_queue.local_server import LocalServer, available_servers
+from rollout_queue.ops import acl
+from rollout_queue.devtools.local_server import LocalServer, available_servers
 from tests.ops.conftest import ALIVE, SILENT, TRAINER, KnownState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"

@@ -34,11 +34,11 @@ from rollout_queue import (
     Sample,
     SourceGroup,
 )
-from rollout_queue import flows
-from rollout_queue.keys import QueueKeys
-from rollout_queue.local_server import LocalServer
-from rollout_queue.transport import READ_ONLY_SCRIPTS, changes_state
-from rollout_queue import protocol as p
+from rollout_queue.core import flows
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.drivers.transport import READ_ONLY_SCRIPTS, changes_state
+from rollout_queue.core import protocol as p
 from tests.contract.conftest import SyncView
 from tests.proxy import Proxy
 
@@ -383,7 +383,7 @@ def test_the_cli_runs_durable_with_durable_replicas(cli, replicated: Replicated)
 
 
 def test_the_worker_cli_passes_durability_to_its_queue_client(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.cli import build_parser, build_runtime
+    from rollout_queue.workers.cli import build_parser, build_runtime
 
     base = ["--url", "redis://127.0.0.1:1/0", "--queue", NAME, "--engine", "scripted"]
     runtime = build_runtime(build_parser().parse_args(base + ["--durable-replicas", "2", "--durable-timeout-ms", "300"]))
@@ -402,7 +402,7 @@ def test_a_durable_call_without_permission_to_wait_ran_and_says_so(replicated: R
     with pytest.raises(NotReplicated, match="NoPermissionError: .*'wait'"):
         RolloutQueue.from_url(url, NAME, CFG, retry=WINDOW, durability=DURABLE)  # open is a write too
     q = RolloutQueue.from_url(url, NAME, CFG, retry=WINDOW)
-    q.transport.durability = DURABLE
+    q.driver.durability = DURABLE
     with pytest.raises(NotReplicated, match="NoPermissionError: .*'wait'"):
         q.submit(groups("acl", 1))
     assert q.stats().backlog == 1, "it ran"

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from rollout_queue import RolloutQueue, SourceGroup
-from rollout_queue.local_server import LocalServer, ServerStartError, available_servers, pick_free_port
+from rollout_queue.devtools.local_server import LocalServer, ServerStartError, available_servers, pick_free_port
 from tests.ops.conftest import Cli, samples
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core.keys import QueueKeys
 
 from .model_entries import BACKLOG, COMMITTED, COMPLETED, DEAD, EXECUTING, FILTERED, LEASED, READY, id_key
 

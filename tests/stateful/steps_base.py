@@ -12,8 +12,8 @@ from typing import Any, Callable
 import redis
 
 from rollout_queue import Hold, ReapReport, RolloutQueue
-from rollout_queue.keys import QueueKeys
-from rollout_queue.local_server import LocalServer
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.devtools.local_server import LocalServer
 from tests.helpers import wait_until
 
 from .ledger_model import LedgerModel

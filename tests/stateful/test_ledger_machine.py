@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from rollout_queue.local_server import LocalServer
+from rollout_queue.devtools.local_server import LocalServer
 from tests.stateful.ledger_machine import LedgerMachine
 
 # About 60-90 s per server kind on a 2-core machine (kill -9 restarts, outages past a lease's

@@ -25,9 +25,8 @@ from rollout_queue import (
     LeasesOpen,
     LeaseUnsatisfiable,
     VersionRegression,
-    flows,
-    protocol,
 )
+from rollout_queue.core import flows, protocol
 from tests.helpers import wait_until
 
 from .model_entries import EXECUTING
@@ -184,7 +183,7 @@ class TrainerSteps(Steps):
         members = self.model.lease(groups, True)
         first, got = self.run_losing_first_reply(
             flows.lease(self.keys, "trainer-1", groups, True, None, 0, self.q.clock))
-        self.check_lease(members, None if got is None else Lease(self.q, *got))
+        self.check_lease(members, None if got is None else Lease(self.q, [(0, *got)], self.q.config.lease_timeout_s))
         if got is not None:
             assert [m.entry_id for m in protocol.parse_lease(first, got[0].lease_id).members] == members
         event(f"lost lease reply -> {'none' if members is None else len(members)}")
@@ -200,14 +199,14 @@ class TrainerSteps(Steps):
         """Drive ``flow`` but send its first call twice, as after a dropped connection; only the
         second reply reaches the flow. Returns (the lost first reply, the flow's result)."""
         op = next(flow)
-        first = self.q.transport.execute(op)
-        reply = self.q.transport.execute(op)
+        first = self.q.driver.execute(op)
+        reply = self.q.driver.execute(op)
         while True:
             try:
                 op = flow.send(reply)
             except StopIteration as stop:
                 return first, stop.value
-            reply = self.q.transport.execute(op)
+            reply = self.q.driver.execute(op)
 
     def server_restart(self, data: st.DataObject) -> None:
         """kill -9, then restart on the same AOF: the client keeps working (retries, script reload)."""
@@ -372,7 +371,7 @@ class TrainerSteps(Steps):
                 op = flow.send(reply)
             except StopIteration:
                 return
-            reply = self.q.transport.execute(op)
+            reply = self.q.driver.execute(op)
         flow.close()
 
     def long_outage(self, data: st.DataObject) -> None:

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import event
 from hypothesis import strategies as st
 
-from rollout_queue import (MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt,
-                           flows, protocol)
-from rollout_queue.errors import GroupTooLarge
+from rollout_queue import MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt
+from rollout_queue.core import flows, protocol
+from rollout_queue.core.errors import GroupTooLarge
 
 from .model_entries import DEAD
 from .steps_base import WORKERS, Steps

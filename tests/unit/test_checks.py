@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_queue import InvalidInput, QueueConfig, Receipt, Sample, SourceGroup
-from rollout_queue.checks import MAX_SAFE_INT, check_flag, check_int, check_json, check_seconds
+from rollout_queue.core.checks import MAX_SAFE_INT, check_flag, check_int, check_json, check_seconds
 
 ODD = st.one_of(
     st.booleans(), st.none(), st.integers(-(2**70), 2**70),

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from rollout_queue import InvalidInput, Receipt, Sample, SourceGroup
-from rollout_queue.codec import (
+from rollout_queue.core.codec import (
     COMPLETION_SCHEMA_WIDE,
     SCHEMA_VERSION,
     CodecError,
@@ -23,7 +23,7 @@ from rollout_queue.codec import (
     encode_completion,
     encode_group,
 )
-from rollout_queue.models import check_entry_id, check_reason, check_worker_id
+from rollout_queue.core.models import check_entry_id, check_reason, check_worker_id
 
 
 def _fields(group: SourceGroup) -> dict[bytes, bytes]:

@@ -20,8 +20,8 @@ from dataclasses import FrozenInstanceError
 import pytest
 
 from rollout_queue import CompletedGroup, InvalidInput, Sample, SourceGroup
-from rollout_queue.codec import CodecError, decode_columns, decode_completion, encode_completion
-from rollout_queue.columns import SampleColumns
+from rollout_queue.core.codec import CodecError, decode_columns, decode_completion, encode_completion
+from rollout_queue.core.columns import SampleColumns
 from tests.unit.test_codec import GARBAGE
 from tests.unit.test_codec_schema2 import GOOD_BODY, MALFORMED, MAX24, ROW, _f32, _head, _schema1
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from rollout_queue import InvalidInput, Sample
-from rollout_queue.codec import (
+from rollout_queue.core.codec import (
     COMPLETION_SCHEMA,
     COMPLETION_SCHEMA_WIDE,
     CodecError,

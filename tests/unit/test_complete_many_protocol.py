@@ -15,11 +15,11 @@ from rollout_queue import (
     Receipt,
     Sample,
     StaleReceipt,
-    flows,
 )
-from rollout_queue import protocol as p
-from rollout_queue.codec import encode_completion
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core import flows
+from rollout_queue.core import protocol as p
+from rollout_queue.core.codec import encode_completion
+from rollout_queue.core.keys import QueueKeys
 
 KEYS = QueueKeys("unit")
 R1, R2, R3 = Receipt("1-0", 1, "w1"), Receipt("2-0", 2, "w1"), Receipt("3-0", 1, "w1")

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from rollout_queue import LeaseLost, ProtocolError, Sample, SourceGroup, flows
-from rollout_queue import protocol as p
-from rollout_queue.codec import encode_completion, encode_group
-from rollout_queue.keys import QueueKeys
+from rollout_queue import LeaseLost, ProtocolError, Sample, SourceGroup
+from rollout_queue.core import flows
+from rollout_queue.core import protocol as p
+from rollout_queue.core.codec import encode_completion, encode_group
+from rollout_queue.core.keys import QueueKeys
 
 KEYS = QueueKeys("unit-lease")
 GROUP = SourceGroup("s-1", "prompt", 2, {"k": 1})

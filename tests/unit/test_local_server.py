@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rollout_queue.local_server import (
+from rollout_queue.devtools.local_server import (
     FORBIDDEN_PORT,
     LocalServer,
     ServerStartError,
@@ -191,7 +191,7 @@ def test_bad_arguments_are_refused() -> None:
 def _run_owner(kind: str, how_it_ends: str) -> tuple[int, Path]:
     """Run a child Python that starts a server and then ends; return the server's pid and dir."""
     script = (
-        "from rollout_queue.local_server import LocalServer\n"
+        "from rollout_queue.devtools.local_server import LocalServer\n"
         f"s = LocalServer({kind!r}).start()\nprint(s.pid, s.dir, flush=True)\n{how_it_ends}\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True,
@@ -218,7 +218,7 @@ def test_no_orphan_after_os_exit(server: LocalServer) -> None:
 
 
 def test_module_entry_prints_url_and_stops_on_sigterm(server: LocalServer) -> None:
-    command = [sys.executable, "-m", "rollout_queue.local_server", "--kind", server.kind,
+    command = [sys.executable, "-m", "rollout_queue.devtools.local_server", "--kind", server.kind,
                "--appendfsync", "everysec"]
     with subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True) as proc:
         try:

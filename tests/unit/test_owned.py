@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from rollout_queue import InvalidInput, ProtocolError, Receipt
-from rollout_queue import owned as o
-from rollout_queue.keys import QueueKeys
+from rollout_queue.core import owned as o
+from rollout_queue.core.keys import QueueKeys
 
 KEYS = QueueKeys("unit")
 SRC = KEYS["src"]

@@ -32,12 +32,12 @@ from rollout_queue import (
     StaleReceipt,
     VersionRegression,
 )
-from rollout_queue import flows
-from rollout_queue.errors import ProducerConflict
-from rollout_queue import protocol as p
-from rollout_queue.codec import SCHEMA_VERSION, encode_completion, encode_group
-from rollout_queue.keys import QueueKeys
-from rollout_queue.scripts import SCRIPTS
+from rollout_queue.core import flows
+from rollout_queue.core.errors import ProducerConflict
+from rollout_queue.core import protocol as p
+from rollout_queue.core.codec import SCHEMA_VERSION, encode_completion, encode_group
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.scripts import SCRIPTS
 
 KEYS = QueueKeys("unit")
 RECEIPT = {"entry_id": "1-0", "attempt": 2, "worker_id": "w1"}

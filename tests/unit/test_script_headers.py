@@ -13,10 +13,10 @@ from importlib import resources
 
 import pytest
 
-from rollout_queue.keys import KEY_SUFFIXES
-from rollout_queue.scripts import SCRIPTS
+from rollout_queue.core.keys import KEY_SUFFIXES
+from rollout_queue.core.scripts import SCRIPTS
 
-LUA = resources.files("rollout_queue") / "lua"
+LUA = resources.files("rollout_queue.core") / "lua"
 NAMES = sorted(p.name[:-4] for p in LUA.iterdir() if p.name.endswith(".lua"))
 INCLUDES = sorted(p.name[:-4] for p in (LUA / "include").iterdir() if p.name.endswith(".lua"))
 SECTIONS = ("KEYS", "READS", "ARGV", "Returns", "Invariant")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.testing import LoopRunner
+from rollout_queue.workers.testing import LoopRunner
 
 # Nothing may be fetched from a hub and nothing reported anywhere; set before vLLM or
 # transformers are imported (they read some of these at import). The root conftest sets the same
@@ -40,7 +40,7 @@ def runner() -> Iterator[LoopRunner]:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from workers.tiny_model import build_tiny_model
+    from rollout_queue.workers.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
@@ -48,7 +48,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def perturbed_model(tiny_model: Path) -> Path:
     """The tiny model with different weights: the 'next policy version' of weight-push tests."""
-    from workers.tiny_model import perturb_weights
+    from rollout_queue.workers.tiny_model import perturb_weights
 
     return perturb_weights(tiny_model, tiny_model.parent / "tiny-v2", seed=1)
 

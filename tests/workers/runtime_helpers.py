@@ -21,10 +21,10 @@ import pytest
 import redis
 
 from rollout_queue import CompletedGroup, QueueConfig, RolloutQueue, SourceGroup
-from rollout_queue.keys import QueueKeys
-from rollout_queue.local_server import LocalServer
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.devtools.local_server import LocalServer
 from tests.helpers import wait_until
-from workers.runtime import WorkerRuntime
+from rollout_queue.workers.runtime import WorkerRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -140,8 +140,8 @@ def registered_workers(url: str, name: str) -> list[str]:
 
 
 def spawn_worker(url: str, name: str, worker_id: str, *args: str) -> subprocess.Popen[str]:
-    """``python -m workers --engine scripted ...`` as a real process (stderr captured)."""
-    cmd = [sys.executable, "-m", "workers", "--url", url, "--queue", name, "--engine", "scripted",
+    """``python -m rollout_queue.workers --engine scripted ...`` as a real process (stderr captured)."""
+    cmd = [sys.executable, "-m", "rollout_queue.workers", "--url", url, "--queue", name, "--engine", "scripted",
            "--worker-id", worker_id, "--block-ms", "200", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from rollout_queue import AsyncRolloutQueue, QueueConfig, Receipt, Sample, SourceGroup, StaleReceipt
-from workers.completions import BatchingWorker
+from rollout_queue.workers.completions import BatchingWorker
 
 
 def _samples(n: int) -> list[Sample]:

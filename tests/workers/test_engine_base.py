@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from workers.engines.base import SampleOutput, SamplingConfig, make_engine
+from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig, make_engine
 
 
 def test_sampling_config_defaults_and_greedy() -> None:
@@ -73,7 +73,7 @@ def test_make_engine_rejects_unknown_kind() -> None:
 def test_interface_imports_neither_torch_nor_vllm() -> None:
     """The runtime and scheduler import the interface on machines without torch or vLLM."""
     code = (
-        "import sys, workers, workers.engines, workers.engines.base, workers.testing; "
+        "import sys, rollout_queue.workers, rollout_queue.workers.engines, rollout_queue.workers.engines.base, rollout_queue.workers.testing; "
         "heavy = {'torch', 'vllm', 'transformers'} & set(sys.modules); "
         "assert not heavy, heavy"
     )

@@ -19,9 +19,9 @@ import pytest
 import redis
 
 from rollout_queue import OutcomeUnknown, Receipt, SourceGroup, StaleReceipt
-from rollout_queue.keys import QueueKeys
-from rollout_queue.local_server import LocalServer
-from rollout_queue.owned import OwnedAttempt
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.core.owned import OwnedAttempt
 from tests.contract.worker_support import history, ledger
 from tests.helpers import wait_until
 from tests.stateful.redis_truth import check_no_ghosts, derive_state, observe
@@ -33,11 +33,11 @@ from tests.workers.runtime_helpers import (
     train,
     worker_server,  # noqa: F401  # a fixture, used by name
 )
-from workers.attempt import RuntimeStats
-from workers.engines.base import SamplingConfig
-from workers.engines.scripted import ScriptedEngine
-from workers.reconcile import REASON, Reconciler, RuntimeView, interval_for, is_orphan
-from workers.runtime import WorkerOptions, WorkerRuntime
+from rollout_queue.workers.attempt import RuntimeStats
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.scripted import ScriptedEngine
+from rollout_queue.workers.reconcile import REASON, Reconciler, RuntimeView, interval_for, is_orphan
+from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
 
 R1, R2 = Receipt("1-0", 1, "w"), Receipt("2-0", 3, "w")
 

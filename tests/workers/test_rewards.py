@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from rollout_queue import Sample, SourceGroup
-from workers import rewards
-from workers.rewards import Generated, Scorer, ScoringError, group_reward, load_function
+from rollout_queue.workers import rewards
+from rollout_queue.workers.rewards import Generated, Scorer, ScoringError, group_reward, load_function
 
 GROUP = SourceGroup("s-1", "What is 12 plus 30? Answer:", 3, {"target_len": 4})
 
@@ -28,8 +28,8 @@ def run(coro):  # type: ignore[no-untyped-def]
 
 def test_load_function_resolves_specs_and_builtins() -> None:
     assert load_function("nonzero_std") is rewards.nonzero_std
-    assert load_function("workers.rewards:length_reward") is rewards.length_reward
-    for bad in ("no_such_builtin", "workers.rewards:nope", "no.such.module:f"):
+    assert load_function("rollout_queue.workers.rewards:length_reward") is rewards.length_reward
+    for bad in ("no_such_builtin", "rollout_queue.workers.rewards:nope", "no.such.module:f"):
         with pytest.raises(ValueError):
             load_function(bad)
 

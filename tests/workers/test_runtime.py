@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rollout_queue import RolloutQueue, Sample, SourceGroup
-from rollout_queue.local_server import LocalServer
+from rollout_queue.devtools.local_server import LocalServer
 from tests.helpers import wait_until
 from tests.workers.runtime_helpers import (
     RuntimeThread,
@@ -24,11 +24,11 @@ from tests.workers.runtime_helpers import (
     train,
     worker_server,  # noqa: F401  # a fixture, used by name
 )
-from workers import rewards
-from workers.engines.base import SamplingConfig
-from workers.engines.scripted import ScriptedEngine
-from workers.rewards import Generated, Scorer
-from workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
+from rollout_queue.workers import rewards
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.scripted import ScriptedEngine
+from rollout_queue.workers.rewards import Generated, Scorer
+from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 
 
 @pytest.fixture

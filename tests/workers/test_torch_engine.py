@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
-from workers.engines.torch import TorchEngine
-from workers.testing import LoopRunner, wait_until
+from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
+from rollout_queue.workers.engines.torch import TorchEngine
+from rollout_queue.workers.testing import LoopRunner, wait_until
 
 pytestmark = pytest.mark.torch
 
@@ -246,7 +246,7 @@ def test_load_weights_switches_policy(
 def test_load_weights_rejects_a_mismatched_folder(
     runner: LoopRunner, engine: TorchEngine, prompt: list[int], tmp_path: Path
 ) -> None:
-    from workers.tiny_model import build_tiny_model
+    from rollout_queue.workers.tiny_model import build_tiny_model
 
     other = build_tiny_model(tmp_path / "other", hidden_size=64, num_heads=2, num_layers=1)
     before = runner.run(engine.generate("mismatch-before", prompt, GREEDY))
@@ -285,7 +285,7 @@ def test_compute_failure_is_fatal(
         own = TorchEngine(str(tiny_model))
         await own.start()
         try:
-            monkeypatch.setattr("workers.engines._decode.DecodeBatch.step", broken_step)
+            monkeypatch.setattr("rollout_queue.workers.engines._decode.DecodeBatch.step", broken_step)
             prompt = own.encode("hello")
             with pytest.raises(EngineError, match="simulated device failure"):
                 await own.generate("doomed", prompt, GREEDY)

@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
-from workers.engines.torch import TorchEngine
-from workers.engines.vllm import VLLMEngine
-from workers.testing import LoopRunner
+from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
+from rollout_queue.workers.engines.torch import TorchEngine
+from rollout_queue.workers.engines.vllm import VLLMEngine
+from rollout_queue.workers.testing import LoopRunner
 
 pytestmark = pytest.mark.vllm
 

@@ -1,0 +1,163 @@
+"""QueueConfig: the per-queue bounds and policies, stored once in the queue's meta hash.
+
+The scripts read these from Redis on every call (never from ARGV), so this module only validates
+values and converts them to and from their stored form. It does no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Literal, Mapping
+
+from rollout_queue.core.checks import check_int, check_optional_int, check_optional_seconds, check_seconds, describe
+from rollout_queue.core.errors import InvalidInput
+
+BufferOrder = Literal["fifo", "lifo"]
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Bounds and policies of one queue (DESIGN: Capacity, Buffer and staleness, Failure handling).
+
+    ``max_staleness=None`` is strictly on-policy: a completion generated before the current policy
+    version is requeued at lease time. ``batch_groups=None`` disables admission control.
+    ``settled_retention_s`` is how long a settled group's ledger line and source_id mapping are
+    kept (the window in which a repeated settlement replays and a resubmitted source_id is
+    deduplicated); the reaper prunes them after it. ``None`` keeps them for the queue's life.
+    """
+
+    max_executing_samples: int = 4096
+    max_retained_groups: int = 100_000
+    max_completed_groups: int = 1024
+    max_staleness: int | None = None
+    batch_groups: int | None = None
+    buffer_order: BufferOrder = "fifo"
+    lease_timeout_s: float = 600.0
+    worker_timeout_s: float = 60.0
+    max_attempts: int = 3
+    max_payload_bytes: int = 64 * 2**20
+    hold_timeout_s: float = 600.0
+    commits_maxlen: int = 100_000
+    lease_record_ttl_s: float = 86_400.0
+    settled_retention_s: float | None = 86_400.0
+
+    def __post_init__(self) -> None:
+        """Refuse any value the scripts could not enforce exactly: a bool (``True`` would be stored as
+        "True" and brick the queue), a float where an integer is meant, NaN, an infinity, a negative
+        or a value past what a stored millisecond integer and Lua's doubles (2^53) hold. Raises
+        InvalidInput (a ValueError) naming the field; values are kept exactly (numpy ints become int)."""
+        for name in _POSITIVE_INTS:
+            self._set(name, check_int(getattr(self, name), f"QueueConfig.{name}", 1))
+        self._set("max_staleness", check_optional_int(self.max_staleness, "QueueConfig.max_staleness (or None)", 0))
+        self._set("batch_groups", check_optional_int(self.batch_groups, "QueueConfig.batch_groups (or None)", 1))
+        for name in _SECONDS:
+            self._set(name, check_seconds(getattr(self, name), f"QueueConfig.{name}"))
+        self._set("settled_retention_s", check_optional_seconds(
+            self.settled_retention_s, "QueueConfig.settled_retention_s (or None: keep forever)"))
+        if self.buffer_order not in ("fifo", "lifo"):
+            raise InvalidInput(f"QueueConfig.buffer_order must be 'fifo' or 'lifo', got {describe(self.buffer_order)}")
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def to_meta(self) -> dict[str, str]:
+        """The stored form: what the scripts read from the meta hash (ms, -1 / 0 for None)."""
+        return {
+            "max_executing_samples": str(self.max_executing_samples),
+            "max_retained_groups": str(self.max_retained_groups),
+            "max_completed_groups": str(self.max_completed_groups),
+            "max_staleness": str(-1 if self.max_staleness is None else self.max_staleness),
+            "batch_groups": str(0 if self.batch_groups is None else self.batch_groups),
+            "buffer_order": self.buffer_order,
+            "lease_timeout_ms": str(_ms(self.lease_timeout_s)),
+            "worker_timeout_ms": str(_ms(self.worker_timeout_s)),
+            "max_attempts": str(self.max_attempts),
+            "max_payload_bytes": str(self.max_payload_bytes),
+            "hold_timeout_ms": str(_ms(self.hold_timeout_s)),
+            "commits_maxlen": str(self.commits_maxlen),
+            "lease_record_ttl_ms": str(_ms(self.lease_record_ttl_s)),
+            "settled_retention_ms": str(0 if self.settled_retention_s is None else _ms(self.settled_retention_s)),
+        }
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, str]) -> "QueueConfig":
+        """Rebuild a config from the stored form (the inverse of to_meta). Raises InvalidInput naming
+        every field whose stored value is missing or garbage (written by hand, or by an older build)."""
+        values, corrupt = cls.stored_fields(meta)
+        if corrupt:
+            raise InvalidInput(corrupt_message(corrupt))
+        return cls(**values)  # type: ignore[arg-type]  # every field decoded: validated in __post_init__
+
+    @classmethod
+    def stored_fields(cls, meta: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str]]:
+        """(each valid field decoded from the stored form, each field whose stored value is garbage or
+        out of range -> 'stored_name=raw'). Lenient, so that ``config show`` can show and ``config
+        set`` can repair a corrupt config instead of failing on it."""
+        values: dict[str, object] = {}
+        corrupt: dict[str, str] = {}
+        for f in fields(cls):
+            stored = _STORED.get(f.name, f.name)
+            try:
+                values[f.name] = _decode(f.name, meta.get(stored))
+            except ValueError:
+                corrupt[f.name] = f"{stored}={meta.get(stored)!r}"
+        try:
+            cls(**values)  # type: ignore[arg-type]
+        except InvalidInput:  # some value decodes but is out of range: find which, one at a time
+            for name, value in list(values.items()):
+                try:
+                    cls(**{name: value})  # type: ignore[arg-type]
+                except InvalidInput:
+                    stored = _STORED.get(name, name)
+                    corrupt[name] = f"{stored}={meta.get(stored)!r}"
+                    del values[name]
+        return values, corrupt
+
+    def replace(self, **changes: object) -> "QueueConfig":
+        """A copy with some fields changed (validated)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise InvalidInput(f"unknown QueueConfig fields: {sorted(unknown)}")
+        return type(self)(**{**asdict(self), **changes})  # type: ignore[arg-type]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(round(seconds * 1000)))
+
+
+_POSITIVE_INTS = ("max_executing_samples", "max_retained_groups", "max_completed_groups", "max_attempts",
+                  "max_payload_bytes", "commits_maxlen")
+_SECONDS = ("lease_timeout_s", "worker_timeout_s", "hold_timeout_s", "lease_record_ttl_s")
+#: field -> its name in meta, where the stored form differs (seconds are stored as ms).
+_STORED = {"lease_timeout_s": "lease_timeout_ms", "worker_timeout_s": "worker_timeout_ms",
+           "hold_timeout_s": "hold_timeout_ms", "lease_record_ttl_s": "lease_record_ttl_ms",
+           "settled_retention_s": "settled_retention_ms"}
+#: The stored form of an integer, exactly as to_meta writes it (and load_config.lua accepts).
+_DECIMAL = re.compile(r"-?[0-9]{1,16}")
+
+
+def _decode(name: str, raw: str | None) -> object:
+    """One field from its stored text; ValueError if it is missing or garbage."""
+    if name == "buffer_order":
+        if raw not in ("fifo", "lifo"):
+            raise ValueError(raw)
+        return raw
+    if not isinstance(raw, str) or not _DECIMAL.fullmatch(raw):
+        raise ValueError(raw)
+    number = int(raw)
+    if name == "max_staleness":
+        return None if number < 0 else number
+    if name == "batch_groups":
+        return None if number == 0 else number
+    if name == "settled_retention_s":
+        return None if number == 0 else number / 1000
+    return number / 1000 if name in _STORED else number
+
+
+def corrupt_message(corrupt: Mapping[str, str]) -> str:
+    """What to tell an operator about a stored config with garbage in it, and how to repair it."""
+    names = sorted(corrupt)
+    return (f"the queue's stored config is corrupt ({'; '.join(corrupt[n] for n in names)}): every script "
+            f"refuses to run until it is repaired with `rollout-queue config set {' '.join(n + '=VALUE' for n in names)} "
+            "--yes` ('none' for an optional bound)")

@@ -1,0 +1,94 @@
+"""Key names of one queue: the only place that spells them.
+
+Every key of a queue shares the hash tag ``{<queue>}`` so that each script touches one Redis Cluster
+slot. Nothing else in the package builds a key string; Lua scripts receive these through KEYS (the
+lease and hold records are built inside scripts from the ``meta`` key's prefix, same tag).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rollout_queue.core.checks import describe
+from rollout_queue.core.errors import InvalidInput
+
+#: role -> key suffix. Roles are the names the Lua headers use in their KEYS sections.
+KEY_SUFFIXES: dict[str, str] = {
+    "src": "src",
+    "meta": "meta",
+    "ready": "ready",
+    "buffer": "buffer",
+    "bufver": "bufver",
+    "results": "results",
+    "workers": "workers",
+    "reserves": "reserves",
+    "leases": "leases",
+    "holds": "holds",
+    "history": "history",
+    "ledger": "ledger",
+    "dlq": "dlq",
+    "wake_work": "wake:work",
+    "wake_done": "wake:done",
+    "ids": "ids",
+    "commits": "commits",
+    "kept": "kept",
+    "producers": "producers",
+    "settled": "settled",
+    "clock": "clock",
+    "intake": "intake",
+}
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")
+
+
+def validate_queue_name(name: str) -> str:
+    """Return ``name`` if it is a usable queue name; braces would break the hash tag."""
+    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+        raise InvalidInput(  # a ValueError
+            f"bad queue name {describe(name)}: use 1-128 characters from letters, digits and _ . : # - "
+            "(no braces: the name becomes the Redis Cluster hash tag)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """All key names of one queue, by role."""
+
+    queue: str
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.queue)
+
+    @property
+    def prefix(self) -> str:
+        return f"rollout:{{{self.queue}}}:"
+
+    def __getitem__(self, role: str) -> str:
+        return self.prefix + KEY_SUFFIXES[role]
+
+    def lease(self, lease_id: str) -> str:
+        """The hash of one lease (built the same way inside the scripts)."""
+        return f"{self.prefix}lease:{lease_id}"
+
+    def hold(self, hold_id: str) -> str:
+        """The snapshot set of one admission hold."""
+        return f"{self.prefix}hold:{hold_id}"
+
+    @property
+    def partitions(self) -> str:
+        """The partition count of a logical queue split into ``<queue>#0 …`` (absent: one partition,
+        the queue itself); written once by partitioned.py, never by a script."""
+        return f"{self.prefix}partitions"
+
+    @property
+    def versions_channel(self) -> str:
+        """Pub/sub channel on which publish_version announces ``<version>|<weights_uri>``."""
+        return f"{self.prefix}versions"
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of this queue."""
+        escaped = self.queue.replace("[", "\\[").replace("]", "\\]").replace("*", "\\*").replace("?", "\\?")
+        return f"rollout:{{{escaped}}}:*"

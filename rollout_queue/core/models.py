@@ -1,0 +1,459 @@
+"""Value types of the public API: frozen, validated on construction, free of I/O.
+
+A malformed receipt or sample cannot exist: constructors raise ValueError (InvalidInput) with what is
+wrong. Token ids and logprobs are tuples, so values can be shared between threads safely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import math
+import re
+from array import array
+from dataclasses import FrozenInstanceError, dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from rollout_queue.core.checks import check_int, check_items, check_json, check_number, describe
+from rollout_queue.core.errors import GroupTooLarge, InvalidInput
+
+if TYPE_CHECKING:
+    from rollout_queue.core.columns import SampleColumns
+
+_ENTRY_ID = re.compile(r"^\d+-\d+$")
+_WORKER_ID = re.compile(r"^[A-Za-z0-9_.:/\-][A-Za-z0-9_.:/\-@+]{0,199}$")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+#: A receipt's attempt is a PEL delivery count: a Lua number, exact up to 2^53.
+MAX_ATTEMPT = 2**53 - 1
+#: Slots are 0..n-1 and n <= 65536 (SourceGroup).
+MAX_SLOT = 65535
+#: Longest reason (of a failure, an abort, a filter) kept in the ledger and history.
+MAX_REASON = 2000
+
+
+def check_entry_id(entry_id: str) -> str:
+    if not isinstance(entry_id, str) or not _ENTRY_ID.match(entry_id):
+        raise InvalidInput(f"bad entry id {describe(entry_id)}: expected a stream ID like '1700000000000-0'")
+    return entry_id
+
+
+def check_worker_id(worker_id: str) -> str:
+    """Worker ids are PEL consumer names; '@' starts the queue's own owners (@ready, @done, @lease:)."""
+    if not isinstance(worker_id, str) or not _WORKER_ID.match(worker_id):
+        raise InvalidInput(
+            f"bad worker id {describe(worker_id)}: 1-200 characters from letters, digits and _ . : / - @ +, "
+            "not starting with '@' (reserved for the queue's own PEL owners)"
+        )
+    return worker_id
+
+
+def reason_text(reason: object) -> str:
+    """A reason as storable text: capped at MAX_REASON characters, and never failing the settlement
+    it explains (a lone surrogate from an engine's error message is escaped rather than raising in
+    the encoder). Control characters are kept: readers escape them (cli/render.py)."""
+    return str(reason)[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_reason(reason: str, what: str = "reason") -> str:
+    """A reason given as text (a filter's "all rewards equal", an operator's note): any str, returned
+    as reason_text stores it. The counters a reason feeds are bounded inside the script (filter.lua
+    normalises it to a token), so no reason can grow them without bound."""
+    if not isinstance(reason, str):
+        raise InvalidInput(f"{what} must be a string, got {type(reason).__name__}")
+    return reason_text(reason)
+
+
+@dataclass(frozen=True)
+class SourceGroup:
+    """One prompt with ``n`` parent slots: what a producer submits and a worker reserves.
+
+    ``source_id`` is the producer's own key: submitting it twice stores it once. Each parent slot
+    ``i`` has the identity ``f"{source_id}/{i}"`` (its ``uid``).
+    """
+
+    source_id: str
+    prompt: str
+    n: int
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    prompt_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source_id, str) or not self.source_id or "|" in self.source_id:
+            raise InvalidInput(f"source_id must be a non-empty string without '|', got {describe(self.source_id)}")
+        if not isinstance(self.prompt, str):
+            raise InvalidInput(f"prompt must be a string, got {type(self.prompt).__name__}")
+        check_text(self.source_id, "source_id")
+        check_text(self.prompt, "prompt")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 65536:
+            raise InvalidInput(f"n must be an integer in 1..65536, got {describe(self.n)}")
+        if not isinstance(self.metadata, Mapping):
+            raise InvalidInput("metadata must be a mapping")
+        check_json(self.metadata, f"metadata of {self.source_id!r}")
+        if self.prompt_token_ids is not None:
+            ids = _int32_tuple(self.prompt_token_ids, "prompt_token_ids")
+            object.__setattr__(self, "prompt_token_ids", ids)
+
+    def parent_uid(self, slot: int) -> str:
+        return f"{self.source_id}/{slot}"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The exact identity of an attempt: (entry_id, attempt, worker_id); attempt = PEL delivery count."""
+
+    entry_id: str
+    attempt: int
+    worker_id: str
+
+    def __post_init__(self) -> None:
+        check_entry_id(self.entry_id)
+        check_worker_id(self.worker_id)
+        if type(self.attempt) is not int or not 1 <= self.attempt <= MAX_ATTEMPT:  # the common case skips the call
+            object.__setattr__(self, "attempt", check_int(self.attempt, "attempt", 1, MAX_ATTEMPT))
+
+
+def check_receipt(receipt: Any, worker_id: str | None = None) -> "Receipt":
+    """``receipt`` is a Receipt (of ``worker_id``'s, when given): a settlement of another worker's
+    attempt is refused before anything is sent, whichever client or flow it goes through."""
+    if not isinstance(receipt, Receipt):
+        raise InvalidInput(f"expected a Receipt (reservation.receipt), got {type(receipt).__name__}")
+    if worker_id is not None and receipt.worker_id != worker_id:
+        raise InvalidInput(f"receipt belongs to worker {receipt.worker_id!r}, not {worker_id!r}")
+    return receipt
+
+
+def check_completions(items: Any, worker_id: str) -> list[tuple["Receipt", list["Sample"]]]:
+    """complete_many's items: (receipt of ``worker_id``, samples) pairs, as a list of lists."""
+    out = []
+    for i, item in enumerate(check_items(items, object, "items")):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise InvalidInput(f"items[{i}] must be a (receipt, samples) pair, got {type(item).__name__}")
+        out.append((check_receipt(item[0], worker_id), check_items(item[1], Sample, f"items[{i}] samples")))
+    return out
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A reserved source group: the receipt to settle it with, the pristine group, and the policy
+    version current when it was reserved (0 before the first publish)."""
+
+    receipt: Receipt
+    group: SourceGroup
+    version: int
+
+    @property
+    def entry_id(self) -> str:
+        return self.receipt.entry_id
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated output for a parent slot. ``version`` is the oldest policy version the sample was
+    generated with; ``logprobs`` are the behaviour policy's logprobs of ``token_ids`` (may be empty)."""
+
+    slot: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+    reward: float | None = None
+    version: int = 0
+    finish_reason: str = "stop"
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        ids = _int32_tuple(self.token_ids, "token_ids")
+        object.__setattr__(self, "token_ids", ids)
+        lps = _float_tuple(self.logprobs)
+        if lps and len(lps) != len(ids):
+            raise InvalidInput(f"{len(lps)} logprobs for {len(ids)} tokens: give one per token or none")
+        if not logprobs_ok(lps):
+            raise InvalidInput("logprobs must be <= 0 and not NaN")
+        object.__setattr__(self, "logprobs", lps)
+        self._check_fields()
+
+    @classmethod
+    def _trusted(cls, slot: int, token_ids: tuple[int, ...], logprobs: tuple[float, ...], reward: float | None,
+                 version: int, finish_reason: str, versions: tuple[int, ...]) -> "Sample":
+        """A sample built from values SampleColumns has already checked, with no check of its own.
+
+        For SampleColumns.samples only: the columns checked every value on construction (the
+        per-token values at C speed over whole arrays), and re-checking per sample cost about as much
+        as the decode itself.
+        """
+        sample = cls.__new__(cls)
+        for name, value in (("slot", slot), ("token_ids", token_ids), ("logprobs", logprobs), ("reward", reward),
+                            ("version", version), ("finish_reason", finish_reason), ("versions", versions)):
+            object.__setattr__(sample, name, value)
+        return sample
+
+    def _check_fields(self) -> None:
+        """Everything but the per-token values: slot, reward, version, finish reason, versions."""
+        reward, versions = check_sample_fields(self.slot, self.reward, self.version, self.finish_reason,
+                                               self.versions)
+        object.__setattr__(self, "reward", reward)
+        object.__setattr__(self, "versions", versions)
+
+
+def check_sample_fields(slot: Any, reward: Any, version: Any, finish_reason: Any,
+                        versions: Any) -> tuple[float | None, tuple[int, ...]]:
+    """Check a sample's fields other than its tokens; returns (reward as float or None, versions).
+
+    One rule for Sample and SampleColumns, so a blob the codec accepts as columns is exactly one whose
+    Samples would construct. Raises InvalidInput (a ValueError).
+    """
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot <= MAX_SLOT:
+        raise InvalidInput(f"slot must be an integer in 0..{MAX_SLOT}, got {describe(slot)}")
+    if reward is not None:
+        if type(reward) is not float or not math.isfinite(reward):  # the common case: one C call
+            reward = check_number(reward, "reward")
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**21:
+        raise InvalidInput(f"version must be an integer in 0..2^21-1, got {describe(version)}")
+    if not isinstance(finish_reason, str) or len(finish_reason) > 32:
+        raise InvalidInput("finish_reason must be a short string")
+    check_text(finish_reason, "finish_reason")
+    vs = _int32_tuple(versions, "versions")
+    return reward, vs
+
+
+class CompletedGroup:
+    """A completed group inside a lease: the pristine group and its samples.
+
+    ``CompletedGroup(entry_id, group, samples, attempt, min_version)`` builds one from Samples (tests,
+    users); a lease builds it from the decoded columns (``from_columns``) and makes ``samples`` only
+    on first access: a trainer that reads ``columns()`` into tensors never pays for 4,096 Python
+    objects per group. Either way each view is built once and cached, and both hold the same values.
+    Immutable like a frozen dataclass (the columns' arrays are shared: treat them as read-only);
+    equality compares entry_id, group, samples, attempt and min_version.
+    """
+
+    __slots__ = ("entry_id", "group", "attempt", "min_version", "_samples", "_columns")
+    entry_id: str
+    group: SourceGroup
+    attempt: int
+    min_version: int
+
+    def __init__(self, entry_id: str, group: SourceGroup, samples: Sequence[Sample], attempt: int,
+                 min_version: int) -> None:
+        self._set(entry_id, group, tuple(samples), None, attempt, min_version)
+
+    @classmethod
+    def from_columns(cls, entry_id: str, group: SourceGroup, columns: SampleColumns, attempt: int,
+                     min_version: int) -> "CompletedGroup":
+        """A group whose samples are built from ``columns`` when first read (the lease path)."""
+        out = cls.__new__(cls)
+        out._set(entry_id, group, None, columns, attempt, min_version)
+        return out
+
+    def _set(self, entry_id: str, group: SourceGroup, samples: tuple[Sample, ...] | None,
+             columns: SampleColumns | None, attempt: int, min_version: int) -> None:
+        for name, value in (("entry_id", entry_id), ("group", group), ("_samples", samples), ("_columns", columns),
+                            ("attempt", attempt), ("min_version", min_version)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        """The samples, slot order as completed (built from the columns on first access, then cached)."""
+        if self._samples is None:
+            # Two threads racing here build equal tuples; either may be kept.
+            object.__setattr__(self, "_samples", self._columns.samples())  # type: ignore[union-attr]
+        return self._samples  # type: ignore[return-value]
+
+    def columns(self) -> SampleColumns:
+        """Every sample's tokens, logprobs and fields as flat columns (see SampleColumns), zero-copy
+        for a leased group: ``torch.frombuffer(g.columns().token_ids, dtype=torch.int32)``."""
+        if self._columns is None:
+            from rollout_queue.core.columns import SampleColumns
+
+            object.__setattr__(self, "_columns", SampleColumns.of(self._samples))  # type: ignore[arg-type]
+        return self._columns  # type: ignore[return-value]
+
+    def _values(self) -> tuple[Any, ...]:
+        return (self.entry_id, self.group, self.samples, self.attempt, self.min_version)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.entry_id, self.attempt, self.min_version))
+
+    def __repr__(self) -> str:
+        return ("CompletedGroup(entry_id={!r}, group={!r}, samples={!r}, attempt={!r}, min_version={!r})"
+                .format(*self._values()))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy.copy / deepcopy rebuild it through the constructor (slot-state restore would hit __setattr__).
+        return (CompletedGroup, (self.entry_id, self.group, self.samples, self.attempt, self.min_version))
+
+
+@dataclass(frozen=True)
+class HeartbeatInfo:
+    """What a heartbeat learns: the policy version to generate with and whether admission is held."""
+
+    version: int
+    version_published: bool
+    weights_uri: str | None
+    held: bool
+    server_ms: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One consistent snapshot of a queue (DESIGN: stats). Group counts by state, then totals."""
+
+    backlog: int
+    ready: int
+    executing_groups: int
+    executing_samples: int
+    completed: int
+    leased: int
+    retained: int
+    committed: int
+    filtered: int
+    dead: int
+    version: int
+    version_published: bool
+    submitted: int
+    kept: int
+    workers_alive: int
+    workers_silent: int
+    active_leases: int
+    active_holds: int
+    staleness_max: int | None
+    staleness_mean: float | None
+    evictions: Mapping[str, int]
+    terminals: Mapping[str, int]
+    filtered_by_reason: Mapping[str, int]
+    counters: Mapping[str, int]
+    # Bookkeeping kept after settlement: one ledger line per entry and one ids field per source_id,
+    # each removed settled_retention_s after the group settled (the reaper prunes them).
+    ledger_lines: int = 0
+    #: Redis restarts or failovers the queue clock noticed (their downtime did not count: now_ms.lua).
+    outages: int = 0
+    source_ids: int = 0
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """What one reap pass did. ``pruned``: settled groups whose ledger line (and source_id mapping)
+    outlived ``settled_retention_s`` and were deleted. ``finished``: entries a restore or checkpoint
+    whose caller died between batches still had to move (requeued or dropped). ``reindexed``:
+    owned entries an index had lost (re-indexed or requeued)."""
+
+    lost: int = 0
+    expired: int = 0
+    stale: int = 0
+    dead: int = 0
+    holds_expired: int = 0
+    orphans: int = 0
+    pruned: int = 0
+    finished: int = 0
+    reindexed: int = 0
+
+    def __add__(self, other: "ReapReport") -> "ReapReport":
+        return ReapReport(*(a + b for a, b in zip(_astuple(self), _astuple(other))))
+
+    @property
+    def total(self) -> int:
+        return sum(_astuple(self))
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A reservation settled dead: why, every attempt's reason, and the pristine group if decodable."""
+
+    dlq_id: str
+    entry_id: str
+    source_id: str
+    reason: str
+    attempt: int
+    worker_id: str
+    history: tuple[Mapping[str, Any], ...]
+    group: SourceGroup | None
+    fields: Mapping[str, bytes]
+    #: the queue (partition) whose dead-letter stream holds it: requeue it there
+    queue: str = ""
+
+
+def _astuple(r: ReapReport) -> tuple[int, ...]:
+    return tuple(getattr(r, f.name) for f in dataclasses.fields(r))
+
+
+def check_text(text: str, what: str) -> str:
+    """Text stored in Redis must be valid UTF-8: a lone surrogate (e.g. from surrogateescape
+    decoding) would otherwise fail deep in the encoder with an untyped error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{what} is not valid UTF-8 text: {exc}") from exc
+    return text
+
+
+def check_group_sizes(groups: Sequence[SourceGroup], limit: int, partitions: int = 1,
+                      logical: int | None = None) -> None:
+    """Refuse a batch (GroupTooLarge, before anything is sent) if one of its groups has more samples
+    than ``limit``, the largest group the queue can ever execute. Stored, such a group could only be
+    dead-lettered at its first reserve, and a group valid for the queue must never be."""
+    for g in groups:
+        if g.n > limit:
+            raise GroupTooLarge(g.source_id, g.n, limit, partitions, logical)
+
+
+def logprobs_ok(values: Sequence[float]) -> bool:
+    """True when every logprob is <= 0 and none is NaN (an empty sequence is fine).
+
+    C-speed checks (a per-token Python loop cost ~0.3 ms per 8x512 group, the trainer's top profile
+    entry): a NaN anywhere makes the sum NaN, and max finds any positive value.
+    """
+    if not values:
+        return True
+    total = sum(values)
+    return total == total and max(values) <= 0.0
+
+
+
+_FLOAT_ONLY = {float}
+_PLAIN_SEQUENCES = (tuple, list)
+
+
+def _float_tuple(values: Sequence[float]) -> tuple[float, ...]:
+    """Logprobs as a tuple of floats, converted in C (array('d') refuses non-numbers).
+
+    A tuple or list whose items are all exact floats (what a worker usually passes, and what decoding
+    makes) is kept or copied as it is: checking the item types in C costs half of converting them.
+    """
+    if type(values) in _PLAIN_SEQUENCES and (not values or set(map(type, values)) == _FLOAT_ONLY):
+        return tuple(values)
+    if isinstance(values, (str, bytes, bytearray, Mapping)):  # array('d', bytes) reads raw doubles
+        raise InvalidInput(f"logprobs must be a sequence of numbers, got {type(values).__name__}")
+    try:
+        return tuple(array("d", values))
+    except (TypeError, OverflowError) as exc:  # OverflowError: an int too large for a double
+        raise InvalidInput(f"logprobs must be numbers: {exc}") from exc
+
+
+def _int32_tuple(values: Any, what: str) -> tuple[int, ...]:
+    """``values`` as a tuple of int32s; a str, bytes (a tuple of byte values!) or non-iterable is refused."""
+    if type(values) is not tuple:
+        if isinstance(values, (str, bytes, bytearray, Mapping)):
+            raise InvalidInput(f"{what} must be a sequence of integers, got {type(values).__name__}")
+        try:
+            values = tuple(values)
+        except TypeError:
+            raise InvalidInput(f"{what} must be a sequence of integers, got {type(values).__name__}") from None
+    _check_int32s(values, what)
+    return values
+
+
+def _check_int32s(values: Sequence[int], what: str) -> None:
+    # array('i') checks type and range in C: a per-element Python loop costs milliseconds per group.
+    try:
+        array("i", values)
+    except (TypeError, OverflowError) as exc:
+        raise InvalidInput(f"{what} must be int32 integers: {exc}") from exc

@@ -1,0 +1,2 @@
+"""Development tools: private redis/valkey servers and clusters, the chaos harness.
+"""

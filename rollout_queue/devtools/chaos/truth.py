@@ -1,0 +1,105 @@
+"""The Redis truth of one queue at the end of a run: a raw, read-only copy of every key the checker needs.
+
+Owns reading (XPENDING over the whole PEL, the stream and its consumer group cursor, the ready and
+buffer sets, lease records, the ledger and ids hashes, the commits and dlq streams, meta) with plain
+redis-py commands. It never calls a queue script and never writes. Key names come from keys.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from rollout_queue.core.keys import QueueKeys
+
+
+def _s(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+@dataclass
+class Truth:
+    pel: dict[str, tuple[str, int]]          # entry_id -> (owner, delivery count)
+    stream_ids: list[str]
+    last_delivered: str
+    ready: list[str]
+    buffer: list[str]
+    leases: list[str]                          # lease ids still due (active or being rolled back)
+    lease_records: dict[str, dict[str, str]]
+    ledger: dict[str, str]                     # entry_id -> a|... or s|...
+    ids: dict[str, str]                        # source_id -> entry_id
+    commits: list[dict[str, str]]              # one line per committed lease: lease, ids, step, ..., stream_id
+    dlq: list[dict[str, Any]]                  # entry_id, source_id, reason, attempt, history (decoded), stream_id
+    meta: dict[str, str]
+
+    @property
+    def backlog(self) -> list[str]:
+        """Entries never delivered: after the consumer group's cursor."""
+        cursor = _id_key(self.last_delivered)
+        return [i for i in self.stream_ids if _id_key(i) > cursor and i not in self.pel]
+
+
+def _dlq_line(fields: dict[bytes, bytes], stream_id: Any = b"") -> dict[str, Any]:
+    f = {_s(k): v for k, v in fields.items()}
+    try:
+        history = orjson.loads(f.get("history", b"[]") or b"[]")
+    except orjson.JSONDecodeError:
+        history = None
+    if isinstance(history, dict):  # {"f": counted failures, "h": attempts} or the bare list
+        history = history.get("h")
+    return {"entry_id": _s(f.get("entry_id", b"")), "source_id": _s(f.get("source_id", b"")),
+            "reason": _s(f.get("reason", b"")), "attempt": int(f.get("attempt", b"0") or 0),
+            "worker": _s(f.get("worker", b"")), "history": history if isinstance(history, list) else [],
+            "stream_id": _s(stream_id)}
+
+
+def observe(url: str, queue: str) -> Truth:
+    """Read the queue once. The run is over, so nothing changes while we read."""
+    keys = QueueKeys(queue)
+    r = redis.Redis.from_url(url, socket_timeout=30)
+    try:
+        src = keys["src"]
+        pel = {_s(p["message_id"]): (_s(p["consumer"]), int(p["times_delivered"]))
+               for p in r.xpending_range(src, "rollout", "-", "+", 10_000_000)}
+        group = [g for g in r.xinfo_groups(src) if _s(g["name"]) == "rollout"]
+        records = {}
+        for key in r.scan_iter(match=keys.lease("*"), count=1000):
+            records[_s(key)[len(keys.lease("")):]] = {_s(k): _s(v) for k, v in r.hgetall(key).items()}
+        return Truth(
+            pel=pel,
+            stream_ids=[_s(i) for i, _ in r.xrange(src)],
+            last_delivered=_s(group[0]["last-delivered-id"]) if group else "0-0",
+            ready=[_s(x) for x in r.zrange(keys["ready"], 0, -1)],
+            buffer=[_s(x) for x in r.zrange(keys["buffer"], 0, -1)],
+            leases=[_s(x) for x in r.zrange(keys["leases"], 0, -1)],
+            lease_records=records,
+            ledger={_s(k): _s(v) for k, v in r.hgetall(keys["ledger"]).items()},
+            ids={_s(k): _s(v) for k, v in r.hgetall(keys["ids"]).items()},
+            # stream_id: the Redis time of the settlement (the progress watchdog's clock for it).
+            commits=[{**{_s(k): _s(v) for k, v in f.items()}, "stream_id": _s(i)}
+                     for i, f in r.xrange(keys["commits"])],
+            dlq=[_dlq_line(f, i) for i, f in r.xrange(keys["dlq"])],
+            meta={_s(k): _s(v) for k, v in r.hgetall(keys["meta"]).items()},
+        )
+    finally:
+        r.close()
+
+
+def save(truth: Truth, path: Path) -> None:
+    """Keep the truth beside the logs, so the checker can be run again on them (``--recheck``)."""
+    path.write_bytes(orjson.dumps(asdict(truth)))
+
+
+def load(path: Path) -> Truth:
+    raw = orjson.loads(path.read_bytes())
+    raw["pel"] = {k: tuple(v) for k, v in raw["pel"].items()}
+    return Truth(**raw)

@@ -1,0 +1,2 @@
+"""Drivers: the I/O around the sans-IO core (redis-py connections, retries, durable WAITs).
+"""

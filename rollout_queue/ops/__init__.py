@@ -1,0 +1,2 @@
+"""Operator tools: read-only views, repair actions, metrics, ACL roles, the reaper, structured logs.
+"""

@@ -1,0 +1,219 @@
+"""Redis ACL rules for the roles that use one queue: producer, worker, trainer, reaper, operator, admin.
+
+Owns deriving each role's rules from the script library itself, so that they follow the Lua as it
+changes: which scripts a role may run (EVALSHA allow-listed by SHA1, with Redis's ``+cmd|first-arg``
+rule), which commands those scripts call (a script runs with its caller's permissions), which keys
+they declare or build (``lease:*``), plus the plain commands a role's client sends outside scripts
+(blocking XREAD on a wake stream, HGET of the version, the trainer's HMGET of the payloads it leased,
+SUBSCRIBE to the versions channel).
+It does no I/O; ``rollout-queue acl`` prints or applies the rules.
+
+What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", says it for people):
+- They confine every role to one queue's keys and channel, and each role to its own transitions: a
+  worker's EVALSHA of commit.lua is refused, and a worker cannot touch the commits, kept, ids or
+  lease keys at all, nor delete a consumer; a producer only reads meta (``read_keys``: ``%R~``); the
+  operator role runs no write command, in or out of a script, and neither SCANs nor loads scripts.
+- SCRIPT LOAD is allowed to the other roles: a loaded script only runs if its SHA1 is on the list, and
+  SHA1 names the content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
+- They cannot stop a holder of a role's password from sending, directly, the commands its own
+  scripts use on the keys they declare (a worker credential can XACK or XCLAIM in the source stream).
+  Redis has no "only inside this script" permission. ACLs stop the wrong process and a misconfigured
+  one and bound a leaked credential to one queue; they are not a sandbox for hostile code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.scripts import LIBRARY_VERSION, READ_ONLY_SCRIPTS, SCRIPTS, Script
+
+#: Commands whose ACL rules name a subcommand (``xgroup|create``) or a first argument (``info|server``:
+#: the queue clock reads the server's run_id, lua/include/now_ms.lua): granting the whole command
+#: would also grant XGROUP DESTROY, CONFIG SET, every INFO section and the like.
+CONTAINERS = frozenset({"XGROUP", "XINFO", "OBJECT", "MEMORY", "SCRIPT", "CLIENT", "CONFIG", "FUNCTION", "INFO"})
+
+#: Redis command names a script may call. A quoted upper-case word in a script that is in this set is
+#: taken as a command the script runs; option words (COUNT, JUSTID, ...) are not in it.
+KNOWN_COMMANDS = frozenset("""
+APPEND DECR DECRBY DEL EXISTS EXPIRE EXPIREAT GET GETDEL GETEX GETSET INCR INCRBY INCRBYFLOAT MGET MSET
+PERSIST PEXPIRE PEXPIREAT PTTL SET SETNX STRLEN TTL TYPE UNLINK
+HDEL HEXISTS HGET HGETALL HINCRBY HINCRBYFLOAT HKEYS HLEN HMGET HMSET HRANDFIELD HSCAN HSET HSETNX HSTRLEN HVALS
+LINDEX LINSERT LLEN LMOVE LPOP LPOS LPUSH LRANGE LREM LSET LTRIM RPOP RPUSH
+SADD SCARD SISMEMBER SMEMBERS SMISMEMBER SPOP SRANDMEMBER SREM SSCAN
+ZADD ZCARD ZCOUNT ZINCRBY ZMSCORE ZPOPMAX ZPOPMIN ZRANGE ZRANGEBYSCORE ZRANK ZREM ZREMRANGEBYRANK
+ZREMRANGEBYSCORE ZREVRANGE ZREVRANGEBYSCORE ZREVRANK ZSCAN ZSCORE
+XACK XADD XAUTOCLAIM XCLAIM XDEL XGROUP XINFO XLEN XPENDING XRANGE XREAD XREADGROUP XREVRANGE XTRIM
+PUBLISH TIME OBJECT MEMORY INFO
+""".split())
+
+#: The commands of KNOWN_COMMANDS that write. A read-only role (the operator) is granted none of them,
+#: even where its scripts name one: the queue clock's bookkeeping in stats and reap_scan is written
+#: with redis.pcall and simply skipped under a read-only role (lua/include/now_ms.lua).
+WRITE_COMMANDS = frozenset("""
+APPEND DECR DECRBY DEL EXPIRE EXPIREAT GETDEL GETEX GETSET INCR INCRBY INCRBYFLOAT MSET PERSIST PEXPIRE
+PEXPIREAT SET SETNX UNLINK HDEL HINCRBY HINCRBYFLOAT HMSET HSET HSETNX LINSERT LMOVE LPOP LPUSH LREM LSET
+LTRIM RPOP RPUSH SADD SPOP SREM ZADD ZINCRBY ZPOPMAX ZPOPMIN ZREM ZREMRANGEBYRANK ZREMRANGEBYSCORE XACK XADD
+XAUTOCLAIM XCLAIM XDEL XGROUP XREADGROUP XTRIM PUBLISH
+""".lower().split())
+
+#: Plain read commands (outside scripts) of the read-only operator: the views and OPERATIONS.md.
+READ_COMMANDS = (
+    "xpending", "xrange", "xrevrange", "xlen", "xinfo|stream", "xinfo|groups", "xinfo|consumers",
+    "zrange", "zrangebyscore", "zrevrange", "zscore", "zcard", "zcount", "hget", "hgetall", "hmget", "hlen",
+    "hstrlen", "hexists", "hkeys", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding",
+)
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one kind of process needs. ``raw`` are commands its client sends outside scripts, on the key
+    roles ``raw_keys``; ``all_keys`` grants the queue's whole prefix instead of the keys listed;
+    ``read_keys`` are key roles it may only read (``%R~``), whatever its scripts' commands;
+    ``read_only``: no write command at all, and no SCRIPT LOAD (its scripts are loaded for it by the
+    first other client after a restart: transport._companions)."""
+
+    name: str
+    summary: str
+    scripts: tuple[str, ...]
+    raw: tuple[str, ...] = ()
+    raw_keys: tuple[str, ...] = ()
+    versions_channel: bool = False
+    all_keys: bool = False
+    read_only: bool = False
+    read_keys: tuple[str, ...] = ()
+
+
+_OPEN = ("open",)
+ROLES: dict[str, Role] = {r.name: r for r in (
+    Role("producer", "submits source groups (submit, or produce: groups + cursor); reads the config",
+         _OPEN + ("submit", "produce"), ("hget",), ("meta", "producers"), read_keys=("meta",)),
+    Role("worker", "reserves, completes, fails, aborts, filters; heartbeats",
+         _OPEN + ("reserve", "complete", "complete_many", "fail", "abort", "filter", "reject", "heartbeat",
+                  "close_worker"),
+         ("hget", "xread", "subscribe"), ("meta", "wake_work"), versions_channel=True),
+    Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
+         _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
+                  "publish_version", "checkpoint", "restore", "stats"),
+         ("hget", "hmget", "xread"), ("meta", "results", "wake_work", "wake_done"), versions_channel=True),
+    Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
+         _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",
+                  "finish_interrupted", "reindex")),
+    Role("operator", "read-only: stats, top, inspect, workers, leases, metrics, the redis-cli guide",
+         ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True,
+         read_only=True),
+)}
+#: The admin may run every script and every non-dangerous command on the queue's keys (it can EVAL);
+#: it cannot run server-wide commands (FLUSHALL, CONFIG, ACL, FUNCTION, SCRIPT FLUSH, KEYS, INFO but
+#: its server section, which the queue clock reads).
+ADMIN_RULES = ("+@all", "-@dangerous", "-@admin", "-function", "-script", "+script|load", "+script|exists",
+               "+info|server")
+ROLE_NAMES = tuple(ROLES) + ("admin",)
+
+_CALL = re.compile(r"""'([A-Z]+)'(?:\s*,\s*'([A-Z]+)')?""")
+
+
+def script_commands(script: Script) -> set[str]:
+    """The ACL command names (lower case, ``container|sub``) a script's assembled source calls."""
+    out = set()
+    for cmd, sub in _CALL.findall(script.source):
+        if cmd not in KNOWN_COMMANDS:
+            continue
+        if cmd in CONTAINERS:
+            if not sub:
+                raise ValueError(f"script {script.name} calls {cmd} without a literal subcommand")
+            out.add(f"{cmd}|{sub}".lower())
+        else:
+            out.add(cmd.lower())
+    return out
+
+
+def script_keys(script: Script, keys: QueueKeys) -> set[str]:
+    """Key patterns of a script: its declared KEYS and the lease records and clock it builds (same hash tag)."""
+    out = {keys[role] for role in script.keys + script.reads}
+    if "'lease:'" in script.source:
+        out.add(keys.lease("*"))
+    if "'clock'" in script.source:
+        out.add(keys["clock"])
+    return out
+
+
+@dataclass(frozen=True)
+class RoleRules:
+    """One role's ACL user for one queue."""
+
+    role: str
+    user: str
+    rules: tuple[str, ...]
+
+    def setuser(self) -> str:
+        """``ACL SETUSER ...`` as typed at the redis-cli prompt (no token needs quoting there)."""
+        return " ".join(("ACL", "SETUSER", self.user) + self.rules)
+
+    def aclfile(self) -> str:
+        """The line for an ``aclfile``."""
+        return " ".join(("user", self.user) + self.rules)
+
+
+def user_name(queue: str, role: str) -> str:
+    return f"rq-{queue}-{role}"
+
+
+def role_rules(queue: str, role: str, password: str | None = None,
+               library: Mapping[str, Script] = SCRIPTS) -> RoleRules:
+    """The ACL rules of ``role`` for ``queue``. Without a password the user is on but cannot log in
+    until one is added (``>secret``); with one, only its SHA-256 is written."""
+    keys = QueueKeys(queue)
+    head = ["on", "resetkeys", "resetchannels", "-@all"]
+    if password is not None:
+        head.append("#" + hashlib.sha256(password.encode()).hexdigest())
+    channel = ["&" + keys.versions_channel]
+    if role == "admin":
+        return RoleRules(role, user_name(queue, role),
+                         tuple(head + ["~" + keys.pattern, "&" + keys.pattern] + list(ADMIN_RULES)))
+    spec = ROLES[role]
+    scripts = [library[name] for name in spec.scripts]
+    commands = {"ping", "time"} | set(spec.raw) | (set() if spec.read_only else {"script|load", "wait"})
+    patterns = {keys[k] for k in spec.raw_keys}
+    for script in scripts:
+        commands |= script_commands(script)
+        patterns |= script_keys(script, keys)
+    if spec.read_only:
+        commands = {c for c in commands if c.split("|")[0] not in WRITE_COMMANDS}
+    read = {keys[k] for k in spec.read_keys}
+    if not spec.all_keys:
+        # Opening reads the partition-count record first (scale/flows.open_partitioned): a queue
+        # recorded as partitioned must not be opened as a plain one. Read-only, for every role.
+        commands.add("get")
+        read.add(keys.partitions)
+    if spec.all_keys:
+        key_rules = ["%R~" + keys.pattern if spec.read_only else "~" + keys.pattern]
+    else:
+        key_rules = ["~" + k for k in sorted(patterns - read)] + ["%R~" + k for k in sorted(read)]
+    rules = head + key_rules + (channel if spec.versions_channel or "publish" in commands else [])
+    rules += ["+" + c for c in sorted(commands)] + [
+        f"+{'evalsha_ro' if s.name in READ_ONLY_SCRIPTS else 'evalsha'}|{s.sha}" for s in scripts]
+    return RoleRules(role, user_name(queue, role), tuple(rules))
+
+
+def all_rules(queue: str, roles: Sequence[str] = ROLE_NAMES,
+              passwords: Mapping[str, str] | None = None) -> list[RoleRules]:
+    passwords = passwords or {}
+    return [role_rules(queue, r, passwords.get(r)) for r in roles]
+
+
+def banner(queue: str) -> list[str]:
+    """The comment lines printed above the rules."""
+    return [
+        f"# Redis ACL users for rollout-queue queue {queue!r}, script library {LIBRARY_VERSION}.",
+        "# Regenerate and apply after every upgrade of rollout-queue: scripts are allow-listed by SHA1,",
+        "# so a new library is refused (NOPERM) until the rules match it. Create the queue as admin first:",
+        "# worker, trainer and reaper may run `open`, which creates a missing queue with its own config;",
+        "# a producer (read-only meta) and the operator cannot create one.",
+        "# Users without a password cannot log in: add one (>secret) or use --password ROLE=SECRET.",
+    ] + [f"#   {user_name(queue, r.name)}: {r.summary}" for r in ROLES.values()] + [
+        f"#   {user_name(queue, 'admin')}: every script and non-dangerous command on the queue's keys",
+    ]

@@ -1,0 +1,213 @@
+"""Prometheus metrics: the queue exporter (``rollout-queue metrics --port N``) and process metrics that
+workers and trainers expose about themselves.
+
+The exporter is a custom collector: every scrape reads one snapshot of the queue through the read-only
+views (so it runs under the ``operator`` ACL role and never changes a key) and turns it into families
+named in Prometheus style, ``rollout_queue_<what>{queue="...", ...}``. Counters are the ledger's own
+monotonic counters from the meta hash, so they survive exporter restarts. Needs the ``metrics``
+extra (prometheus-client); the core package never imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Sequence
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from rollout_queue.ops import views
+from rollout_queue.core.errors import RolloutQueueError
+from rollout_queue.ops.view_models import STATES, Snapshot, state_counts
+from rollout_queue.ops.views import QueueView
+
+log = logging.getLogger("rollout_queue.ops.metrics")
+
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 8, 16, 32)
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 8)
+AGE_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
+LEASE_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
+#: meta counter -> (metric, help). Only counters that never decrease (committed and dead do, on
+#: restore and dlq requeue: they are the groups{state=...} gauges instead).
+COUNTERS = {
+    "submitted": ("rollout_queue_submitted", "Source groups submitted (new source_ids only)."),
+    "completed_total": ("rollout_queue_completions", "Completions accepted into the buffer."),
+    "leases_total": ("rollout_queue_leases", "Leases handed to trainers."),
+    "restored": ("rollout_queue_restored", "Committed groups put back to ready by restore(step)."),
+    "dead_requeued": ("rollout_queue_dead_letters_requeued", "Dead letters submitted again."),
+    "dead_purged": ("rollout_queue_dead_letters_purged", "Dead letters deleted by dlq purge."),
+    "pruned": ("rollout_queue_pruned", "Settled groups whose ledger line outlived settled_retention_s."),
+}
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=list(labels))
+    for values, value in rows:
+        family.add_metric(list(values), value)
+    return family
+
+
+def _gauge_histogram(name: str, doc: str, queue: str, values: Sequence[float], bounds: Sequence[float]) -> Metric:
+    """A histogram of values that exist now (buffered groups, PEL entries): cumulative buckets."""
+    buckets = [(floatToGoString(b), float(sum(1 for v in values if v <= b))) for b in bounds]
+    buckets.append(("+Inf", float(len(values))))
+    family = GaugeHistogramMetricFamily(name, doc, labels=["queue"])
+    family.add_metric([queue], buckets, gsum_value=float(sum(values)))
+    return family
+
+
+def families(snap: Snapshot, queue: str) -> Iterator[Metric]:
+    """Every metric of one snapshot."""
+    yield from _gauges(snap, queue)
+    yield from _histograms(snap, queue)
+    yield from _counters(snap.stats, queue)
+
+
+def _gauges(snap: Snapshot, q: str) -> Iterator[Metric]:
+    st = snap.stats
+    counts = state_counts(st)
+    yield _gauge("rollout_queue_groups", "Source groups by state (DESIGN: ownership state machine).",
+                 ("queue", "state"), (((q, s), counts[s]) for s in STATES))
+    yield _gauge("rollout_queue_executing_samples", "Samples of attempts now executing.", ("queue",),
+                 [((q,), st.executing_samples)])
+    yield _gauge("rollout_queue_retained_groups", "Reservations in the PEL (bounded by max_retained_groups).",
+                 ("queue",), [((q,), st.retained)])
+    yield _gauge("rollout_queue_kept_groups", "Committed groups kept until a checkpoint covers them.",
+                 ("queue",), [((q,), st.kept)])
+    yield _gauge("rollout_queue_ledger_lines", "Ledger lines (one per entry until settled_retention_s after "
+                 "it settled): the memory that grows with the run.", ("queue",), [((q,), st.ledger_lines)])
+    yield _gauge("rollout_queue_source_ids", "source_id -> entry mappings kept for idempotent submit.",
+                 ("queue",), [((q,), st.source_ids)])
+    yield _gauge("rollout_queue_policy_version", "Current policy version (-1 before the first publish).",
+                 ("queue",), [((q,), st.version if st.version_published else -1)])
+    status = {"alive": 0, "silent": 0, "unregistered": 0}
+    for w in snap.workers:  # a garbage heartbeat score is registered but never alive: silent
+        registered = w.garbage or w.last_heartbeat_ms is not None
+        status["alive" if w.alive else "silent" if registered else "unregistered"] += 1
+    yield _gauge("rollout_queue_workers", "Workers by heartbeat status.", ("queue", "status"),
+                 (((q, k), v) for k, v in status.items()))
+    yield _gauge("rollout_queue_leases_active", "Active leases.", ("queue",), [((q,), len(snap.leases))])
+    remaining = [x.remaining_ms for x in snap.leases if x.remaining_ms is not None]  # None: a garbage deadline
+    yield _gauge("rollout_queue_leases_overdue", "Leases past their deadline, not yet rolled back.", ("queue",),
+                 [((q,), sum(1 for r in remaining if r < 0))])
+    if remaining:
+        yield _gauge("rollout_queue_lease_next_deadline_seconds", "Seconds until the earliest lease deadline.",
+                     ("queue",), [((q,), min(remaining) / 1000)])
+    yield _gauge("rollout_queue_admission_holds", "Active admission holds (weight updates, drain).", ("queue",),
+                 [((q,), st.active_holds)])
+    yield _gauge("rollout_queue_draining", "1 while the operator drain hold stands.", ("queue",),
+                 [((q,), 1 if snap.drain.active else 0)])
+    if st.staleness_max is not None:
+        yield _gauge("rollout_queue_buffer_staleness_max", "Largest staleness in the buffer.", ("queue",),
+                     [((q,), st.staleness_max)])
+
+
+def _histograms(snap: Snapshot, q: str) -> Iterator[Metric]:
+    yield _gauge_histogram("rollout_queue_buffer_staleness", "Staleness (policy versions) of buffered groups.",
+                           q, snap.buffer_staleness, STALENESS_BUCKETS)
+    attempts = [float(k) for k, n in snap.pel.attempts.items() for _ in range(n)]
+    yield _gauge_histogram("rollout_queue_pel_attempts", "Attempt number (delivery count) of PEL entries.",
+                           q, attempts, ATTEMPT_BUCKETS)
+    yield _gauge_histogram("rollout_queue_executing_attempt_age_seconds",
+                           "Seconds since each executing attempt was reserved.", q,
+                           [a / 1000 for a in snap.pel.executing_ages_ms], AGE_BUCKETS_S)
+
+
+def _counters(st: Any, q: str) -> Iterator[Metric]:
+    for key, (name, doc) in COUNTERS.items():
+        family = CounterMetricFamily(name, doc, labels=["queue"])
+        family.add_metric([q], st.counters.get(key, 0))
+        yield family
+    ended = CounterMetricFamily("rollout_queue_attempts_ended", "Attempts that ended without a completion.",
+                                labels=["queue", "terminal"])
+    for terminal, n in sorted(st.terminals.items()):
+        ended.add_metric([q, terminal], n)
+    yield ended
+    evicted = CounterMetricFamily("rollout_queue_evictions", "Buffered groups sent back to ready.",
+                                  labels=["queue", "reason"])
+    for reason, n in sorted(st.evictions.items()):
+        evicted.add_metric([q, reason], n)
+    yield evicted
+    filtered = CounterMetricFamily("rollout_queue_filtered", "Groups settled filtered, by reason.",
+                                   labels=["queue", "reason"])
+    for reason, n in sorted(st.filtered_by_reason.items()):
+        filtered.add_metric([q, reason], n)
+    yield filtered
+
+
+class QueueCollector:
+    """Reads the queue at each scrape. A failed read yields ``rollout_queue_up 0`` and nothing else, so
+    an alert on ``up == 0`` fires instead of stale numbers being served."""
+
+    def __init__(self, view: QueueView) -> None:
+        self.view = view
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not read Redis
+
+    def collect(self) -> Iterator[Metric]:
+        start = time.perf_counter()
+        name = self.view.name
+        try:
+            snap = self.view.run(views.snapshot(self.view.keys))
+        except (RolloutQueueError, redis.RedisError, OSError) as exc:
+            log.warning("scrape failed", extra={"fields": {"queue": name, "error": str(exc)}})
+            yield _gauge("rollout_queue_up", "1 if the last scrape read the queue.", ("queue",), [((name,), 0)])
+            return
+        yield from families(snap, name)
+        yield _gauge("rollout_queue_up", "1 if the last scrape read the queue.", ("queue",), [((name,), 1)])
+        yield _gauge("rollout_queue_scrape_seconds", "Time to read the queue for this scrape.", ("queue",),
+                     [((name,), time.perf_counter() - start)])
+
+
+def registry_for(view: QueueView) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(view))  # type: ignore[arg-type]  # duck-typed collector
+    return registry
+
+
+def exposition(view: QueueView) -> str:
+    """One scrape as Prometheus text (``rollout-queue metrics --once``)."""
+    return generate_latest(registry_for(view)).decode()
+
+
+def serve(view: QueueView, port: int, addr: str = "0.0.0.0") -> tuple[Any, threading.Thread]:
+    """Serve /metrics on ``addr:port`` from a daemon thread; returns (server, thread)."""
+    return start_http_server(port, addr, registry=registry_for(view))  # type: ignore[no-any-return]
+
+
+class ProcessMetrics:
+    """What a worker or trainer process says about itself, on its own port (serve()):
+    ``rollout_queue_worker_tokens_total`` (tokens/s is its rate), samples and attempt seconds,
+    and the trainer's ``rollout_queue_trainer_lease_wait_seconds``."""
+
+    def __init__(self, queue: str, registry: CollectorRegistry | None = None) -> None:
+        self.queue = queue
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.tokens = Counter("rollout_queue_worker_tokens", "Tokens generated.", ["queue"], registry=r)
+        self.samples = Counter("rollout_queue_worker_samples", "Samples generated.", ["queue"], registry=r)
+        self.attempt_seconds = Histogram("rollout_queue_worker_attempt_seconds", "Seconds from reserve to complete.",
+                                         ["queue"], buckets=AGE_BUCKETS_S, registry=r)
+        self.lease_wait = Histogram("rollout_queue_trainer_lease_wait_seconds", "Seconds a trainer waited for a lease.",
+                                    ["queue"], buckets=LEASE_WAIT_BUCKETS_S, registry=r)
+
+    def completed(self, tokens: int, samples: int, seconds: float) -> None:
+        """Record one completed attempt."""
+        self.tokens.labels(self.queue).inc(tokens)
+        self.samples.labels(self.queue).inc(samples)
+        self.attempt_seconds.labels(self.queue).observe(seconds)
+
+    @contextmanager
+    def lease_wait_timer(self) -> Iterator[None]:
+        """``with metrics.lease_wait_timer(): lease = q.lease(...)``"""
+        with self.lease_wait.labels(self.queue).time():
+            yield
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> tuple[Any, threading.Thread]:
+        return start_http_server(port, addr, registry=self.registry)  # type: ignore[no-any-return]

@@ -1,0 +1,164 @@
+"""Value types of the operator views (views.py): frozen, plain data, no I/O.
+
+They say what Redis holds in DESIGN's words (state, owner, attempt, lease, staleness); the CLI and the
+Prometheus exporter only format them. ``entry_state`` is the one place that maps a PEL owner name to
+a state (DESIGN: "How each state shows in Redis").
+
+Views parse leniently: a stored value that is not what a transition writes (a lease's
+``created_ms=abc``, a heartbeat score of 1e308, a history that is not JSON) becomes None (or is
+left out) and is named in the record's ``garbage`` notes, so one hand-edited key never stops an
+operator from seeing the rest. Text from Redis is kept as it is: renderers escape it (cli/render.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from rollout_queue.core.models import SourceGroup
+
+#: The hold id of `rollout-queue drain` (lua/drain.lua); client holds use random hex ids.
+DRAIN_HOLD = "operator-drain"
+STATES = ("backlog", "ready", "executing", "completed", "leased", "committed", "filtered", "dead")
+
+
+def entry_state(owner: str) -> str:
+    """The state of a pending entry, from its PEL owner (worker id, @ready, @done, @lease:<id>)."""
+    if owner == "@ready":
+        return "ready"
+    if owner == "@done":
+        return "completed"
+    if owner.startswith("@lease:"):
+        return "leased"
+    return "executing"
+
+
+def state_counts(stats: Any) -> dict[str, int]:
+    """Groups in each of STATES, from a QueueStats."""
+    return {"backlog": stats.backlog, "ready": stats.ready, "executing": stats.executing_groups,
+            "completed": stats.completed, "leased": stats.leased, "committed": stats.committed,
+            "filtered": stats.filtered, "dead": stats.dead}
+
+
+def stream_id(entry_id: str) -> tuple[int, int]:
+    """A stream ID as a comparable (ms, seq) pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt that ended without a completion, from the history hash (lua/include/history.lua)
+    or, once dead, from its dead letter's own copy. ``attempt``/``ms`` are 0 when unreadable."""
+
+    attempt: int
+    worker_id: str
+    terminal: str
+    reason: str
+    ms: int
+
+
+@dataclass(frozen=True)
+class EntryView:
+    """What `rollout-queue inspect ENTRY_ID` shows. ``attempt`` is the PEL delivery count (or the last
+    one the ledger recorded once settled); ``history`` holds the attempts that ended without a
+    completion, with their reasons; ``counted_failures`` is what max_attempts compares against."""
+
+    entry_id: str
+    state: str
+    owner: str | None
+    attempt: int
+    idle_ms: int | None
+    counted_failures: int
+    history: tuple[Attempt, ...]
+    ledger: str | None
+    server_ms: int
+    version: int
+    source_id: str | None = None
+    n: int | None = None
+    group: SourceGroup | None = None
+    worker_id: str | None = None
+    worker_heartbeat_ms: int | None = None
+    worker_alive: bool | None = None
+    lease_id: str | None = None
+    lease_trainer: str | None = None
+    lease_deadline_ms: int | None = None
+    min_version: int | None = None
+    completion_bytes: int | None = None
+    dlq_id: str | None = None
+    dead_reason: str | None = None
+    garbage: tuple[str, ...] = ()
+
+    @property
+    def staleness(self) -> int | None:
+        """Policy version now minus the oldest sample version, for a completed or leased group."""
+        return None if self.min_version is None else max(0, self.version - self.min_version)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A worker as the queue sees it. ``last_heartbeat_ms`` is None for a PEL consumer that holds work
+    but is not registered (an orphan the reaper will requeue), or when its heartbeat score is not a
+    time (``garbage`` says so)."""
+
+    worker_id: str
+    last_heartbeat_ms: int | None
+    silent_ms: int | None
+    alive: bool
+    executing_groups: int
+    idle_ms: int | None
+    garbage: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """An active lease; ``remaining_ms`` < 0 means overdue (the reaper rolls it back). A number that
+    is None could not be read (``garbage`` names it)."""
+
+    lease_id: str
+    trainer: str
+    deadline_ms: int | None
+    remaining_ms: int | None
+    groups: int
+    version: int | None
+    created_ms: int | None
+    state: str
+    garbage: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PelSummary:
+    """The PEL read in pages: entries by attempt number and by state; executing attempts' ages (ms
+    since their delivery). ``truncated`` when the PEL held more than the views' limit."""
+
+    attempts: Mapping[int, int]
+    states: Mapping[str, int]
+    executing_ages_ms: tuple[int, ...]
+    sampled: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    """The operator drain hold (`rollout-queue drain`) and what it still waits for."""
+
+    active: bool
+    deadline_ms: int | None
+    reason: str
+    since_ms: int | None
+    executing_groups: int
+    other_holds: int
+    server_ms: int
+    garbage: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything `stats`, `top` and the exporter show, read in one pass."""
+
+    stats: Any  # QueueStats
+    pel: PelSummary
+    workers: tuple[WorkerView, ...]
+    leases: tuple[LeaseView, ...]
+    drain: DrainStatus
+    buffer_staleness: tuple[int, ...] = field(default=())

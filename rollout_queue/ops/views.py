@@ -1,0 +1,450 @@
+"""Operator views: read-only flows over one queue, and QueueView, a handle that only reads.
+
+Rule 1: a view flow yields only ``Command`` ops of read commands (and the read-only ``stats``
+script); it never changes a key, so it runs under the read-only ``operator`` ACL role and can never
+create a queue by mistake (RolloutQueue's ``open`` would). Views read several keys in several round
+trips: a transition landing between two reads can show a mix of before and after; run the view again
+(the PEL owner, read first, is the truth of who holds an entry).
+Rule 2: nothing here changes state. The operator's own transitions (requeue, config set, drain, dlq
+purge) are scripts driven by actions.py. Value types live in view_models.py; the CLI (cli/) and the
+exporter (metrics.py) only format them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import orjson
+import redis
+
+from rollout_queue.core import flows
+from rollout_queue.core import protocol as p
+from rollout_queue.drivers.cluster import redis_options
+from rollout_queue.core.codec import CodecError
+from rollout_queue.core.config import QueueConfig
+from rollout_queue.core.errors import NotFound
+from rollout_queue.core.flows import Flow, T
+from rollout_queue.core.keys import KEY_SUFFIXES, QueueKeys
+from rollout_queue.core.models import DeadLetter, QueueStats, SourceGroup, check_entry_id
+from rollout_queue.core.policy import Durability, RetryPolicy
+from rollout_queue.drivers.transport import SyncDriver
+from rollout_queue.ops.view_models import (
+    DRAIN_HOLD,
+    STATES,
+    Attempt,
+    DrainStatus,
+    EntryView,
+    LeaseView,
+    PelSummary,
+    Snapshot,
+    WorkerView,
+    entry_state,
+    stream_id,
+)
+
+Clock = Callable[[], float]
+#: Most PEL entries a summary reads (XPENDING pages of PAGE): bounded work on a huge queue.
+PEL_LIMIT = 10_000
+PAGE = 1000
+#: How far back `inspect` looks for an entry's dead letter.
+DLQ_SCAN = 1000
+#: Terminals that count toward max_attempts (DESIGN rule 4).
+COUNTED_TERMINALS = ("failed", "malformed", "lost")
+
+
+def text(value: Any) -> str:
+    """A raw reply element as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _flat(kv: Sequence[Any] | Mapping[Any, Any]) -> dict[str, Any]:
+    """A field/value reply by name: a RESP3 map, or a RESP2 flat [name, value, ...] list."""
+    if isinstance(kv, Mapping):
+        return {text(k): v for k, v in kv.items()}
+    return {text(kv[i]): kv[i + 1] for i in range(0, len(kv), 2)}
+
+
+def _scored(reply: Sequence[Any]) -> list[tuple[str, float]]:
+    """A WITHSCORES reply: RESP3 [[member, score], ...] or RESP2 [member, score, ...]."""
+    if reply and isinstance(reply[0], (list, tuple)):
+        return [(text(m), float(sc)) for m, sc in reply]
+    return [(text(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+#: Largest magnitude a stored ms time, count or version may have: a Lua number is exact up to 2^53.
+MAX_STORED = 2**53
+
+
+def number(raw: Any) -> int | None:
+    """A stored number (reply bytes, text, int or a score) as an int, or None when it is absent, not
+    a number, not finite, or beyond 2^53 (a score of 1e308 is no time any transition wrote)."""
+    if raw is None or isinstance(raw, bool):
+        return None
+    try:
+        value = float(text(raw).strip()) if isinstance(raw, (bytes, str)) else float(raw)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(value) if math.isfinite(value) and abs(value) <= MAX_STORED else None
+
+
+class Garbage:
+    """The stored values one view could not read: each becomes None and a note, never an error."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def number(self, name: str, raw: Any) -> int | None:
+        """number(raw); an unreadable value (absent is fine: None) adds a note naming it."""
+        value = number(raw)
+        if value is None and raw is not None:
+            self.note(name, raw)
+        return value
+
+    def note(self, name: str, raw: Any) -> None:
+        shown = text(raw)
+        self.notes.append(f"{name}={shown[:80] + ('...' if len(shown) > 80 else '')!r}")
+
+
+# -- small reads ---------------------------------------------------------------------------------
+
+
+def server_ms(keys: QueueKeys) -> Flow[int]:
+    """The queue clock (lua/include/now_ms.lua): the server's TIME minus the time it was down, the
+    clock every score and deadline of the queue is written in. Garbage in the offset counts as 0."""
+    reply = yield p.Command(("TIME",))
+    offset = yield p.Command(("HGET", keys["clock"], "offset"))
+    raw = int(reply[0]) * 1000 + int(reply[1]) // 1000
+    try:
+        return raw - int(offset or 0)
+    except ValueError:
+        return raw
+
+
+def require_queue(keys: QueueKeys) -> Flow[None]:
+    """NotFound unless the queue exists (its meta hash names a library)."""
+    if not (yield p.Command(("HEXISTS", keys["meta"], "library"))):
+        raise NotFound(f"queue {keys.queue!r} does not exist on this server (no {keys['meta']}); check --queue")
+
+
+def meta(keys: QueueKeys) -> Flow[dict[str, str]]:
+    reply = yield p.Command(("HGETALL", keys["meta"]))
+    return {k: text(v) for k, v in _flat(reply).items()}
+
+
+def config(keys: QueueKeys) -> Flow[QueueConfig]:
+    """The queue's stored config (what every script enforces)."""
+    yield from require_queue(keys)
+    return QueueConfig.from_meta((yield from meta(keys)))
+
+
+def stored_config(keys: QueueKeys) -> Flow[tuple[dict[str, Any], dict[str, str]]]:
+    """The stored config leniently: (each field that decodes, each that does not -> its raw text),
+    so `config show` can show a corrupt config instead of failing on it."""
+    yield from require_queue(keys)
+    return QueueConfig.stored_fields((yield from meta(keys)))
+
+
+def stats(keys: QueueKeys) -> Flow[QueueStats]:
+    yield from require_queue(keys)
+    return (yield from flows.stats(keys))
+
+
+# -- the PEL --------------------------------------------------------------------------------------
+
+
+def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
+    """Entries by attempt number (delivery count) and by state over the PEL, read in pages; the ages
+    of executing attempts (ms since their delivery). At most ``limit`` entries (``truncated``)."""
+    attempts: dict[int, int] = {}
+    states: dict[str, int] = {}
+    ages: list[int] = []
+    start, seen = "-", 0
+    while seen < limit:
+        want = min(PAGE, limit - seen)
+        page = yield p.Command(("XPENDING", keys["src"], "rollout", start, "+", want))
+        for _, owner, idle, count in page:
+            state = entry_state(text(owner))
+            attempts[int(count)] = attempts.get(int(count), 0) + 1
+            states[state] = states.get(state, 0) + 1
+            if state == "executing":
+                ages.append(int(idle))
+        seen += len(page)
+        if len(page) < want:
+            return PelSummary(attempts, states, tuple(ages), seen, False)
+        start = "(" + text(page[-1][0])
+    return PelSummary(attempts, states, tuple(ages), seen, True)
+
+
+def buffer_staleness(keys: QueueKeys) -> Flow[tuple[int, ...]]:
+    """Staleness of each buffered group (policy version - its oldest sample version); () before the
+    first published version, when staleness is unknown (DESIGN: Buffer and staleness)."""
+    version = number((yield p.Command(("HGET", keys["meta"], "version"))))
+    if version is None:
+        return ()  # unpublished (or garbage, which every script refuses: stats says so)
+    scores = _scored((yield p.Command(("ZRANGE", keys["bufver"], 0, -1, "WITHSCORES"))))
+    # bufver scores pack min_version * 2^32 + arrival (lua/include/buffer_score.lua); a score that is
+    # no such number (inf, written by hand) is a ghost the scripts drop: left out here.
+    packed = [number(score) for _, score in scores]
+    return tuple(max(0, version - v // 2**32) for v in packed if v is not None and v >= 0)
+
+
+def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
+    """Everything `stats`, `top` and the exporter show."""
+    st = yield from stats(keys)
+    pel = yield from pel_summary(keys)
+    ws = yield from workers(keys)
+    ls = yield from leases(keys)
+    drain = yield from drain_status(keys)
+    return Snapshot(st, pel, tuple(ws), tuple(ls), drain, (yield from buffer_staleness(keys)))
+
+
+def workers(keys: QueueKeys) -> Flow[list[WorkerView]]:
+    """Registered workers with their last heartbeat, plus PEL consumers nobody registered (orphans)."""
+    cfg = yield from config(keys)
+    now = yield from server_ms(keys)
+    beats = _scored((yield p.Command(("ZRANGE", keys["workers"], 0, -1, "WITHSCORES"))))
+    consumers = yield p.Command(("XINFO", "CONSUMERS", keys["src"], "rollout"))
+    held = {text(c["name"]): (int(c["pending"]), int(c["idle"])) for c in map(_flat, consumers)}
+    timeout_ms = int(cfg.worker_timeout_s * 1000)
+    out = []
+    for wid, score in beats:
+        bad = Garbage()
+        seen = bad.number("heartbeat score", score)
+        pending, idle = held.pop(wid, (0, None))
+        silent = None if seen is None else now - seen
+        out.append(WorkerView(wid, seen, silent, silent is not None and silent <= timeout_ms, pending, idle,
+                              tuple(bad.notes)))
+    for name, (pending, idle) in held.items():
+        if not name.startswith("@") and pending:
+            out.append(WorkerView(name, None, None, False, pending, idle))
+    return out
+
+
+def leases(keys: QueueKeys, limit: int = 1000) -> Flow[list[LeaseView]]:
+    """Active leases by deadline (never their fencing tokens)."""
+    yield from require_queue(keys)
+    now = yield from server_ms(keys)
+    ids = _scored((yield p.Command(("ZRANGE", keys["leases"], 0, limit - 1, "WITHSCORES"))))
+    out = []
+    for lease_id, score in ids:
+        bad = Garbage()
+        deadline = bad.number("deadline score", score)
+        f = yield p.Command(("HMGET", keys.lease(lease_id), "trainer", "created_ms", "members", "version", "state"))
+        created, version = bad.number("created_ms", f[1]), bad.number("version", f[3])
+        trainer, members, state = (None if v is None else text(v) for v in (f[0], f[2], f[4]))
+        groups = len(members.split(",")) if members else 0
+        out.append(LeaseView(lease_id, trainer or "", deadline, None if deadline is None else deadline - now, groups,
+                             version, created, state or "unknown", tuple(bad.notes)))
+    return out
+
+
+def drain_status(keys: QueueKeys) -> Flow[DrainStatus]:
+    m = yield from meta(keys)
+    if "library" not in m:
+        yield from require_queue(keys)
+    now = yield from server_ms(keys)
+    score = yield p.Command(("ZSCORE", keys["holds"], DRAIN_HOLD))
+    others = yield p.Command(("ZCOUNT", keys["holds"], f"({now}", "+inf"))
+    # Active as the scripts count holds (ZCOUNT up to +inf), even when the deadline is no time at all.
+    active = score is not None and float(score) > now
+    others = int(others) - (1 if active else 0)
+    bad = Garbage()
+    deadline = bad.number("drain deadline score", score)
+    since, executing = bad.number("drain_since_ms", m.get("drain_since_ms")), bad.number(
+        "executing_groups", m.get("executing_groups"))
+    return DrainStatus(active, deadline, m.get("drain_reason", ""), since, executing or 0, others, now,
+                       tuple(bad.notes))
+
+
+# -- one entry ------------------------------------------------------------------------------------
+
+
+def dead_letters(keys: QueueKeys, count: int = 100, start: str = "-") -> Flow[list[DeadLetter]]:
+    """The oldest ``count`` dead letters from ``start`` (a dlq stream ID)."""
+    yield from require_queue(keys)
+    return (yield from flows.dead_letters(keys, count, start))
+
+
+def dead_letter(keys: QueueKeys, dlq_id: str) -> Flow[DeadLetter]:
+    """One dead letter by its dlq stream ID. Raises NotFound."""
+    found = yield from flows.dead_letters(keys, 1, dlq_id)
+    if not found or found[0].dlq_id != dlq_id:
+        raise NotFound(f"dead letter {dlq_id} not found in {keys['dlq']} (see `rollout-queue dlq list`)")
+    return found[0]
+
+
+def _find_dead_letter(keys: QueueKeys, entry_id: str) -> Flow[tuple[DeadLetter, Any] | None]:
+    """The newest dead letter of ``entry_id`` among the last DLQ_SCAN ones, with its raw history
+    field (the attempts as they were when it died: the entry's history hash is deleted then)."""
+    reply = yield p.Command(("XREVRANGE", keys["dlq"], "+", "-", "COUNT", DLQ_SCAN))
+    for dlq_id, kv in reply:
+        f = _flat(kv)
+        if text(f.get("entry_id", b"")) == entry_id:
+            return (yield from dead_letter(keys, text(dlq_id))), f.get("history")
+    return None
+
+
+def decode_fields(fields: Mapping[bytes, bytes]) -> SourceGroup | None:
+    """The pristine group of raw stream fields, or None when they do not decode."""
+    try:
+        return p.decode_reservation_group(fields)
+    except CodecError:
+        return None
+
+
+def _history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, ...]]:
+    """(counted failures, attempts) of a stored history: {"f": failures, "h": [attempts]}
+    (lua/include/history.lua) or the bare attempt list a dead letter may carry. Lenient: what does
+    not parse is left out (or 0) and noted in ``bad``."""
+    bad = bad or Garbage()
+    try:
+        h = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        bad.note("history", raw)
+        return 0, ()
+    items = h.get("h") or [] if isinstance(h, dict) else h
+    if not isinstance(items, list) or not isinstance(h, (dict, list)):
+        bad.note("history", raw)
+        return 0, ()
+    attempts = tuple(Attempt(bad.number("attempt", a.get("a")) or 0, _field(a, "w"), _field(a, "t"), _field(a, "r"),
+                             bad.number("attempt ms", a.get("ms")) or 0) for a in items if isinstance(a, dict))
+    if isinstance(h, dict):
+        return bad.number("history failures", h.get("f")) or 0, attempts
+    # A dead letter's bare list: the attempts DESIGN rule 4 counts toward max_attempts.
+    return sum(1 for a in attempts if a.terminal in COUNTED_TERMINALS), attempts
+
+
+def _field(record: Mapping[str, Any], name: str) -> str:
+    value = record.get(name, "")
+    return value if isinstance(value, str) else str(value)
+
+
+def _last_delivered(keys: QueueKeys) -> Flow[str]:
+    groups = yield p.Command(("XINFO", "GROUPS", keys["src"]))
+    for g in map(_flat, groups):
+        if text(g["name"]) == "rollout":
+            return text(g["last-delivered-id"])
+    return "0-0"
+
+
+def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
+    """Everything the queue knows about one entry: its state, owner, attempts, versions, pristine group.
+    Raises NotFound when the queue has never seen it."""
+    check_entry_id(entry_id)
+    cfg = yield from config(keys)
+    pel = yield p.Command(("XPENDING", keys["src"], "rollout", entry_id, entry_id, 1))
+    owner, idle, count = (text(pel[0][1]), int(pel[0][2]), int(pel[0][3])) if pel else (None, None, 0)
+    src = yield p.Command(("XRANGE", keys["src"], entry_id, entry_id))
+    raw_ledger = yield p.Command(("HGET", keys["ledger"], entry_id))
+    ledger = None if raw_ledger is None else text(raw_ledger)
+    bad = Garbage()
+    failures, history = _history((yield p.Command(("HGET", keys["history"], entry_id))), bad)
+    kv = src[0][1] if src else []
+    fields = {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+    state = entry_state(owner) if owner else (yield from _unowned_state(keys, entry_id, bool(src), ledger))
+    more = yield from _details(keys, entry_id, state, owner or "", int(cfg.worker_timeout_s * 1000), bad)
+    if "history" in more:  # a dead letter carries the attempts it died with: those are the truth
+        failures, history = more.pop("counted_failures"), more.pop("history")
+    group = (decode_fields(fields) if fields else None) or more.pop("group", None)
+    return EntryView(
+        entry_id=entry_id, state=state, owner=owner, attempt=count or _ledger_attempt(ledger), idle_ms=idle,
+        counted_failures=failures, history=history, ledger=ledger, server_ms=(yield from server_ms(keys)),
+        version=bad.number("version", (yield from meta(keys)).get("version")) or 0,
+        source_id=group.source_id if group else (fields.get(b"sid", b"").decode(errors="replace") or None),
+        n=group.n if group else None, group=group, garbage=tuple(bad.notes),
+        **{k: v for k, v in more.items() if k != "group"})
+
+
+def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, timeout_ms: int,
+             bad: Garbage) -> Flow[dict[str, Any]]:
+    """What only one state has: the worker's heartbeat, the buffered version, the lease, the dead
+    letter (with the attempts it carries)."""
+    if state == "executing":
+        beat = bad.number("heartbeat score", (yield p.Command(("ZSCORE", keys["workers"], owner))))
+        now = yield from server_ms(keys)
+        return {"worker_id": owner, "worker_heartbeat_ms": beat,
+                "worker_alive": beat is not None and now - beat <= timeout_ms}
+    if state == "completed":
+        score = bad.number("buffer version score", (yield p.Command(("ZSCORE", keys["bufver"], entry_id))))
+        size = yield p.Command(("HSTRLEN", keys["results"], entry_id))
+        return {"min_version": None if score is None else score // 2**32, "completion_bytes": int(size)}
+    if state == "leased":
+        lease_id = owner[len("@lease:"):]
+        f = yield p.Command(("HMGET", keys.lease(lease_id), "trainer", "deadline", "members", "versions"))
+        return {"lease_id": lease_id, "lease_trainer": text(f[0] or b""),
+                "lease_deadline_ms": bad.number("lease deadline", f[1]),
+                "min_version": _lease_version(entry_id, f[2], f[3], bad)}
+    if state == "dead":
+        found = yield from _find_dead_letter(keys, entry_id)
+        if found is not None:
+            letter, raw_history = found
+            failures, history = _history(raw_history, bad)
+            return {"dlq_id": letter.dlq_id, "dead_reason": letter.reason, "group": letter.group,
+                    "counted_failures": failures, "history": history}
+    return {}
+
+
+def _unowned_state(keys: QueueKeys, entry_id: str, in_stream: bool, ledger: str | None) -> Flow[str]:
+    """The state of an entry nobody owns: settled (the ledger says how) or still in the backlog."""
+    if ledger and ledger.startswith("s|"):
+        settlement = ledger.split("|")[1]
+        return settlement if settlement in STATES else "unknown"  # a ledger line no script wrote
+    if in_stream and stream_id(entry_id) > stream_id((yield from _last_delivered(keys))):
+        return "backlog"
+    raise NotFound(f"entry {entry_id} is not in queue {keys.queue!r} (never submitted, or settled and its ledger "
+                   "line pruned after settled_retention_s)")
+
+
+def _ledger_attempt(ledger: str | None) -> int:
+    parts = (ledger or "").split("|")
+    index = 1 if parts[0] == "a" else 2
+    # isdecimal and ASCII: str.isdigit() also takes '²', which int() refuses.
+    return int(parts[index]) if len(parts) > index and parts[index].isascii() and parts[index].isdecimal() else 0
+
+
+def _lease_version(entry_id: str, members: Any, versions: Any, bad: Garbage) -> int | None:
+    ids, vs = text(members or b"").split(","), text(versions or b"").split(",")
+    if entry_id not in ids or ids.index(entry_id) >= len(vs):
+        return None
+    return bad.number("lease version", vs[ids.index(entry_id)])
+
+
+def memory(keys: QueueKeys, limit: int = 10_000) -> Flow[dict[str, int]]:
+    """Bytes each of the queue's keys takes (MEMORY USAGE): its fixed keys and the records of the
+    leases in its leases index (at most ``limit``). No SCAN: the operator role may not list key
+    names (SCAN is not confined to one queue's keys by ACL), and every key a queue writes is either
+    fixed or a lease record named by that index (closed records expire after lease_record_ttl_s)."""
+    sizes: dict[str, int] = {}
+    leases = yield p.Command(("ZRANGE", keys["leases"], 0, max(0, limit - 1)))
+    for key in [keys[role] for role in sorted(KEY_SUFFIXES)] + [keys.lease(text(x)) for x in leases or []]:
+        size = yield p.Command(("MEMORY", "USAGE", key))
+        if size:
+            sizes[key] = int(size)
+    return sizes
+
+
+# -- a read-only handle ----------------------------------------------------------------------------
+
+
+class QueueView:
+    """A read-only handle on one queue. Unlike RolloutQueue it never runs ``open``, so it cannot create
+    a queue (a mistyped --queue is NotFound) and works under the read-only operator ACL role. (The
+    one exception: `config set` drives actions.set_config through it, since a queue whose stored
+    config is corrupt cannot be opened, and repairing that config is what the command is for.)"""
+
+    def __init__(self, client: redis.Redis, name: str, retry: RetryPolicy | None = None,
+                 clock: Clock = time.monotonic, durability: Durability | None = None) -> None:
+        self.name, self.keys, self.client, self.clock = name, QueueKeys(name), client, clock
+        self.driver = SyncDriver(client, retry, clock=clock, durability=durability)
+
+    @classmethod
+    def from_url(cls, url: str, name: str, retry: RetryPolicy | None = None, **redis_kwargs: Any) -> "QueueView":
+        return cls(redis.Redis.from_url(url, **redis_options(redis_kwargs)), name, retry)
+
+    def run(self, flow: Flow[T]) -> T:
+        return self.driver.run(flow)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.client.close()

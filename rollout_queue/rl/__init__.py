@@ -1,0 +1,2 @@
+"""RL helpers: the trainer loop helpers and the dataset producer.
+"""

@@ -1,0 +1,165 @@
+"""``rollout-queue worker`` / ``python -m rollout_queue.workers``: one command that runs a generation worker.
+
+Owns argument parsing, building the engine and the scorer, signal handling (SIGTERM and SIGINT
+drain; a second signal skips the rest of the drain timeout) and exit codes. Everything else is
+``WorkerRuntime``. Exit codes: 0 drained cleanly, 1 fatal error (owned work was returned first),
+2 usage error, 3 cannot reach Redis.
+
+Examples::
+
+    python -m rollout_queue.workers --url redis://redis:6379/0 --queue grpo --engine vllm --model /ckpt/policy \\
+        --max-tokens 1024 --temperature 1.0 --reward my_rewards:math_verify --filter nonzero_std
+    python -m rollout_queue.workers --url ... --queue ... --engine torch --model /ckpt/policy \\
+        --engine-arg device=cuda --engine-arg dtype=bfloat16 --engine-arg max_batch_size=64
+    python -m rollout_queue.workers --url ... --queue ... --engine scripted --engine-arg latency_s=0.05 \\
+        --engine-arg tail_p=0.1 --engine-arg tail_s=2.0      # the test engine, for drills and benchmarks
+    rollout-queue --url ... --queue ... worker -- --engine vllm --model /ckpt/policy
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import Any, Sequence
+
+from rollout_queue import Durability, OutcomeUnknown, RolloutQueueError
+from rollout_queue.ops import logs
+from rollout_queue.workers.engines.base import Engine, SamplingConfig, make_engine
+from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
+from rollout_queue.workers.rewards import Scorer, load_function
+from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rollout-queue worker", description=__doc__.split("\n")[0])
+    p.add_argument("--url", default=os.environ.get("REDIS_URL"), help="Redis URL (env REDIS_URL)")
+    p.add_argument("--queue", default=os.environ.get("ROLLOUT_QUEUE"), help="queue name (env ROLLOUT_QUEUE)")
+    p.add_argument("--engine", choices=["vllm", "torch", "scripted"], default="vllm",
+                   help="generation backend; 'scripted' is the model-free test engine")
+    p.add_argument("--model", default="", help="model folder (save_pretrained) or hub name")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine constructor option, VALUE parsed as JSON when it parses "
+                        "(e.g. device=cuda, dtype=bfloat16, max_batch_size=64); repeatable")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
+    g.add_argument("--seed", type=int, default=None, help="base seed (each sample derives its own)")
+    s = p.add_argument_group("scheduling")
+    s.add_argument("--policy", choices=["group", "sample"], default="sample",
+                   help="sample: backfill freed sample slots (default); group: at most --max-groups groups")
+    s.add_argument("--max-samples", type=int, default=None,
+                   help="samples executing at once (default: the engine's max concurrency)")
+    s.add_argument("--max-groups", type=int, default=None, help="groups held at once (group policy default 4)")
+    s.add_argument("--block-ms", type=int, default=1000, help="longest wait of one reserve call")
+    r = p.add_argument_group("rewards")
+    r.add_argument("--reward", default=None, help="module:function (or a built-in name, e.g. length_reward)")
+    r.add_argument("--filter", default=None, help="module:function (or a built-in name, e.g. nonzero_std)")
+    w = p.add_argument_group("lifecycle")
+    w.add_argument("--weights-mode", choices=["abort", "continue"], default="abort",
+                   help="at a new policy version: abort in-flight requests, or continue them")
+    w.add_argument("--worker-id", default=None, help="default host:pid:nonce")
+    w.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work after SIGTERM")
+    w.add_argument("--heartbeat-interval", type=float, default=None, help="default worker_timeout_s / 4")
+    w.add_argument("--reconcile-interval", type=float, default=None,
+                   help="seconds between checks that the queue gives this worker nothing it does not hold "
+                        "(orphans are aborted back to ready); default max(worker_timeout_s, 5), 0: off")
+    w.add_argument("--reconcile-grace", type=float, default=DEFAULT_GRACE_S,
+                   help="hand back an orphaned attempt only once delivered this many seconds ago "
+                        f"(default {DEFAULT_GRACE_S:g}: the client's retry window plus a socket timeout)")
+    w.add_argument("--durable-replicas", type=int, default=os.environ.get("ROLLOUT_DURABLE_REPLICAS", "0"),
+                   metavar="N", help="durable mode: each state-changing call answers only once N replicas have it "
+                                     "(env ROLLOUT_DURABLE_REPLICAS; default 0: off; docs/OPERATIONS.md, Replicas)")
+    w.add_argument("--durable-timeout-ms", type=int, default=os.environ.get("ROLLOUT_DURABLE_TIMEOUT_MS", "1000"),
+                   metavar="MS", help="durable mode: ms of one WAIT (env ROLLOUT_DURABLE_TIMEOUT_MS; default 1000)")
+    w.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
+    return p
+
+
+def parse_engine_args(items: Sequence[str]) -> dict[str, Any]:
+    """``["a=1", "device=cuda"]`` -> ``{"a": 1, "device": "cuda"}``. Raises ValueError."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--engine-arg {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw  # a bare string such as device=cuda
+    return out
+
+
+def build_engine(kind: str, model: str, options: dict[str, Any]) -> Engine:
+    """The engine of ``kind``; ``scripted`` is built here because make_engine does not list it."""
+    if kind == "scripted":
+        from rollout_queue.workers.engines.scripted import ScriptedEngine
+
+        return ScriptedEngine(model, **options)
+    if not model:
+        raise ValueError(f"--engine {kind} needs --model PATH")
+    return make_engine(kind, model, **options)
+
+
+def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
+    sampling = SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              stop=tuple(args.stop), seed=args.seed)
+    options = WorkerOptions(policy=args.policy, max_samples=args.max_samples, max_groups=args.max_groups,
+                            sampling=sampling, weights_mode=args.weights_mode, drain_timeout_s=args.drain_timeout,
+                            block_ms=args.block_ms, heartbeat_interval_s=args.heartbeat_interval,
+                            reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace)
+    scorer = Scorer(load_function(args.reward) if args.reward else None,
+                    load_function(args.filter) if args.filter else None)
+    engine = build_engine(args.engine, args.model, parse_engine_args(args.engine_arg))
+    durable = Durability(args.durable_replicas, args.durable_timeout_ms) if args.durable_replicas else None
+    return WorkerRuntime(args.url, args.queue, engine, options, worker_id=args.worker_id, scorer=scorer,
+                         durability=durable)
+
+
+async def serve(runtime: WorkerRuntime) -> None:
+    """Run with SIGTERM/SIGINT wired to a drain."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runtime.request_drain)
+    try:
+        await runtime.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # `rollout-queue worker -- --engine ...`: the core CLI forwards the separator
+        argv = argv[1:]
+    args = parser.parse_args(argv)
+    logs.configure(args.json_logs)
+    if not args.url or not args.queue:
+        parser.print_usage(sys.stderr)
+        print("rollout-queue worker: pass --url and --queue (or set REDIS_URL and ROLLOUT_QUEUE)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        runtime = build_runtime(args)
+    except (ValueError, TypeError, ImportError) as exc:
+        print(f"rollout-queue worker: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        asyncio.run(serve(runtime))
+    except WorkerFailed as exc:
+        print(f"rollout-queue worker: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except (OutcomeUnknown, ConnectionError, OSError) as exc:
+        print(f"rollout-queue worker: cannot reach Redis at {args.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except RolloutQueueError as exc:
+        print(f"rollout-queue worker: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK

@@ -1,0 +1,339 @@
+"""``TorchEngine``: the ``Engine`` interface on a plain transformers causal LM.
+
+It exists for machines without vLLM (CPU tests, the demo) and as an independent reference that
+vLLM's outputs are checked against. What it owns, and what it must not do:
+
+1. One compute thread. The model, the KV cache and every torch call live on a single-thread
+   executor, so the event loop never blocks on compute and torch state (grad mode is thread-local)
+   is only ever touched from one thread. ``load_weights`` goes through the same executor, so it
+   lands between two decode steps, never inside one.
+2. Continuous batching. Requests that arrive while a batch is running join it at the next step
+   boundary (prefilled once per distinct prompt, then merged; see ``_decode``), up to
+   ``max_batch_size`` rows; the rest wait in arrival order. Finished and aborted rows leave at the
+   step that ends them.
+3. Aborts are answered at the next step boundary with the tokens so far (``finish_reason="abort"``).
+   Cancelling the task awaiting ``generate`` aborts the same way.
+4. A failure of the compute thread is fatal: every waiting ``generate`` raises ``EngineError`` and
+   the engine refuses new work (the runtime requeues and exits, DESIGN's failure handling).
+5. After ``load_weights`` returns, every new request runs on the new weights. Requests already in
+   flight continue on the new weights over a KV cache computed by the old ones; a runtime that
+   needs single-version samples aborts them at the weight boundary (DESIGN's worker option).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rollout_queue.workers.engines._decode import DecodeBatch, DecodeRequest
+from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
+
+T = TypeVar("T")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TorchEngine:
+    """Batched sampling on a transformers model: fp32 on CPU by default, or ``device="cuda"``."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._model_path = model
+        self._device = torch.device(device)
+        self._dtype = _DTYPES[dtype]
+        self._max_batch_size = max_batch_size
+        self._max_model_len_option = max_model_len
+        self._seed = seed
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._batch: DecodeBatch | None = None
+        self._max_model_len = 0
+        self._vocab_size = 0
+        # request_id -> request, for every request from submission until its future resolves.
+        self._requests: dict[str, DecodeRequest] = {}
+        self._futures: dict[str, asyncio.Future[SampleOutput]] = {}
+        self._waiting: deque[DecodeRequest] = deque()
+        self._aborting: set[str] = set()
+        self._wakeup = asyncio.Event()
+        self._scheduler: asyncio.Task[None] | None = None
+        self._failure: EngineError | None = None
+        self._closed = False
+
+    @property
+    def max_concurrency(self) -> int:
+        return self._max_batch_size
+
+    async def start(self) -> None:
+        """Load tokenizer and model on the compute thread, then start the scheduling loop."""
+        if self._scheduler is not None:
+            return
+        if self._closed:
+            raise EngineError("the engine is closed")
+        try:
+            await self._on_compute_thread(self._load)
+        except Exception as exc:  # any load failure means there is no engine to run
+            raise EngineError(f"could not load {self._model_path!r}: {exc}") from exc
+        self._scheduler = asyncio.create_task(self._schedule(), name="torch-engine-scheduler")
+
+    def encode(self, prompt: str) -> list[int]:
+        ids: list[int] = self._require_tokenizer()(prompt)["input_ids"]
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        text: str = self._require_tokenizer().decode(list(token_ids), skip_special_tokens=True)
+        return text
+
+    def tokens_generated(self, request_id: str) -> int | None:
+        """Tokens an in-flight request has so far (None when unknown); for metrics and tests."""
+        request = self._requests.get(request_id)
+        return None if request is None else len(request.token_ids)
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingConfig
+    ) -> SampleOutput:
+        self._check_usable()
+        request = self._new_request(request_id, prompt_token_ids, params)
+        future: asyncio.Future[SampleOutput] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = request
+        self._futures[request_id] = future
+        self._waiting.append(request)
+        self._wakeup.set()
+        try:
+            # shield: a cancelled caller must not cancel the future the scheduler resolves.
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await self.abort(request_id)
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is None:
+            return  # unknown or already finished: aborting is idempotent
+        if request in self._waiting:
+            # Never reached the compute thread, so it can be answered right here.
+            self._waiting.remove(request)
+            request.finish_reason = "abort"
+            self._resolve(request)
+            return
+        self._aborting.add(request_id)
+        self._wakeup.set()
+
+    async def load_weights(self, uri: str) -> None:
+        """Copy the tensors of the safetensors folder ``uri`` into the model, between two steps.
+
+        Every tensor is checked (name and shape) before the first copy, so a wrong folder leaves
+        the old weights in place; the engine still raises, because it is not on the requested
+        policy. Raises ``EngineError``.
+        """
+        self._check_usable()
+        try:
+            await self._on_compute_thread(self._load_weights, Path(uri))
+        except Exception as exc:  # the runtime cannot know which weights generate next
+            raise EngineError(f"could not load weights from {uri!r}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            # The scheduler only ends by this cancellation or by a failure it already recorded.
+            await asyncio.gather(self._scheduler, return_exceptions=True)
+        if self._batch is not None:
+            # Queued behind a step the cancellation could not interrupt, so the rows are not
+            # cleared under its feet.
+            await self._on_compute_thread(self._batch.clear)
+        # Everything still unanswered (waiting, in the batch, or finished in a step whose result
+        # the cancellation discarded) is answered now, with what it has.
+        for request in list(self._requests.values()):
+            self._resolve(request)
+        self._waiting.clear()
+        self._executor.shutdown(wait=True)
+        self._model = self._batch = None
+
+    # ---- scheduling (event loop side) ----
+
+    async def _schedule(self) -> None:
+        """Run steps while there is work; sleep on ``_wakeup`` when there is none."""
+        assert self._batch is not None
+        batch = self._batch
+        while True:
+            if not self._waiting and not batch.requests:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            drop = [r for r in batch.requests if r.request_id in self._aborting]
+            self._aborting.clear()
+            room = self._max_batch_size - len(batch.requests) + len(drop)
+            admit = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            try:
+                finished = await self._on_compute_thread(batch.step, admit, drop)
+            except Exception as exc:  # compute failed: no request can be trusted to finish
+                self._fail(EngineError(f"torch engine step failed: {exc!r}"), exc)
+                return
+            for request in finished:
+                self._resolve(request)
+
+    def _resolve(self, request: DecodeRequest) -> None:
+        self._requests.pop(request.request_id, None)
+        self._aborting.discard(request.request_id)
+        future = self._futures.pop(request.request_id, None)
+        if future is None or future.done():
+            return
+        future.set_result(
+            SampleOutput(
+                token_ids=tuple(request.token_ids),
+                logprobs=tuple(request.logprobs),
+                finish_reason=request.finish_reason or "abort",
+            )
+        )
+
+    def _fail(self, error: EngineError, cause: Exception) -> None:
+        error.__cause__ = cause
+        self._failure = error
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(error)
+        self._futures.clear()
+        self._requests.clear()
+        self._waiting.clear()
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if self._scheduler is None:
+            raise EngineError("the engine is not started; await engine.start() first")
+
+    def _new_request(
+        self, request_id: str, prompt: Sequence[int], params: SamplingConfig
+    ) -> DecodeRequest:
+        if request_id in self._requests:
+            raise RequestFailed(f"request id {request_id!r} is already in flight")
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise RequestFailed("the prompt is empty")
+        if len(ids) >= self._max_model_len:
+            raise RequestFailed(
+                f"the prompt has {len(ids)} tokens; max_model_len is {self._max_model_len}"
+            )
+        if any(not 0 <= t < self._vocab_size for t in ids):
+            raise RequestFailed(
+                f"a prompt token id is outside the vocabulary [0, {self._vocab_size})"
+            )
+        generator = None
+        if params.seed is not None and not params.is_greedy:
+            generator = torch.Generator(device=self._device).manual_seed(params.seed)
+        return DecodeRequest(request_id, ids, params, generator)
+
+    def _require_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            raise EngineError("the engine is not started; await engine.start() first")
+        return self._tokenizer
+
+    async def _on_compute_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # ---- compute thread side ----
+
+    def _load(self) -> None:
+        tokenizer = AutoTokenizer.from_pretrained(self._model_path)
+        model: Any = AutoModelForCausalLM.from_pretrained(self._model_path, dtype=self._dtype)
+        model.to(self._device).eval()
+        config = model.config
+        limit = getattr(config, "max_position_embeddings", None) or self._max_model_len_option
+        if limit is None:
+            raise EngineError("the model config has no max_position_embeddings; pass max_model_len")
+        self._max_model_len = min(limit, self._max_model_len_option or limit)
+        self._vocab_size = min(len(tokenizer), config.vocab_size)
+        self._model, self._tokenizer = model, tokenizer
+        # A fast tokenizer used from two threads at once can fail with "Already borrowed"; the
+        # compute thread gets its own copy for stop-string checks.
+        compute_tokenizer = AutoTokenizer.from_pretrained(self._model_path)
+
+        def decode_text(token_ids: Sequence[int]) -> str:
+            return str(compute_tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+        self._batch = DecodeBatch(
+            model,
+            decode_text=decode_text,
+            eos_ids=_eos_ids(model, tokenizer),
+            max_model_len=self._max_model_len,
+            device=self._device,
+            default_generator=torch.Generator(device=self._device).manual_seed(self._seed),
+        )
+
+    def _load_weights(self, folder: Path) -> None:
+        state = _read_safetensors_folder(folder)
+        target = self._model.state_dict()
+        # Tied parameters (e.g. lm_head = embed_tokens) share storage: loading one loads both.
+        storages: dict[int, set[str]] = {}
+        for name, tensor in target.items():
+            storages.setdefault(tensor.data_ptr(), set()).add(name)
+        unexpected = sorted(set(state) - set(target))
+        missing = sorted(
+            name
+            for name in set(target) - set(state)
+            if not storages[target[name].data_ptr()] & set(state)
+        )
+        wrong_shape = sorted(n for n in state if n in target and state[n].shape != target[n].shape)
+        if unexpected or missing or wrong_shape:
+            raise ValueError(
+                f"weights do not match the model: missing={missing[:5]} "
+                f"unexpected={unexpected[:5]} wrong_shape={wrong_shape[:5]}"
+            )
+        with torch.inference_mode():
+            for name, tensor in state.items():
+                target[name].copy_(tensor)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Token ids that end a sample: the tokenizer's EOS plus the generation config's, as in vLLM."""
+    ids: set[int] = set()
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def _read_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a ``save_pretrained`` folder, sharded (with an index) or not."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(os.fspath(folder / name)))
+    return state

@@ -1,0 +1,290 @@
+"""``VLLMEngine``: the ``Engine`` interface on vLLM's asynchronous engine (``AsyncLLM``).
+
+The same code runs on vLLM's CPU build (tests, this project's CI) and on a GPU host with plain
+``vllm``; only the defaults below differ by platform. What it owns, and what it must not do:
+
+1. One vLLM request per ``generate`` call (``n=1``), prompt given as token ids. vLLM batches
+   concurrent requests itself (continuous batching, prefix caching).
+2. Logprobs are vLLM's defaults: the raw model distribution (``logprobs_mode="raw_logprobs"``), one
+   per sampled token, the quantity ``TorchEngine`` reports too.
+3. A weight push is pause -> reload -> reset prefix cache -> resume. The reset is not optional:
+   prefix caching would otherwise serve KV blocks computed by the old weights to new requests
+   whose prompt shares a cached prefix (any prompt longer than one block), silently mixing
+   policies. Requests in flight are kept (``mode="keep"``) and recomputed on the new weights.
+4. Process model. ``AsyncLLM`` always runs its scheduler in a separate ``EngineCore`` process,
+   started with the ``spawn`` method: the program that builds this engine needs an
+   ``if __name__ == "__main__":`` guard. ``multiprocessing=True`` (vLLM's default) also puts the
+   model in its own worker process; ``multiprocessing=False`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+   runs it inside EngineCore, which starts about twice as fast and is what the tests use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm import SamplingParams, TokensPrompt
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMValidationError
+from vllm.platforms import current_platform
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
+
+# On CPU vLLM sizes the KV cache from NUMA node 0 only unless told; an explicit budget is both
+# safer and predictable. On a GPU the default (gpu_memory_utilization) is the right knob.
+DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
+
+# vLLM's finish reasons -> ours. "repetition" is vLLM's optional repetition detector ending the
+# sample, a stop condition like any other; "error" is handled separately (request-level failure).
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "repetition": "stop",
+}
+
+
+class VLLMEngine:
+    """An ``AsyncLLM`` with one request per sample; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        multiprocessing: bool = True,
+        dtype: str | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        seed: int = 0,
+        enable_prefix_caching: bool = True,
+        engine_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``dtype`` defaults to float32 on CPU (the CPU kernels' exact path, and what the torch
+        cross-check needs) and to the checkpoint's dtype on a GPU. ``engine_args`` passes any other
+        ``AsyncEngineArgs`` field through (tensor_parallel_size, gpu_memory_utilization, ...)."""
+        on_cpu = current_platform.is_cpu()
+        if kv_cache_memory_bytes is None and on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+        settings: dict[str, Any] = {
+            "model": model,
+            "dtype": dtype or ("float32" if on_cpu else "auto"),
+            # CPU: no graph capture to gain, and eager start-up is seconds faster.
+            "enforce_eager": on_cpu,
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "kv_cache_memory_bytes": kv_cache_memory_bytes,
+            "seed": seed,
+            "enable_prefix_caching": enable_prefix_caching,
+        }
+        settings.update(engine_args or {})
+        self._args = AsyncEngineArgs(**settings)
+        self._multiprocessing = multiprocessing
+        self._engine: AsyncLLM | None = None
+        self._tokenizer: Any = None
+        self._in_flight: set[str] = set()
+        # Ids whose abort arrived while the request was still being rendered (unknown to vLLM).
+        self._abort_requested: set[str] = set()
+        self._closed = False
+
+    @property
+    def max_concurrency(self) -> int:
+        """vLLM's ``max_num_seqs``: the most sequences it schedules in one step.
+
+        Known only once started when not given explicitly (vLLM picks it per platform).
+        """
+        if self._engine is not None:
+            return int(self._engine.vllm_config.scheduler_config.max_num_seqs)
+        if self._args.max_num_seqs is not None:
+            return int(self._args.max_num_seqs)
+        raise EngineError(
+            "max_concurrency is known once the engine is started (or pass max_num_seqs)"
+        )
+
+    async def start(self) -> None:
+        """Start vLLM: spawns EngineCore, loads the model, allocates the KV cache.
+
+        This blocks the event loop for the whole start-up (seconds to minutes): vLLM builds its
+        IPC sockets on the running loop, so it cannot be moved to a thread. Start the engine before
+        anything latency-sensitive runs on the loop (the heartbeat is a thread, per DESIGN).
+        """
+        if self._engine is not None:
+            return
+        if self._closed:
+            raise EngineError("the engine is closed")
+        try:
+            with _multiprocessing_env(self._multiprocessing):
+                self._engine = AsyncLLM.from_engine_args(self._args)
+            self._tokenizer = self._engine.get_tokenizer()
+        except Exception as exc:  # whatever stops vLLM from starting, there is no engine
+            raise EngineError(f"vLLM failed to start for {self._args.model!r}: {exc}") from exc
+
+    def encode(self, prompt: str) -> list[int]:
+        ids: list[int] = self._require_tokenizer().encode(prompt)
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        text: str = self._require_tokenizer().decode(list(token_ids), skip_special_tokens=True)
+        return text
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingConfig
+    ) -> SampleOutput:
+        engine = self._require_engine()
+        if request_id in self._in_flight:
+            # vLLM would accept it (it makes internal ids unique), but abort() by id would then
+            # hit both requests.
+            raise RequestFailed(f"request id {request_id!r} is already in flight")
+        self._in_flight.add(request_id)
+        try:
+            prompt = await self._render(engine, [int(t) for t in prompt_token_ids])
+            if request_id in self._abort_requested:
+                return SampleOutput(token_ids=(), logprobs=(), finish_reason="abort")
+            final = None
+            async for output in engine.generate(prompt, _sampling_params(params), request_id):
+                final = output
+        except (VLLMValidationError, EngineGenerateError) as exc:
+            raise RequestFailed(f"vLLM refused request {request_id!r}: {exc}") from exc
+        except EngineDeadError as exc:
+            raise EngineError(f"vLLM engine died: {exc}") from exc
+        finally:
+            self._in_flight.discard(request_id)
+            self._abort_requested.discard(request_id)
+        if final is None or not final.outputs:
+            raise EngineError(f"vLLM ended request {request_id!r} without an output")
+        return _sample_output(request_id, final.outputs[0])
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; vLLM answers its ``generate`` at once with the tokens so far.
+
+        Best effort, like any abort racing completion: inside vLLM's own admission (between our
+        submission and vLLM registering the id) an abort is not seen, and that request returns its
+        normal result. Only compute is wasted; the caller gets a valid sample either way.
+        """
+        if self._engine is None or request_id not in self._in_flight:
+            return  # unknown or finished: aborting is idempotent
+        self._abort_requested.add(request_id)
+        await self._engine.abort(request_id)
+
+    async def load_weights(self, uri: str) -> None:
+        """Reload weights from the ``save_pretrained`` folder ``uri`` into every vLLM worker.
+
+        Raises ``EngineError``: after a failed reload the workers may hold a mix of old and new
+        tensors, so the engine must not keep generating.
+        """
+        engine = self._require_engine()
+        folder = Path(uri)
+        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+            # Checked here so that a wrong path never reaches the workers (a failed reload there
+            # can leave some tensors replaced); the engine is untouched, but not on the policy.
+            raise EngineError(f"could not load weights from {uri!r}: no safetensors folder there")
+        try:
+            # keep: in-flight requests stay queued, nothing is scheduled until resume, so no step
+            # ever runs new weights against KV blocks cached by the old ones.
+            await engine.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+                # reset_running_requests: blocks held by in-flight requests hold old-weight KV
+                # too; they are preempted and recomputed on the new weights.
+                if not await engine.reset_prefix_cache(reset_running_requests=True):
+                    raise EngineError("vLLM could not reset its prefix cache after the reload")
+            finally:
+                await engine.resume_generation()
+        except EngineError:
+            raise
+        except Exception as exc:  # any failure leaves the workers' weights unknown
+            raise EngineError(f"vLLM could not load weights from {uri!r}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Abort what is in flight (each ``generate`` returns "abort") and shut vLLM down."""
+        if self._closed:
+            return
+        self._closed = True
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        if self._in_flight:
+            await engine.abort(list(self._in_flight))
+        engine.shutdown()
+
+    async def _render(self, engine: AsyncLLM, prompt_token_ids: list[int]) -> Any:
+        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+        # vLLM 0.32 deprecates handing raw prompts to generate(); its renderer turns token ids
+        # into the engine input that generate() will require. Older versions have no renderer.
+        renderer = getattr(engine, "renderer", None)
+        if renderer is None:
+            return prompt
+        (engine_input,) = await renderer.render_cmpl_async([prompt])
+        return engine_input
+
+    def _require_engine(self) -> AsyncLLM:
+        if self._closed:
+            raise EngineError("the engine is closed")
+        if self._engine is None:
+            raise EngineError("the engine is not started; await engine.start() first")
+        if self._engine.errored:
+            raise EngineError(f"vLLM engine died: {self._engine.dead_error}")
+        return self._engine
+
+    def _require_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            raise EngineError("the engine is not started; await engine.start() first")
+        return self._tokenizer
+
+
+def _sampling_params(params: SamplingConfig) -> SamplingParams:
+    return SamplingParams(
+        n=1,
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        stop=list(params.stop) or None,
+        seed=params.seed,
+        logprobs=1,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _sample_output(request_id: str, completion: Any) -> SampleOutput:
+    reason = str(completion.finish_reason)
+    if reason == "error":
+        raise RequestFailed(f"vLLM reported a request-level error for {request_id!r}")
+    if reason not in _FINISH_REASONS:
+        raise EngineError(f"vLLM finished {request_id!r} with unknown reason {reason!r}")
+    token_ids = list(completion.token_ids)
+    positions = completion.logprobs or []
+    # Each position's dict holds the top-k tokens plus the sampled one; take the sampled one.
+    # strict=False: a length mismatch is reported below as an EngineError, not a ValueError.
+    logprobs = [p[token].logprob for token, p in zip(token_ids, positions, strict=False)]
+    if len(logprobs) != len(token_ids):
+        raise EngineError(
+            f"vLLM returned {len(token_ids)} tokens but {len(logprobs)} logprobs for {request_id!r}"
+        )
+    return SampleOutput(
+        token_ids=tuple(token_ids), logprobs=tuple(logprobs), finish_reason=_FINISH_REASONS[reason]
+    )
+
+
+@contextlib.contextmanager
+def _multiprocessing_env(enabled: bool) -> Iterator[None]:
+    """Set ``VLLM_ENABLE_V1_MULTIPROCESSING`` while EngineCore is spawned, then restore it.
+
+    The spawned process copies the environment at start, so the setting sticks to this engine
+    and does not leak into later engines of the same process.
+    """
+    name = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    previous = os.environ.get(name)
+    os.environ[name] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = previous

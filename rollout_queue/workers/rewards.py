@@ -1,0 +1,219 @@
+"""Rewards and filters: loading ``module:function`` specs, calling them, and the built-in ones.
+
+What a worker runs between generation and ``complete``:
+
+- A **reward** scores samples. Per sample (the default): ``fn(group, output) -> float``. Per group
+  (mark it with ``@group_reward``): ``fn(group, outputs) -> [float, ...]``, one per output, in slot
+  order (for rewards that compare samples, or score them in one batched call). Either may be
+  ``async def``. ``group`` is the pristine ``SourceGroup`` (prompt, metadata such as the expected
+  answer); ``output`` is a ``Generated``: slot, decoded text, token ids, logprobs, finish reason.
+- A **filter** decides whether a scored group is worth training on: ``fn(group, samples) -> None``
+  (keep) or a reason such as ``"zero_std"`` or ``"all rewards equal"`` (reject: the group is settled ``filtered``,
+  consumed and never trained). ``True`` rejects with the function's name as the reason.
+
+Rules:
+1. A reward or filter that raises, or returns something that is not a finite number (or reason),
+   raises ``ScoringError``; the runtime ends the attempt ``failed`` with its message, which counts
+   toward ``max_attempts``, so a prompt that always breaks the reward ends in the dead letters.
+2. Synchronous functions run on one dedicated thread (``Scorer``), never on the event loop (a slow
+   reward must not stall generation) and never two at once (user code need not be thread-safe).
+3. No tokenizer here: the runtime decodes text on its own thread and hands it in.
+
+Specs: ``package.module:function``, or the bare name of a built-in (``nonzero_std``,
+``arithmetic_exact_match``, ``length_reward``, ``target_token_fraction``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence
+
+from rollout_queue import Sample, SourceGroup
+from rollout_queue.core.models import check_reason
+
+
+class ScoringError(Exception):
+    """A reward or filter failed for this group; the attempt ends ``failed`` with this message."""
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What a reward sees of one sample."""
+
+    slot: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+
+
+RewardFn = Callable[..., Any]
+FilterFn = Callable[[SourceGroup, Sequence[Sample]], Any]
+
+
+def group_reward(fn: RewardFn) -> RewardFn:
+    """Mark ``fn(group, outputs) -> [reward per output]`` as a per-group reward."""
+    fn.reward_scope = "group"  # type: ignore[attr-defined]  # read back by is_group_reward
+    return fn
+
+
+def is_group_reward(fn: RewardFn) -> bool:
+    return getattr(fn, "reward_scope", "sample") == "group"
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """Import ``module:function`` (or a built-in's bare name). Raises ValueError with what to fix."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, attr = __name__, spec
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for {spec!r}: {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        where = "a built-in" if not sep else f"a function in {module_name}"
+        raise ValueError(f"{spec!r} is not {where}; use module:function")
+    return fn  # type: ignore[no-any-return]
+
+
+class Scorer:
+    """Runs one reward and one filter (each optional) for the runtime; see the module rules."""
+
+    def __init__(self, reward: RewardFn | None = None, filter: FilterFn | None = None) -> None:
+        self.reward, self.filter = reward, filter
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+
+    @property
+    def needs_text(self) -> bool:
+        return self.reward is not None
+
+    async def score(self, group: SourceGroup, outputs: Sequence[Generated]) -> list[float | None]:
+        """One reward per output (all None without a reward function). Raises ScoringError."""
+        fn = self.reward
+        if fn is None:
+            return [None] * len(outputs)
+        if is_group_reward(fn):
+            values = await self._guard(fn, self._call(fn, group, list(outputs)))
+        elif inspect.iscoroutinefunction(fn):
+            values = await self._guard(fn, asyncio.gather(*(fn(group, o) for o in outputs)))
+        else:
+            values = await self._guard(fn, self._call(lambda: [fn(group, o) for o in outputs]))
+        values = list(values)
+        if len(values) != len(outputs):
+            raise ScoringError(f"reward {_name(fn)} returned {len(values)} values for {len(outputs)} samples")
+        return [_finite(v, fn) for v in values]
+
+    async def check(self, group: SourceGroup, samples: Sequence[Sample]) -> str | None:
+        """None to keep the group, or the reason (free text) it is filtered for. Raises ScoringError."""
+        fn = self.filter
+        if fn is None:
+            return None
+        verdict = await self._guard(fn, self._call(fn, group, list(samples)))
+        if verdict is None or verdict is False:
+            return None
+        reason = fn.__name__ if verdict is True else verdict
+        try:
+            return check_reason(reason, "filter reason")
+        except ValueError as exc:
+            raise ScoringError(f"filter {_name(fn)} returned a bad reason: {exc}") from exc
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Await ``fn(*args)``: coroutine functions on the loop, the rest on the reward thread."""
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        result = await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args))
+        return await result if inspect.isawaitable(result) else result
+
+    @staticmethod
+    async def _guard(fn: Callable[..., Any], work: Awaitable[Any]) -> Any:
+        try:
+            return await work
+        except Exception as exc:  # user code: any error ends this attempt failed, with the reason
+            raise ScoringError(f"{_name(fn)} raised {exc!r}") from exc
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _finite(value: Any, fn: RewardFn) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ScoringError(f"reward {_name(fn)} returned {value!r}; rewards must be finite numbers")
+    return float(value)
+
+
+# -- built-ins -----------------------------------------------------------------------------------
+
+
+def nonzero_std(group: SourceGroup, samples: Sequence[Sample]) -> str | None:
+    """DAPO's dynamic sampling filter: reject a group whose rewards are all equal ("zero_std").
+
+    Such a group has zero advantage everywhere under GRPO-style normalisation, so it would cost a
+    trainer compute and teach nothing. A group of one sample is always rejected (use no filter for
+    n=1). Samples without a reward make it raise: configure a reward with this filter.
+    """
+    rewards = [s.reward for s in samples]
+    if any(r is None for r in rewards):
+        raise ValueError("nonzero_std needs rewards: configure --reward as well")
+    return "zero_std" if len(set(rewards)) <= 1 else None
+
+
+_OPS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b, "plus": lambda a, b: a + b,
+    "-": lambda a, b: a - b, "minus": lambda a, b: a - b,
+    "*": lambda a, b: a * b, "x": lambda a, b: a * b, "times": lambda a, b: a * b,
+}
+_PROBLEM = re.compile(r"(-?\d+)\s*(\+|-|\*|x|plus|minus|times)\s*(-?\d+)")
+_INTEGER = re.compile(r"-?\d+")
+
+
+def expected_answer(group: SourceGroup) -> int:
+    """``metadata["answer"]`` if given, else the value of the first ``a op b`` in the prompt."""
+    if "answer" in group.metadata:
+        return int(group.metadata["answer"])
+    match = _PROBLEM.search(group.prompt)
+    if match is None:
+        raise ValueError(f"no metadata['answer'] and no 'a + b' problem in prompt {group.prompt[:80]!r}")
+    a, op, b = match.groups()
+    return _OPS[op](int(a), int(b))
+
+
+def arithmetic_exact_match(group: SourceGroup, output: Generated) -> float:
+    """1.0 when the last integer in the completion equals the expected answer, else 0.0.
+
+    The answer is ``metadata["answer"]`` or computed from an ``a + b`` / ``a times b`` problem in
+    the prompt (``+ - * x plus minus times``), e.g. ``"What is 12 plus 30? Answer:"`` expects 42.
+    """
+    expected = expected_answer(group)  # first: a group without an answer is an error, not a 0
+    found = _INTEGER.findall(output.text)
+    return 1.0 if found and int(found[-1]) == expected else 0.0
+
+
+def length_reward(group: SourceGroup, output: Generated) -> float:
+    """1 - |tokens - target| / target, clipped at 0 (target: ``metadata["target_len"]``, default 16).
+
+    A smooth toy reward any model can climb (even a random tiny one): RL demos see it rise.
+    """
+    target = int(group.metadata.get("target_len", 16))
+    if target < 1:
+        raise ValueError(f"target_len must be >= 1, got {target}")
+    return max(0.0, 1.0 - abs(len(output.token_ids) - target) / target)
+
+
+def target_token_fraction(group: SourceGroup, output: Generated) -> float:
+    """The fraction of generated tokens equal to ``metadata["target_token_id"]`` (0 if none)."""
+    if "target_token_id" not in group.metadata:
+        raise ValueError("target_token_fraction needs metadata['target_token_id']")
+    target = int(group.metadata["target_token_id"])
+    ids = output.token_ids
+    return sum(1 for t in ids if t == target) / len(ids) if ids else 0.0

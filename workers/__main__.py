@@ -1,8 +1,0 @@
-"""``python -m workers``: the same command as ``rollout-queue worker``."""
-
-import sys
-
-from workers.cli import main
-
-if __name__ == "__main__":  # vLLM spawns processes that re-import __main__: keep the guard
-    sys.exit(main())
