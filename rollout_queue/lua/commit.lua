@@ -26,6 +26,7 @@ Invariant:
   one (or a step a checkpoint already covers) the members are recorded in settled, with their
   source_ids, for prune (when settled_retention_s is set); a kept member is recorded by checkpoint.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include lease_record

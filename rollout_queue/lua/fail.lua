@@ -21,6 +21,7 @@ Invariant:
   the entry is owned by @ready and indexed in ready, or it is settled dead with every attempt's
   reason once the counted failures reach max_attempts (a prompt that kills engines cannot loop).
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt

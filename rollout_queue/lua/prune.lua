@@ -21,6 +21,7 @@ Invariant:
   After pruning, a settlement retried with the receipt is refused (stale_receipt, never a replay) and
   a submit of the source_id adds a new entry.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include hmget_many

@@ -27,6 +27,7 @@ Invariant:
   dead at max_attempts), in this one script; the worker's later complete/fail of that receipt gets
   stale_receipt, so its output can never reach the buffer.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
