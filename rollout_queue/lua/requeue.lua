@@ -31,8 +31,8 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
+-- @include receipt_refusal
 -- @include replayed
--- @include ledger
 -- @include end_attempt
 local now = now_ms()
 local cfg = load_config()
@@ -41,7 +41,9 @@ if A.mode ~= 'silent' and A.mode ~= 'force' then bug('bad mode: ' .. tostring(A.
 if A.terminal ~= 'lost' and A.terminal ~= 'failed' and A.terminal ~= 'aborted' then
   bug('bad terminal: ' .. tostring(A.terminal))
 end
-local refused = receipt_refusal(id, attempt, worker, A.terminal)
+local refused = receipt_refusal(id, attempt, worker, function(last)
+  return replayed(id, attempt, worker, A.terminal, last)
+end)
 if refused then return refused end
 if A.mode == 'silent' then
   local seen = tonumber(redis.call('ZSCORE', K.workers, worker))
