@@ -36,7 +36,6 @@ Invariant:
   group beyond it at most); malformed reservations met on the way are settled dead; stale
   buffered groups are evicted first (bounded), so backpressure never waits on stale groups.
 ]]
--- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include reserve_args
