@@ -276,6 +276,23 @@ class ProtocolError(ScriptError):
     """A script reply did not have the documented shape (an unknown status word, say)."""
 
 
+class IncludeError(RolloutQueueError):
+    """The Lua library cannot be assembled: an ``-- @include`` names a missing helper or closes a cycle.
+
+    Raised at import (scripts.load_library), before any script reaches a server. ``chain`` is the
+    include path from the script to the offending name; ``kind`` is 'missing' or 'cycle'.
+    """
+
+    def __init__(self, kind: str, chain: tuple[str, ...]) -> None:
+        self.kind, self.chain = kind, chain
+        path = " -> ".join(chain)
+        if kind == "cycle":
+            hint = f"the helpers include each other ({path}): move what both need into a helper of its own"
+        else:
+            hint = f"{chain[-1]} is not in lua/include/ ({path}): add lua/include/{chain[-1]}.lua or fix the name"
+        super().__init__(f"Lua include {kind}: {hint}.")
+
+
 class PartitionsUnreachable(OutcomeUnknown):
     """An operation over the partitions of a logical queue reached some partitions but not others.
 

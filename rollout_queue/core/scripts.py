@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Mapping
 
+from rollout_queue.core.errors import IncludeError
 from rollout_queue.core.keys import KEY_SUFFIXES
 
 #: Scripts that write nothing queue state (their headers say read-only): sent as EVALSHA_RO (so a
@@ -71,15 +72,38 @@ def parse_header(text: str) -> tuple[str, dict[str, list[str]]]:
     return header, sections
 
 
-def _expand(name: str, includes: Mapping[str, str], seen: set[str]) -> str:
-    """Depth-first include expansion; each include is emitted once, before its first user."""
+def _expand(name: str, includes: Mapping[str, str], emitted: set[str], chain: tuple[str, ...]) -> str:
+    """Depth-first include expansion; each include is emitted once, after its own includes.
+
+    ``chain`` is the path from the script down to ``name``. Emitting a helper once is what lets two
+    helpers share a third; a helper met again *on its own path* is a cycle, which silent dedupe would
+    turn into a helper emitted before what it calls (a nil global at run time), so it raises.
+    """
+    chain = chain + (name,)
+    if name in chain[1:-1]:
+        raise IncludeError("cycle", chain)
+    if name not in includes:
+        raise IncludeError("missing", chain)
     out = []
     for dep in _INCLUDE.findall(includes[name]):
-        if dep not in seen:
-            seen.add(dep)
-            out.append(_expand(dep, includes, seen))
+        if dep not in emitted:
+            out.append(_expand(dep, includes, emitted, chain))
+    emitted.add(name)
     out.append(_INCLUDE.sub("", includes[name]))
     return "\n".join(out)
+
+
+def assemble(name: str, text: str, includes: Mapping[str, str]) -> str:
+    """Script ``name``'s source: its prelude, every include it reaches (each once), then its body.
+
+    Raises:
+        IncludeError: an include is missing or closes a cycle (the chain is in the error).
+    """
+    header, sections = parse_header(text)
+    keys, argv, reads = tuple(sections["KEYS"]), tuple(sections["ARGV"]), tuple(sections["READS"])
+    emitted: set[str] = set()
+    body = [_expand(dep, includes, emitted, (name,)) for dep in _INCLUDE.findall(text) if dep not in emitted]
+    return f"-- rollout-queue:{name}\n" + _prelude(keys, argv, reads) + "\n".join(body) + "\n" + _INCLUDE.sub("", text[text.index("]]") + 2:])
 
 
 def _prelude(keys: tuple[str, ...], argv: tuple[str, ...], reads: tuple[str, ...] = ()) -> str:
@@ -107,19 +131,17 @@ def _read_lua() -> tuple[dict[str, str], dict[str, str]]:
 
 
 def load_library() -> dict[str, Script]:
-    """Every transition script, assembled and hashed."""
+    """Every transition script, assembled and hashed.
+
+    Raises:
+        IncludeError: an include is missing or closes a cycle.
+    """
     texts, includes = _read_lua()
     library = {}
     for name, text in sorted(texts.items()):
         header, sections = parse_header(text)
         keys, argv, reads = tuple(sections["KEYS"]), tuple(sections["ARGV"]), tuple(sections["READS"])
-        seen: set[str] = set()
-        body = []
-        for dep in _INCLUDE.findall(text):
-            if dep not in seen:
-                seen.add(dep)
-                body.append(_expand(dep, includes, seen))
-        source = f"-- rollout-queue:{name}\n" + _prelude(keys, argv, reads) + "\n".join(body) + "\n" + _INCLUDE.sub("", text[text.index("]]") + 2:])
+        source = assemble(name, text, includes)
         library[name] = Script(name, keys, argv, source, hashlib.sha1(source.encode()).hexdigest(), header, reads)
     return library
 

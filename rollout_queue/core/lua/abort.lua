@@ -23,12 +23,14 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
+-- @include receipt_refusal
 -- @include replayed
--- @include ledger
 -- @include end_attempt
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
-local refused = receipt_refusal(id, attempt, worker, 'aborted')
+local refused = receipt_refusal(id, attempt, worker, function(last)
+  return replayed(id, attempt, worker, 'aborted', last)
+end)
 if refused then return refused end
 return {'ok', end_attempt(id, attempt, worker, 'aborted', A.reason, false, cfg, now)}

@@ -25,6 +25,7 @@ Invariant:
   which would be trained twice after a resume) or while a restore is unfinished. Each dropped entry
   is recorded in settled (its retention starts now: until here restore needed its ledger line).
 ]]
+-- @include bug
 -- @include load_config
 -- @include checkpoint_batch
 local cfg = load_config()

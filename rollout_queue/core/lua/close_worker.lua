@@ -24,6 +24,7 @@ Invariant:
   that dies between batches leaves the rest to the reaper under the same terminal. The consumer
   itself is deleted by the reaper (the worker role has no XGROUP DELCONSUMER).
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include pending_entries

@@ -26,10 +26,12 @@ Invariant:
   one (or a step a checkpoint already covers) the members are recorded in settled, with their
   source_ids, for prune (when settled_retention_s is set); a kept member is recorded by checkpoint.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include lease_record
 -- @include ledger
+-- @include ledger_settled
 -- @include call_batched
 -- @include hmget_many
 -- @include wake
@@ -69,9 +71,9 @@ if k > 0 then
   local lasts = hmget_many(K.ledger, ids)
   local settled, kept = {}, {}
   for i, id in ipairs(ids) do
-    local attempt, worker = string.match(lasts[i] or '', '^a|(%d+)|([^|]*)|')
+    local attempt, worker = ledger_attempt_of(lasts[i] or '')
     table.insert(settled, id)
-    table.insert(settled, 's|committed|' .. (attempt or '0') .. '|' .. (worker or '') .. '|' .. A.lease_id .. '|' .. A.step)
+    table.insert(settled, ledger_settled('committed', attempt or '0', worker or '', A.lease_id .. '|' .. A.step))
     table.insert(kept, step)
     table.insert(kept, id)
   end

@@ -30,6 +30,7 @@ Invariant:
   is in buffer, bufver and results, or (overflow) the stalest of the buffered + arriving groups went
   back to ready; buffer size <= max_completed_groups; refused items changed nothing.
 ]]
+-- @include bug
 -- @include load_config
 -- @include parse_receipt
 -- @include parse_min_version

@@ -17,6 +17,7 @@ Invariant:
   Each purged dead letter's entry is recorded in settled for prune: it left the DLQ, so its ledger
   line and source_id mapping are kept only for the retention from now on.
 ]]
+-- @include bug
 -- @include load_config
 -- @include fields_of
 -- @include record_settled

@@ -19,6 +19,7 @@ Invariant:
   every admission hold), so executing groups can only shrink; stop wakes blocked reservers and
   trainers when no other hold is left.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include wake

@@ -14,6 +14,7 @@ Returns:
 Invariant:
   only the holder of an unexpired lease moves its deadline; an expired lease stays the reaper's.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include lease_record

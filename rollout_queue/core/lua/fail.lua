@@ -21,16 +21,19 @@ Invariant:
   the entry is owned by @ready and indexed in ready, or it is settled dead with every attempt's
   reason once the counted failures reach max_attempts (a prompt that kills engines cannot loop).
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
+-- @include receipt_refusal
 -- @include replayed
--- @include ledger
 -- @include end_attempt
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
 if A.terminal ~= 'failed' and A.terminal ~= 'malformed' then bug('bad terminal: ' .. A.terminal) end
-local refused = receipt_refusal(id, attempt, worker, A.terminal)
+local refused = receipt_refusal(id, attempt, worker, function(last)
+  return replayed(id, attempt, worker, A.terminal, last)
+end)
 if refused then return refused end
 return {'ok', end_attempt(id, attempt, worker, A.terminal, A.reason, true, cfg, now)}

@@ -23,8 +23,9 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
--- @include check_receipt
+-- @include receipt_refusal
 -- @include ledger
+-- @include ledger_settled
 -- @include read_entry
 -- @include release_executing
 -- @include record_settled
@@ -32,12 +33,9 @@ Invariant:
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
-local settled = 's|filtered|' .. attempt .. '|' .. worker .. '|' .. A.reason
-local owns, owner, count = check_receipt(id, attempt, worker)
-if not owns then
-  if redis.call('HGET', K.ledger, id) == settled then return {'ok', 'replay'} end
-  return {'stale_receipt', owner, count}
-end
+local settled = ledger_settled('filtered', attempt, worker, A.reason)
+local refused = receipt_refusal(id, attempt, worker, settled)
+if refused then return refused end
 local f = read_entry(id)
 -- First write: a settled key of the wrong type then fails the call before anything else changed.
 record_settled(cfg, {id, f and f.sid or ''})

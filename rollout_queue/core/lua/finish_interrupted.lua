@@ -20,6 +20,7 @@ Invariant:
   trainer's checkpoint drops the rest of what it covers, so neither waits for that trainer to come
   back. The reaper role gets this script, not restore or checkpoint: it cannot start either.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include restore_batch

@@ -12,6 +12,7 @@ Invariant:
   the worker's score in workers is the server time of its last heartbeat; the reaper treats it as
   lost only after worker_timeout without one.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include hold_active

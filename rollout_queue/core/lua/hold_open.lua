@@ -15,6 +15,7 @@ Invariant:
   executing when it opened, and executing_groups counts exactly the ones still to wait for: no
   snapshot is needed, so opening a hold costs O(1) whatever the number of executing attempts.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 local now = now_ms()

@@ -37,6 +37,7 @@ Invariant:
   version - min_version <= max_staleness (None: 0); stale groups met on the way went back to ready;
   buffer members the PEL does not give to @done (garbage) were dropped from buffer and bufver.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include hold_active

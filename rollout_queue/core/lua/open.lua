@@ -15,6 +15,7 @@ Returns:
 Invariant:
   a queue has exactly one stored config and library version; every script reads its bounds from it.
 ]]
+-- @include bug
 -- @include load_config
 local created = 0
 if redis.call('HEXISTS', K.meta, 'library') == 0 then

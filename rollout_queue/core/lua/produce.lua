@@ -29,6 +29,7 @@ Invariant:
   (or already consumed) exactly once, and this producer added none after it. Backlog is counted as
   in stats: stream length - retained - kept.
 ]]
+-- @include bug
 -- @include load_config
 -- @include oversized_group
 -- @include add_groups

@@ -21,12 +21,14 @@ Invariant:
   After pruning, a settlement retried with the receipt is refused (stale_receipt, never a replay) and
   a submit of the source_id adds a new entry.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include hmget_many
 -- @include call_batched
 -- @include record_settled
 -- @include due_settled
+-- @include ledger_settled
 local now = now_ms()
 local cfg = load_config()
 local count = tonumber(A.count)
@@ -39,7 +41,7 @@ local lines = hmget_many(K.ledger, ids)
 local forget, mapped, unmap, ghosts, seen = {}, {}, {}, 0, {}
 for i, id in ipairs(ids) do
   local line = not seen[id] and lines[i]  -- an id named twice (by hand) is forgotten once
-  if line and string.sub(line, 1, 2) == 's|' then
+  if line and is_settled(line) then
     seen[id] = true
     table.insert(forget, id)
     if sids[i] ~= '' then mapped[#forget] = sids[i] end

@@ -17,6 +17,7 @@ Returns:
 Invariant:
   the policy version never decreases.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include wake

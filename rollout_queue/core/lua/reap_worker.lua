@@ -21,6 +21,7 @@ Invariant:
   a worker is reaped only when the server clock says it has been silent past worker_timeout, judged
   inside this script, so a heartbeat that lands first always saves it.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include reap_worker_entries

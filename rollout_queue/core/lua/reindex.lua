@@ -24,6 +24,7 @@ Invariant:
   is in the buffer (issue 12 item 4: an owned entry missing from its index is otherwise stuck for
   ever, since reserve and lease only look at the indexes). Nothing indexed is touched.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include ready_score

@@ -22,20 +22,16 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
--- @include check_receipt
+-- @include receipt_refusal
+-- @include ledger_settled
 -- @include read_entry
 -- @include release_executing
 -- @include settle_dead
 local now = now_ms()
 load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
-local owns, owner, count = check_receipt(id, attempt, worker)
-if not owns then
-  if redis.call('HGET', K.ledger, id) == 's|dead|' .. attempt .. '|' .. worker .. '|' .. A.reason then
-    return {'ok', 'replay'}
-  end
-  return {'stale_receipt', owner, count}
-end
+local refused = receipt_refusal(id, attempt, worker, ledger_settled('dead', attempt, worker, A.reason))
+if refused then return refused end
 local f, kv = read_entry(id)
 release_executing(tonumber(f and f.n) or 0)
 settle_dead(id, kv, A.reason, redis.call('HGET', K.history, id), attempt, worker, now)

@@ -27,11 +27,12 @@ Invariant:
   dead at max_attempts), in this one script; the worker's later complete/fail of that receipt gets
   stale_receipt, so its output can never reach the buffer.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include parse_receipt
+-- @include receipt_refusal
 -- @include replayed
--- @include ledger
 -- @include end_attempt
 local now = now_ms()
 local cfg = load_config()
@@ -40,7 +41,9 @@ if A.mode ~= 'silent' and A.mode ~= 'force' then bug('bad mode: ' .. tostring(A.
 if A.terminal ~= 'lost' and A.terminal ~= 'failed' and A.terminal ~= 'aborted' then
   bug('bad terminal: ' .. tostring(A.terminal))
 end
-local refused = receipt_refusal(id, attempt, worker, A.terminal)
+local refused = receipt_refusal(id, attempt, worker, function(last)
+  return replayed(id, attempt, worker, A.terminal, last)
+end)
 if refused then return refused end
 if A.mode == 'silent' then
   local seen = tonumber(redis.call('ZSCORE', K.workers, worker))

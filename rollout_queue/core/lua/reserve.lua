@@ -38,83 +38,35 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
--- @include hold_active
+-- @include reserve_args
+-- @include reserve_replay
 -- @include reap_some_worker
 -- @include evict_stale_some
--- @include pel_entry
--- @include read_entry
+-- @include hold_active
+-- @include reserve_budget
+-- @include reserve_fit
 -- @include reserve_ready
 -- @include reserve_backlog
--- @include wake
-local RESERVE_MAX_GROUPS = 64
+-- @include reserve_answer
 local now = now_ms()
 local cfg = load_config()
-local worker = A.worker_id
-local max_groups = tonumber(A.max_groups)
-local max_samples = tonumber(A.max_samples)
-if worker == '' or string.sub(worker, 1, 1) == '@' or string.find(worker, '|', 1, true) then
-  bug('bad worker id: ' .. worker)
-end
-if not max_groups or max_groups < 1 or max_groups ~= math.floor(max_groups) or not max_samples
-    or max_samples < 0 or max_samples ~= math.floor(max_samples) then
-  bug('bad max_groups/max_samples')
-end
-if A.overcommit ~= '0' and A.overcommit ~= '1' then bug('bad overcommit: ' .. tostring(A.overcommit)) end
-local published = cfg.has_version and 1 or 0
+local worker, max_groups, max_samples = parse_reserve_args(A.worker_id, A.max_groups, A.max_samples, A.overcommit)
+local version, published = cfg.version_eff, cfg.has_version and 1 or 0
 redis.call('ZADD', K.workers, now, worker)
-
 -- A retry of the same call (connection lost before the reply) replays the entries it granted that
 -- the worker still owns, instead of granting more: a worker never holds work it is not executing.
-if A.request_id ~= '' then
-  local prev = redis.call('HGET', K.reserves, worker)
-  local rid, rest = string.match(prev or '', '^([^|]*)|(.*)$')
-  if rid == A.request_id then
-    local grants = {}
-    for id in string.gmatch(rest, '[^,]+') do
-      local owner, count = pel_entry(id)
-      local _, kv = read_entry(id)
-      if owner == worker and kv then table.insert(grants, {id, count, kv}) end
-    end
-    if grants[1] then return {'ok', cfg.version_eff, published, '', 0, grants} end
-    -- The replayed call granted nothing (or nothing is still owned): answer like a refusal, with a
-    -- wake ID, so a blocking caller waits from here instead of missing a wake.
-    return {'empty', cfg.version_eff, published, wake_id(K.wake_work), 0, {}}
-  end
-end
+local replay = reserve_replay(worker, A.request_id, version, published)
+if replay then return replay end
 
 reap_some_worker(cfg, now, 16)
 evict_stale_some(cfg, now, 32)
-
-local function nothing(status, dead)
-  redis.call('HSET', K.reserves, worker, A.request_id .. '|')
-  return {status, cfg.version_eff, published, wake_id(K.wake_work), dead, {}}
+if hold_active(due_now(cfg, now)) then return reserve_answer(worker, A.request_id, 'held', nil, version, published) end
+if redis.call('ZCARD', K.buffer) >= cfg.max_completed_groups then
+  return reserve_answer(worker, A.request_id, 'backpressure', nil, version, published)
 end
-if hold_active(due_now(cfg, now)) then return nothing('held', 0) end
-if redis.call('ZCARD', K.buffer) >= cfg.max_completed_groups then return nothing('backpressure', 0) end
-
-local counters = redis.call('HMGET', K.meta, 'executing_samples', 'retained', 'committed')
-local r = {grants = {}, taken = 0, bytes = 0, dead = 0, skipped = 0, oversized = 0,
-  groups = math.min(max_groups, RESERVE_MAX_GROUPS), overcommit = A.overcommit == '1',
-  queue_free = cfg.max_executing_samples - (tonumber(counters[1]) or 0),
-  call_cap = max_samples > 0 and max_samples or math.huge}
 
 -- Requeued work first, in submission order; then the backlog.
+local r, counters = reserve_budget(cfg, max_groups, max_samples, A.overcommit == '1')
 local stop = reserve_ready(r, cfg, now, worker)
 if stop == nil and not reserve_full(r) then stop = reserve_backlog(r, cfg, now, worker, counters) end
-if stop == 'full' then stop = nil end
-if r.skipped > 0 then redis.call('HINCRBY', K.meta, 'oversize_skipped', r.skipped) end
-if r.oversized > 0 then redis.call('HINCRBY', K.meta, 'oversize_granted', r.oversized) end
-
-if #r.grants == 0 then
-  -- Dead-lettering garbage used this call's budget: tell the client to call again at once.
-  if stop == nil and r.dead > 0 then stop = 'retry' end
-  -- Only groups too large for this caller were left: they wait for a caller that can take them.
-  if stop == nil and r.skipped > 0 then stop = 'oversized' end
-  return nothing(stop or 'empty', r.dead)
-end
-local ids = {}
-for i, g in ipairs(r.grants) do ids[i] = g[1] end
-redis.call('HINCRBY', K.meta, 'executing_groups', #r.grants)
-redis.call('HINCRBY', K.meta, 'executing_samples', r.taken)
-redis.call('HSET', K.reserves, worker, A.request_id .. '|' .. table.concat(ids, ','))
-return {'ok', cfg.version_eff, published, '', r.dead, r.grants}
+return reserve_answer(worker, A.request_id, stop, r, version, published)

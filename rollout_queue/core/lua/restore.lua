@@ -25,6 +25,7 @@ Invariant:
   right across the restart. A kept member that is not a committed entry nobody owns is dropped from
   kept and never re-owned.
 ]]
+-- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include restore_batch

@@ -1,12 +1,12 @@
--- @include check_receipt
+-- @include receipt_refusal
 -- @include replayed
+-- @include ledger_settled
 -- @include read_entry
 -- @include check_slots
 -- @include end_attempt
 -- @include completion_batch
 -- @include flush_completions
 -- @include buffer_completion
--- @include ledger
 --[[
 complete_attempt: settle one completion named by a receipt, inside a batch, exactly as a complete
 call of its own would. Returns complete's reply for it (see complete.lua's header).
@@ -21,17 +21,17 @@ second mention sees the first one's outcome.
 local NO_OUTPUTS = 'completion has no samples'
 local function complete_attempt(b, cfg, id, attempt, worker, payload, min_version, slots)
   if b.pending[id] then flush_completions(b) end
-  local owns, owner, count = check_receipt(id, attempt, worker)
   local empty = slots == ''
-  if not owns then
-    local last = redis.call('HGET', K.ledger, id) or ''
-    if empty then
-      if last == 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts' then return {'malformed', NO_OUTPUTS, 'dead'} end
-      if replayed(id, attempt, worker, 'malformed', last) then return {'malformed', NO_OUTPUTS, 'ready'} end
-    elseif replayed(id, attempt, worker, 'completed', last) then
-      return {'ok', 'replay', ''}
-    end
-    return {'stale_receipt', owner, count}
+  local kind = empty and 'malformed' or 'completed'
+  local refused, last = receipt_refusal(id, attempt, worker, function(line)
+    return replayed(id, attempt, worker, kind, line)
+  end)
+  if refused then
+    if refused[1] == 'stale_receipt' then return refused end
+    if not empty then return {'ok', 'replay', ''} end
+    -- An empty completion ended malformed; at max_attempts that settled the group dead.
+    local dead = last == ledger_settled('dead', attempt, worker, 'max_attempts')
+    return {'malformed', NO_OUTPUTS, dead and 'dead' or 'ready'}
   end
   if #payload > cfg.max_payload_bytes then
     return {'payload_too_large', #payload, cfg.max_payload_bytes}

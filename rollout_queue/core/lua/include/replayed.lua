@@ -1,5 +1,5 @@
 -- @include ledger
--- @include check_receipt
+-- @include ledger_settled
 --[[
 replayed: whether the attempt a receipt names already ended the way this settlement would end it, so
 the call answers 'replay' instead of stale_receipt, whatever happened to the entry since.
@@ -26,25 +26,14 @@ end
 
 local function replayed(id, attempt, worker, kind, last)
   if kind == 'completed' then
-    local committed = 's|committed|' .. attempt .. '|' .. worker .. '|'
+    local committed = ledger_settled('committed', attempt, worker, '')
     if last == ledger_attempt(attempt, worker, 'completed') or string.sub(last, 1, #committed) == committed then
       return true
     end
     return attempt_recorded(id, attempt, function(rec) return rec.c == worker end)
   end
   if last == ledger_attempt(attempt, worker, kind) then return true end
-  if kind ~= 'aborted' and last == 's|dead|' .. attempt .. '|' .. worker .. '|max_attempts' then return true end
+  if kind ~= 'aborted' and last == ledger_settled('dead', attempt, worker, 'max_attempts') then return true end
   return attempt_recorded(id, attempt, function(rec) return rec.w == worker and rec.t == kind end)
 end
 
---[[
-receipt_refusal: nil when the receipt still owns its entry (go on), else the reply for a receipt
-that does not: {'ok', 'replay'} when this attempt already ended as `kind`, else {'stale_receipt',
-owner, delivery count}. The one receipt/replay check of fail, abort and requeue.
-]]
-local function receipt_refusal(id, attempt, worker, kind)
-  local owns, owner, count = check_receipt(id, attempt, worker)
-  if owns then return nil end
-  if replayed(id, attempt, worker, kind, redis.call('HGET', K.ledger, id) or '') then return {'ok', 'replay'} end
-  return {'stale_receipt', owner, count}
-end

@@ -6,6 +6,7 @@
 -- @include ready_score
 -- @include call_batched
 -- @include wake
+-- @include ledger
 --[[
 requeue_entries: PEL -> ready for a batch of entries owned by `owner`, same entry IDs, pristine
 payload; or -> settled(dead) for each whose counted failures reach max_attempts. Each record is
@@ -25,8 +26,8 @@ local function completers(entries)
   local ids = {}
   for i, e in ipairs(entries) do ids[i] = e.id end
   for i, line in ipairs(hmget_many(K.ledger, ids)) do
-    local attempt, worker = string.match(line or '', '^a|(%d+)|([^|]*)|completed$')
-    if worker and tonumber(attempt) == entries[i].attempt then entries[i].c = worker end
+    local attempt, worker, terminal = ledger_attempt_of(line or '')
+    if terminal == 'completed' and tonumber(attempt) == entries[i].attempt then entries[i].c = worker end
   end
 end
 

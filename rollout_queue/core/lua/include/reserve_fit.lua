@@ -12,6 +12,9 @@ which gets it as the first grant of its call. A call that already has grants jus
 before. The *queue's* own bound stays first come, first served: it frees as attempts end, so a large
 group at the head is never starved by smaller ones behind it.
 ]]
+-- Both paths stop after this many skipped groups (and as many garbage members): a call's work is
+-- bounded by what it can grant, whatever the size of ready or the backlog.
+local RESERVE_LOOKAHEAD = 32
 local function reserve_fit(r, n)
   if r.taken + n > r.queue_free then return 'stop' end
   if r.taken + n <= r.call_cap then return 'grant' end

@@ -12,7 +12,6 @@ Why: requeued work keeps its place (DESIGN, Buffer and staleness), and a call's 
 what it can grant: at most r.groups grants, RESERVE_LOOKAHEAD skipped groups and as many garbage
 members (ghosts, malformed reservations dead-lettered on the way), whatever the size of ready.
 ]]
-local RESERVE_LOOKAHEAD = 32
 local function reserve_ready(r, cfg, now, worker)
   local offset, garbage = 0, 0
   while not reserve_full(r) and r.skipped < RESERVE_LOOKAHEAD and garbage < RESERVE_LOOKAHEAD do

@@ -2,6 +2,7 @@
 -- @include history
 -- @include ready_score
 -- @include ledger
+-- @include ledger_settled
 -- @include wake
 -- @include last_delivered
 --[[
@@ -21,7 +22,8 @@ local function restore_batch(cfg, step, count, now)
     redis.call('ZREM', K.kept, id)
     if kept_entry(id, cursor) then
       local last = redis.call('HGET', K.ledger, id) or ''
-      local a, completer = string.match(last, '^s|committed|(%d+)|([^|]*)|')
+      local settlement, a, completer = ledger_settled_of(last)
+      if settlement ~= 'committed' then a, completer = nil, nil end
       local attempt = tonumber(a) or 1
       redis.call('XCLAIM', K.src, 'rollout', '@ready', 0, id, 'FORCE', 'RETRYCOUNT', attempt, 'JUSTID')
       redis.call('ZADD', K.ready, ready_score(id), id)

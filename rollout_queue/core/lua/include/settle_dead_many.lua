@@ -1,4 +1,5 @@
 -- @include call_batched
+-- @include ledger_settled
 --[[
 settle_dead_many: PEL (any owner) -> settled(dead) for a batch of entries ended by one worker for one
 reason: one dlq entry each (the reason, the attempt history e.history and the pristine fields e.kv,
@@ -27,7 +28,7 @@ local function settle_dead_many(entries, reason, worker, now)
     redis.call(unpack(args))
     table.insert(ids, e.id)
     table.insert(ledger_pairs, e.id)
-    table.insert(ledger_pairs, 's|dead|' .. e.attempt .. '|' .. worker .. '|' .. reason)
+    table.insert(ledger_pairs, ledger_settled('dead', e.attempt, worker, reason))
   end
   call_batched({'XACK', K.src, 'rollout'}, ids)
   call_batched({'XDEL', K.src}, ids)
