@@ -31,76 +31,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Sequence
+from typing import Any, Awaitable
 
 from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, Receipt, Reservation
 from rollout_queue.client import default_process_id
 from rollout_queue.logs import fields
-from workers.attempt import Attempt, Output, Phase, RuntimeStats, Settler, sampling_for
+from workers.attempt import Attempt, Phase, RuntimeStats, Settler
 from workers.completions import BatchingWorker
-from workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
-from workers.events import (
-    CloseFailed,
-    DrainDeadline,
-    DrainHurried,
-    DrainRequested,
-    EngineCloseFailed,
-    Event,
-    FatalError,
-    Observer,
-    Reserved,
-    StateChanged,
-    WorkerClosed,
-    WorkerStarted,
-    log_event,
-)
+from workers.engines.base import Engine
+from workers.events import (CloseFailed, DrainDeadline, DrainHurried, DrainRequested, EngineCloseFailed, Event,
+                            FatalError, Observer, Reserved, StateChanged, WorkerClosed, WorkerStarted, log_event)
+from workers.execution import AttemptExecutor
 from workers.heartbeat import HeartbeatThread, VersionNotice
-from workers.reconcile import DEFAULT_GRACE_S, Reconciler, RuntimeView, interval_for
+from workers.reconcile import Reconciler, RuntimeView, interval_for
+from workers.options import WorkerFailed, WorkerOptions
 from workers.rewards import Scorer
-from workers.scheduler import Policy, SubmissionScheduler
+from workers.scheduler import SubmissionScheduler
 from workers.states import Lifecycle, RuntimeState
-from workers.verdicts import Abort, Fail
-from workers.versions import PolicyVersions, WeightsMode
+from workers.tasks import cancel, first_of, wait_tasks
+from workers.verdicts import Abort
+from workers.versions import PolicyVersions
+
+__all__ = ["WorkerFailed", "WorkerOptions", "WorkerRuntime"]  # the options live in options.py
 
 log = logging.getLogger("workers.runtime")
 S = RuntimeState
-
-
-class WorkerFailed(RuntimeError):
-    """The worker stopped on a fatal error after returning its owned work (see ``__cause__``)."""
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """How a worker runs. ``max_samples=None``: the engine's ``max_concurrency`` (sample policy);
-    ``max_groups=None``: 4 groups (group policy), no group cap (sample policy);
-    ``reconcile_interval_s=None``: max(worker_timeout_s, 5 s), 0 disables reconciliation;
-    ``reconcile_grace_s``: an attempt is handed back only once delivered this long ago (reconcile.py)."""
-
-    policy: Policy = "sample"
-    max_samples: int | None = None
-    max_groups: int | None = None
-    max_batch: int = 64
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    weights_mode: WeightsMode = "abort"
-    drain_timeout_s: float = 30.0
-    abort_grace_s: float = 5.0
-    block_ms: int = 1000
-    heartbeat_interval_s: float | None = None  # None: worker_timeout_s / 4
-    subscribe_versions: bool = True
-    load_initial_weights: bool = True
-    reconcile_interval_s: float | None = None
-    reconcile_grace_s: float = DEFAULT_GRACE_S
-
-    def __post_init__(self) -> None:
-        if self.weights_mode not in ("abort", "continue"):
-            raise ValueError(f"weights_mode must be 'abort' or 'continue', got {self.weights_mode!r}")
-        if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
-            raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
-        interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
-        if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
-            raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")
 
 
 class WorkerRuntime:
@@ -130,7 +85,7 @@ class WorkerRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: AsyncRolloutQueue | None = None
         self._worker: AsyncWorker | None = None
-        self._settler: Settler  # set by run()
+        self._executor: AttemptExecutor  # set by run()
         # Wake-ups for the loops, set by _advance (and the hurry by request_drain), never cleared
         # except slot_freed, which the reserve loop clears before it asks the scheduler again.
         self._stopping = asyncio.Event()  # reserve nothing more
@@ -214,7 +169,7 @@ class WorkerRuntime:
         finally:
             self.scorer.close()
             await self._close_engine()  # idempotent: _serve already closed it after deregistering
-            # From CLOSING, or from STARTING when the engine or the queue never opened.
+            # From CLOSING, or (engine or queue never opened) from STARTING or an early DRAINING.
             self._advance(S.STOPPED if clean else S.FAILED)
         if self._fatal is not None:
             raise WorkerFailed(f"worker {self.worker_id} stopped: {self._fatal!r}") from self._fatal
@@ -228,8 +183,9 @@ class WorkerRuntime:
         try:
             self._worker = self._queue.worker(self.worker_id)
             # Attempts finishing together complete in one complete_many (completions.py).
-            self._settler = Settler(BatchingWorker(self._worker), self.scorer, self.engine.decode, self.stats,
-                                    self._emit)
+            settler = Settler(BatchingWorker(self._worker), self.scorer, self.engine.decode, self.stats, self._emit)
+            self._executor = AttemptExecutor(self.engine, self.options.sampling, self.versions, settler,
+                                             self._sample_done)
             await self._serve()
         finally:
             await self._queue.close()
@@ -239,7 +195,7 @@ class WorkerRuntime:
         tasks: list[asyncio.Task[None]] = []
         try:
             await self.versions.adopt(await self._worker.heartbeat(), load=self.options.load_initial_weights)
-            self.scheduler = self._make_scheduler()
+            self.scheduler = self.options.scheduler(self.engine.max_concurrency)
             interval = self.options.heartbeat_interval_s or self._queue.config.worker_timeout_s / 4
             self.heartbeat = HeartbeatThread(self.url, self.queue_name, self.worker_id, interval,
                                              self._notice_threadsafe, subscribe=self.options.subscribe_versions)
@@ -262,7 +218,7 @@ class WorkerRuntime:
             await self._abandon()
         finally:
             self._advance(S.CLOSING)
-            await self._cancel(tasks)
+            await cancel(tasks)
             if self.heartbeat is not None:
                 self.heartbeat.stop()  # before close: a late beat would re-register the worker
             await self._close_worker()
@@ -274,14 +230,6 @@ class WorkerRuntime:
             await loop
         except Exception as exc:  # EngineError, a failed weight load, Redis lost past the retry window, a bug
             self._fail(exc)
-
-    def _make_scheduler(self) -> SubmissionScheduler:
-        o = self.options
-        if o.policy == "group":
-            return SubmissionScheduler("group", max_groups=o.max_groups or 4, max_samples=o.max_samples,
-                                       max_batch=o.max_batch)
-        return SubmissionScheduler("sample", max_samples=o.max_samples or self.engine.max_concurrency,
-                                   max_groups=o.max_groups, max_batch=o.max_batch)
 
     def _make_reconciler(self, worker_timeout_s: float) -> Reconciler | None:
         interval = interval_for(self.options.reconcile_interval_s, worker_timeout_s)
@@ -296,36 +244,20 @@ class WorkerRuntime:
         pending = await self._wait_attempts(deadline - time.monotonic(), self._hurry, self._failing)
         if pending and self.state is S.DRAINING:
             self._emit(DrainDeadline(len(pending)))
-            await self._abort(list(self._attempts.values()), "worker drained")
+            await self._executor.abort(list(self._attempts.values()), "worker drained")
             await self._wait_attempts(self.options.abort_grace_s, self._failing)
 
     async def _abandon(self) -> None:
         """Cancel what is left; after a fatal error, attempts already settling (they no longer need
         the engine) get ``abort_grace_s`` to finish. close() then requeues whatever is still owned."""
         if self.state is S.FAILING:
-            await self._cancel([a.task for a in self._attempts.values() if a.phase is not Phase.SETTLING])
+            await cancel([a.task for a in self._attempts.values() if a.phase is not Phase.SETTLING])
             await self._wait_attempts(self.options.abort_grace_s)
-        await self._cancel([a.task for a in self._attempts.values()])
+        await cancel([a.task for a in self._attempts.values()])
 
     async def _wait_attempts(self, timeout_s: float, *interrupts: asyncio.Event) -> set[asyncio.Task[None]]:
-        pending = {a.task for a in self._attempts.values() if a.task is not None}
-        waiters = [asyncio.create_task(event.wait()) for event in interrupts]
-        deadline = time.monotonic() + timeout_s
-        try:
-            while pending and not any(w.done() for w in waiters) and time.monotonic() < deadline:
-                done, _ = await asyncio.wait(pending | set(waiters), timeout=deadline - time.monotonic(),
-                                             return_when=asyncio.FIRST_COMPLETED)
-                pending -= done
-            return pending
-        finally:
-            await self._cancel(waiters)
-
-    @staticmethod
-    async def _cancel(tasks: Sequence[asyncio.Task[Any] | None]) -> None:
-        live = [t for t in tasks if t is not None and not t.done()]
-        for t in live:
-            t.cancel()
-        await asyncio.gather(*live, return_exceptions=True)
+        return await wait_tasks([a.task for a in self._attempts.values() if a.task is not None], timeout_s,
+                                *interrupts)
 
     async def _close_worker(self) -> None:
         assert self._worker is not None
@@ -350,7 +282,7 @@ class WorkerRuntime:
     async def _reserve_loop(self) -> None:
         assert self._worker is not None and self.scheduler is not None
         while not self._stopping.is_set():
-            await self._first(self.versions.ready, self._stopping)
+            await first_of(self.versions.ready, self._stopping)
             self._slot_freed.clear()
             if self._stopping.is_set():
                 return
@@ -369,20 +301,11 @@ class WorkerRuntime:
             self.stats.reserves.append((time.monotonic(), len(got)))
             if self._stopping.is_set():
                 for r in got:  # never hold work we will not execute: back to ready, not counted
-                    await self._settler.settle(Attempt(r), Abort("worker stopping"))
+                    await self._executor.settler.settle(Attempt(r), Abort("worker stopping"))
                 return
             for r in got:
                 self._start(r)
             self._reserving_since = None
-
-    async def _first(self, *events: asyncio.Event) -> None:
-        if any(e.is_set() for e in events):
-            return
-        waiters = [asyncio.create_task(e.wait()) for e in events]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await self._cancel(waiters)
 
     def _start(self, r: Reservation) -> None:
         assert self.scheduler is not None
@@ -407,46 +330,11 @@ class WorkerRuntime:
         await self.versions.ready.wait()
         if self.state is S.FAILING:
             return  # the engine is unusable; close(terminal='lost') returns this attempt
-        a.phase = Phase.GENERATING
-        try:
-            outputs = await self._generate(a)
-        except RequestFailed as exc:
-            a.phase = Phase.SETTLING
-            await self._settler.settle(a, Fail(f"request failed: {exc}"))
-            return
-        a.phase = Phase.SETTLING
-        if a.abort_reason is None and any(out.finish_reason == "abort" for out, _ in outputs):
-            a.abort_reason = "engine aborted a request"
-        if a.abort_reason is not None:
-            await self._settler.settle(a, Abort(a.abort_reason))
-        else:
-            await self._settler.score_and_settle(a, outputs)
+        await self._executor.execute(a)
 
-    async def _generate(self, a: Attempt) -> list[Output]:
-        group = a.reservation.group
-        prompt = list(group.prompt_token_ids) if group.prompt_token_ids else self.engine.encode(group.prompt)
-        tasks = [asyncio.create_task(self._sample(a, slot, prompt)) for slot in range(group.n)]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            await self._cancel(tasks)  # cancelling a generate aborts it inside the engine
-            raise
-
-    async def _sample(self, a: Attempt, slot: int, prompt: list[int]) -> Output:
-        rid = a.request_id(slot)
-        seen = self.versions.track(rid)
-        a.rids.add(rid)
-        try:
-            if a.abort_reason is not None:
-                return SampleOutput((), (), "abort"), tuple(seen)
-            params = sampling_for(self.options.sampling, a.reservation.group.source_id, slot)
-            out = await self.engine.generate(rid, prompt, params)
-            return out, tuple(seen)
-        finally:
-            self.versions.untrack(rid)
-            a.rids.discard(rid)
-            if self.scheduler is not None and self.scheduler.on_sample_done(a.receipt):
-                self._slot_freed.set()
+    def _sample_done(self, a: Attempt) -> None:
+        if self.scheduler is not None and self.scheduler.on_sample_done(a.receipt):
+            self._slot_freed.set()
 
     # -- policy versions ------------------------------------------------------------------------
 
@@ -459,9 +347,4 @@ class WorkerRuntime:
                 return  # the loop closed between the check and the call: the worker is gone
 
     async def _abort_generating(self, reason: str) -> None:
-        await self._abort([a for a in self._attempts.values() if a.phase is Phase.GENERATING], reason)
-
-    async def _abort(self, attempts: list[Attempt], reason: str) -> None:
-        for a in attempts:
-            a.abort_reason = a.abort_reason or reason
-        await asyncio.gather(*(self.engine.abort(rid) for a in attempts for rid in list(a.rids)))
+        await self._executor.abort([a for a in self._attempts.values() if a.phase is Phase.GENERATING], reason)

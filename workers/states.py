@@ -44,12 +44,13 @@ class RuntimeState(enum.Enum):
 
 S = RuntimeState
 #: state -> the states it may go to. CLOSING is reachable from every live state because the
-#: runtime always closes, however it leaves (drain, fatal error, or its run() task cancelled);
-#: STARTING -> FAILED is the one exit with nothing to close (the engine or queue never opened).
+#: runtime always closes, however it leaves (drain, fatal error, or its run() task cancelled).
+#: STARTING -> FAILED and DRAINING -> FAILED are the exits with nothing to close: the engine or
+#: the queue never opened (a drain may be requested before run() has opened them).
 TRANSITIONS: dict[RuntimeState, frozenset[RuntimeState]] = {
     S.STARTING: frozenset({S.RUNNING, S.DRAINING, S.FAILING, S.CLOSING, S.FAILED}),
     S.RUNNING: frozenset({S.DRAINING, S.FAILING, S.CLOSING}),
-    S.DRAINING: frozenset({S.FAILING, S.CLOSING}),
+    S.DRAINING: frozenset({S.FAILING, S.CLOSING, S.FAILED}),
     S.FAILING: frozenset({S.CLOSING}),
     S.CLOSING: frozenset({S.STOPPED, S.FAILED}),
     S.STOPPED: frozenset(),
