@@ -6,8 +6,9 @@ the filter, and settling by receipt exactly once with one ``Verdict`` (``verdict
 filter, fail or abort. It reports what happened as events (``events.py``) and logs nothing itself.
 It must not reserve, touch the engine or decide when to stop; that is ``runtime.py``.
 
-Why a stale receipt is only logged: the reaper already requeued the attempt (our heartbeat was
-late), so another worker owns it now; our result must be dropped, never written (DESIGN rule 1).
+Why a stale receipt is only reported (``StaleSettlement``): the reaper already requeued the attempt
+(our heartbeat was late), so another worker owns it now; our result must be dropped, never written
+(DESIGN rule 1).
 """
 
 from __future__ import annotations
