@@ -2,20 +2,22 @@
 
 Owns what happens to a reservation after generation: turning engine outputs into ``Sample`` values
 (behaviour logprobs, reward, the policy versions each sample ran under), running the reward and
-the filter, and settling by receipt exactly once: ``complete``, ``filter``, ``fail`` or ``abort``.
+the filter, and settling by receipt exactly once with one ``Verdict`` (``verdicts.py``): complete,
+filter, fail or abort. It reports what happened as events (``events.py``) and logs nothing itself.
 It must not reserve, touch the engine or decide when to stop; that is ``runtime.py``.
 
-Why a stale receipt is only logged: the reaper already requeued the attempt (our heartbeat was
-late), so another worker owns it now; our result must be dropped, never written (DESIGN rule 1).
+Why a stale receipt is only reported (``StaleSettlement``): the reaper already requeued the attempt
+(our heartbeat was late), so another worker owns it now; our result must be dropped, never written
+(DESIGN rule 1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
-import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 from rollout_queue import (
     AsyncWorker,
@@ -27,14 +29,12 @@ from rollout_queue import (
     StaleReceipt,
 )
 from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig
+from rollout_queue.workers.events import CompletionRefused, Observer, Settled, StaleSettlement
 from rollout_queue.workers.rewards import Generated, Scorer, ScoringError
-
-log = logging.getLogger("rollout_queue.workers.runtime")
+from rollout_queue.workers.verdicts import VERDICTS, Complete, Fail, Filter, Verdict
 
 #: An engine output and the policy versions its request ran under (in order, oldest first).
 Output = tuple[SampleOutput, tuple[int, ...]]
-#: settle verb -> the counter it bumps
-SETTLED = {"complete": "completed", "filter": "filtered", "fail": "failed", "abort": "aborted"}
 
 
 @dataclass
@@ -42,11 +42,19 @@ class RuntimeStats:
     """Counters a test or a log line reads; ``reserves`` lists (monotonic time, groups granted)."""
 
     reserves: list[tuple[float, int]] = field(default_factory=list)
-    settled: dict[str, int] = field(default_factory=lambda: dict.fromkeys([*SETTLED.values(), "stale"], 0))
+    settled: dict[str, int] = field(default_factory=lambda: dict.fromkeys([v.counter for v in VERDICTS] + ["stale"], 0))
     weight_updates: int = 0
     reconciled: int = 0  # orphaned attempts handed back by reconcile.py
     samples: int = 0
     tokens: int = 0
+
+
+class Phase(enum.Enum):
+    """Where an attempt is: what a weight update may abort and what a fatal error may cancel."""
+
+    WAITING = "waiting"  # reserved, waiting for weights to be ready
+    GENERATING = "generating"  # engine requests in flight
+    SETTLING = "settling"  # done with the engine: scoring and settling by receipt
 
 
 @dataclass(eq=False)
@@ -55,7 +63,7 @@ class Attempt:
 
     reservation: Reservation
     rids: set[str] = field(default_factory=set)
-    phase: Literal["waiting", "generating", "settling"] = "waiting"
+    phase: Phase = Phase.WAITING
     abort_reason: str | None = None
     task: asyncio.Task[None] | None = None
 
@@ -81,8 +89,8 @@ class Settler:
     """Scores finished attempts and settles attempts by receipt, for one worker."""
 
     def __init__(self, worker: AsyncWorker, scorer: Scorer, decode: Callable[[Sequence[int]], str],
-                 stats: RuntimeStats, fields: Callable[..., dict[str, Any]]) -> None:
-        self.worker, self.scorer, self.decode, self.stats, self.fields = worker, scorer, decode, stats, fields
+                 stats: RuntimeStats, emit: Observer) -> None:
+        self.worker, self.scorer, self.decode, self.stats, self.emit = worker, scorer, decode, stats, emit
 
     async def score_and_settle(self, a: Attempt, outputs: Sequence[Output]) -> None:
         """Reward, filter, then complete or filter; a reward or filter error fails the attempt."""
@@ -96,37 +104,30 @@ class Settler:
                        for slot, ((out, seen), reward) in enumerate(zip(outputs, rewards))]
             reason = await self.scorer.check(group, samples)
         except ScoringError as exc:
-            await self.settle(a, "fail", str(exc))
+            await self.settle(a, Fail(str(exc)))
             return
         self.stats.samples += len(samples)
         self.stats.tokens += sum(len(s.token_ids) for s in samples)
-        if reason is not None:
-            await self.settle(a, "filter", reason)
-        else:
-            await self.settle(a, "complete", samples)
+        await self.settle(a, Complete(tuple(samples)) if reason is None else Filter(reason))
 
-    async def settle(self, a: Attempt, verb: str, arg: Any) -> None:
-        """End the attempt by receipt (``verb`` in SETTLED). Raises only what the worker cannot
-        handle (OutcomeUnknown: Redis unreachable past the retry window)."""
+    async def settle(self, a: Attempt, verdict: Verdict) -> None:
+        """End the attempt by receipt with ``verdict``. Raises only what the worker cannot handle
+        (OutcomeUnknown: Redis unreachable past the retry window)."""
         try:
-            outcome = await getattr(self.worker, verb)(a.receipt, arg)
+            outcome = await verdict.send(self.worker, a.receipt)
         except StaleReceipt as exc:
             self.stats.settled["stale"] += 1
-            log.warning("stale receipt: result dropped", extra=self.fields(a.receipt, detail=str(exc)))
+            self.emit(StaleSettlement(a.receipt, str(exc)))
             return
         except MalformedCompletion as exc:  # the script already ended it malformed and requeued it
-            self.stats.settled["failed"] += 1
-            log.error("completion refused as malformed", extra=self.fields(a.receipt, detail=str(exc)))
+            self.stats.settled[Fail.counter] += 1
+            self.emit(CompletionRefused(a.receipt, str(exc)))
             return
         except PayloadTooLarge as exc:  # nothing was written and we still own it: fail it instead
-            await self.settle(a, "fail", str(exc))
+            await self.settle(a, Fail(str(exc)))
             return
-        self.stats.settled[SETTLED[verb]] += 1
-        if verb == "complete":
-            log.debug("completed", extra=self.fields(a.receipt, outcome=outcome))
-        else:
-            level = logging.DEBUG if verb == "filter" else logging.WARNING
-            log.log(level, SETTLED[verb], extra=self.fields(a.receipt, outcome=outcome, reason=str(arg)[:200]))
+        self.stats.settled[verdict.counter] += 1
+        self.emit(Settled(a.receipt, verdict, outcome))
 
 
 def to_sample(slot: int, out: SampleOutput, seen: tuple[int, ...], reward: float | None) -> Sample:

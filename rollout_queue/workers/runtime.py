@@ -4,32 +4,26 @@ What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and
 
 1. The attempt. Each reservation becomes ``n`` concurrent ``engine.generate`` calls, one per parent
    slot (request id ``<entry_id>/<attempt>/<slot>``), then rewards, the filter, and exactly one
-   settlement by receipt: ``complete``, ``filter``, ``fail`` (a ``RequestFailed`` or a reward that
-   raises: counted) or ``abort`` (weight update, drain: not counted). ``StaleReceipt`` means the
-   reaper gave the work away while we were slow: logged and dropped. Completions of attempts that
-   finish together share one ``complete_many`` call (``completions.BatchingWorker``), each with its
-   own outcome.
+   settlement by receipt (``attempt.Settler`` with a ``verdicts.Verdict``). Completions of attempts
+   that finish together share one ``complete_many`` call (``completions.BatchingWorker``).
 2. Reserving. Only ``SubmissionScheduler.request()`` decides how much to ask for; ``reserve``
    blocks (``block_ms``) when nothing is granted (empty queue, admission hold, backpressure), so
    the worker never spins. Nothing is reserved while weights load or once the worker stops.
-3. Liveness. ``HeartbeatThread`` beats on its own connection, so a busy loop never looks dead;
-   its version notices (heartbeat replies and pub/sub) are handed to the loop.
-4. Weight updates. A new version is loaded with ``engine.load_weights(weights_uri)``; in ``abort``
-   mode the attempts still generating are aborted first (back to ready, not counted), in
-   ``continue`` mode they keep running and each sample records every version it ran under
-   (``Sample.versions``; ``Sample.version`` = the oldest).
-5. Reconciliation (``reconcile.py``). Every ``reconcile_interval_s`` the worker lists what the PEL
-   gives it; an attempt it does not hold (a settlement lost in a server crash, a reserve reply that
-   never arrived) is aborted back to ready, so a live worker never pins a group it is not executing.
-6. Shutdown. ``request_drain()`` (SIGTERM): stop reserving, let in-flight attempts finish until
-   the drain deadline, abort the rest, ``close()``, deregister. A fatal error (``EngineError``, any
-   other exception from the engine, or Redis unreachable past the retry window): stop reserving,
-   cancel every attempt that still needs the engine (those already settling get ``abort_grace_s``),
-   ``close(terminal='lost')`` so every owned attempt returns to ready exactly, and only then
-   ``run()`` raises ``WorkerFailed``.
+3. Liveness (``heartbeat.py``), policy versions (``versions.py``) and reconciliation
+   (``reconcile.py``) run beside it; this module only starts and stops them.
+4. The life cycle (``states.py``): STARTING -> RUNNING -> DRAINING or FAILING -> CLOSING ->
+   STOPPED or FAILED, every change through ``_advance``, which also wakes the loops that care.
+   Drain (``request_drain()``, SIGTERM): stop reserving, let in-flight attempts finish until the
+   drain deadline, abort the rest, ``close()``, deregister. Fatal error (``EngineError``, any other
+   exception from the engine, a failed weight load, or Redis unreachable past the retry window):
+   stop reserving, cancel every attempt that still needs the engine (those already settling get
+   ``abort_grace_s``), ``close(terminal='lost')`` so every owned attempt returns to ready exactly,
+   and only then ``run()`` raises ``WorkerFailed``.
+5. Reporting: every fact is a typed event (``events.py``), logged once and handed to ``on_event``.
 
 It must not: settle an attempt twice, hold a reservation it is not executing, heartbeat after
-deregistering, or decide anything the queue's scripts decide (capacity, holds, staleness).
+deregistering, know a Redis key, or decide anything the queue's scripts decide (capacity, holds,
+staleness).
 """
 
 from __future__ import annotations
@@ -37,58 +31,44 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Awaitable
 
-from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, HeartbeatInfo, Receipt, Reservation
+from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, Receipt, Reservation
 from rollout_queue.api.queue import default_process_id
 from rollout_queue.ops.logs import fields
-from rollout_queue.workers.attempt import Attempt, Output, RuntimeStats, Settler, sampling_for
+from rollout_queue.workers.attempt import Attempt, Phase, RuntimeStats, Settler
 from rollout_queue.workers.completions import BatchingWorker
-from rollout_queue.workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
+from rollout_queue.workers.engines.base import Engine
+from rollout_queue.workers.events import (
+    CloseFailed,
+    DrainDeadline,
+    DrainHurried,
+    DrainRequested,
+    EngineCloseFailed,
+    Event,
+    FatalError,
+    Observer,
+    Reserved,
+    StateChanged,
+    WorkerClosed,
+    WorkerStarted,
+    log_event,
+)
+from rollout_queue.workers.execution import AttemptExecutor
 from rollout_queue.workers.heartbeat import HeartbeatThread, VersionNotice
-from rollout_queue.workers.reconcile import DEFAULT_GRACE_S, Reconciler, RuntimeView, interval_for
+from rollout_queue.workers.reconcile import Reconciler, RuntimeView, interval_for
+from rollout_queue.workers.options import WorkerFailed, WorkerOptions
 from rollout_queue.workers.rewards import Scorer
-from rollout_queue.workers.scheduler import Policy, SubmissionScheduler
+from rollout_queue.workers.scheduler import SubmissionScheduler
+from rollout_queue.workers.states import Lifecycle, RuntimeState
+from rollout_queue.workers.tasks import cancel, first_of, wait_tasks
+from rollout_queue.workers.verdicts import Abort
+from rollout_queue.workers.versions import PolicyVersions
+
+__all__ = ["WorkerFailed", "WorkerOptions", "WorkerRuntime"]  # the options live in options.py
 
 log = logging.getLogger("rollout_queue.workers.runtime")
-WeightsMode = Literal["abort", "continue"]
-
-
-class WorkerFailed(RuntimeError):
-    """The worker stopped on a fatal error after returning its owned work (see ``__cause__``)."""
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """How a worker runs. ``max_samples=None``: the engine's ``max_concurrency`` (sample policy);
-    ``max_groups=None``: 4 groups (group policy), no group cap (sample policy);
-    ``reconcile_interval_s=None``: max(worker_timeout_s, 5 s), 0 disables reconciliation;
-    ``reconcile_grace_s``: an attempt is handed back only once delivered this long ago (reconcile.py)."""
-
-    policy: Policy = "sample"
-    max_samples: int | None = None
-    max_groups: int | None = None
-    max_batch: int = 64
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    weights_mode: WeightsMode = "abort"
-    drain_timeout_s: float = 30.0
-    abort_grace_s: float = 5.0
-    block_ms: int = 1000
-    heartbeat_interval_s: float | None = None  # None: worker_timeout_s / 4
-    subscribe_versions: bool = True
-    load_initial_weights: bool = True
-    reconcile_interval_s: float | None = None
-    reconcile_grace_s: float = DEFAULT_GRACE_S
-
-    def __post_init__(self) -> None:
-        if self.weights_mode not in ("abort", "continue"):
-            raise ValueError(f"weights_mode must be 'abort' or 'continue', got {self.weights_mode!r}")
-        if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
-            raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
-        interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
-        if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
-            raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")
+S = RuntimeState
 
 
 class WorkerRuntime:
@@ -96,9 +76,10 @@ class WorkerRuntime:
 
     def __init__(self, url: str, queue: str, engine: Engine, options: WorkerOptions | None = None, *,
                  worker_id: str | None = None, scorer: Scorer | None = None,
-                 durability: Durability | None = None) -> None:
+                 durability: Durability | None = None, on_event: Observer | None = None) -> None:
         """``durability``: durable mode for the worker's queue client (the heartbeat thread's own
-        client stays plain: a lost beat only ages the worker)."""
+        client stays plain: a lost beat only ages the worker). ``on_event``: called on the loop
+        with every event, after it is logged (events.py: it must be quick and must not raise)."""
         self.url, self.queue_name, self.engine = url, queue, engine
         self.durability = durability
         self.options = options or WorkerOptions()
@@ -107,49 +88,83 @@ class WorkerRuntime:
         self.stats = RuntimeStats()
         self.scheduler: SubmissionScheduler | None = None
         self.heartbeat: HeartbeatThread | None = None
-        self.loaded_version = 0
-        self.held: bool | None = None
-        self._target: tuple[int, str | None] = (0, None)
+        self.versions = PolicyVersions(engine, self.options.weights_mode, self.stats, self._emit)
+        self._on_event = on_event
+        self._lifecycle = Lifecycle()
         self._attempts: dict[Receipt, Attempt] = {}
         self._reserving_since: float | None = None  # monotonic start of the reserve call in flight
-        self._seen: dict[str, list[int]] = {}  # request id -> versions it ran under
         self._fatal: BaseException | None = None
         self._drain_deadline: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: AsyncRolloutQueue | None = None
         self._worker: AsyncWorker | None = None
-        self._settler: Settler  # set by run()
-        self._events: dict[str, asyncio.Event] = {}
+        self._executor: AttemptExecutor  # set by run()
+        # Wake-ups for the loops, set by _advance (and the hurry by request_drain), never cleared
+        # except slot_freed, which the reserve loop clears before it asks the scheduler again.
+        self._stopping = asyncio.Event()  # reserve nothing more
+        self._failing = asyncio.Event()  # a drain in progress ends now
+        self._hurry = asyncio.Event()  # a second drain request: skip the rest of the drain timeout
+        self._slot_freed = asyncio.Event()
 
-    def _ev(self, name: str) -> asyncio.Event:
-        return self._events.setdefault(name, asyncio.Event())
+    @property
+    def state(self) -> RuntimeState:
+        return self._lifecycle.state
+
+    @property
+    def loaded_version(self) -> int:
+        return self.versions.loaded
+
+    @property
+    def held(self) -> bool | None:
+        return self.versions.held
 
     # -- control --------------------------------------------------------------------------------
 
     def request_drain(self) -> None:
-        """Begin a drain (SIGTERM); a second request skips the rest of the drain timeout."""
-        if self._drain_deadline is not None:
-            self._ev("hurry").set()
+        """Begin a drain (SIGTERM); a second request skips the rest of the drain timeout. Ignored
+        once the worker is failing or closing: it is already returning its work."""
+        if self.state is S.DRAINING:
+            self._emit(DrainHurried())
+            self._hurry.set()
+            return
+        if self.state.is_stopping:
             return
         self._drain_deadline = time.monotonic() + self.options.drain_timeout_s
-        log.info("draining", extra=self._fields(timeout_s=self.options.drain_timeout_s))
-        self._stop()
+        self._emit(DrainRequested(self.options.drain_timeout_s))
+        self._advance(S.DRAINING)
 
     def drain_threadsafe(self) -> None:
         """``request_drain`` from another thread."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.request_drain)
 
-    def _stop(self) -> None:
-        self._ev("stopping").set()
-        self._ev("slot_freed").set()
-
     def _fail(self, exc: BaseException) -> None:
-        if self._fatal is None:
-            self._fatal = exc
-            log.error("fatal error: stopping, requeueing owned work", exc_info=exc, extra=self._fields())
-            self._ev("fatal").set()
-        self._stop()
+        """Stop on a fatal error. The first one is kept (``run()`` raises it as the cause); those
+        after it are its consequences and are dropped."""
+        if self._fatal is not None or self.state.is_terminal:
+            return
+        self._fatal = exc
+        self._emit(FatalError(exc))
+        if self.state is not S.CLOSING:  # closing already: close() sees _fatal and returns work as lost
+            self._advance(S.FAILING)
+
+    def _advance(self, to: RuntimeState) -> None:
+        """The one place the state changes (IllegalTransition: a runtime bug), and what it wakes."""
+        previous = self._lifecycle.advance(to)
+        self._emit(StateChanged(previous, to))
+        if to.is_stopping:
+            self._stopping.set()
+            self._slot_freed.set()  # the reserve loop may be waiting for a slot: let it see the stop
+        if to is S.FAILING:
+            self._failing.set()
+
+    def _emit(self, event: Event) -> None:
+        log_event(event, {"queue": self.queue_name, "worker": self.worker_id})
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:  # an observer's bug must not change what the worker does: logged here
+                log.exception("event observer failed", extra=self._fields(event=type(event).__name__))
 
     def _fields(self, receipt: Receipt | None = None, **more: Any) -> dict[str, Any]:
         ids = {} if receipt is None else {"entry": receipt.entry_id, "attempt": receipt.attempt}
@@ -160,109 +175,102 @@ class WorkerRuntime:
     async def run(self) -> None:
         """Serve until drained (returns) or failed (raises WorkerFailed after requeueing)."""
         self._loop = asyncio.get_running_loop()
+        clean = False
         try:
-            try:
-                await self.engine.start()
-            except Exception as exc:  # nothing is owned yet: there is nothing to return
-                raise WorkerFailed(f"engine failed to start: {exc}") from exc
-            self._queue = await AsyncRolloutQueue.from_url(self.url, self.queue_name, durability=self.durability)
-            try:
-                self._worker = self._queue.worker(self.worker_id)
-                # Attempts finishing together complete in one complete_many (completions.py).
-                self._settler = Settler(BatchingWorker(self._worker), self.scorer, self.engine.decode, self.stats,
-                                        self._fields)
-                await self._serve()
-            finally:
-                await self._queue.close()
+            await self._open_and_serve()
+            clean = self._fatal is None
         finally:
             self.scorer.close()
             await self._close_engine()  # idempotent: _serve already closed it after deregistering
+            # From CLOSING, or (engine or queue never opened) from STARTING or an early DRAINING.
+            self._advance(S.STOPPED if clean else S.FAILED)
         if self._fatal is not None:
             raise WorkerFailed(f"worker {self.worker_id} stopped: {self._fatal!r}") from self._fatal
 
+    async def _open_and_serve(self) -> None:
+        try:
+            await self.engine.start()
+        except Exception as exc:  # nothing is owned yet: there is nothing to return
+            raise WorkerFailed(f"engine failed to start: {exc}") from exc
+        self._queue = await AsyncRolloutQueue.from_url(self.url, self.queue_name, durability=self.durability)
+        try:
+            self._worker = self._queue.worker(self.worker_id)
+            # Attempts finishing together complete in one complete_many (completions.py).
+            settler = Settler(BatchingWorker(self._worker), self.scorer, self.engine.decode, self.stats, self._emit)
+            self._executor = AttemptExecutor(self.engine, self.options.sampling, self.versions, settler,
+                                             self._sample_done)
+            await self._serve()
+        finally:
+            await self._queue.close()
+
     async def _serve(self) -> None:
         assert self._worker is not None and self._queue is not None
-        self._ev("weights_ready").set()
         tasks: list[asyncio.Task[None]] = []
         try:
-            await self._adopt(await self._worker.heartbeat())
-            self.scheduler = self._make_scheduler()
+            await self.versions.adopt(await self._worker.heartbeat(), load=self.options.load_initial_weights)
+            self.scheduler = self.options.scheduler(self.engine.max_concurrency)
             interval = self.options.heartbeat_interval_s or self._queue.config.worker_timeout_s / 4
             self.heartbeat = HeartbeatThread(self.url, self.queue_name, self.worker_id, interval,
                                              self._notice_threadsafe, subscribe=self.options.subscribe_versions)
             self.heartbeat.start()
-            log.info("worker started", extra=self._fields(policy=self.options.policy, version=self.loaded_version))
-            tasks = [asyncio.create_task(self._reserve_loop()), asyncio.create_task(self._update_loop())]
+            self._emit(WorkerStarted(self.options.policy, self.versions.loaded))
+            if self.state is S.STARTING:  # a drain requested during start-up stays a drain
+                self._advance(S.RUNNING)
+            tasks = [asyncio.create_task(self._guarded(self._reserve_loop())),
+                     asyncio.create_task(self._guarded(self.versions.follow(self._abort_generating)))]
             reconciler = self._make_reconciler(self._queue.config.worker_timeout_s)
             if reconciler is not None:
                 tasks.append(asyncio.create_task(reconciler.run(), name=f"reconcile:{self.worker_id}"))
-            await self._ev("stopping").wait()
+            await self._stopping.wait()
             await asyncio.wait([tasks[0]])  # the reserve in flight returns within block_ms
-            if self._fatal is None:
+            if self.state is S.DRAINING:
                 await self._drain()
             await self._abandon()
         except Exception as exc:  # e.g. the initial weights would not load: still give work back
             self._fail(exc)
             await self._abandon()
         finally:
-            await self._cancel(tasks)
+            self._advance(S.CLOSING)
+            await cancel(tasks)
             if self.heartbeat is not None:
                 self.heartbeat.stop()  # before close: a late beat would re-register the worker
             await self._close_worker()
             await self._close_engine()
 
-    def _make_scheduler(self) -> SubmissionScheduler:
-        o = self.options
-        if o.policy == "group":
-            return SubmissionScheduler("group", max_groups=o.max_groups or 4, max_samples=o.max_samples,
-                                       max_batch=o.max_batch)
-        return SubmissionScheduler("sample", max_samples=o.max_samples or self.engine.max_concurrency,
-                                   max_groups=o.max_groups, max_batch=o.max_batch)
+    async def _guarded(self, loop: Awaitable[None]) -> None:
+        """Run one of the runtime's loops or attempts; an exception out of it is fatal for the worker."""
+        try:
+            await loop
+        except Exception as exc:  # EngineError, a failed weight load, Redis lost past the retry window, a bug
+            self._fail(exc)
 
     def _make_reconciler(self, worker_timeout_s: float) -> Reconciler | None:
         interval = interval_for(self.options.reconcile_interval_s, worker_timeout_s)
         if interval <= 0:
             return None
         assert self._worker is not None
-        view = RuntimeView(lambda: list(self._attempts), lambda: self._reserving_since, self._ev("stopping"),
-                           self._fail)
+        view = RuntimeView(lambda: list(self._attempts), lambda: self._reserving_since, self._stopping, self._fail)
         return Reconciler(self._worker, view, interval, self.options.reconcile_grace_s, self.stats, self._fields)
 
     async def _drain(self) -> None:
         deadline = self._drain_deadline or time.monotonic()
-        pending = await self._wait_attempts(deadline - time.monotonic(), "hurry", "fatal")
-        if pending and self._fatal is None:
-            log.info("drain deadline: aborting attempts", extra=self._fields(attempts=len(pending)))
-            await self._abort([a for a in self._attempts.values()], "worker drained")
-            await self._wait_attempts(self.options.abort_grace_s, "fatal")
+        pending = await self._wait_attempts(deadline - time.monotonic(), self._hurry, self._failing)
+        if pending and self.state is S.DRAINING:
+            self._emit(DrainDeadline(len(pending)))
+            await self._executor.abort(list(self._attempts.values()), "worker drained")
+            await self._wait_attempts(self.options.abort_grace_s, self._failing)
 
     async def _abandon(self) -> None:
         """Cancel what is left; after a fatal error, attempts already settling (they no longer need
         the engine) get ``abort_grace_s`` to finish. close() then requeues whatever is still owned."""
-        if self._fatal is not None:
-            await self._cancel([a.task for a in self._attempts.values() if a.phase != "settling"])
+        if self.state is S.FAILING:
+            await cancel([a.task for a in self._attempts.values() if a.phase is not Phase.SETTLING])
             await self._wait_attempts(self.options.abort_grace_s)
-        await self._cancel([a.task for a in self._attempts.values()])
+        await cancel([a.task for a in self._attempts.values()])
 
-    async def _wait_attempts(self, timeout_s: float, *interrupts: str) -> set[asyncio.Task[None]]:
-        pending = {a.task for a in self._attempts.values() if a.task is not None}
-        waiters = [asyncio.create_task(self._ev(name).wait()) for name in interrupts]
-        deadline = time.monotonic() + timeout_s
-        try:
-            while pending and not any(w.done() for w in waiters) and time.monotonic() < deadline:
-                done, _ = await asyncio.wait(pending | set(waiters), timeout=deadline - time.monotonic(),
-                                             return_when=asyncio.FIRST_COMPLETED)
-                pending -= done
-            return pending
-        finally:
-            await self._cancel(waiters)
-
-    @staticmethod
-    async def _cancel(tasks: Sequence[asyncio.Task[Any] | None]) -> None:
-        live = [t for t in tasks if t is not None and not t.done()]
-        for t in live:
-            t.cancel()
-        await asyncio.gather(*live, return_exceptions=True)
+    async def _wait_attempts(self, timeout_s: float, *interrupts: asyncio.Event) -> set[asyncio.Task[None]]:
+        return await wait_tasks([a.task for a in self._attempts.values() if a.task is not None], timeout_s,
+                                *interrupts)
 
     async def _close_worker(self) -> None:
         assert self._worker is not None
@@ -271,59 +279,46 @@ class WorkerRuntime:
         try:
             requeued, dead = await self._worker.close(terminal, reason)
         except Exception as exc:  # Redis gone: the reaper requeues our work after worker_timeout_s
-            log.error("could not return owned work; the reaper will requeue it", exc_info=exc, extra=self._fields())
+            self._emit(CloseFailed(exc))
             self._fatal = self._fatal or exc
             return
-        log.info("worker closed", extra=self._fields(terminal=terminal, requeued=requeued, dead=dead,
-                                                     reconciled=self.stats.reconciled, **self.stats.settled))
+        self._emit(WorkerClosed(terminal, requeued, dead, self.stats.reconciled, tuple(self.stats.settled.items())))
 
     async def _close_engine(self) -> None:
         try:
             await self.engine.close()
         except Exception as exc:  # the worker is already deregistered; just report it
-            log.warning("engine close failed", exc_info=exc, extra=self._fields())
+            self._emit(EngineCloseFailed(exc))
 
     # -- reserving ------------------------------------------------------------------------------
 
     async def _reserve_loop(self) -> None:
         assert self._worker is not None and self.scheduler is not None
-        try:
-            while not self._ev("stopping").is_set():
-                await self._first(self._ev("weights_ready"), self._ev("stopping"))
-                self._ev("slot_freed").clear()
-                if self._ev("stopping").is_set():
-                    return
-                ask = self.scheduler.request()
-                if ask is None:
-                    await self._ev("slot_freed").wait()
-                    continue
-                # Until its grants are held (or handed back), the reconciler must not take them
-                # for orphans: it skips whatever was delivered after this instant.
-                self._reserving_since = time.monotonic()
-                # The engines queue requests beyond their concurrency, so a sample-policy worker takes
-                # a group larger than its free slots when it is the oldest (overcommit): one such
-                # group never freezes a fleet whose slots are all smaller than it (issue 12 item 2).
-                got = await self._worker.reserve(ask.max_groups, block_ms=self.options.block_ms,
-                                                 max_samples=ask.max_samples, overcommit=ask.overcommit)
-                self.stats.reserves.append((time.monotonic(), len(got)))
-                if self._ev("stopping").is_set():
-                    for r in got:  # never hold work we will not execute: back to ready, not counted
-                        await self._settler.settle(Attempt(r), "abort", "worker stopping")
-                    return
-                for r in got:
-                    self._start(r)
-                self._reserving_since = None
-        except Exception as exc:  # Redis unreachable past the retry window, or a bug
-            self._fail(exc)
-
-    async def _first(self, *events: asyncio.Event) -> None:
-        if any(e.is_set() for e in events):
-            return
-        waiters = [asyncio.create_task(e.wait()) for e in events]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await self._cancel(waiters)
+        while not self._stopping.is_set():
+            await first_of(self.versions.ready, self._stopping)
+            self._slot_freed.clear()
+            if self._stopping.is_set():
+                return
+            ask = self.scheduler.request()
+            if ask is None:
+                await self._slot_freed.wait()
+                continue
+            # Until its grants are held (or handed back), the reconciler must not take them
+            # for orphans: it skips whatever was delivered after this instant.
+            self._reserving_since = time.monotonic()
+            # The engines queue requests beyond their concurrency, so a sample-policy worker takes
+            # a group larger than its free slots when it is the oldest (overcommit): one such
+            # group never freezes a fleet whose slots are all smaller than it (issue 12 item 2).
+            got = await self._worker.reserve(ask.max_groups, block_ms=self.options.block_ms,
+                                             max_samples=ask.max_samples, overcommit=ask.overcommit)
+            self.stats.reserves.append((time.monotonic(), len(got)))
+            if self._stopping.is_set():
+                for r in got:  # never hold work we will not execute: back to ready, not counted
+                    await self._executor.settler.settle(Attempt(r), Abort("worker stopping"))
+                return
+            for r in got:
+                self._start(r)
+            self._reserving_since = None
 
     def _start(self, r: Reservation) -> None:
         assert self.scheduler is not None
@@ -331,67 +326,28 @@ class WorkerRuntime:
         attempt = Attempt(r)
         self._attempts[r.receipt] = attempt
         attempt.task = asyncio.create_task(self._run_attempt(attempt), name=f"attempt:{r.entry_id}/{r.receipt.attempt}")
-        log.debug("reserved", extra=self._fields(r.receipt, n=r.group.n, version=r.version))
+        self._emit(Reserved(r.receipt, r.group.n, r.version))
 
     # -- one attempt ----------------------------------------------------------------------------
 
     async def _run_attempt(self, a: Attempt) -> None:
         try:
-            await self._execute(a)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # EngineError, an engine bug, or Redis lost: fatal for the worker
-            self._fail(exc)
+            await self._guarded(self._execute(a))
         finally:
             self._attempts.pop(a.receipt, None)
             if self.scheduler is not None:
                 self.scheduler.on_group_terminal(a.receipt)
-            self._ev("slot_freed").set()
+            self._slot_freed.set()
 
     async def _execute(self, a: Attempt) -> None:
-        await self._ev("weights_ready").wait()
-        if self._fatal is not None:
+        await self.versions.ready.wait()
+        if self.state is S.FAILING:
             return  # the engine is unusable; close(terminal='lost') returns this attempt
-        a.phase = "generating"
-        try:
-            outputs = await self._generate(a)
-        except RequestFailed as exc:
-            a.phase = "settling"
-            await self._settler.settle(a, "fail", f"request failed: {exc}")
-            return
-        a.phase = "settling"
-        if a.abort_reason is None and any(out.finish_reason == "abort" for out, _ in outputs):
-            a.abort_reason = "engine aborted a request"
-        if a.abort_reason is not None:
-            await self._settler.settle(a, "abort", a.abort_reason)
-        else:
-            await self._settler.score_and_settle(a, outputs)
+        await self._executor.execute(a)
 
-    async def _generate(self, a: Attempt) -> list[Output]:
-        group = a.reservation.group
-        prompt = list(group.prompt_token_ids) if group.prompt_token_ids else self.engine.encode(group.prompt)
-        tasks = [asyncio.create_task(self._sample(a, slot, prompt)) for slot in range(group.n)]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            await self._cancel(tasks)  # cancelling a generate aborts it inside the engine
-            raise
-
-    async def _sample(self, a: Attempt, slot: int, prompt: list[int]) -> Output:
-        rid = a.request_id(slot)
-        seen = self._seen[rid] = [self.loaded_version]
-        a.rids.add(rid)
-        try:
-            if a.abort_reason is not None:
-                return SampleOutput((), (), "abort"), tuple(seen)
-            params = sampling_for(self.options.sampling, a.reservation.group.source_id, slot)
-            out = await self.engine.generate(rid, prompt, params)
-            return out, tuple(seen)
-        finally:
-            del self._seen[rid]
-            a.rids.discard(rid)
-            if self.scheduler is not None and self.scheduler.on_sample_done(a.receipt):
-                self._ev("slot_freed").set()
+    def _sample_done(self, a: Attempt) -> None:
+        if self.scheduler is not None and self.scheduler.on_sample_done(a.receipt):
+            self._slot_freed.set()
 
     # -- policy versions ------------------------------------------------------------------------
 
@@ -399,58 +355,9 @@ class WorkerRuntime:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(self._notice, notice)
+                loop.call_soon_threadsafe(self.versions.notice, notice)
             except RuntimeError:
                 return  # the loop closed between the check and the call: the worker is gone
 
-    def _notice(self, notice: VersionNotice) -> None:
-        if notice.held is not None and notice.held != self.held:
-            if notice.held or self.held is not None:
-                log.info("admission hold " + ("active" if notice.held else "released"), extra=self._fields())
-            self.held = notice.held
-        if notice.published and notice.version > self._target[0]:
-            self._target = (notice.version, notice.weights_uri)
-            self._ev("update_wanted").set()
-
-    async def _adopt(self, info: HeartbeatInfo) -> None:
-        """Take the queue's current version at start, loading its weights if it names them."""
-        self._target = (info.version, info.weights_uri or None)
-        if info.version_published and info.weights_uri and self.options.load_initial_weights:
-            await self.engine.load_weights(info.weights_uri)
-        self.loaded_version = info.version
-
-    async def _update_loop(self) -> None:
-        try:
-            while True:
-                await self._ev("update_wanted").wait()
-                self._ev("update_wanted").clear()
-                version, uri = self._target
-                if version > self.loaded_version:
-                    await self._update(version, uri)
-        except Exception as exc:  # a failed load leaves the engine's weights unknown: fatal
-            self._fail(exc)
-
-    async def _update(self, version: int, uri: str | None) -> None:
-        self._ev("weights_ready").clear()
-        try:
-            if self.options.weights_mode == "abort":
-                await self._abort([a for a in self._attempts.values() if a.phase == "generating"],
-                                  f"weight update to version {version}")
-            if uri:
-                await self.engine.load_weights(uri)
-            else:
-                log.warning("version published without weights_uri: adopted without loading",
-                            extra=self._fields(version=version))
-            self.loaded_version = version
-            for seen in self._seen.values():  # requests in flight ran under this version too
-                seen.append(version)
-            self.stats.weight_updates += 1
-            log.info("weights updated", extra=self._fields(version=version, weights_uri=uri,
-                                                           mode=self.options.weights_mode))
-        finally:
-            self._ev("weights_ready").set()
-
-    async def _abort(self, attempts: list[Attempt], reason: str) -> None:
-        for a in attempts:
-            a.abort_reason = a.abort_reason or reason
-        await asyncio.gather(*(self.engine.abort(rid) for a in attempts for rid in list(a.rids)))
+    async def _abort_generating(self, reason: str) -> None:
+        await self._executor.abort([a for a in self._attempts.values() if a.phase is Phase.GENERATING], reason)

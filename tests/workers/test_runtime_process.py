@@ -71,9 +71,10 @@ def test_sigterm_drains_finishes_in_flight_work_requeues_the_rest_and_exits_0(ur
     lines = [json.loads(line) for line in err.splitlines() if line.strip()]
     closed = [x for x in lines if x["msg"] == "worker closed"]
     assert closed and closed[0]["worker"] == "drainer" and closed[0]["queue"] == name
+    assert closed[0]["event"] == "WorkerClosed"  # every runtime line names its typed event (workers/events.py)
     assert (closed[0]["completed"], closed[0]["aborted"], closed[0]["requeued"]) == (2, 1, 0)
     aborted = [x for x in lines if x["msg"] == "aborted"]
-    assert aborted and {"entry", "attempt", "worker", "queue"} <= set(aborted[0])
+    assert aborted and {"entry", "attempt", "worker", "queue"} <= set(aborted[0]) and aborted[0]["event"] == "Settled"
 
 
 def test_kill_9_mid_generation_the_reaper_requeues_and_another_worker_finishes_once(url: str, name: str) -> None:

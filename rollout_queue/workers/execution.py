@@ -1,0 +1,80 @@
+"""Executing one attempt: its ``n`` engine requests, then exactly one settlement.
+
+Why apart from ``runtime.py``: this is the only code that talks to the engine about a reservation,
+and it reads top to bottom as the attempt does: generate every parent slot concurrently (request
+id ``<entry_id>/<attempt>/<slot>``, one seed per slot), then abort (a weight update, a drain, or
+the engine cut a request short: not counted), fail (a ``RequestFailed``: counted), or score and
+complete or filter (``attempt.Settler``).
+
+It must not reserve, keep the set of attempts, or decide that the worker stops: whatever escapes
+``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``) is the runtime's to judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from rollout_queue.workers.attempt import Attempt, Output, Phase, Settler, sampling_for
+from rollout_queue.workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
+from rollout_queue.workers.tasks import cancel
+from rollout_queue.workers.verdicts import Abort, Fail
+from rollout_queue.workers.versions import PolicyVersions
+
+
+class AttemptExecutor:
+    """Runs attempts on one engine; ``on_sample_done`` hears of every sample that ends, however."""
+
+    def __init__(self, engine: Engine, sampling: SamplingConfig, versions: PolicyVersions, settler: Settler,
+                 on_sample_done: Callable[[Attempt], None]) -> None:
+        self.engine, self.sampling, self.versions, self.settler = engine, sampling, versions, settler
+        self.on_sample_done = on_sample_done
+
+    async def execute(self, a: Attempt) -> None:
+        """Generate, then settle by receipt. Raises what the engine or the settlement cannot handle."""
+        a.phase = Phase.GENERATING
+        try:
+            outputs = await self._generate(a)
+        except RequestFailed as exc:
+            a.phase = Phase.SETTLING
+            await self.settler.settle(a, Fail(f"request failed: {exc}"))
+            return
+        a.phase = Phase.SETTLING
+        if a.abort_reason is None and any(out.finish_reason == "abort" for out, _ in outputs):
+            a.abort_reason = "engine aborted a request"
+        if a.abort_reason is not None:
+            await self.settler.settle(a, Abort(a.abort_reason))
+        else:
+            await self.settler.score_and_settle(a, outputs)
+
+    async def abort(self, attempts: list[Attempt], reason: str) -> None:
+        """End ``attempts`` early: their requests in flight are aborted and they settle as aborted
+        (the first reason given is kept)."""
+        for a in attempts:
+            a.abort_reason = a.abort_reason or reason
+        await asyncio.gather(*(self.engine.abort(rid) for a in attempts for rid in list(a.rids)))
+
+    async def _generate(self, a: Attempt) -> list[Output]:
+        group = a.reservation.group
+        prompt = list(group.prompt_token_ids) if group.prompt_token_ids else self.engine.encode(group.prompt)
+        tasks = [asyncio.create_task(self._sample(a, slot, prompt)) for slot in range(group.n)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            await cancel(tasks)  # cancelling a generate aborts it inside the engine
+            raise
+
+    async def _sample(self, a: Attempt, slot: int, prompt: list[int]) -> Output:
+        rid = a.request_id(slot)
+        seen = self.versions.track(rid)
+        a.rids.add(rid)
+        try:
+            if a.abort_reason is not None:
+                return SampleOutput((), (), "abort"), tuple(seen)
+            params = sampling_for(self.sampling, a.reservation.group.source_id, slot)
+            out = await self.engine.generate(rid, prompt, params)
+            return out, tuple(seen)
+        finally:
+            self.versions.untrack(rid)
+            a.rids.discard(rid)
+            self.on_sample_done(a)

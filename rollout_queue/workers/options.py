@@ -1,0 +1,59 @@
+"""How a worker runs (``WorkerOptions``) and how it reports a fatal stop (``WorkerFailed``).
+
+Why apart from ``runtime.py``: the CLI and the tests build options without reading the loop, and
+the options are validated on construction (a malformed option cannot reach the runtime). It owns
+no behaviour beyond turning the options into a ``SubmissionScheduler``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
+from rollout_queue.workers.scheduler import Policy, SubmissionScheduler
+from rollout_queue.workers.versions import WeightsMode
+
+
+class WorkerFailed(RuntimeError):
+    """The worker stopped on a fatal error after returning its owned work (see ``__cause__``)."""
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker runs. ``max_samples=None``: the engine's ``max_concurrency`` (sample policy);
+    ``max_groups=None``: 4 groups (group policy), no group cap (sample policy);
+    ``reconcile_interval_s=None``: max(worker_timeout_s, 5 s), 0 disables reconciliation;
+    ``reconcile_grace_s``: an attempt is handed back only once delivered this long ago (reconcile.py)."""
+
+    policy: Policy = "sample"
+    max_samples: int | None = None
+    max_groups: int | None = None
+    max_batch: int = 64
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    weights_mode: WeightsMode = "abort"
+    drain_timeout_s: float = 30.0
+    abort_grace_s: float = 5.0
+    block_ms: int = 1000
+    heartbeat_interval_s: float | None = None  # None: worker_timeout_s / 4
+    subscribe_versions: bool = True
+    load_initial_weights: bool = True
+    reconcile_interval_s: float | None = None
+    reconcile_grace_s: float = DEFAULT_GRACE_S
+
+    def __post_init__(self) -> None:
+        if self.weights_mode not in ("abort", "continue"):
+            raise ValueError(f"weights_mode must be 'abort' or 'continue', got {self.weights_mode!r}")
+        if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
+            raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
+        interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
+        if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
+            raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")
+
+    def scheduler(self, max_concurrency: int) -> SubmissionScheduler:
+        """The scheduler of these options; ``max_concurrency``: the engine's (the sample policy's default)."""
+        if self.policy == "group":
+            return SubmissionScheduler("group", max_groups=self.max_groups or 4, max_samples=self.max_samples,
+                                       max_batch=self.max_batch)
+        return SubmissionScheduler("sample", max_samples=self.max_samples or max_concurrency,
+                                   max_groups=self.max_groups, max_batch=self.max_batch)

@@ -1,0 +1,93 @@
+"""How an attempt ends: one frozen type per verdict, each naming the one facade call that settles it.
+
+Why types and not verb strings: the settler used to run ``getattr(worker, verb)(receipt, arg)``,
+so a misspelt verb or an argument of the wrong kind (samples where a reason belongs) was found only
+when that line ran. Here each verdict carries exactly its own fields and its ``send`` is an
+ordinary method call on the worker facade, so the four settlements can be read (and type-checked)
+side by side.
+
+It owns nothing else: no retries, no logging, no decision about which verdict applies (that is
+``attempt.Settler``). The facade calls are exactly ``complete``/``filter``/``fail``/``abort`` with
+their existing signatures.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rollout_queue import AsyncWorker, Receipt, Sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Base of the four verdicts. ``counter``: the ``RuntimeStats.settled`` key and the log message."""
+
+    counter: ClassVar[str]
+    log_level: ClassVar[int] = logging.WARNING
+
+    def log_fields(self) -> dict[str, Any]:
+        """What a log line shows of the verdict (never the samples)."""
+        return {}
+
+    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+        """Settle ``receipt`` on ``worker``; returns the script's outcome word."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Complete(Verdict):
+    """The samples go to the buffer for training."""
+
+    samples: tuple[Sample, ...]
+    counter: ClassVar[str] = "completed"
+    log_level: ClassVar[int] = logging.DEBUG
+
+    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+        return await worker.complete(receipt, list(self.samples))
+
+
+@dataclass(frozen=True)
+class _Explained(Verdict):
+    """A verdict that settles with a reason, kept on the terminal record."""
+
+    reason: str
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"reason": self.reason[:200]}
+
+
+@dataclass(frozen=True)
+class Filter(_Explained):
+    """The group scored but the filter rejected it (for example, every reward equal)."""
+
+    counter: ClassVar[str] = "filtered"
+    log_level: ClassVar[int] = logging.DEBUG
+
+    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+        return await worker.filter(receipt, self.reason)
+
+
+@dataclass(frozen=True)
+class Fail(_Explained):
+    """A request or the reward failed: counted against the group's attempts."""
+
+    counter: ClassVar[str] = "failed"
+
+    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+        return await worker.fail(receipt, self.reason)
+
+
+@dataclass(frozen=True)
+class Abort(_Explained):
+    """Back to ready, not counted: a weight update, a drain, or the worker stopping."""
+
+    counter: ClassVar[str] = "aborted"
+
+    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+        return await worker.abort(receipt, self.reason)
+
+
+#: Every verdict type; RuntimeStats counts one key per entry (plus "stale").
+VERDICTS: tuple[type[Verdict], ...] = (Complete, Filter, Fail, Abort)

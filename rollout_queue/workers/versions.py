@@ -1,0 +1,94 @@
+"""Following the queue's policy version: what the engine has loaded, what the queue wants, the hold.
+
+Why apart from the runtime's life cycle (``states.py``): a weight update may happen while the
+worker runs or drains, and an admission hold changes nothing the worker does (``reserve`` simply
+grants nothing), so neither is a state of the worker. This module owns:
+
+- ``adopt``: at start, take the queue's current version, loading its weights if it names them.
+- ``notice``: what the heartbeat thread learned (handed to the loop); a newer published version
+  wakes ``follow``.
+- ``follow``: load each newer version with ``engine.load_weights(weights_uri)``. ``ready`` is
+  cleared meanwhile, so no attempt starts generating on half-loaded weights; in ``abort`` mode the
+  attempts still generating are aborted first, in ``continue`` mode every request in flight
+  records that it also ran under the new version (``track``).
+
+It must not reserve, settle, or decide whether a failed load is fatal: ``follow`` raises and the
+runtime decides (a failed load leaves the engine's weights unknown, so it stops the worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Literal
+
+from rollout_queue import HeartbeatInfo
+from rollout_queue.workers.attempt import RuntimeStats
+from rollout_queue.workers.engines.base import Engine
+from rollout_queue.workers.events import AdoptedWithoutWeights, HoldChanged, Observer, WeightsUpdated
+from rollout_queue.workers.heartbeat import VersionNotice
+
+WeightsMode = Literal["abort", "continue"]
+
+
+class PolicyVersions:
+    """The loaded and the wanted policy version of one worker's engine, and the admission hold."""
+
+    def __init__(self, engine: Engine, mode: WeightsMode, stats: RuntimeStats, emit: Observer) -> None:
+        self.engine, self.mode, self.stats, self.emit = engine, mode, stats, emit
+        self.loaded = 0
+        self.held: bool | None = None  # None until a heartbeat reply said
+        self.ready = asyncio.Event()  # cleared while weights load
+        self.ready.set()
+        self._target: tuple[int, str | None] = (0, None)
+        self._wanted = asyncio.Event()
+        self._seen: dict[str, list[int]] = {}  # request id in flight -> versions it ran under
+
+    async def adopt(self, info: HeartbeatInfo, *, load: bool) -> None:
+        """Take the queue's current version at start, loading its weights if it names them (and ``load``)."""
+        self._target = (info.version, info.weights_uri or None)
+        if info.version_published and info.weights_uri and load:
+            await self.engine.load_weights(info.weights_uri)
+        self.loaded = info.version
+
+    def notice(self, notice: VersionNotice) -> None:
+        if notice.held is not None and notice.held != self.held:
+            if notice.held or self.held is not None:  # the first "not held" is no news
+                self.emit(HoldChanged(notice.held))
+            self.held = notice.held
+        if notice.published and notice.version > self._target[0]:
+            self._target = (notice.version, notice.weights_uri)
+            self._wanted.set()
+
+    def track(self, request_id: str) -> list[int]:
+        """Start recording the versions ``request_id`` runs under; the list grows at each update."""
+        seen = self._seen[request_id] = [self.loaded]
+        return seen
+
+    def untrack(self, request_id: str) -> None:
+        del self._seen[request_id]
+
+    async def follow(self, abort_generating: Callable[[str], Awaitable[None]]) -> None:
+        """Load every newer version noticed, until cancelled. Raises what a load raises."""
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            version, uri = self._target
+            if version > self.loaded:
+                await self._update(version, uri, abort_generating)
+
+    async def _update(self, version: int, uri: str | None, abort_generating: Callable[[str], Awaitable[None]]) -> None:
+        self.ready.clear()
+        try:
+            if self.mode == "abort":
+                await abort_generating(f"weight update to version {version}")
+            if uri:
+                await self.engine.load_weights(uri)
+            else:
+                self.emit(AdoptedWithoutWeights(version))
+            self.loaded = version
+            for seen in self._seen.values():  # requests in flight ran under this version too
+                seen.append(version)
+            self.stats.weight_updates += 1
+            self.emit(WeightsUpdated(version, uri, self.mode))
+        finally:
+            self.ready.set()
