@@ -23,6 +23,7 @@ from prometheus_client.utils import floatToGoString
 
 from . import views
 from .errors import RolloutQueueError
+from .escape import clean
 from .view_models import STATES, Snapshot, state_counts
 from .views import QueueView
 
@@ -91,13 +92,14 @@ def _gauges(snap: Snapshot, q: str) -> Iterator[Metric]:
         status["alive" if w.alive else "silent" if registered else "unregistered"] += 1
     yield _gauge("rollout_queue_workers", "Workers by heartbeat status.", ("queue", "status"),
                  (((q, k), v) for k, v in status.items()))
-    # One series per worker (ids churn with restarts: a deregistered worker's series ends).
+    # One series per worker (ids churn with restarts: a deregistered worker's series ends). A worker id
+    # is untrusted text: clean() keeps control characters out of the exposition.
     yield _gauge("rollout_queue_worker_heartbeat_age_seconds", "Seconds since each registered worker's last "
                  "heartbeat (alive while under worker_timeout_s).", ("queue", "worker"),
-                 [((q, w.worker_id), w.silent_ms / 1000) for w in snap.workers if w.silent_ms is not None])
+                 [((q, clean(w.worker_id)), w.silent_ms / 1000) for w in snap.workers if w.silent_ms is not None])
     yield _gauge("rollout_queue_worker_executing_groups", "Groups each worker (or unregistered PEL consumer) "
                  "is executing now.", ("queue", "worker"),
-                 [((q, w.worker_id), w.executing_groups) for w in snap.workers])
+                 [((q, clean(w.worker_id)), w.executing_groups) for w in snap.workers])
     yield _gauge("rollout_queue_leases_active", "Active leases.", ("queue",), [((q,), len(snap.leases))])
     remaining = [x.remaining_ms for x in snap.leases if x.remaining_ms is not None]  # None: a garbage deadline
     yield _gauge("rollout_queue_leases_overdue", "Leases past their deadline, not yet rolled back.", ("queue",),
