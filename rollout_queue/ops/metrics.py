@@ -21,8 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from rollout_queue.ops import views
 from rollout_queue.core.errors import RolloutQueueError
+from rollout_queue.ops import views
+from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import STATES, Snapshot, state_counts
 from rollout_queue.ops.views import QueueView
 
@@ -91,6 +92,14 @@ def _gauges(snap: Snapshot, q: str) -> Iterator[Metric]:
         status["alive" if w.alive else "silent" if registered else "unregistered"] += 1
     yield _gauge("rollout_queue_workers", "Workers by heartbeat status.", ("queue", "status"),
                  (((q, k), v) for k, v in status.items()))
+    # One series per worker (ids churn with restarts: a deregistered worker's series ends). A worker id
+    # is untrusted text: clean() keeps control characters out of the exposition.
+    yield _gauge("rollout_queue_worker_heartbeat_age_seconds", "Seconds since each registered worker's last "
+                 "heartbeat (alive while under worker_timeout_s).", ("queue", "worker"),
+                 [((q, clean(w.worker_id)), w.silent_ms / 1000) for w in snap.workers if w.silent_ms is not None])
+    yield _gauge("rollout_queue_worker_executing_groups", "Groups each worker (or unregistered PEL consumer) "
+                 "is executing now.", ("queue", "worker"),
+                 [((q, clean(w.worker_id)), w.executing_groups) for w in snap.workers])
     yield _gauge("rollout_queue_leases_active", "Active leases.", ("queue",), [((q,), len(snap.leases))])
     remaining = [x.remaining_ms for x in snap.leases if x.remaining_ms is not None]  # None: a garbage deadline
     yield _gauge("rollout_queue_leases_overdue", "Leases past their deadline, not yet rolled back.", ("queue",),
@@ -122,6 +131,17 @@ def _counters(st: Any, q: str) -> Iterator[Metric]:
     for key, (name, doc) in COUNTERS.items():
         family = CounterMetricFamily(name, doc, labels=["queue"])
         family.add_metric([q], st.counters.get(key, 0))
+        yield family
+    # Monotonic sums of a gauge and what moves groups out of it, written by the same script (commit.lua
+    # vs restore_batch.lua; dlq_requeue.lua / dlq_purge.lua), so a rate() over them never dips.
+    c = st.counters
+    for name, doc, value in (
+            ("rollout_queue_commits", "Groups committed by trainers (committed now plus restored).",
+             st.committed + c.get("restored", 0)),
+            ("rollout_queue_dead_letters", "Groups settled dead (dead now plus requeued and purged dead letters).",
+             st.dead + c.get("dead_requeued", 0) + c.get("dead_purged", 0))):
+        family = CounterMetricFamily(name, doc, labels=["queue"])
+        family.add_metric([q], value)
         yield family
     ended = CounterMetricFamily("rollout_queue_attempts_ended", "Attempts that ended without a completion.",
                                 labels=["queue", "terminal"])

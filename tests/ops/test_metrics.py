@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_queue.ops import metrics
 from rollout_queue.ops.views import QueueView
-from tests.ops.conftest import Cli, KnownState
+from tests.ops.conftest import ALIVE, SILENT, Cli, KnownState
 
 
 def samples_of(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -69,3 +69,30 @@ def test_process_metrics_of_workers_and_trainers() -> None:
     assert value(found, "rollout_queue_worker_samples_total", queue="q") == 4
     assert value(found, "rollout_queue_worker_attempt_seconds_count", queue="q") == 1
     assert value(found, "rollout_queue_trainer_lease_wait_seconds_count", queue="q") == 1
+
+
+def test_per_worker_liveness_and_monotonic_commits_and_dead_letters(known_state: KnownState) -> None:
+    """Per-worker heartbeat age and load; commits and dead letters as counters that a restore or a DLQ
+    requeue (which lower the committed and dead gauges) never make go back."""
+    st, q = known_state, known_state.queue
+    view = QueueView.from_url(st.url, q)
+    try:
+        found = samples_of(metrics.exposition(view))
+        assert value(found, "rollout_queue_worker_heartbeat_age_seconds", queue=q, worker=ALIVE) < 0.5
+        assert value(found, "rollout_queue_worker_heartbeat_age_seconds", queue=q, worker=SILENT) > 0.5
+        assert value(found, "rollout_queue_worker_executing_groups", queue=q, worker=ALIVE) == 1
+        assert value(found, "rollout_queue_worker_executing_groups", queue=q, worker=SILENT) == 1
+        assert value(found, "rollout_queue_commits_total", queue=q) == 1
+        assert value(found, "rollout_queue_dead_letters_total", queue=q) == 1
+        st.lease.commit(step=1)  # type: ignore[attr-defined]
+        assert value(samples_of(metrics.exposition(view)), "rollout_queue_commits_total", queue=q) == 2
+        st.q.requeue_dead_letter(st.dlq_id)
+        assert st.q.restore(0) == 1  # g2, committed at step 1 (the fixture's first commit had no step)
+        found = samples_of(metrics.exposition(view))
+        assert value(found, "rollout_queue_groups", queue=q, state="dead") == 0
+        assert value(found, "rollout_queue_groups", queue=q, state="committed") == 1
+        assert value(found, "rollout_queue_restored_total", queue=q) == 1
+        assert value(found, "rollout_queue_commits_total", queue=q) == 2
+        assert value(found, "rollout_queue_dead_letters_total", queue=q) == 1
+    finally:
+        view.close()
