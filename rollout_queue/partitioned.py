@@ -5,7 +5,7 @@ value; aio_partitioned.py mirrors it one line per method. The only thing the dri
 client.py's is the ``Probe``: an op whose failure is thrown back into the flow, so a sweep skips a
 partition on a dead node instead of failing the whole call.
 
-Semantics in short (README "Scaling out" has the reasoning):
+Semantics in short (docs/SCALING.md has the reasoning):
 - submit places a group by ``crc32(source_id) % P``; P = 1 is the plain queue ``q``, same keys;
 - bounds are logical: each partition enforces a share and the shares sum to the bound; submit
   refuses a group larger than the smallest share of max_executing_samples (partitions.py rule 2);
