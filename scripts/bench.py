@@ -277,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scenario {name} failed: {message}")
     report = {"command": command.strip(), "quick": args.quick, "sizes": asdict(sizes), "environment": env,
               "scenarios": scenarios, "targets": rows, "errors": errors}
+    if out_path.exists():  # scripts/cluster_bench.py owns the `cluster` section: keep it
+        previous = orjson.loads(out_path.read_bytes())
+        if "cluster" in previous:
+            report["cluster"] = previous["cluster"]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     print(f"\nwrote {out_path} ({env['wall_s']:.0f}s)")

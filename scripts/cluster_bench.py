@@ -1,7 +1,7 @@
 """Scaling figure for issue 7: the lifecycle on one Redis node vs a 3-master Redis Cluster, and the
 memory one group costs in each state.
 
-    .venv/bin/python scripts/cluster_bench.py                 # the README figure (~2 minutes)
+    .venv/bin/python scripts/cluster_bench.py                 # docs/SCALING.md's figure (~2-3 minutes)
     .venv/bin/python scripts/cluster_bench.py --groups 2000   # quicker
 
 Lifecycle: submit -> reserve -> complete -> lease -> commit with small payloads (n=4 samples of 16
@@ -25,7 +25,9 @@ reserved, completed, leased and committed, per group; what stays after commit (t
 ``ledger`` hashes and the ``commits`` stream) is listed key by key.
 
 Servers are private (loopback, free ports, AOF ``appendfsync everysec`` as in production) and
-thrown away afterwards. Writes a JSON file (``--out``) and prints a Markdown table.
+thrown away afterwards. Prints a Markdown table and stores the figures as the ``cluster`` section
+of ``benchmarks/results.json`` (``--results``; the rest of that file is left as it is), from which
+``scripts/bench_tables.py`` renders docs/SCALING.md's tables; ``--out`` also writes them alone.
 """
 
 from __future__ import annotations
@@ -273,6 +275,17 @@ def with_servers(kind: str, fn: Callable[[LocalServer, LocalCluster], Any]) -> A
         single.cleanup(graceful=False)
 
 
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results.json"
+
+
+def store(path: Path, result: dict[str, Any]) -> None:
+    """Replace the ``cluster`` section of the results file, keeping every other section."""
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report["cluster"] = result
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=8000, help="groups committed per run")
@@ -280,12 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, choices=range(1, REPEATS_MAX + 1))
     parser.add_argument("--memory-groups", type=int, default=20000)
     parser.add_argument("--kind", default="redis", choices=("redis", "valkey"))
-    parser.add_argument("--out", default="out/cluster_bench.json")
+    parser.add_argument("--out", default=None, help="also write the figures alone to this JSON file")
+    parser.add_argument("--results", default=str(RESULTS),
+                        help="the results file whose `cluster` section this run replaces (default "
+                             "benchmarks/results.json; '' to leave it alone)")
     args = parser.parse_args(argv)
 
     def bench(single: LocalServer, cluster: LocalCluster) -> dict[str, Any]:
         ports = [n.port for n in cluster.nodes]
         rest = (args.groups, args.workers, args.repeats)
+        info = redis.Redis.from_url(single.url)
+        version = info.info("server").get("redis_version")
+        info.close()
+        loadavg_start = os.getloadavg()
         runs = [
             measure("1 node, P=1 (plain queue)", lambda: (single.url, fresh("b1"), 0), [single.port], *rest),
             measure("1 node, P=3", lambda: (single.url, fresh("b3"), 3), [single.port], *rest),
@@ -295,15 +315,22 @@ def main(argv: list[str] | None = None) -> int:
                     max(200, args.groups // 8), args.workers, args.repeats, LARGE),
         ]
         memory = memory_per_state(single.url, args.memory_groups)
-        return {"machine": {"cpus": os.cpu_count(), "kind": args.kind, "workers": args.workers,
+        return {"machine": {"cpus": os.cpu_count(), "kind": args.kind, "version": version,
+                            "appendfsync": "everysec", "loadavg_start": loadavg_start,
+                            "loadavg_end": os.getloadavg(), "workers": args.workers,
                             "groups_per_run": args.groups, "repeats": args.repeats,
                             "payload": f"n={SMALL[0]} x {SMALL[1]} tokens, prompt {PROMPT} B; large: "
                                        f"n={LARGE[0]} x {LARGE[1]} tokens with logprobs"},
                 "runs": runs, "memory": memory}
 
     result = with_servers(args.kind, bench)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    result["command"] = "python scripts/cluster_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = result["command"].strip()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.results:
+        store(Path(args.results), result)
     print("| config | groups/s (runs) | Redis CPU µs/group | scripts/group | node CPU share | "
           "groups/s at one busy core |")
     print("| --- | ---: | ---: | ---: | --- | ---: |")

@@ -14,7 +14,7 @@ Rules this module keeps (no I/O here; partition_flows.py drives the calls):
    first ``bound % P`` partitions), so the partitions together never hold more than the logical
    queue may. A bound below P is refused (a share of 0 would stop that partition), and so is a group
    larger than the smallest share of max_executing_samples (``largest_group``): it could never run
-   in whichever partition its source_id hashes to (docs/DESIGN_NOTES.md "Partitions").
+   in whichever partition its source_id hashes to (docs/DESIGN.md "Partitions").
 3. Choosing a partition is cheap: ``Selector`` orders partitions by a backlog estimate (refreshed
    every few seconds, decremented by what this client took) in log2 buckets, and rotates the order
    within a bucket on every call, so P partitions with similar backlogs are served in turn and a much

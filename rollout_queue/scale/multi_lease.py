@@ -4,7 +4,7 @@ Each member is an ordinary lease of one partition (flows.lease / commit / rollba
 each member commits atomically on its own slot. What this module adds is the gathering (fullest
 partitions first, nothing taken until enough is buffered) and the commit order: fence every member,
 then commit one by one, remembering which are done, so that exactly-once holds per group whatever
-the trainer's fate between two member commits (README "Scaling out" has the argument).
+the trainer's fate between two member commits (docs/SCALING.md has the argument).
 """
 
 from __future__ import annotations

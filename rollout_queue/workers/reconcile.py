@@ -6,7 +6,7 @@ that no longer knows about it is never freed while that worker heartbeats: its g
 does the RL step that waits for it. That happens when
 - a settlement (complete, fail, abort, filter) was acknowledged and then lost: Redis with AOF
   ``appendfsync everysec`` restarts without the last second of writes, and the PEL gives the entry
-  back to the worker at the same delivery count (docs/DESIGN_NOTES.md);
+  back to the worker at the same delivery count (docs/DESIGN.md, "Workers reconcile");
 - a reserve reply was lost and the call never resent with its request id, so its grants never
   reached the runtime;
 - a worker restarted under a fixed ``--worker-id`` inherits what its previous process held;

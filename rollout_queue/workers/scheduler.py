@@ -20,7 +20,7 @@ Rules this module keeps:
    is never made, so a busy worker never spins on ``reserve``.
 4. The counts can never go negative or leak: ``busy_samples`` always equals the slots held by the
    groups in ``held`` (checked by ``check()``; the tests call it after every step).
-5. Oversized groups (DESIGN_NOTES, "Groups larger than a caller's slots"): the sample policy asks
+5. Oversized groups (docs/DESIGN.md, "Groups larger than a caller's slots"): the sample policy asks
    with ``overcommit``, so the queue may grant one group larger than the free slots as the first
    grant of a call (the engine queues its extra samples). ``busy_samples`` then exceeds
    ``max_samples`` until those samples finish, and nothing more is asked meanwhile.

@@ -8,7 +8,7 @@ client connections mid-call. Groups have mixed n (1 to 8: some larger than every
 The history checker then proves lost = 0, trained twice = 0, stuck = 0 (nothing owned at the end and
 no group without progress for longer than the bound, measured during the run), dead letters only
 for poison prompts, no late settlement accepted and no downtime counted against a live worker,
-lease or hold (chaos/checker.py). The long run is documented in README.
+lease or hold (chaos/checker.py). The long runs are documented in docs/CHAOS.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """docker-compose.yml, checked without Docker: every service's command parses with the real CLI
 parsers, every ${VAR} it uses is defined in .env, and Redis, GPUs and restarts are set up as the
-README says."""
+docs/USAGE.md says."""
 
 from __future__ import annotations
 

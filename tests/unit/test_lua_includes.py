@@ -161,7 +161,7 @@ def test_the_shipped_library_assembles_as_loaded() -> None:
 
 # -- ledger lines -------------------------------------------------------------------------------
 
-#: Each ledger line format (DESIGN_NOTES, the `ledger` key) and the one helper that spells it: the
+#: Each ledger line format (docs/DESIGN.md, the `ledger` key) and the one helper that spells it: the
 #: builder, and any parser or predicate over that format, live there and nowhere else.
 LEDGER_FORMATS = {"a|": "include/ledger", "s|": "include/ledger_settled"}
 

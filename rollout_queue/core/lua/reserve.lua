@@ -20,7 +20,7 @@ ARGV:
   max_samples count, at most this many samples in all (0: only the queue's bound)
   request_id  string, the client's id for this call; a retry with the same id replays the answer
   overcommit  0 or 1: the caller queues samples internally, so the oldest group larger than
-              max_samples may be the first grant of the call (DESIGN_NOTES: groups larger than a
+              max_samples may be the first grant of the call (docs/DESIGN.md: groups larger than a
               caller's slots); with 0 such groups are skipped for another caller
 Returns:
   {status, version, version_published 0|1, wake_id, dead_lettered, {{entry_id, attempt, fields}, ...}}

@@ -4,7 +4,7 @@ unchanged: one XCLAIM ... RETRYCOUNT <count> per distinct count (chunks of 1000 
 JUSTID is left out and each claimed record gets e.kv = its pristine field list (false when the entry
 is gone from the stream: XCLAIM drops such an id from the PEL and does not return it).
 Uses: K.src. Why: the attempt a receipt names is the PEL delivery count, and only reserve raises it
-(DESIGN_NOTES, attempt numbers): RETRYCOUNT sets each count to what it was, so neither form raises
+(docs/DESIGN.md, attempt numbers): RETRYCOUNT sets each count to what it was, so neither form raises
 it. A batch of a silent worker's entries mostly shares one count, so this is one command for the
 batch instead of one per entry, and the bodies come back with it instead of one XRANGE per entry.
 ]]

@@ -1,7 +1,7 @@
 -- @include bug
 --[[
 parse_min_version: ARGV min_version as a number, or a ROLLOUTQ error.
-Uses: nothing but its argument. Why: versions are integers < 2^21 (DESIGN_NOTES; the bufver score packs
+Uses: nothing but its argument. Why: versions are integers < 2^21 (docs/DESIGN.md; the bufver score packs
 them exactly), and Sample refuses anything else, so any other value is a client bug, refused before
 the first write.
 ]]

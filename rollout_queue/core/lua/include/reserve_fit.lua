@@ -4,7 +4,7 @@ for another caller and look further), 'full' (the call is served: end it here) o
 queue's own bound). `r` is the call's budget: r.taken samples granted so far, r.queue_free
 (max_executing_samples minus the samples executing), r.call_cap (the caller's max_samples,
 math.huge for none), r.overcommit and r.grants. Counts r.oversized and r.skipped.
-Why (DESIGN_NOTES, "Groups larger than a caller's slots"; issue 12 item 2): a group that does not fit
+Why (docs/DESIGN.md, "Groups larger than a caller's slots"; issue 12 item 2): a group that does not fit
 the *caller* must not stop the groups behind it when the caller has nothing yet, or one group whose
 n exceeds every worker's free slots freezes the fleet. It is skipped (left in its place) for a caller
 that can take it: one with enough free slots, or one that queues samples internally (overcommit),
