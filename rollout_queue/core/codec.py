@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
-from rollout_queue.core.errors import InvalidInput
+from rollout_queue.core.errors import CodecError, InvalidInput
 from rollout_queue.core.columns import SampleColumns
 from rollout_queue.core.models import Sample, SourceGroup
 
@@ -38,10 +38,6 @@ _SCHEMAS = {b"RQC2": (COMPLETION_SCHEMA, 3), b"RQC1": (COMPLETION_SCHEMA_WIDE, 4
 _HEAD = struct.Struct("<I")
 _LITTLE = sys.byteorder == "little"
 _EMPTY_COLUMNS = SampleColumns(array("i"), array("f"), (), (), (), (), (), (), ())
-
-
-class CodecError(InvalidInput):
-    """Bytes that do not decode as the documented format."""
 
 
 def encode_group(group: SourceGroup) -> tuple[bytes, bytes]:

@@ -6,6 +6,8 @@ exception table lives in protocol.py, not here.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RolloutQueueError(Exception):
     """Root of every error this package raises on purpose."""
@@ -307,3 +309,74 @@ class PartitionsUnreachable(OutcomeUnknown):
             f"{what}: partitions {', '.join(failed)} could not be reached (their outcome is unknown); "
             f"it ran on {', '.join(done) or 'none'}. Repeat the call when they are back: it is idempotent."
         )
+
+
+# -- bytes that do not decode (core/codec.py) ---------------------------------------------------
+
+
+class CodecError(InvalidInput):
+    """Bytes that do not decode as the documented format."""
+
+
+# -- the generation worker (rollout_queue.workers) ----------------------------------------------
+
+
+class EngineError(RolloutQueueError, RuntimeError):
+    """The engine failed as a whole and cannot serve any more requests.
+
+    The runtime must stop reserving, return every owned reservation to ``ready`` and exit non-zero;
+    retrying on the same engine is not safe (its weights or state may be half-updated).
+    """
+
+
+class RequestFailed(RolloutQueueError):
+    """One request failed; the engine is healthy and keeps serving the others.
+
+    Raised for a request the engine refuses (empty prompt, token id outside the vocabulary, prompt
+    longer than the context, duplicate request id) and for a request-level error inside the engine.
+    The runtime fails this attempt: it counts toward ``max_attempts``, so a prompt that can never be
+    served ends in the dead-letter stream instead of looping.
+    """
+
+
+class ScoringError(RolloutQueueError):
+    """A reward or filter failed for this group; the attempt ends ``failed`` with this message."""
+
+
+class WorkerFailed(RolloutQueueError, RuntimeError):
+    """The worker stopped on a fatal error after returning its owned work (see ``__cause__``)."""
+
+
+class IllegalTransition(RolloutQueueError, RuntimeError):
+    """A bug in the worker runtime: it tried a change of state its transition table does not allow."""
+
+    def __init__(self, current: Any, wanted: Any, allowed: str) -> None:
+        """``current``/``wanted``: the runtime's states (enums; their values are shown)."""
+        now, to = getattr(current, "value", current), getattr(wanted, "value", wanted)
+        super().__init__(f"worker runtime cannot go from {now} to {to} (allowed from {now}: {allowed})")
+        self.current, self.wanted = current, wanted
+
+
+# -- development servers (rollout_queue.devtools) -----------------------------------------------
+
+
+class LocalServerError(RolloutQueueError, RuntimeError):
+    """A private test server (devtools/local_server.py) could not be found or started."""
+
+
+class ServerNotFound(LocalServerError):
+    """No usable server binary of the requested kind; the message says how to install one."""
+
+
+class ServerStartError(LocalServerError):
+    """The server process did not answer PING before its deadline, or exited while starting.
+
+    ``log_tail`` holds the last lines of the server's console output and log file, which is
+    where Redis explains a bad config line or a port already in use.
+    """
+
+    def __init__(self, message: str, *, kind: str, port: int, log_tail: str) -> None:
+        super().__init__(f"{message}\n--- server output (tail) ---\n{log_tail}")
+        self.kind = kind
+        self.port = port
+        self.log_tail = log_tail

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
+from rollout_queue.core.errors import LocalServerError, ServerNotFound, ServerStartError
 
 __all__ = [
     "KINDS", "LocalServer", "LocalServerError", "ServerNotFound", "ServerStartError",
@@ -57,28 +58,6 @@ INSTALL_HINT = (
 )
 _LOG_TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-class LocalServerError(RuntimeError):
-    """Root of this module's errors; a local test server is not part of the queue's error tree."""
-
-
-class ServerNotFound(LocalServerError):
-    """No usable server binary of the requested kind; the message says how to install one."""
-
-
-class ServerStartError(LocalServerError):
-    """The server process did not answer PING before its deadline, or exited while starting.
-
-    ``log_tail`` holds the last lines of the server's console output and log file, which is
-    where Redis explains a bad config line or a port already in use.
-    """
-
-    def __init__(self, message: str, *, kind: str, port: int, log_tail: str) -> None:
-        super().__init__(f"{message}\n--- server output (tail) ---\n{log_tail}")
-        self.kind = kind
-        self.port = port
-        self.log_tail = log_tail
 
 
 def _is_executable(path: str | os.PathLike[str]) -> bool:

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rollout_queue.core.errors import WorkerFailed
 from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
 from rollout_queue.workers.scheduler import Policy, SubmissionScheduler
 from rollout_queue.workers.versions import WeightsMode
-
-
-class WorkerFailed(RuntimeError):
-    """The worker stopped on a fatal error after returning its owned work (see ``__cause__``)."""
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
+from rollout_queue.core.errors import ScoringError
 from rollout_queue import Sample, SourceGroup
 from rollout_queue.core.models import check_reason
-
-
-class ScoringError(Exception):
-    """A reward or filter failed for this group; the attempt ends ``failed`` with this message."""
 
 
 @dataclass(frozen=True)

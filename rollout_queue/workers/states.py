@@ -21,6 +21,7 @@ drains, so they are tracked beside the life cycle (``versions.py``), never in it
 from __future__ import annotations
 
 import enum
+from rollout_queue.core.errors import IllegalTransition
 
 
 class RuntimeState(enum.Enum):
@@ -58,16 +59,6 @@ TRANSITIONS: dict[RuntimeState, frozenset[RuntimeState]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
-    """A bug in the runtime: it tried a change of state that ``TRANSITIONS`` does not allow."""
-
-    def __init__(self, current: RuntimeState, wanted: RuntimeState) -> None:
-        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "none: it is terminal"
-        super().__init__(f"worker runtime cannot go from {current.value} to {wanted.value} "
-                         f"(allowed from {current.value}: {allowed})")
-        self.current, self.wanted = current, wanted
-
-
 class Lifecycle:
     """The current state, changed only by ``advance``."""
 
@@ -81,6 +72,7 @@ class Lifecycle:
     def advance(self, to: RuntimeState) -> RuntimeState:
         """Move to ``to`` and return the state left. Raises IllegalTransition (nothing changes)."""
         if to not in TRANSITIONS[self._state]:
-            raise IllegalTransition(self._state, to)
+            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self._state])) or "none: it is terminal"
+            raise IllegalTransition(self._state, to, allowed)
         previous, self._state = self._state, to
         return previous

@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
+from rollout_queue.core.errors import EngineError, RequestFailed
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort"})
@@ -30,24 +31,6 @@ FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort"})
 # vLLM takes seeds as 64-bit signed ints and torch.Generator.manual_seed as 64-bit unsigned; the
 # intersection keeps one seed valid for both engines.
 _MAX_SEED = 2**63 - 1
-
-
-class EngineError(RuntimeError):
-    """The engine failed as a whole and cannot serve any more requests.
-
-    The runtime must stop reserving, return every owned reservation to ``ready`` and exit non-zero;
-    retrying on the same engine is not safe (its weights or state may be half-updated).
-    """
-
-
-class RequestFailed(Exception):
-    """One request failed; the engine is healthy and keeps serving the others.
-
-    Raised for a request the engine refuses (empty prompt, token id outside the vocabulary, prompt
-    longer than the context, duplicate request id) and for a request-level error inside the engine.
-    The runtime fails this attempt: it counts toward ``max_attempts``, so a prompt that can never be
-    served ends in the dead-letter stream instead of looping.
-    """
 
 
 @dataclass(frozen=True, slots=True)
