@@ -45,6 +45,7 @@ _WHERE = {
     "PayloadTooLarge": "rollout_queue.core.errors",
     "ProtocolError": "rollout_queue.core.errors",
     "QueueConfig": "rollout_queue.core.config",
+    "QueueNotFound": "rollout_queue.core.errors",
     "QueueStats": "rollout_queue.core.models",
     "ReapReport": "rollout_queue.core.models",
     "Receipt": "rollout_queue.core.models",
@@ -88,7 +89,7 @@ if TYPE_CHECKING:
     from rollout_queue.api.queue import AsyncPartitionedQueue, AsyncRolloutQueue, PartitionedQueue, RolloutQueue
     from rollout_queue.api.worker import Worker
     from rollout_queue.core.config import QueueConfig
-    from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression
+    from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression
     from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
     from rollout_queue.core.owned import OwnedAttempt
     from rollout_queue.core.policy import Durability, RetryPolicy

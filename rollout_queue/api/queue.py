@@ -67,45 +67,47 @@ class RolloutQueue:
 
     def __init__(self, client: Any, name: str, config: QueueConfig | None = None, *, partitions: int = 1,
                  retry: RetryPolicy | None = None, clock: Callable[[], float] = time.monotonic,
-                 durability: Durability | None = None) -> None:
+                 durability: Durability | None = None, create: bool = True) -> None:
         self._bind(driver_for(client, retry, clock=clock, durability=durability), name, partitions)
         if self.driver.is_async:
             raise InvalidInput("this is an asyncio client: open the queue with "
                                "`await AsyncRolloutQueue.open(client, name, config)`")
-        self.run(self._open(config))
+        self.run(self._open(config, create))
 
     def _bind(self, driver: Driver, name: str, partitions: int) -> None:
         self.name, self.layout, self.driver, self.clock = name, Layout(name, partitions), driver, driver.clock
         self.selector = Selector(partitions)  # which partitions leases, stats and reaps of this client try first
 
-    def _open(self: Q, config: QueueConfig | None) -> Flow[Q]:
-        self.configs = yield from pf.open_partitioned(self.layout, config)
+    def _open(self: Q, config: QueueConfig | None, create: bool) -> Flow[Q]:
+        self.configs = yield from pf.open_partitioned(self.layout, config, create)
         self.config = self.configs[0] if self.layout.count == 1 else logical_config(self.configs)
         return self
 
     @classmethod
     def open(cls: type[Q], client: Any, name: str, config: QueueConfig | None = None, *, partitions: int = 1,
              retry: RetryPolicy | None = None, clock: Callable[[], float] = time.monotonic,
-             durability: Durability | None = None) -> Result[Q]:
-        """Open (or create) queue ``name`` on ``client`` (sync or asyncio)."""
-        return cls._open_on(client, name, config, partitions, retry, clock, durability)
+             durability: Durability | None = None, create: bool = True) -> Result[Q]:
+        """Open (or create) queue ``name`` on ``client`` (sync or asyncio). ``create=False``: raise
+        QueueNotFound rather than create a missing queue (what a worker, producer or reaper wants)."""
+        return cls._open_on(client, name, config, partitions, retry, clock, durability, create)
 
     @classmethod
     def _open_on(cls: type[Q], client: Any, name: str, config: QueueConfig | None, partitions: int,
-                 retry: RetryPolicy | None, clock: Callable[[], float], durability: Durability | None) -> Result[Q]:
+                 retry: RetryPolicy | None, clock: Callable[[], float], durability: Durability | None,
+                 create: bool) -> Result[Q]:
         q = cls.__new__(cls)
         q._bind(driver_for(client, retry, clock=clock, durability=durability), name, partitions)
-        return q.run(q._open(config))
+        return q.run(q._open(config, create))
 
     @classmethod
     def from_url(cls: type[Q], url: str, name: str, config: QueueConfig | None = None, *, partitions: int = 1,
                  retry: RetryPolicy | None = None, cluster: bool | None = None,
-                 durability: Durability | None = None, **redis_kwargs: Any) -> Result[Q]:
+                 durability: Durability | None = None, create: bool = True, **redis_kwargs: Any) -> Result[Q]:
         """Connect and open (or create) queue ``name``. A ``redis+cluster://`` URL (or ``cluster=True``)
         connects to a Redis Cluster (drivers/cluster.py); ``partitions`` spreads the queue over its nodes.
         Raises ConfigMismatch if ``config`` (or the partition count) differs from the stored one."""
         client = connect(url, redis_options(redis_kwargs), cluster, asyncio=cls.asyncio)
-        return cls._open_on(client, name, config, partitions, retry, time.monotonic, durability)
+        return cls._open_on(client, name, config, partitions, retry, time.monotonic, durability, create)
 
     def run(self, flow: Flow[T]) -> Result[T]:
         """Drive any flow (core/flows.py, ops/views.py, ...) on this queue's driver."""

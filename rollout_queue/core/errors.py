@@ -222,6 +222,17 @@ class NotFound(StateConflict):
     """The named dead letter (or other record) does not exist."""
 
 
+class QueueNotFound(NotFound):
+    """A process that must not create the queue was started on one that does not exist: most often
+    a mistyped ``--queue`` (or the wrong ``--url`` / ``--partitions``), which would otherwise wait
+    forever on an empty queue."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        super().__init__(f"queue {queue!r} does not exist on this server: check --queue, --url and --partitions "
+                         "(a typo?), or create it first (the trainer creates it; other processes take --create)")
+
+
 # -- transport -----------------------------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from rollout_queue.core.checks import (
 )
 from rollout_queue.core.codec import SCHEMA_VERSION, CodecError, encode_completion, encode_group
 from rollout_queue.core.config import QueueConfig
-from rollout_queue.core.errors import LeaseLost, PayloadTooLarge
+from rollout_queue.core.errors import LeaseLost, PayloadTooLarge, QueueNotFound
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import (
     DeadLetter,
@@ -87,11 +87,16 @@ def _wait(key: str, wake_id: str, deadline: float, clock: Clock) -> Flow[bool]:
 # -- queue ---------------------------------------------------------------------------------------
 
 
-def open_queue(keys: QueueKeys, config: QueueConfig | None, default: QueueConfig | None = None) -> Flow[QueueConfig]:
+def open_queue(keys: QueueKeys, config: QueueConfig | None, default: QueueConfig | None = None,
+               create: bool = True) -> Flow[QueueConfig]:
     """Create the queue or check ``config`` (None: adopt the stored one) and the library version.
     ``default``: what a new queue opened with config=None stores (a partition's share of the
-    logical defaults); QueueConfig() when not given."""
+    logical defaults); QueueConfig() when not given. ``create=False``: raise QueueNotFound instead
+    of creating a missing queue (a worker, producer or reaper started with a mistyped name)."""
     check_instance(config, (QueueConfig, type(None)), "config")
+    check_flag(create, "create")
+    if not create and not (yield p.Command(("EXISTS", keys["meta"]))):
+        raise QueueNotFound(keys.queue)
     chosen = config or default or QueueConfig()
     flat = [x for kv in chosen.to_meta().items() for x in kv]
     reply = yield p.build(keys, "open", library=LIBRARY_VERSION, mode="check" if config else "adopt", config=flat)

@@ -187,7 +187,7 @@ def role_rules(queue: str, role: str, password: str | None = None,
     if not spec.all_keys:
         # Opening reads the partition-count record first (scale/flows.open_partitioned): a queue
         # recorded as partitioned must not be opened as a plain one. Read-only, for every role.
-        commands.add("get")
+        commands |= {"get", "exists"}  # and a process that must not create the queue checks it exists
         read.add(keys.partitions)
     if spec.all_keys:
         key_rules = ["%R~" + keys.pattern if spec.read_only else "~" + keys.pattern]

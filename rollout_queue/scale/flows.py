@@ -32,7 +32,8 @@ from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import check_int, check_items, check_seconds
 from rollout_queue.core.codec import CodecError
 from rollout_queue.core.config import QueueConfig
-from rollout_queue.core.errors import ConfigMismatch, InvalidInput, OutcomeUnknown, PartitionsUnreachable
+from rollout_queue.core.errors import (ConfigMismatch, InvalidInput, OutcomeUnknown, PartitionsUnreachable,
+                                       QueueNotFound)
 from rollout_queue.core.flows import Clock, Flow, T
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import (
@@ -121,18 +122,24 @@ def sweep(layout: Layout, sel: Selector, make: Callable[[int], Flow[T]], clock: 
 # -- queue ---------------------------------------------------------------------------------------
 
 
-def open_partitioned(layout: Layout, config: QueueConfig | None) -> Flow[tuple[QueueConfig, ...]]:
+def open_partitioned(layout: Layout, config: QueueConfig | None,
+                     create: bool = True) -> Flow[tuple[QueueConfig, ...]]:
     """Check (or record) the partition count, then open every partition with its share of ``config``
     (None: adopt each partition's stored share; a new partition gets its share of QueueConfig()).
     Returns each partition's config; ``partitions.logical_config`` sums them back.
 
     The count is recorded once with SET NX (idempotent, never changed) because placement by
     ``crc32(source_id) % P`` is only idempotent while P stays the same. Raises InvalidInput before
-    anything is written if a logical bound is below P (split_config)."""
+    anything is written if a logical bound is below P (split_config). ``create=False``: raise
+    QueueNotFound for a queue that does not exist yet instead of creating it."""
     shares = split_config(config or QueueConfig(), layout.count)
     stored = yield p.Command(("GET", layout.record))
     if layout.count == 1 and stored is None:  # the plain queue (not one recorded as partitioned)
-        return ((yield from flows.open_queue(layout.keys[0], config)),)
+        return ((yield from flows.open_queue(layout.keys[0], config, create=create)),)
+    if stored is None and layout.count > 1 and not create:
+        if (yield p.Command(("EXISTS", QueueKeys(layout.name)["meta"]))):
+            raise ConfigMismatch(layout.name, "partitions", "1", str(layout.count))
+        raise QueueNotFound(layout.name)
     if stored is None and layout.count > 1:
         if (yield p.Command(("EXISTS", QueueKeys(layout.name)["meta"]))):
             raise ConfigMismatch(layout.name, "partitions", "1", str(layout.count))
