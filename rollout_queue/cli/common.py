@@ -19,12 +19,11 @@ from urllib.parse import urlsplit
 import orjson
 import redis
 
-from rollout_queue.ops import views
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.drivers.cluster import redis_options
 from rollout_queue.drivers.cluster import connect
 from rollout_queue.ops.escape import clean, json_safe
-from rollout_queue.core.keys import QueueKeys, validate_queue_name
+from rollout_queue.core.keys import validate_queue_name
 from rollout_queue.ops.logs import fields
 from rollout_queue.core.policy import Durability, RetryPolicy
 from rollout_queue.ops.views import QueueView
@@ -55,6 +54,9 @@ def add_connection_args(parser: argparse.ArgumentParser, suppress: bool = False)
     parser.add_argument("--url", default=default("REDIS_URL"),
                         help="redis://[user:password@]host:port/db, rediss:// for TLS (env REDIS_URL)")
     parser.add_argument("--queue", default=default("ROLLOUT_QUEUE"), help="queue name (env ROLLOUT_QUEUE)")
+    parser.add_argument("--partitions", type=int, default=default("ROLLOUT_PARTITIONS"), metavar="P",
+                        help="the queue's partition count, one per hash tag for a Redis Cluster "
+                             "(env ROLLOUT_PARTITIONS; default 1; fixed when the queue is created)")
     parser.add_argument("--tls-ca-cert", default=default("REDIS_TLS_CA_CERT"),
                         help="CA that signed the server certificate, for rediss:// (env REDIS_TLS_CA_CERT)")
     parser.add_argument("--tls-cert", default=default("REDIS_TLS_CERT"), help="client certificate (env REDIS_TLS_CERT)")
@@ -117,13 +119,23 @@ def open_view(args: argparse.Namespace) -> QueueView:
     return QueueView(client(args), args.queue, CLI_RETRY, durability=durability(args))
 
 
+def partitions(args: argparse.Namespace) -> int:
+    """--partitions (or ROLLOUT_PARTITIONS), 1 when not given."""
+    value = getattr(args, "partitions", None)
+    try:
+        count = 1 if value in (None, False, "") else int(value)
+    except ValueError as exc:
+        raise UsageError(f"--partitions must be an integer, not {value!r}") from exc
+    if count < 1:
+        raise UsageError(f"--partitions must be >= 1, not {count}")
+    return count
+
+
 def open_queue(args: argparse.Namespace, must_exist: bool = True) -> RolloutQueue:
-    """The queue for a state-changing command; NotFound (exit 4) if it does not exist, unless
-    ``must_exist`` is False (the reaper may start before the producer creates the queue)."""
-    c = client(args)
-    if must_exist:
-        QueueView(c, args.queue, CLI_RETRY).run(views.require_queue(QueueKeys(args.queue)))
-    return RolloutQueue(c, args.queue, retry=CLI_RETRY, durability=durability(args))
+    """The queue for a state-changing command, with --partitions. QueueNotFound (exit 4) if it does
+    not exist, unless ``must_exist`` is False: then the command creates it."""
+    return RolloutQueue(client(args), args.queue, partitions=partitions(args), retry=CLI_RETRY,
+                        durability=durability(args), create=not must_exist)
 
 
 def confirm(args: argparse.Namespace, what: str) -> None:
