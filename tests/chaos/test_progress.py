@@ -88,3 +88,40 @@ def test_the_log_tail_returns_each_whole_line_once(tmp_path: Path) -> None:
         fh.write(b', "role": "w", "pid": 1}\n')
     OpLog(tmp_path / "b.jsonl", "trainer").write("two")
     assert sorted(r["op"] for r in tail.read()) == ["torn", "two"]
+
+
+def test_a_long_backlog_draining_in_order_is_queueing_not_a_stall() -> None:
+    """Issue 12 follow-up: 30 groups submitted at once, granted one per 2 s in submit order; the last
+    waits 58 s, but the backlog moved up to it every 2 s: no stall under a 5 s bound."""
+    p = Progress(bound_s=5.0)
+    sids, ids = [f"s{i:02d}" for i in range(30)], [f"100-{i}" for i in range(30)]
+    p.feed(rec("submit_ok", 0.0, sids=sids, ids=ids))
+    for i, (sid, eid) in enumerate(zip(sids, ids)):
+        t = 2.0 * (i + 1)
+        assert p.tick(t - 0.01) == []
+        p.feed(rec("reserve_ok", t, grants=[[eid, 1, sid, 1]]))
+        p.feed(rec("complete_ok", t + 0.5, sid=sid))
+        p.settle_line("commits", f"{int((t + 1.0) * 1000)}-0", {"ids": eid})
+    assert p.stalls == [] and p.worst.length <= 2.0
+
+
+def test_a_backlog_group_skipped_while_newer_ones_are_granted_is_a_stall() -> None:
+    """The starvation of issue 12 item 2: newer entries granted past an old one are no progress for it."""
+    p = Progress(bound_s=5.0)
+    p.feed(rec("submit_ok", 0.0, sids=["big", "a", "b", "c"], ids=["100-0", "100-1", "100-2", "100-3"]))
+    for i, (sid, eid) in enumerate([("a", "100-1"), ("b", "100-2"), ("c", "100-3")]):
+        p.feed(rec("reserve_ok", 2.0 * (i + 1), grants=[[eid, 1, sid, 1]]))
+    (gap,) = p.tick(7.0)
+    assert (gap.sid, gap.state, gap.start) == ("big", "backlog", 0.0)
+    p.feed(rec("reserve_ok", 20.0, grants=[["100-0", 1, "big", 8]]))
+    assert [(s.sid, s.length) for s in p.stalls] == [("big", 20.0)]
+
+
+def test_a_retried_attempt_does_not_move_the_backlog() -> None:
+    p = Progress(bound_s=5.0)
+    p.feed(rec("submit_ok", 0.0, sids=["old", "new"], ids=["100-0", "100-1"]))
+    p.feed(rec("reserve_ok", 1.0, grants=[["100-0", 1, "old", 1]]))
+    p.feed(rec("fail_ok", 2.0, sid="old"))
+    p.feed(rec("reserve_ok", 4.0, grants=[["100-0", 2, "old", 1]]))  # a retry: not the backlog moving
+    assert p.tick(5.9) == [] and abs(p.oldest_open(5.9) - 4.9) < 1e-9  # 'new' last moved at 1.0
+    assert [g.sid for g in p.tick(6.5)] == ["new"]

@@ -171,3 +171,21 @@ def test_a_trainer_that_crashes_retrains_exactly_the_later_steps(open_queue, raw
     assert set(trained) == {e for s in by_step.values() for e in s} | set(crashed)
     s = q.stats()
     assert (s.ready, s.completed, s.leased, s.executing_groups, s.retained) == (0, 0, 0, 0, 0)
+
+
+def test_a_checkpoint_with_groups_still_leased_is_refused_and_changes_nothing(open_queue, raw, queue_name) -> None:
+    """Issue 12 item 6: a checkpoint taken while a lease is open may cover a batch that later goes back
+    to ready (the lease expires) and is trained twice after a resume: LeasesOpen, nothing dropped."""
+    from rollout_queue import LeasesOpen
+
+    q = open_queue()
+    _train_steps(q, [1, 2])
+    fill_buffer(q, 2)
+    lease = q.lease(2)
+    before = snapshot(raw, queue_name)
+    with pytest.raises(LeasesOpen) as err:
+        q.checkpoint(2)
+    assert (err.value.step, err.value.leased) == (2, 2)
+    assert snapshot(raw, queue_name) == before
+    lease.commit(step=3)
+    assert q.checkpoint(2) == 2  # once committed, the checkpoint goes through and drops steps 1 and 2

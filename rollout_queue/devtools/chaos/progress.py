@@ -25,6 +25,7 @@ poll late, so an open gap can be over-measured by that much (never under-measure
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -67,6 +68,38 @@ class _Group:
     last: float
     settled: str | None = None
     stalled_since: float | None = None  # the open gap has been reported as a stall (live)
+    key: tuple[int, int] | None = None  # its backlog entry id, as a sortable pair
+
+
+def entry_key(entry_id: str) -> tuple[int, int] | None:
+    """A stream id as a sortable (ms, seq) pair; None for anything else."""
+    ms, _, seq = entry_id.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else None
+
+
+class BacklogHead:
+    """When the backlog last moved past a point: the backlog is FIFO, so a group waiting in it makes
+    progress each time an older entry gets its first grant (it moved up), and none when only newer
+    ones are granted (skipped: the starvation issue 12 item 2 is about). ``moved_before(k)`` is the
+    latest time an entry older than ``k`` was first granted. A grant of key k at time t makes every
+    earlier record with a key above k useless (t is newer), so the records stay sorted by key and
+    by time at once, and a query is one bisect."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int]] = []
+        self.times: list[float] = []
+
+    def granted(self, key: tuple[int, int], t: float) -> None:
+        if self.times and t < self.times[-1]:
+            return  # records arrive in time order; a late one changes nothing newer already known
+        cut = bisect.bisect_right(self.keys, key)
+        del self.keys[cut:], self.times[cut:]
+        self.keys.append(key)
+        self.times.append(t)
+
+    def moved_before(self, key: tuple[int, int]) -> float:
+        i = bisect.bisect_left(self.keys, key)
+        return self.times[i - 1] if i else float("-inf")
 
 
 # The state a group waits in after each observed operation.
@@ -86,6 +119,7 @@ class Progress:
     unmapped: list[tuple[str, float, str]] = field(default_factory=list)  # (entry id, t, how) to settle later
     worst: Gap | None = None
     stalls: list[Gap] = field(default_factory=list)                 # every gap over bound_s
+    head: BacklogHead = field(default_factory=BacklogHead)
 
     # -- input --------------------------------------------------------------------------------------
 
@@ -96,7 +130,7 @@ class Progress:
             for sid, eid in zip(rec["sids"], rec["ids"]):
                 self.sid_of[eid] = sid
                 if sid not in self.groups:
-                    self.groups[sid] = _Group(sid, "backlog", t)
+                    self.groups[sid] = _Group(sid, "backlog", t, key=entry_key(eid))
             self._resolve()
         elif op == "reserve_ok":
             for grant in rec["grants"]:
@@ -104,6 +138,9 @@ class Progress:
                 self.sid_of[eid] = sid
                 if (eid, attempt) not in self.attempts:  # a replayed reserve is no change
                     self.attempts.add((eid, attempt))
+                    key = entry_key(eid)
+                    if attempt == 1 and key is not None:
+                        self.head.granted(key, t)
                     self._change(sid, t, "executing")
             self._resolve()
         elif op in ("complete_ok", "fail_ok", "complete_refused", "fail_refused"):
@@ -158,18 +195,19 @@ class Progress:
         for g in self.groups.values():
             if g.settled is not None:
                 continue
-            age = now - g.last
-            gap = Gap(g.sid, g.state, g.last, None, age)
+            since = self._since(g)
+            age = now - since
+            gap = Gap(g.sid, g.state, since, None, age)
             if self.worst is None or age > self.worst.length:
                 self.worst = gap
-            if age > self.bound_s and g.stalled_since != g.last:
-                g.stalled_since = g.last
+            if age > self.bound_s and g.stalled_since != since:
+                g.stalled_since = since
                 new.append(gap)
         return new
 
     def oldest_open(self, now: float) -> float:
         """The longest an unsettled group has now gone without a change (0 when none is open)."""
-        return max((now - g.last for g in self.groups.values() if g.settled is None), default=0.0)
+        return max((now - self._since(g) for g in self.groups.values() if g.settled is None), default=0.0)
 
     def finish(self, end: float) -> None:
         """The run is over at ``end``: every gap still open is closed there (and judged)."""
@@ -192,9 +230,17 @@ class Progress:
 
     # -- inside -------------------------------------------------------------------------------------
 
+    def _since(self, g: _Group) -> float:
+        """When ``g`` last made progress: its last change, or for a group in the backlog also the
+        last time the backlog moved up to it (an older entry's first grant)."""
+        if g.state == "backlog" and g.key is not None:
+            return max(g.last, self.head.moved_before(g.key))
+        return g.last
+
     def _gap(self, g: _Group, t: float, open_: bool = False) -> None:
-        length = t - g.last
-        gap = Gap(g.sid, g.state, g.last, None if open_ else t, length)
+        since = self._since(g)
+        length = t - since
+        gap = Gap(g.sid, g.state, since, None if open_ else t, length)
         if self.worst is None or length >= self.worst.length:
             self.worst = gap
         if length > self.bound_s:
