@@ -32,8 +32,10 @@ from rollout_queue import (
     Sample,
     SourceGroup,
     StaleReceipt,
+    Worker,
 )
 from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.scale.layout import Selector
 
 P = 3
 WORKERS = ("gpu-a", "gpu-b", "gpu-c")
@@ -63,6 +65,16 @@ class PartitionedMachine(RuleBasedStateMachine):
                                            retry=RetryPolicy(window_s=10.0))
         self.largest = max_exec // P  # the smallest partition share: the largest group it can run
         self.no_reaper = no_reaper
+        deterministic(self.q.selector)
+        self.workers: dict[str, Worker] = {}
+
+    def worker(self, name: str) -> Worker:
+        """One handle per worker id, its partition order seeded: a replayed example makes the same
+        choices (hypothesis's shrinking needs that), where a live worker would pick at random."""
+        if name not in self.workers:
+            self.workers[name] = self.q.worker(name)
+            deterministic(self.workers[name].selector)
+        return self.workers[name]
 
     @rule(data=st.data())
     def submit(self, data: st.DataObject) -> None:
@@ -77,7 +89,7 @@ class PartitionedMachine(RuleBasedStateMachine):
         worker = self.names[data.draw(st.integers(0, len(WORKERS) - 1), label="worker")]
         max_samples = data.draw(st.sampled_from([0, 1, 2, 3]), label="max_samples")
         overcommit = max_samples > 0 and data.draw(st.booleans(), label="overcommit")
-        got = self.q.worker(worker).reserve(data.draw(st.integers(1, 3), label="groups"), max_samples=max_samples,
+        got = self.worker(worker).reserve(data.draw(st.integers(1, 3), label="groups"), max_samples=max_samples,
                                             overcommit=overcommit)
         if max_samples and not overcommit:
             assert sum(r.group.n for r in got) <= max_samples, "a strict caller got more samples than it asked"
@@ -95,7 +107,7 @@ class PartitionedMachine(RuleBasedStateMachine):
             return
         r = self.held[worker].pop(which % len(self.held[worker]))
         try:
-            self.q.worker(worker).complete(r.receipt, samples(r.group.n))
+            self.worker(worker).complete(r.receipt, samples(r.group.n))
         except StaleReceipt:
             pass  # the worker was reaped meanwhile: its group is back in ready
 
@@ -167,7 +179,7 @@ class PartitionedMachine(RuleBasedStateMachine):
         for worker, held in self.held.items():
             for r in held:
                 try:
-                    self.q.worker(worker).complete(r.receipt, samples(r.group.n))
+                    self.worker(worker).complete(r.receipt, samples(r.group.n))
                 except StaleReceipt:
                     pass
         for _ in range(20 + 2 * len(self.submitted)):
@@ -175,7 +187,7 @@ class PartitionedMachine(RuleBasedStateMachine):
             if s.committed == len(self.submitted):
                 break
             for j, worker in enumerate(self.names):
-                w = self.q.worker(worker)
+                w = self.worker(worker)
                 for r in w.reserve(4, max_samples=(0, 2, 1)[j], overcommit=j == 2):
                     w.complete(r.receipt, samples(r.group.n))
             lease = self.q.lease(self.cfg.max_completed_groups, partial=True)
@@ -190,6 +202,11 @@ class PartitionedMachine(RuleBasedStateMachine):
             for _, line in self.raw.xrange(f"rollout:{{{name}}}:commits"):
                 counts.update(f"{name}/{i}" for i in line[b"ids"].decode().split(",") if i)
         assert len(counts) == len(self.submitted) and all(v == 1 for v in counts.values()), "a group trained twice or lost"
+
+
+def deterministic(selector: Selector) -> None:
+    selector.random.seed(0)
+    selector.rotation = 0
 
 
 def samples(n: int) -> list[Sample]:
