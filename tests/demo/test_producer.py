@@ -238,8 +238,12 @@ def test_the_cli_refuses_a_field_and_a_template_together(redis_url: str, queue_n
     code = main(["--url", redis_url, "--queue", queue_name, "produce", str(dataset), "--prompt-field", "question",
                  "--template", "{question}"])
     assert code == 2
+    # The producer never creates a missing queue unless told to: exit 4 and nothing written.
     assert main(["--url", redis_url, "--queue", queue_name, "produce", str(dataset), "--prompt-field", "question",
-                 "--no-progress"]) == 0
+                 "--no-progress"]) == 4
+    assert not list(redis.Redis.from_url(redis_url).scan_iter(match=f"rollout:{{{queue_name}*"))
+    assert main(["--url", redis_url, "--queue", queue_name, "produce", str(dataset), "--prompt-field", "question",
+                 "--no-progress", "--create"]) == 0
     assert RolloutQueue.from_url(redis_url, queue_name).stats().submitted == 2
 
 
