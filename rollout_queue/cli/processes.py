@@ -14,7 +14,7 @@ from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, open_queue
 def cmd_reaper(args: argparse.Namespace) -> int:
     from rollout_queue.ops.reaper import run_reaper, stop_on_signals
 
-    q = open_queue(args, must_exist=False)  # as before: a reaper may start before the producer
+    q = open_queue(args, must_exist=not args.create)  # a mistyped --queue is exit 4, not a new queue
     stop = threading.Event()
     stop_on_signals(stop)
     run_reaper(q, args.interval, stop, args.passes)
@@ -41,7 +41,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         forwarded += ["--url", args.url]
     if args.queue and "--queue" not in forwarded:
         forwarded += ["--queue", args.queue]
-    for flag, value in (("--durable-replicas", args.durable_replicas), ("--durable-timeout-ms", args.durable_timeout_ms)):
+    for flag, value in (("--durable-replicas", args.durable_replicas), ("--durable-timeout-ms", args.durable_timeout_ms),
+                        ("--partitions", args.partitions or None)):
         if value is not None and flag not in forwarded:
             forwarded += [flag, str(value)]
     if args.json_logs and "--json-logs" not in forwarded:
@@ -53,6 +54,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("reaper", help="requeue the work of dead workers, expired leases and stale groups")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
     p.add_argument("--passes", type=int, default=None, help="stop after this many passes")
+    p.add_argument("--create", action="store_true", help="create the queue if it does not exist (default: exit 4)")
     p.set_defaults(func=cmd_reaper)
 
     p = sub.add_parser("worker", help="run a generation worker (see `rollout-queue worker --help`)",

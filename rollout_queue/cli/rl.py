@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from rollout_queue.core.config import QueueConfig
-from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, UsageError, client, durability, log_action, open_queue
+from rollout_queue.cli.common import (EXIT_FAIL, EXIT_OK, UsageError, client, durability, log_action, open_queue,
+                                      partitions)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -42,7 +43,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
                        prompt_field=None if args.template is not None else args.prompt_field, template=args.template,
                        epochs=args.epochs, shuffle=args.shuffle, seed=args.seed, id_field=args.id_field,
                        metadata_fields=tuple(args.metadata_field) if args.metadata_field else None)
-    q = _wait_for_queue(args) if args.wait_for_queue else open_queue(args, must_exist=False)
+    # The trainer creates the queue; the producer only with --create (a mistyped --queue is exit 4).
+    q = _wait_for_queue(args) if args.wait_for_queue else open_queue(args, must_exist=not args.create)
     stop = _stop_on_signals()
     with _progress(args) as progress:
         report = run_producer(q, records, plan, max_backlog=args.max_backlog, batch_size=args.batch_size,
@@ -59,15 +61,16 @@ def _default_name(path: str) -> str:
 
 def _wait_for_queue(args: argparse.Namespace) -> Any:
     """Wait (up to --wait-for-queue seconds) until the trainer has created the queue, then adopt its config."""
-    from rollout_queue.core.keys import QueueKeys
+    from rollout_queue.core.errors import QueueNotFound
 
     deadline = time.monotonic() + args.wait_for_queue
-    c = client(args)
-    while not c.exists(QueueKeys(args.queue)["meta"]):
-        if time.monotonic() > deadline:
-            raise UsageError(f"queue {args.queue!r} was not created within {args.wait_for_queue}s")
-        time.sleep(0.5)  # polling a process-start dependency, not a test
-    return open_queue(args)
+    while True:
+        try:
+            return open_queue(args)  # create=False: QueueNotFound writes nothing
+        except QueueNotFound:
+            if time.monotonic() > deadline:
+                raise UsageError(f"queue {args.queue!r} was not created within {args.wait_for_queue}s") from None
+            time.sleep(0.5)  # polling a process-start dependency, not a test
 
 
 class _progress:
@@ -118,7 +121,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = QueueConfig(max_staleness=None if args.max_staleness < 0 else args.max_staleness,
                          batch_groups=args.batch_groups, max_completed_groups=args.max_completed_groups,
                          lease_timeout_s=args.lease_timeout)
-    q = RolloutQueue.from_url(args.url, args.queue, config, durability=durability(args))
+    # The trainer is the process that creates the queue (with --partitions P on a Redis Cluster).
+    q = RolloutQueue(client(args), args.queue, config, partitions=partitions(args), durability=durability(args))
     settings = GrpoSettings(steps=args.steps, batch_groups=args.batch_groups, lr=args.lr,
                             checkpoint_every=args.checkpoint_every, lease_timeout_s=args.lease_timeout,
                             threads=args.threads, device=args.device, trainer_id=args.trainer_id)
@@ -187,7 +191,9 @@ def _add_produce(sub: Any) -> None:
                    help="keep at most this many never-reserved groups (0: no bound)")
     p.add_argument("--batch-size", type=int, default=64, help="groups per produce call")
     p.add_argument("--wait-for-queue", type=float, default=0.0, metavar="SECONDS",
-                   help="wait for the trainer to create the queue (and adopt its config) instead of creating it")
+                   help="wait for the trainer to create the queue (and adopt its config)")
+    p.add_argument("--create", action="store_true",
+                   help="create the queue if it does not exist (default: exit 4; the trainer creates it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
     p.set_defaults(func=cmd_produce, prompt_field_given=False)
 

@@ -10,6 +10,11 @@ What it owns:
    and the epoch (``<name>:<epoch>:<record index>`` or ``<id field>:<epoch>``), never the position.
 3. The loop: batches of positions go through ``produce.lua`` (groups + cursor in one atomic step,
    see producer_flows.py); while the backlog is at its bound the script refuses and the loop waits.
+4. On a partitioned queue (P > 1) one script call cannot span partitions, so each partition keeps
+   its own cursor: the number of the plan's groups it holds, in plan order. A batch of positions is
+   split by the partition of each source_id and each partition gets one produce call with the
+   groups it does not hold yet, compare-and-set on its own cursor; the producer's position is the
+   first one some partition lacks (docs/DESIGN.md, "The producer on a partitioned queue").
 
 It must not decide anything across round trips (the script checks the cursor and the bound), and it
 never imports the optional readers until a file of their kind is opened.
@@ -243,8 +248,12 @@ def run_producer(queue: RolloutQueue, records: DatasetRecords, plan: ProducePlan
     stop = stop or threading.Event()
     builder = GroupBuilder(plan, records, tokenize)
     if builder.total:  # every group has the plan's n: one check covers the run
-        check_group_sizes([builder.group(0)], queue.config.max_executing_samples)
+        count = queue.layout.count
+        check_group_sizes([builder.group(0)], min(c.max_executing_samples for c in queue.configs), count,
+                          queue.config.max_executing_samples if count > 1 else None)
     digest = plan.digest(records)
+    if queue.layout.count > 1:
+        return _run_partitioned(queue, builder, plan.name, digest, max_backlog, batch_size, stop, poll_s, on_progress)
     cursor, _ = queue.run(read_cursor(queue.keys, plan.name))
     report = ProduceReport(total=builder.total, cursor=min(cursor, builder.total), started_at=cursor)
     if on_progress:
@@ -261,6 +270,88 @@ def run_producer(queue: RolloutQueue, records: DatasetRecords, plan: ProducePlan
         elif max_backlog > got.backlog:
             size = min(batch_size, max_backlog - got.backlog)  # what fits now: the next call is admitted
         else:
+            stop.wait(poll_s)  # workers reserve from the backlog; poll until there is room
+        if on_progress:
+            on_progress(report)
+    report.done = report.cursor >= builder.total
+    if on_progress:
+        on_progress(report)
+    return report
+
+
+def backlog_shares(max_backlog: int, partitions: int) -> list[int]:
+    """Each partition's share of the producer's backlog bound (0: no bound); the shares sum to it.
+    Raises InvalidInput for a bound below the partition count (a share of 0 would never admit)."""
+    if not max_backlog:
+        return [0] * partitions
+    if max_backlog < partitions:
+        raise InvalidInput(f"max_backlog {max_backlog} is below the queue's {partitions} partitions: each partition "
+                           "needs a share of at least 1 (raise it, or pass 0 for no bound)")
+    return [max_backlog // partitions + (1 if i < max_backlog % partitions else 0) for i in range(partitions)]
+
+
+def _run_partitioned(queue: RolloutQueue, builder: GroupBuilder, name: str, digest: str, max_backlog: int,
+                     batch_size: int, stop: threading.Event, poll_s: float,
+                     on_progress: Callable[[ProduceReport], None] | None) -> ProduceReport:
+    """run_producer on P > 1 partitions (module docstring, item 4).
+
+    ``held[i]``: partition i's cursor, the number of the plan's groups it holds (those of its
+    positions in plan order, by ``produce.lua``'s compare-and-set, so never one twice). The position
+    ``cursor`` is the first one whose group its partition does not hold; ``ranks[i]`` counts
+    partition i's positions before it. A window of positions from ``cursor`` goes out as one
+    produce call per partition, carrying only the groups that partition lacks; a partition whose
+    backlog share is full is retried after ``poll_s`` while the others go on.
+    """
+    layout, count = queue.layout, queue.layout.count
+    shares = backlog_shares(max_backlog, count)
+    held = [queue.run(read_cursor(layout.keys[i], name))[0] for i in range(count)]
+    ranks = [0] * count
+    cursor = 0
+    while cursor < builder.total:  # the first position some partition lacks (an O(cursor) scan, once)
+        i = layout.of_source(builder.source_id(cursor))
+        if ranks[i] >= held[i]:
+            break
+        ranks[i] += 1
+        cursor += 1
+    report = ProduceReport(total=builder.total, cursor=cursor, started_at=cursor)
+    if on_progress:
+        on_progress(report)
+    backlogs = [0] * count
+    while report.cursor < builder.total and not stop.is_set():
+        end = min(builder.total, report.cursor + batch_size)
+        lacking: dict[int, list[int]] = {}
+        rank = list(ranks)
+        for k in range(report.cursor, end):
+            i = layout.of_source(builder.source_id(k))
+            if rank[i] >= held[i]:
+                lacking.setdefault(i, []).append(k)
+            rank[i] += 1
+        full = False
+        for i, positions in lacking.items():
+            # What fits the partition's share as last seen (at least one group: a refusal then
+            # reports the backlog afresh, and nothing is written).
+            room = shares[i] - backlogs[i] if shares[i] else len(positions)
+            take = positions[:max(1, min(room, len(positions)))]
+            got: Produced = queue.run(produce(layout.keys[i], name, digest, held[i],
+                                              [builder.group(k) for k in take], shares[i],
+                                              queue.configs[i].max_payload_bytes))
+            backlogs[i] = got.backlog
+            if got.status == "backlog_full":
+                full = True
+                continue
+            held[i], report.new = got.cursor, report.new + got.new
+        # Advance over the positions every partition now holds.
+        rank = list(ranks)
+        k = report.cursor
+        while k < end:
+            i = layout.of_source(builder.source_id(k))
+            if rank[i] >= held[i]:
+                break
+            rank[i] += 1
+            k += 1
+        report.cursor, ranks = k, rank
+        report.backlog, report.waiting = sum(backlogs), full
+        if full and report.cursor < end:
             stop.wait(poll_s)  # workers reserve from the backlog; poll until there is room
         if on_progress:
             on_progress(report)

@@ -148,8 +148,11 @@ def open_partitioned(layout: Layout, config: QueueConfig | None,
     have = 1 if stored is None else int(stored)
     if have != layout.count:
         raise ConfigMismatch(layout.name, "partitions", str(have), str(layout.count))
+    # create=False reaches every partition too: a queue its creator is still opening (the count is
+    # recorded, a partition not yet) is not found, never completed here with the default config.
     opened = yield from each(layout, "open", lambda i: flows.open_queue(layout.keys[i],
-                                                                        shares[i] if config else None, shares[i]))
+                                                                        shares[i] if config else None, shares[i],
+                                                                        create=create))
     return tuple(opened[i] for i in range(layout.count))
 
 

@@ -31,6 +31,7 @@ from rollout_queue import (
 from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig
 from rollout_queue.workers.events import CompletionRefused, Observer, Settled, StaleSettlement
 from rollout_queue.workers.rewards import Generated, Scorer, ScoringError
+from rollout_queue.workers.served import ServedQueues, receipt_scope
 from rollout_queue.workers.verdicts import VERDICTS, Complete, Fail, Filter, Verdict
 
 #: An engine output and the policy versions its request ran under (in order, oldest first).
@@ -72,8 +73,11 @@ class Attempt:
         return self.reservation.receipt
 
     def request_id(self, slot: int) -> str:
-        """Unique among requests in flight: a retry of the same entry has a higher attempt."""
-        return f"{self.receipt.entry_id}/{self.receipt.attempt}/{slot}"
+        """Unique among requests in flight: a retry of the same entry has a higher attempt, and an
+        entry ID repeated in another queue or partition carries that one's name in front."""
+        scope = receipt_scope(self.receipt)
+        base = f"{self.receipt.entry_id}/{self.receipt.attempt}/{slot}"
+        return f"{scope}|{base}" if scope else base
 
 
 def sampling_for(base: SamplingConfig, source_id: str, slot: int) -> SamplingConfig:
@@ -88,7 +92,7 @@ def sampling_for(base: SamplingConfig, source_id: str, slot: int) -> SamplingCon
 class Settler:
     """Scores finished attempts and settles attempts by receipt, for one worker."""
 
-    def __init__(self, worker: AsyncWorker, scorer: Scorer, decode: Callable[[Sequence[int]], str],
+    def __init__(self, worker: AsyncWorker | ServedQueues, scorer: Scorer, decode: Callable[[Sequence[int]], str],
                  stats: RuntimeStats, emit: Observer) -> None:
         self.worker, self.scorer, self.decode, self.stats, self.emit = worker, scorer, decode, stats, emit
 

@@ -3,7 +3,14 @@
 Owns argument parsing, building the engine and the scorer, signal handling (SIGTERM and SIGINT
 drain; a second signal skips the rest of the drain timeout) and exit codes. Everything else is
 ``WorkerRuntime``. Exit codes: 0 drained cleanly, 1 fatal error (owned work was returned first),
-2 usage error, 3 cannot reach Redis.
+2 usage error (or queues that one worker cannot serve together), 3 cannot reach Redis, 4 a queue
+does not exist (the worker never creates one unless ``--create``: a mistyped ``--queue`` must not
+become a new empty queue that waits forever).
+
+``--url`` may name a Redis Cluster (``redis+cluster://host:port``) and ``--partitions P`` (env
+ROLLOUT_PARTITIONS) the queues' partition count. ``--queue run-a:3,run-b:1`` serves several queues
+by weight (FleetReserver); the policy versions and weights follow the first queue only, and the
+others must never publish a version (served.py; docs/DESIGN.md, "One worker, several queues").
 
 Examples::
 
@@ -14,6 +21,8 @@ Examples::
     python -m rollout_queue.workers --url ... --queue ... --engine scripted --engine-arg latency_s=0.05 \\
         --engine-arg tail_p=0.1 --engine-arg tail_s=2.0      # the test engine, for drills and benchmarks
     rollout-queue --url ... --queue ... worker -- --engine vllm --model /ckpt/policy
+    python -m rollout_queue.workers --url redis+cluster://node-1:6379 --partitions 6 \
+        --queue eval-a:3,eval-b:1 --engine vllm --model /ckpt/frozen      # two fixed-model queues, 3:1
 """
 
 from __future__ import annotations
@@ -27,19 +36,26 @@ import sys
 from typing import Any, Sequence
 
 from rollout_queue import Durability, OutcomeUnknown, RolloutQueueError
+from rollout_queue.core.errors import QueueNotFound
 from rollout_queue.ops import logs
 from rollout_queue.workers.engines.base import Engine, SamplingConfig, make_engine
 from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
 from rollout_queue.workers.rewards import Scorer, load_function
 from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
+from rollout_queue.workers.served import ServedQueuesRefused
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollout-queue worker", description=__doc__.split("\n")[0])
     p.add_argument("--url", default=os.environ.get("REDIS_URL"), help="Redis URL (env REDIS_URL)")
-    p.add_argument("--queue", default=os.environ.get("ROLLOUT_QUEUE"), help="queue name (env ROLLOUT_QUEUE)")
+    p.add_argument("--queue", default=os.environ.get("ROLLOUT_QUEUE"),
+                   help="queue name, or several by weight: run-a:3,run-b:1 (env ROLLOUT_QUEUE)")
+    p.add_argument("--partitions", type=int, default=int(os.environ.get("ROLLOUT_PARTITIONS") or 1), metavar="P",
+                   help="the queues' partition count (env ROLLOUT_PARTITIONS; default 1)")
+    p.add_argument("--create", action="store_true",
+                   help="create a queue that does not exist (default: exit 4, nothing written)")
     p.add_argument("--engine", choices=["vllm", "torch", "scripted"], default="vllm",
                    help="generation backend; 'scripted' is the model-free test engine")
     p.add_argument("--model", default="", help="model folder (save_pretrained) or hub name")
@@ -120,7 +136,7 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
     engine = build_engine(args.engine, args.model, parse_engine_args(args.engine_arg))
     durable = Durability(args.durable_replicas, args.durable_timeout_ms) if args.durable_replicas else None
     return WorkerRuntime(args.url, args.queue, engine, options, worker_id=args.worker_id, scorer=scorer,
-                         durability=durable)
+                         durability=durable, partitions=args.partitions, create=args.create)
 
 
 async def serve(runtime: WorkerRuntime) -> None:
@@ -146,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("rollout-queue worker: pass --url and --queue (or set REDIS_URL and ROLLOUT_QUEUE)", file=sys.stderr)
         return EXIT_USAGE
+    if args.partitions < 1:
+        print(f"rollout-queue worker: --partitions must be >= 1, not {args.partitions}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         runtime = build_runtime(args)
     except (ValueError, TypeError, ImportError) as exc:
@@ -153,7 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         asyncio.run(serve(runtime))
+    except QueueNotFound as exc:
+        print(f"rollout-queue worker: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
     except WorkerFailed as exc:
+        if isinstance(exc.__cause__, ServedQueuesRefused):
+            print(f"rollout-queue worker: {exc.__cause__}", file=sys.stderr)
+            return EXIT_USAGE
         print(f"rollout-queue worker: {exc}", file=sys.stderr)
         return EXIT_FAIL
     except (OutcomeUnknown, ConnectionError, OSError) as exc:

@@ -51,8 +51,9 @@ class HeartbeatThread:
     """Heartbeats ``worker_id`` every ``interval_s`` on its own connection until ``stop()``."""
 
     def __init__(self, url: str, queue: str, worker_id: str, interval_s: float,
-                 on_notice: Callable[[VersionNotice], None], *, subscribe: bool = True) -> None:
-        self.url, self.queue, self.worker_id = url, queue, worker_id
+                 on_notice: Callable[[VersionNotice], None], *, subscribe: bool = True, partitions: int = 1) -> None:
+        """``partitions``: the queue's partition count (a beat goes to every partition)."""
+        self.url, self.queue, self.worker_id, self.partitions = url, queue, worker_id, partitions
         self.interval_s, self.on_notice, self.subscribe = interval_s, on_notice, subscribe
         self.beats = 0
         self.last_beat: float | None = None
@@ -96,7 +97,9 @@ class HeartbeatThread:
     def _open(self) -> RolloutQueue | None:
         try:
             # A short retry window: a beat that cannot get through is retried at the next one.
-            return RolloutQueue.from_url(self.url, self.queue, retry=RetryPolicy(window_s=max(0.5, self.interval_s)))
+            # create=False: the runtime opened the queue already; a beat must never recreate a deleted one.
+            return RolloutQueue.from_url(self.url, self.queue, partitions=self.partitions, create=False,
+                                         retry=RetryPolicy(window_s=max(0.5, self.interval_s)))
         except (RolloutQueueError, RedisError, OSError) as exc:
             self._warn("cannot connect for heartbeats; retrying at the next beat", exc)
             return None
@@ -119,7 +122,8 @@ class HeartbeatThread:
     def _subscribe(self, q: RolloutQueue) -> Any:
         try:
             pubsub = q.client.pubsub(ignore_subscribe_messages=True)
-            pubsub.subscribe(q.keys.versions_channel)
+            # publish_version announces on every partition's channel: the first partition's hears each.
+            pubsub.subscribe(q.layout.keys[0].versions_channel)
             return pubsub
         except (RedisError, OSError) as exc:
             self._warn("cannot subscribe to policy versions; relying on heartbeats", exc)

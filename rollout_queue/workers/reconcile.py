@@ -38,6 +38,7 @@ from rollout_queue import AsyncWorker, Receipt, RetryPolicy, RolloutQueueError, 
 from rollout_queue.drivers.cluster import redis_options
 from rollout_queue.core.owned import OwnedAttempt
 from rollout_queue.workers.attempt import RuntimeStats
+from rollout_queue.workers.served import ServedQueues
 
 log = logging.getLogger("rollout_queue.workers.runtime")
 
@@ -99,7 +100,7 @@ class RuntimeView:
 class Reconciler:
     """Every ``interval_s``: list what the PEL gives the worker, abort the orphans, one warning each."""
 
-    def __init__(self, worker: AsyncWorker, runtime: RuntimeView, interval_s: float, grace_s: float,
+    def __init__(self, worker: AsyncWorker | ServedQueues, runtime: RuntimeView, interval_s: float, grace_s: float,
                  stats: RuntimeStats, fields: Callable[..., dict[str, Any]],
                  clock: Callable[[], float] = time.monotonic) -> None:
         if interval_s <= 0 or grace_s < 0:

@@ -3,10 +3,12 @@
 What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and admission holds):
 
 1. The attempt. Each reservation becomes ``n`` concurrent ``engine.generate`` calls, one per parent
-   slot (request id ``<entry_id>/<attempt>/<slot>``), then rewards, the filter, and exactly one
+   slot (request id ``<entry_id>/<attempt>/<slot>``, prefixed by the receipt's queue and partition
+   when it has them), then rewards, the filter, and exactly one
    settlement by receipt (``attempt.Settler`` with a ``verdicts.Verdict``). Completions of attempts
    that finish together share one ``complete_many`` call (``completions.BatchingWorker``).
-2. Reserving. Only ``SubmissionScheduler.request()`` decides how much to ask for; ``reserve``
+2. Reserving, through ``ServedQueues`` (served.py: one queue, or several by weight, each of one
+   partition or P; the runtime never sees which). Only ``SubmissionScheduler.request()`` decides how much to ask for; ``reserve``
    blocks (``block_ms``) when nothing is granted (empty queue, admission hold, backpressure), so
    the worker never spins. Nothing is reserved while weights load or once the worker stops.
 3. Liveness (``heartbeat.py``), policy versions (``versions.py``) and reconciliation
@@ -31,13 +33,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable, Mapping
 
-from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, Receipt, Reservation
+from rollout_queue import Durability, Receipt, Reservation
 from rollout_queue.api.queue import default_process_id
 from rollout_queue.ops.logs import fields
 from rollout_queue.workers.attempt import Attempt, Phase, RuntimeStats, Settler
-from rollout_queue.workers.completions import BatchingWorker
 from rollout_queue.workers.engines.base import Engine
 from rollout_queue.workers.events import (
     CloseFailed,
@@ -60,6 +61,7 @@ from rollout_queue.workers.reconcile import Reconciler, RuntimeView, interval_fo
 from rollout_queue.workers.options import WorkerFailed, WorkerOptions
 from rollout_queue.workers.rewards import Scorer
 from rollout_queue.workers.scheduler import SubmissionScheduler
+from rollout_queue.workers.served import ServedQueues, ServedQueuesRefused, check_follower, parse_queue_spec
 from rollout_queue.workers.states import Lifecycle, RuntimeState
 from rollout_queue.workers.tasks import cancel, first_of, wait_tasks
 from rollout_queue.workers.verdicts import Abort
@@ -72,22 +74,31 @@ S = RuntimeState
 
 
 class WorkerRuntime:
-    """One worker on one queue with one engine. ``await run()`` serves until drained or failed."""
+    """One worker with one engine on one queue, or on several by weight. ``await run()`` serves
+    until drained or failed."""
 
-    def __init__(self, url: str, queue: str, engine: Engine, options: WorkerOptions | None = None, *,
-                 worker_id: str | None = None, scorer: Scorer | None = None,
-                 durability: Durability | None = None, on_event: Observer | None = None) -> None:
-        """``durability``: durable mode for the worker's queue client (the heartbeat thread's own
-        client stays plain: a lost beat only ages the worker). ``on_event``: called on the loop
-        with every event, after it is logged (events.py: it must be quick and must not raise)."""
-        self.url, self.queue_name, self.engine = url, queue, engine
+    def __init__(self, url: str, queue: str | Mapping[str, float], engine: Engine,
+                 options: WorkerOptions | None = None, *, worker_id: str | None = None, scorer: Scorer | None = None,
+                 durability: Durability | None = None, on_event: Observer | None = None, partitions: int = 1,
+                 create: bool = True) -> None:
+        """``queue``: a name, or several by weight (``"run-a:3,run-b:1"`` or a mapping; served.py:
+        the policy versions follow the first). ``partitions``: the queues' partition count;
+        ``create=False``: QueueNotFound for a missing queue instead of creating it (the shipped
+        worker). ``durability``: durable mode for the worker's queue clients (the heartbeat
+        threads' own clients stay plain: a lost beat only ages the worker). ``on_event``: called on
+        the loop with every event, after it is logged (events.py: it must be quick and must not raise)."""
+        self.weights = parse_queue_spec(queue)  # ValueError for a malformed spec, before anything starts
+        self.queue_names = list(self.weights)
+        self.url, self.queue_name, self.engine = url, ",".join(self.queue_names), engine
+        self.partitions, self.create = partitions, create
         self.durability = durability
         self.options = options or WorkerOptions()
         self.worker_id = worker_id or default_process_id()
         self.scorer = scorer or Scorer()
         self.stats = RuntimeStats()
         self.scheduler: SubmissionScheduler | None = None
-        self.heartbeat: HeartbeatThread | None = None
+        self.heartbeat: HeartbeatThread | None = None  # the first queue's (the one whose versions count)
+        self.heartbeats: list[HeartbeatThread] = []  # one per queue served
         self.versions = PolicyVersions(engine, self.options.weights_mode, self.stats, self._emit)
         self._on_event = on_event
         self._lifecycle = Lifecycle()
@@ -96,8 +107,7 @@ class WorkerRuntime:
         self._fatal: BaseException | None = None
         self._drain_deadline: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: AsyncRolloutQueue | None = None
-        self._worker: AsyncWorker | None = None
+        self._worker: ServedQueues | None = None
         self._executor: AttemptExecutor  # set by run()
         # Wake-ups for the loops, set by _advance (and the hurry by request_drain), never cleared
         # except slot_freed, which the reserve loop clears before it asks the scheduler again.
@@ -188,37 +198,45 @@ class WorkerRuntime:
             raise WorkerFailed(f"worker {self.worker_id} stopped: {self._fatal!r}") from self._fatal
 
     async def _open_and_serve(self) -> None:
+        # The queues first: a mistyped --queue (QueueNotFound) must not wait for an engine's start-up.
+        # Opening registers nothing, so an engine that fails to start leaves nothing to return.
+        self._worker = await ServedQueues.open(self.url, self.weights, self.worker_id, partitions=self.partitions,
+                                               create=self.create, durability=self.durability)
         try:
-            await self.engine.start()
-        except Exception as exc:  # nothing is owned yet: there is nothing to return
-            raise WorkerFailed(f"engine failed to start: {exc}") from exc
-        self._queue = await AsyncRolloutQueue.from_url(self.url, self.queue_name, durability=self.durability)
-        try:
-            self._worker = self._queue.worker(self.worker_id)
-            # Attempts finishing together complete in one complete_many (completions.py).
-            settler = Settler(BatchingWorker(self._worker), self.scorer, self.engine.decode, self.stats, self._emit)
+            try:
+                await self.engine.start()
+            except Exception as exc:  # nothing is owned yet: there is nothing to return
+                raise WorkerFailed(f"engine failed to start: {exc}") from exc
+            # Attempts of one queue finishing together complete in one complete_many (completions.py).
+            settler = Settler(self._worker, self.scorer, self.engine.decode, self.stats, self._emit)
             self._executor = AttemptExecutor(self.engine, self.options.sampling, self.versions, settler,
                                              self._sample_done)
             await self._serve()
         finally:
-            await self._queue.close()
+            await self._worker.aclose()
 
     async def _serve(self) -> None:
-        assert self._worker is not None and self._queue is not None
+        assert self._worker is not None
         tasks: list[asyncio.Task[None]] = []
         try:
             await self.versions.adopt(await self._worker.heartbeat(), load=self.options.load_initial_weights)
             self.scheduler = self.options.scheduler(self.engine.max_concurrency)
-            interval = self.options.heartbeat_interval_s or self._queue.config.worker_timeout_s / 4
-            self.heartbeat = HeartbeatThread(self.url, self.queue_name, self.worker_id, interval,
-                                             self._notice_threadsafe, subscribe=self.options.subscribe_versions)
-            self.heartbeat.start()
+            interval = self.options.heartbeat_interval_s or self._worker.worker_timeout_s / 4
+            for name in self.queue_names:  # liveness on every queue; versions from the first only
+                lead = name == self.queue_names[0]
+                beat = HeartbeatThread(self.url, name, self.worker_id, interval,
+                                       self._notice_threadsafe if lead else self._follower_notice(name),
+                                       subscribe=lead and self.options.subscribe_versions,
+                                       partitions=self.partitions)
+                self.heartbeats.append(beat)
+                beat.start()
+            self.heartbeat = self.heartbeats[0]
             self._emit(WorkerStarted(self.options.policy, self.versions.loaded))
             if self.state is S.STARTING:  # a drain requested during start-up stays a drain
                 self._advance(S.RUNNING)
             tasks = [asyncio.create_task(self._guarded(self._reserve_loop())),
                      asyncio.create_task(self._guarded(self.versions.follow(self._abort_generating)))]
-            reconciler = self._make_reconciler(self._queue.config.worker_timeout_s)
+            reconciler = self._make_reconciler(self._worker.worker_timeout_s)
             if reconciler is not None:
                 tasks.append(asyncio.create_task(reconciler.run(), name=f"reconcile:{self.worker_id}"))
             await self._stopping.wait()
@@ -232,8 +250,8 @@ class WorkerRuntime:
         finally:
             self._advance(S.CLOSING)
             await cancel(tasks)
-            if self.heartbeat is not None:
-                self.heartbeat.stop()  # before close: a late beat would re-register the worker
+            for beat in self.heartbeats:
+                beat.stop()  # before close: a late beat would re-register the worker
             await self._close_worker()
             await self._close_engine()
 
@@ -358,6 +376,22 @@ class WorkerRuntime:
                 loop.call_soon_threadsafe(self.versions.notice, notice)
             except RuntimeError:
                 return  # the loop closed between the check and the call: the worker is gone
+
+    def _follower_notice(self, name: str) -> Callable[[VersionNotice], None]:
+        """A follower queue's heartbeat news: only checked (served.py), never followed."""
+
+        def on_notice(notice: VersionNotice) -> None:
+            try:
+                check_follower(name, self.queue_names[0], notice)
+            except ServedQueuesRefused as exc:
+                loop = self._loop
+                if loop is not None and not loop.is_closed():
+                    try:
+                        loop.call_soon_threadsafe(self._fail, exc)
+                    except RuntimeError:
+                        return
+
+        return on_notice
 
     async def _abort_generating(self, reason: str) -> None:
         await self._executor.abort([a for a in self._attempts.values() if a.phase is Phase.GENERATING], reason)

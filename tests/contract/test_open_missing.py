@@ -42,3 +42,18 @@ def test_create_must_be_a_bool(redis_url: str, queue_name: str) -> None:
 
     with pytest.raises(InvalidInput):
         RolloutQueue.from_url(redis_url, queue_name, create="no")  # type: ignore[arg-type]
+
+
+def test_a_partitioned_queue_its_creator_is_still_opening_is_not_completed_by_another(
+        redis_url: str, raw: redis.Redis, queue_name: str) -> None:
+    from rollout_queue.scale.layout import Layout
+
+    layout = Layout(queue_name, 3)
+    raw.set(layout.record, 3)  # the creator recorded the count and is opening partition 0 next
+    with pytest.raises(QueueNotFound):
+        RolloutQueue.from_url(redis_url, queue_name, partitions=3, create=False)
+    assert keys_of(raw, queue_name) == [layout.record.encode()], "no partition opened with the default config"
+    RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_retained_groups=30), partitions=3).close()
+    q = RolloutQueue.from_url(redis_url, queue_name, partitions=3, create=False)
+    assert q.config.max_retained_groups == 30  # the creator's config, not the defaults
+    q.close()

@@ -238,8 +238,12 @@ def test_the_cli_refuses_a_field_and_a_template_together(redis_url: str, queue_n
     code = main(["--url", redis_url, "--queue", queue_name, "produce", str(dataset), "--prompt-field", "question",
                  "--template", "{question}"])
     assert code == 2
+    # The producer never creates a missing queue unless told to: exit 4 and nothing written.
     assert main(["--url", redis_url, "--queue", queue_name, "produce", str(dataset), "--prompt-field", "question",
-                 "--no-progress"]) == 0
+                 "--no-progress"]) == 4
+    assert not list(redis.Redis.from_url(redis_url).scan_iter(match=f"rollout:{{{queue_name}*"))
+    assert main(["--url", redis_url, "--queue", queue_name, "produce", str(dataset), "--prompt-field", "question",
+                 "--no-progress", "--create"]) == 0
     assert RolloutQueue.from_url(redis_url, queue_name).stats().submitted == 2
 
 
@@ -261,3 +265,29 @@ def test_the_producer_acl_role_may_produce_and_nothing_more(redis_url: str, queu
         q.close()
     finally:
         r.execute_command("ACL", "DELUSER", rules.user)
+
+
+def test_on_a_partitioned_queue_each_partition_keeps_its_own_cursor_and_a_resume_adds_each_group_once(
+        redis_url: str, queue_name: str, r: redis.Redis, tmp_path: Path) -> None:
+    q = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(), partitions=3)
+    records = load_records(write_jsonl(tmp_path / "d.jsonl", 40))
+    plan = ProducePlan(name="ds", n=2, prompt_field="question")
+    stop = threading.Event()
+    # Shares of 2 groups each: the producer stops while some partitions are full and others ahead.
+    first = run_producer(q, records, plan, max_backlog=6, batch_size=4, poll_s=0.01,
+                         on_progress=lambda rep: rep.waiting and stop.set(), stop=stop)
+    cursors = [q.run(read_cursor(keys, "ds"))[0] for keys in q.layout.keys]
+    assert not first.done and max(cursors) <= 2 and sum(cursors) >= first.cursor
+    q.worker("w").reserve(max_groups=100)  # make room; the rest goes in without a bound
+    second = run_producer(q, records, plan, max_backlog=0, batch_size=7)
+    assert second.done and second.started_at == first.cursor
+    ids = [sid for name in q.partitions for sid in stream_source_ids(r, name)]
+    assert sorted(ids) == sorted(f"ds:0:{i}" for i in range(40))  # no group twice, none missing
+    cursors = [q.run(read_cursor(keys, "ds"))[0] for keys in q.layout.keys]
+    assert sum(cursors) == 40 and q.stats().submitted == 40
+    assert all(q.layout.names[q.layout.of_source(sid)] == name for name in q.partitions
+               for sid in stream_source_ids(r, name))  # each group in its source_id's partition
+    assert run_producer(q, records, plan).new == 0  # done: a rerun adds nothing
+    with pytest.raises(InvalidInput, match="partitions"):
+        run_producer(q, records, ProducePlan(name="ds2", n=2, prompt_field="question"), max_backlog=2)
+    q.close()

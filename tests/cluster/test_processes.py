@@ -1,0 +1,114 @@
+"""The shipped processes on a 3-master Redis Cluster with P = 6 partitions, each a real subprocess:
+the producer (``rollout-queue produce``), two workers (``python -m rollout_queue.workers``, scripted
+engine), a trainer (tests/cluster/trainer_process.py: the public API, no torch) and the reaper
+(``rollout-queue reaper``). The producer and one worker are SIGKILLed mid-way; a restarted producer
+and the reaper recover. Every produced group is trained exactly once: the trainer saw each
+source_id once, and the partitions' commits streams (Redis's own record) name each entry once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from rollout_queue import RolloutQueue
+from rollout_queue.core.errors import QueueNotFound
+from rollout_queue.core.producer_flows import read_cursor
+from rollout_queue.devtools.local_cluster import LocalCluster
+from tests.cluster.conftest import P, delete_queue, spread_name
+from tests.cluster.test_composite_lease import commit_ledger
+from tests.helpers import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+GROUPS = 48
+
+
+def spawn(*argv: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{proc.args} did not exit; stderr:\n{err[-3000:]}") from None
+    return proc.returncode, out, err
+
+
+def opened(url: str, name: str) -> Any:
+    try:
+        return RolloutQueue.from_url(url, name, partitions=P, create=False)
+    except QueueNotFound:
+        return None
+
+
+def test_producer_workers_trainer_and_reaper_processes_train_each_group_once_on_a_cluster(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    url, name = cluster.url, spread_name(cluster, P)
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b"".join(orjson.dumps({"question": f"what is {i} + {i}?"}) + b"\n" for i in range(GROUPS)))
+    common = ["--url", url, "--queue", name, "--partitions", str(P)]
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*argv: str) -> subprocess.Popen[str]:
+        procs.append(spawn(*argv))
+        return procs[-1]
+
+    def worker(worker_id: str, latency: str) -> subprocess.Popen[str]:
+        return start("-m", "rollout_queue.workers", *common, "--engine", "scripted", "--worker-id", worker_id,
+                     "--block-ms", "200", "--engine-arg", f"latency_s={latency}", "--max-samples", "4")
+
+    def produce() -> subprocess.Popen[str]:
+        return start("-m", "rollout_queue", *common, "produce", str(dataset), "--prompt-field", "question", "--n", "2",
+                     "--batch-size", "4", "--max-backlog", "12", "--no-progress")
+
+    try:
+        trainer = start("-m", "tests.cluster.trainer_process", url, name, str(P), str(GROUPS))
+        q = wait_until(lambda: opened(url, name), 30, interval=0.1, message="the trainer to create the queue")
+        reaper = start("-m", "rollout_queue", *common, "reaper", "--interval", "0.3")
+        doomed, steady = worker("w-doomed", "0.3"), worker("w-steady", "0.02")
+        first = produce()
+        wait_until(lambda: q.stats().submitted >= 12, 30, interval=0.05, message="the producer to get going")
+        first.send_signal(signal.SIGKILL)  # mid-run: the restarted producer resumes from its partition cursors
+        first.communicate()
+        wait_until(lambda: q.worker("w-doomed").owned(), 30, interval=0.05,  # read-only: the PELs
+                   message="the doomed worker to hold work")
+        doomed.send_signal(signal.SIGKILL)  # the reaper requeues its work after worker_timeout_s
+        doomed.communicate()
+        second = produce()
+        code, _, err = finish(second, 60)
+        assert code == 0, err
+        code, out, err = finish(trainer, 60)
+        assert code == 0, err
+        for proc in (steady, reaper):
+            proc.send_signal(signal.SIGTERM)
+            code, _, err = finish(proc)
+            assert code == 0, err
+        trained = Counter(line for line in out.splitlines() if line and line != "ready")
+        assert set(trained) == {f"d.jsonl:0:{i}" for i in range(GROUPS)} and set(trained.values()) == {1}
+        ledger = commit_ledger(q)
+        assert len(ledger) == GROUPS and set(ledger.values()) == {1}  # each entry in one commits line, once
+        st = q.stats()
+        assert (st.submitted, st.committed, st.dead, st.executing_groups) == (GROUPS, GROUPS, 0, 0)
+        assert st.terminals["lost"] >= 1  # the killed worker's attempts came back through the reaper
+        cursors = [q.run(read_cursor(keys, "d.jsonl"))[0] for keys in q.layout.keys]
+        assert sum(cursors) == GROUPS and all(cursors)  # each partition's cursor counts its own groups
+        q.close()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        delete_queue(cluster, name)
+
