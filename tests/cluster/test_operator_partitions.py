@@ -21,7 +21,7 @@ import pytest
 from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
 from rollout_queue.devtools.local_cluster import LocalCluster
 from rollout_queue.devtools.local_server import LocalServer
-from rollout_queue.ops import acl
+from rollout_queue.ops import acl, views
 from tests.cluster.conftest import delete_queue, spread_name
 from tests.conftest import _delete_queue_keys
 from tests.ops.conftest import Cli, cli  # noqa: F401  (the in-process CLI runner fixture)
@@ -250,3 +250,35 @@ def test_operator_role_reads_a_partitioned_queue(state: Partitioned, cli: Cli) -
         assert cli(url, state.name, "dlq", "purge", "--all", "--yes")[0] == 6  # read-only
     finally:
         redis.Redis.from_url(state.url).execute_command("ACL", "DELUSER", user)
+
+
+def test_state_changing_commands_act_in_the_right_partition(server: LocalServer, cli: Cli) -> None:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s = build(server.url, name, 3)
+    try:
+        code, out, err = cli(s.url, name, "drain", "start", "--timeout-s", "60", "--yes")
+        assert code == 0, err
+        code, out, _ = cli(s.url, name, "drain", "status")
+        lines = [x.split("\t") for x in out.splitlines()]
+        assert code == 0 and [x[:2] for x in lines] == [["total", "draining"]] + [[f"{name}#{i}", "draining"]
+                                                                                 for i in range(3)]
+        assert cli(s.url, name, "drain", "stop", "--yes")[0] == 0
+        part, entry_id = s.executing[0]
+        code, out, err = cli(s.url, name, "requeue", f"{part}/{entry_id}", "--force", "--yes")
+        assert code == 0, err
+        assert out.strip() == f"{part}/{entry_id}\tready"
+        assert s.q.partition(s.q.partitions.index(part)).stats().ready == 1
+        code, out, _ = cli(s.url, name, "dlq", "requeue", "--all", "--yes")
+        assert code == 0 and out.split("\t")[0].startswith(s.dead_partition + "/")
+        assert s.q.stats().dead == 0 and cli(s.url, name, "dlq", "list")[1] == ""
+        code, out, err = cli(s.url, name, "config", "set", "max_attempts=3", "max_executing_samples=3000", "--yes")
+        assert code == 0, err
+        shares = [s.q.partition(i).run(views.stored_config(k))[0] for i, k in enumerate(s.q.layout.keys)]
+        assert [c["max_attempts"] for c in shares] == [3, 3, 3]
+        assert sum(c["max_executing_samples"] for c in shares) == 3000
+        code, out, _ = cli(s.url, name, "config", "show", "--json")
+        assert code == 0 and json.loads(out)["logical"]["max_executing_samples"] == 3000
+    finally:
+        s.q.close()
+        for n in (name, *(f"{name}#{i}" for i in range(3))):
+            _delete_queue_keys(server.url, n)
