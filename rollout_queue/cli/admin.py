@@ -9,9 +9,10 @@ import argparse
 import shlex
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
-from rollout_queue.ops import acl, actions, views
+from rollout_queue.ops import acl, actions, partition_views, views
+from rollout_queue.scale.layout import SPLIT_BOUNDS, logical_config, share
 from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.models import DeadLetter
@@ -23,8 +24,9 @@ from rollout_queue.cli.common import (
     client,
     confirm,
     log_action,
-    open_queue,
+    open_operated,
     open_view,
+    partitions,
     print_json,
     print_line,
     to_json,
@@ -34,14 +36,19 @@ from rollout_queue.cli.common import (
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
+    """On a partitioned queue every dead-letter and entry ID is shown as ``partition/id`` (IDs repeat
+    across partitions), and taken so or bare (looked up in every partition)."""
     if args.action == "list":
         view = open_view(args)
-        letters = view.run(views.dead_letters(view.keys, args.count))
+        layout = view.layout
+        letters = view.run(partition_views.dead_letters(layout, args.count))
         if args.json:
             print_json([render_letter(d) for d in letters])
         else:
             for d in letters:
-                print_line(d.dlq_id, d.entry_id, d.source_id, f"attempt={d.attempt}", d.reason)
+                print_line(partition_views.qualified(layout, d.queue, d.dlq_id),
+                           partition_views.qualified(layout, d.queue, d.entry_id), d.source_id,
+                           f"attempt={d.attempt}", d.reason)
         return EXIT_OK
     if not args.ids and not (args.all and args.action in ("requeue", "purge")):
         raise UsageError(f"dlq {args.action} needs dead-letter IDs (see `rollout-queue dlq list`)"
@@ -49,7 +56,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     if args.action == "show":
         view = open_view(args)
         for dlq_id in args.ids:
-            print_json(render_letter(view.run(views.dead_letter(view.keys, dlq_id))))
+            print_json(render_letter(view.run(partition_views.dead_letter(view.layout, dlq_id))))
         return EXIT_OK
     return _dlq_change(args)
 
@@ -59,19 +66,46 @@ def render_letter(d: DeadLetter) -> dict[str, Any]:
     return {**to_json(d), "fields": None}
 
 
+def _letters(q: Any, refs: Sequence[str]) -> list[tuple[int, str]]:
+    """(partition index, dlq id) of each ``[partition/]dlq_id`` (a bare one looked up in every partition)."""
+    layout = q.layout
+    out = []
+    for ref in refs:
+        index, ident = partition_views.split_ref(layout, ref)
+        if index is None:
+            found = q.run(partition_views.dead_letter(layout, ref))
+            index = layout.names.index(found.queue)
+        out.append((index, ident))
+    return out
+
+
 def _dlq_change(args: argparse.Namespace) -> int:
     if args.action == "requeue":
         confirm(args, "dlq requeue submits the groups again")
-        q = open_queue(args)
-        ids = args.ids or [d.dlq_id for d in q.dead_letters(100_000)]
-        for dlq_id in ids:
-            entry_id = q.requeue_dead_letter(dlq_id)
-            log_action(args, "requeued dead letter", "dlq_requeue", dlq_id=dlq_id, entry_id=entry_id)
-            print_line(dlq_id, entry_id)
+        q = open_operated(args)
+        layout = q.layout
+        if args.ids:
+            targets = _letters(q, args.ids)
+        else:
+            targets = [(layout.names.index(d.queue) if d.queue else 0, d.dlq_id)
+                       for d in q.run(partition_views.dead_letters(layout, 100_000))]
+        for index, dlq_id in targets:
+            entry_id = q.requeue_dead_letter(dlq_id, layout.names[index])
+            shown = partition_views.qualified(layout, layout.names[index], dlq_id)
+            log_action(args, "requeued dead letter", "dlq_requeue", dlq_id=shown,
+                       entry_id=partition_views.qualified(layout, layout.names[index], entry_id))
+            print_line(shown, partition_views.qualified(layout, layout.names[index], entry_id))
         return EXIT_OK
     confirm(args, "dlq purge deletes dead letters and their pristine payload for good")
-    q = open_queue(args)
-    n = q.run(actions.purge_all_dead_letters(q.keys) if args.all else actions.purge_dead_letters(q.keys, args.ids))
+    q = open_operated(args)
+    layout = q.layout
+    if args.all:
+        n = sum(q.run(actions.purge_all_dead_letters(keys)) for keys in layout.keys)
+    else:
+        by_partition: dict[int, list[str]] = {}
+        for index, dlq_id in _letters(q, args.ids):
+            by_partition.setdefault(index, []).append(dlq_id)
+        n = sum(q.run(actions.purge_dead_letters(layout.keys[i], ids)) for i, ids in sorted(by_partition.items()))
     log_action(args, "purged dead letters", "dlq_purge", purged=n, ids=",".join(args.ids) or "all")
     print_line("purged", n)
     return EXIT_OK
@@ -109,6 +143,8 @@ def parse_setting(text: str) -> tuple[str, Any]:
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "show":
         view = open_view(args)
+        if view.layout.count > 1:
+            return _config_show_partitioned(args, view)
         values, corrupt = view.run(views.stored_config(view.keys))
         if args.json:
             print_json({**values, "corrupt": corrupt} if corrupt else QueueConfig(**values))  # type: ignore[arg-type]
@@ -123,6 +159,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     # Not open_queue: a client's open refuses a queue whose stored config is corrupt, and repairing
     # it is this command's job. config_set.lua checks the library version and every field itself.
     q = open_view(args)
+    layout = q.layout
+    if layout.count > 1:
+        return _config_set_partitioned(args, q, changes)
     try:
         old, new, n = q.run(actions.set_config(q.keys, changes))
     except ValueError as exc:
@@ -131,6 +170,47 @@ def cmd_config(args: argparse.Namespace) -> int:
                changes={name: [old[name], getattr(new, name)] for name in changes})
     for name in changes:
         print_line(name, _shown(old[name]), _shown(getattr(new, name)))
+    return EXIT_OK
+
+
+def _config_set_partitioned(args: argparse.Namespace, view: Any, changes: dict[str, Any]) -> int:
+    """config set on every partition: a split bound (SPLIT_BOUNDS) as each partition's share of the
+    logical value given, any other field as given. Each partition's change is atomic on its own; a
+    failure part-way leaves the earlier partitions changed (the lines printed say which): run the
+    command again. Clients read the shares at open: reopen them."""
+    layout = view.layout
+    small = [k for k in changes if k in SPLIT_BOUNDS and changes[k] is not None and changes[k] < layout.count]
+    if small:
+        raise UsageError(f"{', '.join(f'{k}={changes[k]}' for k in small)} is below partitions={layout.count}: "
+                         "a partition's share would be 0 (nothing was written)")
+    for i, (name, keys) in enumerate(zip(layout.names, layout.keys)):
+        mine = {k: share(v, layout.count, i) if k in SPLIT_BOUNDS and v is not None else v for k, v in changes.items()}
+        try:
+            old, new, n = view.run(actions.set_config(keys, mine))
+        except ValueError as exc:
+            raise InvalidInput(f"config set refused on partition {name}: {exc}") from exc
+        log_action(args, "config changed", "config_set", partition=name, fields_changed=n,
+                   changes={k: [old[k], getattr(new, k)] for k in mine})
+        for k in mine:
+            print_line(name, k, _shown(old[k]), _shown(getattr(new, k)))
+    return EXIT_OK
+
+
+def _config_show_partitioned(args: argparse.Namespace, view: Any) -> int:
+    """The logical config (split bounds summed, scale/layout.logical_config) beside each partition's."""
+    stored = [view.run(views.stored_config(keys)) for keys in view.layout.keys]
+    corrupt = {name: c for name, (_, c) in zip(view.layout.names, stored) if c}
+    logical = None if corrupt else logical_config([QueueConfig(**values) for values, _ in stored])
+    if args.json:
+        print_json({"logical": logical, "partitions": {name: ({**values, "corrupt": c} if c else QueueConfig(**values))
+                                                       for name, (values, c) in zip(view.layout.names, stored)}})
+        return EXIT_OK
+    shown = [render_config(values, c) for values, c in stored]
+    rows = [(k, "?" if logical is None else _shown(getattr(logical, k)), *(part[k] for part in shown))
+            for k in QueueConfig.__dataclass_fields__]
+    render.emit([render.section(f"config of queue {args.queue} ({view.layout.count} partitions; the logical value "
+                                f"of {', '.join(SPLIT_BOUNDS)} is the sum of the partitions' shares)",
+                                ("field", "logical", *view.layout.names), rows)])
     return EXIT_OK
 
 
@@ -149,30 +229,43 @@ def render_config(values: dict[str, Any], corrupt: dict[str, str]) -> dict[str, 
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
+    """On a partitioned queue the drain is a hold on every partition; status merges them (draining
+    while any partition's stands) and lists each."""
     if args.action == "status":
         view = open_view(args)
-        status = view.run(views.drain_status(view.keys))
-        if args.json:
-            print_json(status)
+        if view.layout.count == 1:
+            status = view.run(views.drain_status(view.keys))
+            parts = []
         else:
-            left = None if status.deadline_ms is None else status.deadline_ms - status.server_ms
-            print_line("draining" if status.active else "not_draining", status.executing_groups,
-                       render.duration(left) if status.active else "-", status.reason)
+            parts = view.run(partition_views.drain_statuses(view.layout))
+            status = partition_views.merge_drains([d for _, d in parts])
+        if args.json:
+            print_json({**to_json(status), "partitions": {n: to_json(d) for n, d in parts}} if parts else status)
+        else:
+            for name, d in ([("", status)] if not parts else [("total", status)] + parts):
+                left = None if d.deadline_ms is None else d.deadline_ms - d.server_ms
+                print_line(*((name,) if parts else ()), "draining" if d.active else "not_draining",
+                           d.executing_groups, render.duration(left) if d.active else "-", d.reason)
         return EXIT_OK
     confirm(args, f"drain {args.action} {'closes' if args.action == 'start' else 'reopens'} admission")
-    q = open_queue(args)
+    q = open_operated(args)
+    layout = q.layout
     if args.action == "stop":
-        left = q.run(actions.drain_stop(q.keys))
+        left = sum(q.run(actions.drain_stop(keys)) for keys in layout.keys)
         log_action(args, "drain stopped", "drain_stop", holds_left=left)
         print_line("stopped", f"holds_left={left}")
         return EXIT_OK
-    deadline, executing = q.run(actions.drain_start(q.keys, args.timeout_s, args.reason))
+    started = [q.run(actions.drain_start(keys, args.timeout_s, args.reason)) for keys in layout.keys]
+    deadline, executing = min(d for d, _ in started), sum(e for _, e in started)
     log_action(args, "drain started", "drain_start", deadline_ms=deadline, executing_groups=executing,
                reason=args.reason)
     print_line("draining", f"executing={executing}", f"deadline_ms={deadline}")
-    if args.wait is not None and not q.run(actions.wait_drained(q.keys, args.wait, time.monotonic)):
-        print(f"rollout-queue: still executing after {args.wait}s; the drain stands", file=sys.stderr)
-        return EXIT_FAIL
+    if args.wait is not None:
+        end = time.monotonic() + args.wait
+        for keys in layout.keys:
+            if not q.run(actions.wait_drained(keys, max(0.0, end - time.monotonic()), time.monotonic)):
+                print(f"rollout-queue: still executing after {args.wait}s; the drain stands", file=sys.stderr)
+                return EXIT_FAIL
     return EXIT_OK
 
 
@@ -183,7 +276,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
     if not args.queue:
         raise UsageError("no queue: pass --queue or set ROLLOUT_QUEUE")
     passwords = dict(parse_password(p) for p in args.password)
-    rules = acl.all_rules(args.queue, args.role or acl.ROLE_NAMES, passwords)
+    rules = acl.all_rules(args.queue, args.role or acl.ROLE_NAMES, passwords, partitions=partitions(args))
     if args.apply:
         confirm(args, "acl --apply creates or overwrites these ACL users on the server")
         c = client(args)

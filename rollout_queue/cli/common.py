@@ -26,6 +26,7 @@ from rollout_queue.ops.escape import clean, json_safe
 from rollout_queue.core.keys import validate_queue_name
 from rollout_queue.ops.logs import fields
 from rollout_queue.core.policy import Durability, RetryPolicy
+from rollout_queue.ops import views
 from rollout_queue.ops.views import QueueView
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_DENIED = 0, 1, 2, 3, 4, 5, 6
@@ -114,16 +115,23 @@ def durability(args: argparse.Namespace) -> Durability | None:
 
 
 def open_view(args: argparse.Namespace) -> QueueView:
-    """A read-only handle (no ``open``); under --durable-replicas its state-changing calls (config
-    set runs through it) wait for the replicas too."""
-    return QueueView(client(args), args.queue, CLI_RETRY, durability=durability(args))
+    """A read-only handle (no ``open``) on the logical queue, with its partition count: --partitions
+    checked against the recorded count, or the recorded count itself when --partitions is not given
+    (a plain queue has none: 1). Under --durable-replicas its state-changing calls (config set runs
+    through it) wait for the replicas too."""
+    c, durable = client(args), durability(args)
+    probe = QueueView(c, args.queue, CLI_RETRY, durability=durable)
+    count = probe.run(views.resolve_partitions(args.queue, given_partitions(args)))
+    return probe if count == 1 else QueueView(c, args.queue, CLI_RETRY, durability=durable, partitions=count)
 
 
-def partitions(args: argparse.Namespace) -> int:
-    """--partitions (or ROLLOUT_PARTITIONS), 1 when not given."""
+def given_partitions(args: argparse.Namespace) -> int | None:
+    """--partitions (or ROLLOUT_PARTITIONS), None when not given."""
     value = getattr(args, "partitions", None)
+    if value in (None, False, ""):
+        return None
     try:
-        count = 1 if value in (None, False, "") else int(value)
+        count = int(value)
     except ValueError as exc:
         raise UsageError(f"--partitions must be an integer, not {value!r}") from exc
     if count < 1:
@@ -131,11 +139,25 @@ def partitions(args: argparse.Namespace) -> int:
     return count
 
 
+def partitions(args: argparse.Namespace) -> int:
+    """--partitions (or ROLLOUT_PARTITIONS), 1 when not given."""
+    return given_partitions(args) or 1
+
+
 def open_queue(args: argparse.Namespace, must_exist: bool = True) -> RolloutQueue:
     """The queue for a state-changing command, with --partitions. QueueNotFound (exit 4) if it does
     not exist, unless ``must_exist`` is False: then the command creates it."""
     return RolloutQueue(client(args), args.queue, partitions=partitions(args), retry=CLI_RETRY,
                         durability=durability(args), create=not must_exist)
+
+
+def open_operated(args: argparse.Namespace) -> RolloutQueue:
+    """The queue for an operator's state-changing command (requeue, dlq, drain): like open_queue
+    (never creates: QueueNotFound, exit 4), with the partition count resolved as open_view does, so
+    --partitions may be left out on a partitioned queue."""
+    view = open_view(args)
+    return RolloutQueue(view.client, args.queue, partitions=view.layout.count, retry=CLI_RETRY,
+                        durability=durability(args), create=False)
 
 
 def confirm(args: argparse.Namespace, what: str) -> None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rollout_queue.ops import actions, views
+from rollout_queue.ops import actions, partition_views
 from rollout_queue.cli import render
-from rollout_queue.cli.common import EXIT_OK, confirm, log_action, open_queue, open_view, print_json, print_line
+from rollout_queue.cli.common import EXIT_OK, confirm, log_action, open_operated, open_view, print_json, print_line
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     view = open_view(args)
-    e = view.run(views.entry(view.keys, args.entry_id))
+    e = view.run(partition_views.entry(view.layout, args.entry_id))
     if args.json:
         print_json(e)
     else:
@@ -23,40 +23,48 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     view = open_view(args)
-    ws = view.run(views.workers(view.keys))
+    ws = view.run(partition_views.workers(view.layout))
     if args.json:
         print_json(ws)
     else:
-        render.emit([render.workers_section(ws, limit=10_000)])
+        render.emit([render.workers_section(ws, limit=10_000, partitioned=view.layout.count > 1)])
     return EXIT_OK
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
     view = open_view(args)
-    ls = view.run(views.leases(view.keys))
+    ls = view.run(partition_views.leases(view.layout))
     if args.json:
         print_json(ls)
     else:
-        render.emit([render.leases_section(ls, limit=10_000)])
+        render.emit([render.leases_section(ls, limit=10_000, partitioned=view.layout.count > 1)])
     return EXIT_OK
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
     """Prints ``ENTRY_ID<TAB>outcome`` (ready, dead, replay, already_ready). Refusals exit 5."""
     confirm(args, f"requeue {args.entry_id} ends its executing attempt")
-    q = open_queue(args)
-    receipt, outcome = q.run(actions.requeue(q.keys, args.entry_id, force=args.force, counted=args.counted,
+    q = open_operated(args)
+    layout = q.layout
+    # On a partitioned queue: the partition the ID names (partition/id), else the one it is found in.
+    index, entry_id = partition_views.split_ref(layout, args.entry_id)
+    if index is None:
+        index = q.run(partition_views.entry(layout, args.entry_id)).partition
+        index = layout.names.index(index)
+    receipt, outcome = q.run(actions.requeue(layout.keys[index], entry_id, force=args.force, counted=args.counted,
                                              reason=args.reason))
     if receipt is not None:
-        log_action(args, "requeued entry", "requeue", entry_id=args.entry_id, attempt=receipt.attempt,
-                   worker_id=receipt.worker_id, force=args.force, outcome=outcome)
-    print_line(args.entry_id, outcome)
+        log_action(args, "requeued entry", "requeue", entry_id=entry_id, attempt=receipt.attempt,
+                   worker_id=receipt.worker_id, force=args.force, outcome=outcome,
+                   **({"partition": layout.names[index]} if layout.count > 1 else {}))
+    print_line(partition_views.qualified(layout, layout.names[index], entry_id), outcome)
     return EXIT_OK
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("inspect", help="one entry: state, owner, attempts with reasons, versions, pristine group")
-    p.add_argument("entry_id", help="the entry's stream ID, e.g. 1717171717171-0")
+    p.add_argument("entry_id", help="the entry's stream ID, e.g. 1717171717171-0; on a partitioned queue "
+                   "looked up in every partition, or named as PARTITION/ID (q#3/1717171717171-0 or 3/...)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inspect)
 

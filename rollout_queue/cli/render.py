@@ -125,14 +125,28 @@ def attempts_section(snap: Snapshot) -> Section:
     return section(title, ("attempt", "groups", ""), rows)
 
 
-def workers_section(ws: Sequence[WorkerView], limit: int = 20) -> Section:
-    alive = sum(1 for w in ws if w.alive)
-    rows = [(w.worker_id, worker_status(w), duration(w.silent_ms), w.executing_groups, duration(w.idle_ms))
-            for w in ws[:limit]]
+def workers_section(ws: Sequence[WorkerView], limit: int = 20, partitioned: bool = False) -> Section:
+    """One row per worker; on a partitioned queue one per worker and partition (sorted by worker),
+    with a partition column, and the title counts each worker once (alive: alive in every partition
+    it is registered in)."""
+    columns = ("worker", "status", "last heartbeat", "executing", "idle")
+    if not partitioned:
+        alive = sum(1 for w in ws if w.alive)
+        rows = [(w.worker_id, worker_status(w), duration(w.silent_ms), w.executing_groups, duration(w.idle_ms))
+                for w in ws[:limit]]
+        if len(ws) > limit:
+            rows.append((f"... {len(ws) - limit} more", "", "", "", ""))
+        return section(f"workers: {alive} alive, {len(ws) - alive} silent or unregistered", columns, rows)
+    ordered = sorted(ws, key=lambda w: (w.worker_id, w.partition))
+    ids = {w.worker_id for w in ws}
+    dead = {w.worker_id for w in ws if not w.alive}
+    rows = [(w.worker_id, w.partition, worker_status(w), duration(w.silent_ms), w.executing_groups,
+             duration(w.idle_ms)) for w in ordered[:limit]]
     if len(ws) > limit:
-        rows.append((f"... {len(ws) - limit} more", "", "", "", ""))
-    return section(f"workers: {alive} alive, {len(ws) - alive} silent or unregistered",
-                   ("worker", "status", "last heartbeat", "executing", "idle"), rows)
+        rows.append((f"... {len(ws) - limit} more", "", "", "", "", ""))
+    return section(f"workers: {len(ids - dead)} alive, {len(dead)} silent or unregistered in some partition "
+                   f"({sum(w.executing_groups for w in ws)} groups executing)",
+                   columns[:1] + ("partition",) + columns[1:], rows)
 
 
 def worker_status(w: WorkerView) -> str:
@@ -141,10 +155,41 @@ def worker_status(w: WorkerView) -> str:
     return "alive" if w.alive else ("unregistered" if w.last_heartbeat_ms is None else "SILENT")
 
 
-def leases_section(ls: Sequence[LeaseView], limit: int = 20) -> Section:
-    rows = [(lv.lease_id, lv.trainer, lv.groups, "?" if lv.version is None else lv.version, _deadline(lv))
-            for lv in ls[:limit]]
-    return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "deadline"), rows)
+def leases_section(ls: Sequence[LeaseView], limit: int = 20, partitioned: bool = False) -> Section:
+    """One row per lease; on a partitioned queue one per member lease, with a partition column."""
+    if not partitioned:
+        rows = [(lv.lease_id, lv.trainer, lv.groups, "?" if lv.version is None else lv.version, _deadline(lv))
+                for lv in ls[:limit]]
+        return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "deadline"), rows)
+    rows = [(lv.lease_id, lv.partition, lv.trainer, lv.groups, "?" if lv.version is None else lv.version,
+             _deadline(lv)) for lv in ls[:limit]]
+    return section(f"leases: {len(ls)} active in the partitions ({sum(lv.groups for lv in ls)} groups)",
+                   ("lease", "partition", "trainer", "groups", "version", "deadline"), rows)
+
+
+def partitions_section(snap: Snapshot) -> Section:
+    """One row per partition of a partitioned queue, then the total (the sum the other sections show);
+    a partition that did not answer says so."""
+    columns = ("partition",) + STATES + ("version", "workers", "leases", "admission")
+    rows: list[tuple[Any, ...]] = []
+    for name, part in snap.partitions:
+        if part is None:
+            rows.append((name, "UNREACHABLE") + ("",) * (len(columns) - 2))
+            continue
+        counts = state_counts(part.stats)
+        rows.append((name, *(counts[s] for s in STATES),
+                     part.stats.version if part.stats.version_published else "-",
+                     sum(1 for w in part.workers if w.alive), len(part.leases),
+                     _admission(part.drain, part.stats.active_holds)))
+    total = state_counts(snap.stats)
+    alive = {w.worker_id for w in snap.workers} - {w.worker_id for w in snap.workers if not w.alive}
+    rows.append(("total", *(total[s] for s in STATES),
+                 snap.stats.version if snap.stats.version_published else "-", len(alive), len(snap.leases),
+                 _admission(snap.drain, snap.stats.active_holds)))
+    down = snap.unreachable
+    title = f"partitions: {len(snap.partitions)}" + (f", {len(down)} UNREACHABLE (left out of the totals: "
+                                                     f"{', '.join(down)})" if down else "")
+    return section(title, columns, rows)
 
 
 def _deadline(lv: LeaseView) -> str:
@@ -154,12 +199,15 @@ def _deadline(lv: LeaseView) -> str:
 
 
 def snapshot_sections(snap: Snapshot) -> list[Section]:
-    return [states_section(snap), policy_section(snap), attempts_section(snap), workers_section(snap.workers),
-            leases_section(snap.leases)]
+    parted = bool(snap.partitions)
+    return ([partitions_section(snap)] if parted else []) + [
+        states_section(snap), policy_section(snap), attempts_section(snap),
+        workers_section(snap.workers, partitioned=parted), leases_section(snap.leases, partitioned=parted)]
 
 
 def entry_sections(e: EntryView) -> list[Section]:
-    rows: list[tuple[Any, ...]] = [("state", e.state), ("owner (PEL)", e.owner or "none"),
+    rows: list[tuple[Any, ...]] = ([("partition", e.partition)] if e.partition else []) + [
+        ("state", e.state), ("owner (PEL)", e.owner or "none"),
                                    ("attempt", e.attempt), ("counted failures", e.counted_failures)]
     if e.idle_ms is not None:
         rows.append(("since delivery", duration(e.idle_ms)))

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Mapping
 
-from rollout_queue.ops import views
+from rollout_queue.ops import partition_views, views
 from rollout_queue.ops.view_models import Snapshot
 from rollout_queue.cli import render
 from rollout_queue.cli.common import EXIT_OK, UsageError, open_view, print_json, to_json
@@ -21,15 +21,22 @@ RATES = (("in/s (submitted)", "submitted"), ("completed/s", "completed_total"), 
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
-    """`stats --json`: the QueueStats fields at top level (as before), then the views' extras."""
-    return {**to_json(snap.stats), "attempts": to_json(snap.pel.attempts), "pel_states": to_json(snap.pel.states),
-            "pel_truncated": snap.pel.truncated, "buffer_staleness": list(snap.buffer_staleness),
-            "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain)}
+    """`stats --json`: the QueueStats fields at top level (as before), then the views' extras; on a
+    partitioned queue the top level is the sum, and ``partitions`` lists each partition's own
+    (``{"partition": name, "unreachable": true}`` for one that did not answer)."""
+    out = {**to_json(snap.stats), "attempts": to_json(snap.pel.attempts), "pel_states": to_json(snap.pel.states),
+           "pel_truncated": snap.pel.truncated, "buffer_staleness": list(snap.buffer_staleness),
+           "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain)}
+    if snap.partitions:
+        out["partitions"] = [{"partition": name, "unreachable": True} if part is None else
+                             {"partition": name, "unreachable": False, **snapshot_json(part)}
+                             for name, part in snap.partitions]
+    return out
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     view = open_view(args)
-    snap = view.run(views.snapshot(view.keys))
+    snap = view.run(partition_views.snapshot(view.layout))
     if args.json:
         print_json(snapshot_json(snap))
     else:
@@ -50,8 +57,10 @@ def top_sections(snap: Snapshot, r: Mapping[str, float | None], spark: list[floa
     rows = [(label, "-" if v is None else f"{v:.2f}") for label, v in r.items()]
     rows.append(("out/s history", render.sparkline(spark)))
     head = render.section(f"queue {queue} (live; Ctrl-C quits)", ("rate", "groups/s"), rows)
-    return [head, render.states_section(snap), render.policy_section(snap), render.attempts_section(snap),
-            render.workers_section(snap.workers, 10), render.leases_section(snap.leases, 10)]
+    parted = bool(snap.partitions)
+    return [head] + ([render.partitions_section(snap)] if parted else []) + [
+        render.states_section(snap), render.policy_section(snap), render.attempts_section(snap),
+        render.workers_section(snap.workers, 10, parted), render.leases_section(snap.leases, 10, parted)]
 
 
 def cmd_top(args: argparse.Namespace, clock: Callable[[], float] = time.monotonic) -> int:
@@ -63,7 +72,7 @@ def cmd_top(args: argparse.Namespace, clock: Callable[[], float] = time.monotoni
     shown = 0
     try:
         while True:
-            snap = view.run(views.snapshot(view.keys))
+            snap = view.run(partition_views.snapshot(view.layout))
             now = (clock(), dict(snap.stats.counters))
             r = rates(prev, now)
             prev = now
@@ -102,7 +111,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise UsageError(f"the exporter needs prometheus-client ({exc}): pip install 'rollout-queue[metrics]'") from exc
     view = open_view(args)
-    view.run(views.require_queue(view.keys))
+    for keys in view.layout.keys:  # NotFound (exit 4) before serving: a mistyped --queue, a missing partition
+        view.run(views.require_queue(keys))
     if args.once:
         sys.stdout.write(metrics.exposition(view))
         return EXIT_OK

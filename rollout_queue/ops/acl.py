@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.scripts import LIBRARY_VERSION, READ_ONLY_SCRIPTS, SCRIPTS, Script
+from rollout_queue.scale.layout import partition_names
 
 #: Commands whose ACL rules name a subcommand (``xgroup|create``) or a first argument (``info|server``:
 #: the queue clock reads the server's run_id, lua/include/now_ms.lua): granting the whole command
@@ -65,6 +66,7 @@ READ_COMMANDS = (
     "xpending", "xrange", "xrevrange", "xlen", "xinfo|stream", "xinfo|groups", "xinfo|consumers",
     "zrange", "zrangebyscore", "zrevrange", "zscore", "zcard", "zcount", "hget", "hgetall", "hmget", "hlen",
     "hstrlen", "hexists", "hkeys", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding",
+    "get",  # the partition-count record (views.partition_count): read to find a logical queue's partitions
 )
 
 
@@ -163,46 +165,59 @@ def user_name(queue: str, role: str) -> str:
 
 
 def role_rules(queue: str, role: str, password: str | None = None,
-               library: Mapping[str, Script] = SCRIPTS) -> RoleRules:
+               library: Mapping[str, Script] = SCRIPTS, partitions: int = 1) -> RoleRules:
     """The ACL rules of ``role`` for ``queue``. Without a password the user is on but cannot log in
-    until one is added (``>secret``); with one, only its SHA-256 is written."""
-    keys = QueueKeys(queue)
+    until one is added (``>secret``); with one, only its SHA-256 is written. ``partitions`` > 1:
+    the same rules on every partition's keys (``queue#0`` …, scale/layout.py), plus reading the
+    partition-count record under the logical name."""
     head = ["on", "resetkeys", "resetchannels", "-@all"]
     if password is not None:
         head.append("#" + hashlib.sha256(password.encode()).hexdigest())
-    channel = ["&" + keys.versions_channel]
+    names = partition_names(queue, partitions)
+    record = QueueKeys(queue).partitions
     if role == "admin":
-        return RoleRules(role, user_name(queue, role),
-                         tuple(head + ["~" + keys.pattern, "&" + keys.pattern] + list(ADMIN_RULES)))
+        keys_rules = [r for n in names for r in ("~" + QueueKeys(n).pattern, "&" + QueueKeys(n).pattern)]
+        if partitions > 1:
+            keys_rules += ["~" + record]
+        return RoleRules(role, user_name(queue, role), tuple(head + keys_rules + list(ADMIN_RULES)))
     spec = ROLES[role]
     scripts = [library[name] for name in spec.scripts]
     commands = {"ping", "time"} | set(spec.raw) | (set() if spec.read_only else {"script|load", "wait"})
-    patterns = {keys[k] for k in spec.raw_keys}
     for script in scripts:
         commands |= script_commands(script)
-        patterns |= script_keys(script, keys)
     if spec.read_only:
         commands = {c for c in commands if c.split("|")[0] not in WRITE_COMMANDS}
-    read = {keys[k] for k in spec.read_keys}
     if not spec.all_keys:
         # Opening reads the partition-count record first (scale/flows.open_partitioned): a queue
         # recorded as partitioned must not be opened as a plain one. Read-only, for every role.
         commands |= {"get", "exists"}  # and a process that must not create the queue checks it exists
-        read.add(keys.partitions)
-    if spec.all_keys:
-        key_rules = ["%R~" + keys.pattern if spec.read_only else "~" + keys.pattern]
-    else:
-        key_rules = ["~" + k for k in sorted(patterns - read)] + ["%R~" + k for k in sorted(read)]
-    rules = head + key_rules + (channel if spec.versions_channel or "publish" in commands else [])
+    key_rules: list[str] = []
+    channels: list[str] = []
+    for name in names:
+        keys = QueueKeys(name)
+        patterns = {keys[k] for k in spec.raw_keys}
+        for script in scripts:
+            patterns |= script_keys(script, keys)
+        read = {keys[k] for k in spec.read_keys}
+        if not spec.all_keys:
+            read.add(keys.partitions)
+        if spec.all_keys:
+            key_rules.append("%R~" + keys.pattern if spec.read_only else "~" + keys.pattern)
+        else:
+            key_rules += ["~" + k for k in sorted(patterns - read)] + ["%R~" + k for k in sorted(read)]
+        channels.append("&" + keys.versions_channel)
+    if partitions > 1:
+        key_rules.append("%R~" + record)  # the logical name's record (its own prefix is no partition)
+    rules = head + key_rules + (channels if spec.versions_channel or "publish" in commands else [])
     rules += ["+" + c for c in sorted(commands)] + [
         f"+{'evalsha_ro' if s.name in READ_ONLY_SCRIPTS else 'evalsha'}|{s.sha}" for s in scripts]
     return RoleRules(role, user_name(queue, role), tuple(rules))
 
 
 def all_rules(queue: str, roles: Sequence[str] = ROLE_NAMES,
-              passwords: Mapping[str, str] | None = None) -> list[RoleRules]:
+              passwords: Mapping[str, str] | None = None, partitions: int = 1) -> list[RoleRules]:
     passwords = passwords or {}
-    return [role_rules(queue, r, passwords.get(r)) for r in roles]
+    return [role_rules(queue, r, passwords.get(r), partitions=partitions) for r in roles]
 
 
 def banner(queue: str) -> list[str]:

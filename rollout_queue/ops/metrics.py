@@ -24,7 +24,8 @@ from prometheus_client.utils import floatToGoString
 from rollout_queue.core.errors import RolloutQueueError
 from rollout_queue.ops import views
 from rollout_queue.ops.escape import clean
-from rollout_queue.ops.view_models import STATES, Snapshot, state_counts
+from rollout_queue.ops import partition_views
+from rollout_queue.ops.view_models import STATES, Snapshot, WorkerView, state_counts
 from rollout_queue.ops.views import QueueView
 
 log = logging.getLogger("rollout_queue.ops.metrics")
@@ -46,6 +47,10 @@ COUNTERS = {
 }
 
 
+#: The labels every series of one snapshot carries: (names, values).
+Base = tuple[tuple[str, ...], tuple[str, ...]]
+
+
 def _gauge(name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]) -> Metric:
     family = GaugeMetricFamily(name, doc, labels=list(labels))
     for values, value in rows:
@@ -53,84 +58,107 @@ def _gauge(name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Sequ
     return family
 
 
-def _gauge_histogram(name: str, doc: str, queue: str, values: Sequence[float], bounds: Sequence[float]) -> Metric:
+def _gauge_histogram(name: str, doc: str, base: Base, values: Sequence[float], bounds: Sequence[float]) -> Metric:
     """A histogram of values that exist now (buffered groups, PEL entries): cumulative buckets."""
     buckets = [(floatToGoString(b), float(sum(1 for v in values if v <= b))) for b in bounds]
     buckets.append(("+Inf", float(len(values))))
-    family = GaugeHistogramMetricFamily(name, doc, labels=["queue"])
-    family.add_metric([queue], buckets, gsum_value=float(sum(values)))
+    family = GaugeHistogramMetricFamily(name, doc, labels=list(base[0]))
+    family.add_metric(list(base[1]), buckets, gsum_value=float(sum(values)))
     return family
 
 
-def families(snap: Snapshot, queue: str) -> Iterator[Metric]:
-    """Every metric of one snapshot."""
-    yield from _gauges(snap, queue)
-    yield from _histograms(snap, queue)
-    yield from _counters(snap.stats, queue)
+def families(snap: Snapshot, queue: str, partition: str | None = None, workers: bool = True) -> Iterator[Metric]:
+    """Every metric of one snapshot: labelled ``queue`` (a plain queue), or ``queue`` (the logical
+    name) and ``partition`` for one partition's snapshot (a partitioned queue)."""
+    base: Base = (("queue",), (queue,)) if partition is None else (("queue", "partition"), (queue, partition))
+    yield from _gauges(snap, base, workers)
+    yield from _histograms(snap, base)
+    yield from _counters(snap.stats, base)
 
 
-def _gauges(snap: Snapshot, q: str) -> Iterator[Metric]:
+def _gauges(snap: Snapshot, base: Base, workers: bool = True) -> Iterator[Metric]:
+    names, q = base
     st = snap.stats
     counts = state_counts(st)
     yield _gauge("rollout_queue_groups", "Source groups by state (DESIGN: ownership state machine).",
-                 ("queue", "state"), (((q, s), counts[s]) for s in STATES))
-    yield _gauge("rollout_queue_executing_samples", "Samples of attempts now executing.", ("queue",),
-                 [((q,), st.executing_samples)])
+                 (*names, "state"), (((*q, s), counts[s]) for s in STATES))
+    yield _gauge("rollout_queue_executing_samples", "Samples of attempts now executing.", names,
+                 [(q, st.executing_samples)])
     yield _gauge("rollout_queue_retained_groups", "Reservations in the PEL (bounded by max_retained_groups).",
-                 ("queue",), [((q,), st.retained)])
+                 names, [(q, st.retained)])
     yield _gauge("rollout_queue_kept_groups", "Committed groups kept until a checkpoint covers them.",
-                 ("queue",), [((q,), st.kept)])
+                 names, [(q, st.kept)])
     yield _gauge("rollout_queue_ledger_lines", "Ledger lines (one per entry until settled_retention_s after "
-                 "it settled): the memory that grows with the run.", ("queue",), [((q,), st.ledger_lines)])
+                 "it settled): the memory that grows with the run.", names, [(q, st.ledger_lines)])
     yield _gauge("rollout_queue_source_ids", "source_id -> entry mappings kept for idempotent submit.",
-                 ("queue",), [((q,), st.source_ids)])
+                 names, [(q, st.source_ids)])
     yield _gauge("rollout_queue_policy_version", "Current policy version (-1 before the first publish).",
-                 ("queue",), [((q,), st.version if st.version_published else -1)])
-    status = {"alive": 0, "silent": 0, "unregistered": 0}
-    for w in snap.workers:  # a garbage heartbeat score is registered but never alive: silent
-        registered = w.garbage or w.last_heartbeat_ms is not None
-        status["alive" if w.alive else "silent" if registered else "unregistered"] += 1
-    yield _gauge("rollout_queue_workers", "Workers by heartbeat status.", ("queue", "status"),
-                 (((q, k), v) for k, v in status.items()))
+                 names, [(q, st.version if st.version_published else -1)])
+    if workers:
+        yield _workers(snap.workers, base)
     # One series per worker (ids churn with restarts: a deregistered worker's series ends). A worker id
     # is untrusted text: clean() keeps control characters out of the exposition.
     yield _gauge("rollout_queue_worker_heartbeat_age_seconds", "Seconds since each registered worker's last "
-                 "heartbeat (alive while under worker_timeout_s).", ("queue", "worker"),
-                 [((q, clean(w.worker_id)), w.silent_ms / 1000) for w in snap.workers if w.silent_ms is not None])
+                 "heartbeat (alive while under worker_timeout_s).", (*names, "worker"),
+                 [((*q, clean(w.worker_id)), w.silent_ms / 1000) for w in snap.workers if w.silent_ms is not None])
     yield _gauge("rollout_queue_worker_executing_groups", "Groups each worker (or unregistered PEL consumer) "
-                 "is executing now.", ("queue", "worker"),
-                 [((q, clean(w.worker_id)), w.executing_groups) for w in snap.workers])
-    yield _gauge("rollout_queue_leases_active", "Active leases.", ("queue",), [((q,), len(snap.leases))])
+                 "is executing now.", (*names, "worker"),
+                 [((*q, clean(w.worker_id)), w.executing_groups) for w in snap.workers])
+    yield _gauge("rollout_queue_leases_active", "Active leases.", names, [(q, len(snap.leases))])
     remaining = [x.remaining_ms for x in snap.leases if x.remaining_ms is not None]  # None: a garbage deadline
-    yield _gauge("rollout_queue_leases_overdue", "Leases past their deadline, not yet rolled back.", ("queue",),
-                 [((q,), sum(1 for r in remaining if r < 0))])
+    yield _gauge("rollout_queue_leases_overdue", "Leases past their deadline, not yet rolled back.", names,
+                 [(q, sum(1 for r in remaining if r < 0))])
     if remaining:
         yield _gauge("rollout_queue_lease_next_deadline_seconds", "Seconds until the earliest lease deadline.",
-                     ("queue",), [((q,), min(remaining) / 1000)])
-    yield _gauge("rollout_queue_admission_holds", "Active admission holds (weight updates, drain).", ("queue",),
-                 [((q,), st.active_holds)])
-    yield _gauge("rollout_queue_draining", "1 while the operator drain hold stands.", ("queue",),
-                 [((q,), 1 if snap.drain.active else 0)])
+                     names, [(q, min(remaining) / 1000)])
+    yield _gauge("rollout_queue_admission_holds", "Active admission holds (weight updates, drain).", names,
+                 [(q, st.active_holds)])
+    yield _gauge("rollout_queue_draining", "1 while the operator drain hold stands.", names,
+                 [(q, 1 if snap.drain.active else 0)])
     if st.staleness_max is not None:
-        yield _gauge("rollout_queue_buffer_staleness_max", "Largest staleness in the buffer.", ("queue",),
-                     [((q,), st.staleness_max)])
+        yield _gauge("rollout_queue_buffer_staleness_max", "Largest staleness in the buffer.", names,
+                     [(q, st.staleness_max)])
 
 
-def _histograms(snap: Snapshot, q: str) -> Iterator[Metric]:
+def worker_status(w: WorkerView) -> str:
+    """alive, silent (a garbage heartbeat score is registered but never alive) or unregistered."""
+    registered = w.garbage or w.last_heartbeat_ms is not None
+    return "alive" if w.alive else "silent" if registered else "unregistered"
+
+
+def _workers(rows: Sequence[WorkerView], base: Base) -> Metric:
+    """Workers by status. Over a partitioned queue's rows (one per worker and partition) each worker
+    counts once: silent if it is silent in any partition it is registered in (its work there is
+    about to be reaped), else alive, else unregistered (only a PEL consumer somewhere)."""
+    rank = {"unregistered": 0, "alive": 1, "silent": 2}
+    worst: dict[str, str] = {}
+    for w in rows:
+        status = worker_status(w)
+        if rank[status] >= rank.get(worst.get(w.worker_id, "unregistered"), 0):
+            worst[w.worker_id] = status
+    status_counts = {"alive": 0, "silent": 0, "unregistered": 0}
+    for status in worst.values():
+        status_counts[status] += 1
+    names, q = base
+    return _gauge("rollout_queue_workers", "Workers by heartbeat status.", (*names, "status"),
+                  (((*q, k), v) for k, v in status_counts.items()))
+
+
+def _histograms(snap: Snapshot, base: Base) -> Iterator[Metric]:
     yield _gauge_histogram("rollout_queue_buffer_staleness", "Staleness (policy versions) of buffered groups.",
-                           q, snap.buffer_staleness, STALENESS_BUCKETS)
+                           base, snap.buffer_staleness, STALENESS_BUCKETS)
     attempts = [float(k) for k, n in snap.pel.attempts.items() for _ in range(n)]
     yield _gauge_histogram("rollout_queue_pel_attempts", "Attempt number (delivery count) of PEL entries.",
-                           q, attempts, ATTEMPT_BUCKETS)
+                           base, attempts, ATTEMPT_BUCKETS)
     yield _gauge_histogram("rollout_queue_executing_attempt_age_seconds",
-                           "Seconds since each executing attempt was reserved.", q,
+                           "Seconds since each executing attempt was reserved.", base,
                            [a / 1000 for a in snap.pel.executing_ages_ms], AGE_BUCKETS_S)
 
 
-def _counters(st: Any, q: str) -> Iterator[Metric]:
+def _counters(st: Any, base: Base) -> Iterator[Metric]:
     for key, (name, doc) in COUNTERS.items():
-        family = CounterMetricFamily(name, doc, labels=["queue"])
-        family.add_metric([q], st.counters.get(key, 0))
+        family = CounterMetricFamily(name, doc, labels=list(base[0]))
+        family.add_metric(list(base[1]), st.counters.get(key, 0))
         yield family
     # Monotonic sums of a gauge and what moves groups out of it, written by the same script (commit.lua
     # vs restore_batch.lua; dlq_requeue.lua / dlq_purge.lua), so a rate() over them never dips.
@@ -140,29 +168,35 @@ def _counters(st: Any, q: str) -> Iterator[Metric]:
              st.committed + c.get("restored", 0)),
             ("rollout_queue_dead_letters", "Groups settled dead (dead now plus requeued and purged dead letters).",
              st.dead + c.get("dead_requeued", 0) + c.get("dead_purged", 0))):
-        family = CounterMetricFamily(name, doc, labels=["queue"])
-        family.add_metric([q], value)
+        family = CounterMetricFamily(name, doc, labels=list(base[0]))
+        family.add_metric(list(base[1]), value)
         yield family
     ended = CounterMetricFamily("rollout_queue_attempts_ended", "Attempts that ended without a completion.",
-                                labels=["queue", "terminal"])
+                                labels=[*base[0], "terminal"])
     for terminal, n in sorted(st.terminals.items()):
-        ended.add_metric([q, terminal], n)
+        ended.add_metric([*base[1], terminal], n)
     yield ended
     evicted = CounterMetricFamily("rollout_queue_evictions", "Buffered groups sent back to ready.",
-                                  labels=["queue", "reason"])
+                                  labels=[*base[0], "reason"])
     for reason, n in sorted(st.evictions.items()):
-        evicted.add_metric([q, reason], n)
+        evicted.add_metric([*base[1], reason], n)
     yield evicted
     filtered = CounterMetricFamily("rollout_queue_filtered", "Groups settled filtered, by reason.",
-                                   labels=["queue", "reason"])
+                                   labels=[*base[0], "reason"])
     for reason, n in sorted(st.filtered_by_reason.items()):
-        filtered.add_metric([q, reason], n)
+        filtered.add_metric([*base[1], reason], n)
     yield filtered
 
 
 class QueueCollector:
     """Reads the queue at each scrape. A failed read yields ``rollout_queue_up 0`` and nothing else, so
-    an alert on ``up == 0`` fires instead of stale numbers being served."""
+    an alert on ``up == 0`` fires instead of stale numbers being served.
+
+    A partitioned queue (P > 1) is read partition by partition: every series carries ``queue`` (the
+    logical name) and ``partition`` (``q#3``), so ``sum by (queue)`` is the logical queue and a rate
+    over a counter stays right while a partition is unreachable (its ``rollout_queue_up`` is 0, the
+    others are served). ``rollout_queue_workers`` counts each worker once over the partitions (no
+    partition label); ``rollout_queue_partitions`` says how many there are."""
 
     def __init__(self, view: QueueView) -> None:
         self.view = view
@@ -172,17 +206,43 @@ class QueueCollector:
 
     def collect(self) -> Iterator[Metric]:
         start = time.perf_counter()
-        name = self.view.name
+        name, layout = self.view.name, self.view.layout
         try:
-            snap = self.view.run(views.snapshot(self.view.keys))
+            snap = self.view.run(partition_views.snapshot(layout))
         except (RolloutQueueError, redis.RedisError, OSError) as exc:
             log.warning("scrape failed", extra={"fields": {"queue": name, "error": str(exc)}})
-            yield _gauge("rollout_queue_up", "1 if the last scrape read the queue.", ("queue",), [((name,), 0)])
+            if layout.count == 1:
+                yield _gauge("rollout_queue_up", "1 if the last scrape read the queue.", ("queue",), [((name,), 0)])
+            else:
+                yield _gauge("rollout_queue_up", "1 if the last scrape read the partition.", ("queue", "partition"),
+                             [((name, part), 0) for part in layout.names])
             return
-        yield from families(snap, name)
-        yield _gauge("rollout_queue_up", "1 if the last scrape read the queue.", ("queue",), [((name,), 1)])
+        if layout.count == 1:
+            yield from families(snap, name)
+            yield _gauge("rollout_queue_up", "1 if the last scrape read the queue.", ("queue",), [((name,), 1)])
+        else:
+            yield from _merged(snap, name)
         yield _gauge("rollout_queue_scrape_seconds", "Time to read the queue for this scrape.", ("queue",),
                      [((name,), time.perf_counter() - start)])
+
+
+def _merged(snap: Snapshot, name: str) -> Iterator[Metric]:
+    """The families of every partition that answered, one family per metric name."""
+    merged: dict[str, Metric] = {}
+    for part, psnap in snap.partitions:
+        if psnap is None:
+            continue
+        for family in families(psnap, name, part, workers=False):
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+    yield from merged.values()
+    yield _workers(snap.workers, (("queue",), (name,)))
+    yield _gauge("rollout_queue_up", "1 if the last scrape read the partition.", ("queue", "partition"),
+                 [((name, part), 0 if psnap is None else 1) for part, psnap in snap.partitions])
+    yield _gauge("rollout_queue_partitions", "Partitions of the logical queue.", ("queue",),
+                 [((name,), len(snap.partitions))])
 
 
 def registry_for(view: QueueView) -> CollectorRegistry:

@@ -88,6 +88,8 @@ class EntryView:
     dlq_id: str | None = None
     dead_reason: str | None = None
     garbage: tuple[str, ...] = ()
+    #: the partition (queue name) the entry lives in (entry IDs are unique within one partition only)
+    partition: str = ""
 
     @property
     def staleness(self) -> int | None:
@@ -108,6 +110,8 @@ class WorkerView:
     executing_groups: int
     idle_ms: int | None
     garbage: tuple[str, ...] = ()
+    #: the partition (queue name) this registration is in: a partitioned worker has one per partition
+    partition: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ class LeaseView:
     created_ms: int | None
     state: str
     garbage: tuple[str, ...] = ()
+    #: the partition (queue name) holding it: a lease of a partitioned queue is one member per partition
+    partition: str = ""
 
 
 @dataclass(frozen=True)
@@ -162,3 +168,11 @@ class Snapshot:
     leases: tuple[LeaseView, ...]
     drain: DrainStatus
     buffer_staleness: tuple[int, ...] = field(default=())
+    #: a partitioned queue's partitions, each (name, its own snapshot or None when it did not answer);
+    #: the fields above are then their sum (merge_snapshots). Empty for a plain queue.
+    partitions: tuple[tuple[str, "Snapshot | None"], ...] = field(default=())
+
+    @property
+    def unreachable(self) -> tuple[str, ...]:
+        """The partitions left out of this snapshot because they did not answer."""
+        return tuple(name for name, part in self.partitions if part is None)

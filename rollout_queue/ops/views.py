@@ -24,12 +24,13 @@ from rollout_queue.core import protocol as p
 from rollout_queue.drivers.cluster import redis_options
 from rollout_queue.core.codec import CodecError
 from rollout_queue.core.config import QueueConfig
-from rollout_queue.core.errors import NotFound
+from rollout_queue.core.errors import ConfigMismatch, InvalidInput, NotFound, ProtocolError, QueueNotFound
 from rollout_queue.core.flows import Flow, T
 from rollout_queue.core.keys import KEY_SUFFIXES, QueueKeys
 from rollout_queue.core.models import DeadLetter, QueueStats, SourceGroup, check_entry_id
 from rollout_queue.core.policy import Durability, RetryPolicy
 from rollout_queue.drivers.transport import SyncDriver
+from rollout_queue.scale.layout import Layout
 from rollout_queue.ops.view_models import (
     DRAIN_HOLD,
     STATES,
@@ -120,6 +121,34 @@ def server_ms(keys: QueueKeys) -> Flow[int]:
         return raw - int(offset or 0)
     except ValueError:
         return raw
+
+
+def partition_count(name: str) -> Flow[int | None]:
+    """The partition count recorded for logical queue ``name`` (GET of QueueKeys(name).partitions),
+    None for a queue never opened as partitioned (a plain queue, or none at all)."""
+    raw = yield p.Command(("GET", QueueKeys(name).partitions))
+    if raw is None:
+        return None
+    count = number(raw)
+    if count is None or count < 1:
+        raise ProtocolError(f"queue {name!r}: the partition record {QueueKeys(name).partitions} holds "
+                            f"{text(raw)[:80]!r}, not a partition count (written by hand?)")
+    return count
+
+
+def resolve_partitions(name: str, given: int | None) -> Flow[int]:
+    """The partition count to read ``name`` with: the recorded one when ``given`` is None (so an
+    operator need not know it), else ``given`` checked against the record. Raises QueueNotFound
+    for ``given`` > 1 on a name with neither a record nor a plain queue, ConfigMismatch when the
+    record (or a plain queue of that name) says otherwise. Reads only (GET, HEXISTS)."""
+    recorded = yield from partition_count(name)
+    if given is None or given == (recorded or 1):
+        return recorded or 1
+    if recorded is None:
+        if (yield p.Command(("HEXISTS", QueueKeys(name)["meta"], "library"))):
+            raise ConfigMismatch(name, "partitions", "1", str(given))
+        raise QueueNotFound(name)
+    raise ConfigMismatch(name, "partitions", str(recorded), str(given))
 
 
 def require_queue(keys: QueueKeys) -> Flow[None]:
@@ -432,12 +461,25 @@ class QueueView:
     """A read-only handle on one queue. Unlike RolloutQueue it never runs ``open``, so it cannot create
     a queue (a mistyped --queue is NotFound) and works under the read-only operator ACL role. (The
     one exception: `config set` drives actions.set_config through it, since a queue whose stored
-    config is corrupt cannot be opened, and repairing that config is what the command is for.)"""
+    config is corrupt cannot be opened, and repairing that config is what the command is for.)
+
+    ``partitions``: the logical queue's partition count (resolve_partitions reads it); with more
+    than one, ``layout.keys[i]`` are the partitions' keys and ops/partition_views.py runs the views
+    on each of them."""
 
     def __init__(self, client: redis.Redis, name: str, retry: RetryPolicy | None = None,
-                 clock: Clock = time.monotonic, durability: Durability | None = None) -> None:
-        self.name, self.keys, self.client, self.clock = name, QueueKeys(name), client, clock
+                 clock: Clock = time.monotonic, durability: Durability | None = None, partitions: int = 1) -> None:
+        self.name, self.client, self.clock = name, client, clock
+        self.layout = Layout(name, partitions)
         self.driver = SyncDriver(client, retry, clock=clock, durability=durability)
+
+    @property
+    def keys(self) -> QueueKeys:
+        """The keys of a one-partition queue (a partitioned one has ``layout.keys[i]``)."""
+        if self.layout.count != 1:
+            raise InvalidInput(f"{self.name!r} has {self.layout.count} partitions, each with its own keys: "
+                               "use view.layout.keys[i]")
+        return self.layout.keys[0]
 
     @classmethod
     def from_url(cls, url: str, name: str, retry: RetryPolicy | None = None, **redis_kwargs: Any) -> "QueueView":
