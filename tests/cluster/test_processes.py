@@ -4,6 +4,7 @@ engine), a trainer (tests/cluster/trainer_process.py: the public API, no torch) 
 (``rollout-queue reaper``). The producer and one worker are SIGKILLed mid-way; a restarted producer
 and the reaper recover. Every produced group is trained exactly once: the trainer saw each
 source_id once, and the partitions' commits streams (Redis's own record) name each entry once.
+The chaos variant also SIGKILLs the master that holds partition 0 mid-run and restarts it on its AOF.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,18 @@ def opened(url: str, name: str) -> Any:
 
 def test_producer_workers_trainer_and_reaper_processes_train_each_group_once_on_a_cluster(
         cluster: LocalCluster, tmp_path: Path) -> None:
+    run_processes(cluster, tmp_path, kill_master=False)
+
+
+def test_the_processes_ride_out_a_master_crash_and_train_each_group_once(private_cluster: LocalCluster,
+                                                                         tmp_path: Path) -> None:
+    """Cluster chaos through the shipped processes: besides the producer and worker kills, a master
+    is SIGKILLed mid-run and restarted on its AOF 1.5 s later. The partitions it serves stall and
+    recover (the processes retry within their window); the others keep going; still once each."""
+    run_processes(private_cluster, tmp_path, kill_master=True)
+
+
+def run_processes(cluster: LocalCluster, tmp_path: Path, kill_master: bool) -> None:
     url, name = cluster.url, spread_name(cluster, P)
     dataset = tmp_path / "d.jsonl"
     dataset.write_bytes(b"".join(orjson.dumps({"question": f"what is {i} + {i}?"}) + b"\n" for i in range(GROUPS)))
@@ -87,6 +101,12 @@ def test_producer_workers_trainer_and_reaper_processes_train_each_group_once_on_
         doomed.send_signal(signal.SIGKILL)  # the reaper requeues its work after worker_timeout_s
         doomed.communicate()
         second = produce()
+        if kill_master:
+            wait_until(lambda: q.stats().committed >= 4, 30, interval=0.05, message="training to start")
+            victim = cluster.node_of(q.layout.keys[0]["meta"])
+            cluster.kill(victim)
+            time.sleep(1.5)
+            cluster.restart(victim)
         code, _, err = finish(second, 60)
         assert code == 0, err
         code, out, err = finish(trainer, 60)
