@@ -126,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit(EXIT_FAIL, str(exc))
     except (ConnectionError, redis.exceptions.ConnectionError, OSError) as exc:
         return _exit(EXIT_UNREACHABLE, f"cannot reach Redis at {args.url}: {exc}")
+    except redis.exceptions.RedisClusterException as exc:  # no startup node of the cluster answered
+        return _exit(EXIT_UNREACHABLE, f"cannot reach the Redis Cluster at {args.url}: {exc} "
+                                       "(the URL's node must be up when a process starts)")
     except Exception as exc:
         # A bug (the views read garbage leniently, so this is not bad data): one clear line instead of a
         # traceback on an operator's terminal; ROLLOUT_QUEUE_DEBUG=1 re-raises it for a bug report.

@@ -35,6 +35,8 @@ import signal
 import sys
 from typing import Any, Sequence
 
+from redis.exceptions import RedisClusterException
+
 from rollout_queue import Durability, OutcomeUnknown, RolloutQueueError
 from rollout_queue.core.errors import QueueNotFound
 from rollout_queue.ops import logs
@@ -181,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         print(f"rollout-queue worker: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    except (OutcomeUnknown, ConnectionError, OSError) as exc:
+    except (OutcomeUnknown, ConnectionError, OSError, RedisClusterException) as exc:
         print(f"rollout-queue worker: cannot reach Redis at {args.url}: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except RolloutQueueError as exc:

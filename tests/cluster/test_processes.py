@@ -4,7 +4,7 @@ engine), a trainer (tests/cluster/trainer_process.py: the public API, no torch) 
 (``rollout-queue reaper``). The producer and one worker are SIGKILLed mid-way; a restarted producer
 and the reaper recover. Every produced group is trained exactly once: the trainer saw each
 source_id once, and the partitions' commits streams (Redis's own record) name each entry once.
-The chaos variant also SIGKILLs the master that holds partition 0 mid-run and restarts it on its AOF.
+The chaos variant also SIGKILLs a master holding partitions mid-run and restarts it on its AOF.
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ def run_processes(cluster: LocalCluster, tmp_path: Path, kill_master: bool) -> N
         second = produce()
         if kill_master:
             wait_until(lambda: q.stats().committed >= 4, 30, interval=0.05, message="training to start")
-            victim = cluster.node_of(q.layout.keys[0]["meta"])
+            # a master the URL does not name: a process that (re)connects meanwhile finds the cluster
+            # through the URL's node (a start while that node is down is exit 3, tested beside)
+            victim = next(v for v in (cluster.node_of(k["meta"]) for k in q.layout.keys) if v != 0)
             cluster.kill(victim)
             time.sleep(1.5)
             cluster.restart(victim)
@@ -132,3 +134,17 @@ def run_processes(cluster: LocalCluster, tmp_path: Path, kill_master: bool) -> N
                 proc.communicate()
         delete_queue(cluster, name)
 
+
+
+def test_a_process_started_while_the_urls_node_is_down_exits_3_not_an_internal_error(
+        private_cluster: LocalCluster) -> None:
+    url = private_cluster.url
+    private_cluster.kill(0)
+    try:
+        done = subprocess.run([sys.executable, "-m", "rollout_queue", "--url", url, "--queue", "q", "stats"],
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 3, done.stderr
+        assert "cannot reach" in done.stderr and "internal error" not in done.stderr
+    finally:
+        private_cluster.restart(0)
