@@ -9,11 +9,9 @@ here; each script they call is one atomic transition, and every loop is safe to 
 
 from __future__ import annotations
 
-import re
 import secrets
 from typing import Any, Callable, Generator, Sequence, TypeVar
 
-import orjson
 
 from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import (
@@ -141,9 +139,7 @@ def submit(keys: QueueKeys, groups: Sequence[SourceGroup], max_payload_bytes: in
         chunk_bytes += size
         last = i == len(encoded) - 1
         if last or len(flat) >= 5 * SUBMIT_BATCH or chunk_bytes + encoded[i + 1][1] > SUBMIT_BATCH_BYTES:
-            reply = yield p.build(keys, "submit", groups=flat)
-            _, r = p.check(reply, ("ok",), {"what": "source group"})
-            out += [p.s(x) for x in r[2:]]
+            out += p.parse_submit((yield p.build(keys, "submit", groups=flat)))
             flat, chunk_bytes = [], 0
     return out
 
@@ -153,13 +149,11 @@ def publish_version(keys: QueueKeys, version: int, weights_uri: str | None, hold
     version = check_int(version, "version", 0, MAX_VERSION)
     uri = check_string("" if weights_uri is None else weights_uri, "weights_uri", MAX_URI, allow_empty=True)
     reply = yield p.build(keys, "publish_version", version=version, weights_uri=uri, hold_id=hold_id)
-    _, r = p.check(reply, ("ok",), {"version": version, "hold_id": hold_id})
-    return p.s(r[1]) == "published"
+    return p.parse_publish_version(reply, version, hold_id)
 
 
 def version(keys: QueueKeys) -> Flow[int]:
-    reply = yield p.Command(("HGET", keys["meta"], "version"))
-    return int(reply) if reply is not None else 0
+    return p.parse_count((yield p.Command(("HGET", keys["meta"], "version"))), "HGET meta version")
 
 
 # -- worker side ---------------------------------------------------------------------------------
@@ -214,8 +208,7 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
     payload, min_version, slots = _completion_args(receipt, samples, max_payload_bytes)
     reply = yield p.build(keys, "complete", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, payload=payload, min_version=min_version, slots=slots)
-    _, r = p.check(reply, ("ok",), p.completion_context(receipt))
-    return p.s(r[1])
+    return p.parse_complete(reply, receipt)
 
 
 def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_bytes: int) -> tuple[bytes, int, str]:
@@ -283,7 +276,7 @@ def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed
     check_receipt(receipt)
     reply = yield p.build(keys, "fail", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, terminal=terminal, reason=_reason_text(reason))
-    return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
+    return p.parse_ended(reply, "fail", receipt)
 
 
 def abort(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
@@ -291,7 +284,7 @@ def abort(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
     check_receipt(receipt)
     reply = yield p.build(keys, "abort", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, reason=_reason_text(reason))
-    return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
+    return p.parse_ended(reply, "abort", receipt)
 
 
 def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
@@ -302,7 +295,7 @@ def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
     check_receipt(receipt)
     reply = yield p.build(keys, "filter", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, reason=check_reason(reason, "filter reason"))
-    return p.s(p.check(reply, ("ok",), p.receipt_context(receipt))[1][1])
+    return p.parse_ended(reply, "filter", receipt)
 
 
 def heartbeat(keys: QueueKeys, worker_id: str) -> Flow[HeartbeatInfo]:
@@ -318,9 +311,9 @@ def close_worker(keys: QueueKeys, worker_id: str, terminal: str, reason: str) ->
     while True:
         reply = yield p.build(keys, "close_worker", worker_id=check_worker_id(worker_id), terminal=terminal,
                               reason=_reason_text(reason), count=BATCH)
-        _, r = p.check(reply, ("ok",), {"worker_id": worker_id})
-        requeued, dead = requeued + int(r[1]), dead + int(r[2])
-        if int(r[3]):
+        n_requeued, n_dead, done = p.parse_close_worker(reply, worker_id)
+        requeued, dead = requeued + n_requeued, dead + n_dead
+        if done:
             return requeued, dead
 
 
@@ -369,7 +362,7 @@ def commit(keys: QueueKeys, lease_id: str, token: str, step: int | None) -> Flow
     """Settle the lease committed. Returns the commit's ID in the commits stream."""
     step = check_optional_int(step, "step")
     reply = yield p.build(keys, "commit", lease_id=lease_id, token=token, step="" if step is None else int(step))
-    return p.s(p.check(reply, ("ok",), {"lease_id": lease_id, "what": f"commit of lease {lease_id}"})[1][2])
+    return p.parse_commit(reply, lease_id)
 
 
 def rollback(keys: QueueKeys, lease_id: str, token: str) -> Flow[int]:
@@ -378,9 +371,9 @@ def rollback(keys: QueueKeys, lease_id: str, token: str) -> Flow[int]:
     total = 0
     while True:
         reply = yield p.build(keys, "rollback", lease_id=lease_id, token=token, count=BATCH)
-        _, r = p.check(reply, ("ok",), {"lease_id": lease_id})
-        total += int(r[2])
-        if int(r[3]):
+        n, done = p.parse_rollback(reply, lease_id)
+        total += n
+        if done:
             return total
 
 
@@ -388,7 +381,7 @@ def extend(keys: QueueKeys, lease_id: str, token: str, seconds: float) -> Flow[i
     """Move the deadline to ``seconds`` from now (server clock). Returns the new deadline in ms."""
     seconds = check_seconds(seconds, "seconds")
     reply = yield p.build(keys, "extend", lease_id=lease_id, token=token, ms=max(1, int(seconds * 1000)))
-    return int(p.check(reply, ("ok",), {"lease_id": lease_id})[1][1])
+    return p.parse_extend(reply, lease_id)
 
 
 # -- admission holds -----------------------------------------------------------------------------
@@ -399,7 +392,7 @@ def hold_open(keys: QueueKeys, hold_id: str, timeout_s: float | None) -> Flow[in
     ``timeout_s=None``: the queue's hold_timeout_s."""
     timeout_s = check_optional_seconds(timeout_s, "timeout_s")
     reply = yield p.build(keys, "hold_open", hold_id=hold_id, timeout_ms=0 if timeout_s is None else int(timeout_s * 1000))
-    return int(p.check(reply, ("ok",), {"hold_id": hold_id})[1][1])
+    return p.parse_hold_open(reply, hold_id)
 
 
 def hold_wait(keys: QueueKeys, hold_id: str, timeout_s: float, clock: Clock) -> Flow[bool]:
@@ -409,16 +402,16 @@ def hold_wait(keys: QueueKeys, hold_id: str, timeout_s: float, clock: Clock) -> 
     deadline = clock() + timeout_s
     while True:
         reply = yield p.build(keys, "hold_poll", hold_id=hold_id)
-        _, r = p.check(reply, ("ok",), {"hold_id": hold_id})
-        if int(r[1]) == 0:
+        executing, wake_id = p.parse_hold_poll(reply, hold_id)
+        if executing == 0:
             return True
-        if not (yield from _wait(keys["wake_work"], p.s(r[2]), deadline, clock)):
+        if not (yield from _wait(keys["wake_work"], wake_id, deadline, clock)):
             return False
 
 
 def hold_release(keys: QueueKeys, hold_id: str) -> Flow[int]:
     reply = yield p.build(keys, "hold_release", hold_id=hold_id)
-    return int(p.check(reply, ("ok",), {"hold_id": hold_id})[1][1])
+    return p.parse_hold_release(reply, hold_id)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -433,9 +426,9 @@ def checkpoint(keys: QueueKeys, step: int) -> Flow[int]:
     total = 0
     while True:
         reply = yield p.build(keys, "checkpoint", step=int(step), count=BATCH)
-        _, r = p.check(reply, ("ok",), {"step": step, "what": f"checkpoint {step}"})
-        total += int(r[1])
-        if int(r[2]):
+        n, done = p.parse_checkpoint(reply, step)
+        total += n
+        if done:
             return total
 
 
@@ -447,9 +440,9 @@ def restore(keys: QueueKeys, step: int) -> Flow[int]:
     total = 0
     while True:
         reply = yield p.build(keys, "restore", step=int(step), count=BATCH)
-        _, r = p.check(reply, ("ok",), {"step": step, "what": f"restore({step})"})
-        total += int(r[1])
-        if int(r[2]):
+        n, done = p.parse_restore(reply, step)
+        total += n
+        if done:
             return total
 
 
@@ -468,41 +461,40 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     Every action is its own script that re-checks its condition, so reapers may run concurrently.
     ``budget``: entries per script call, 1..MAX_REAP_BUDGET."""
     budget = check_int(budget, "budget", 1, MAX_REAP_BUDGET)
-    reply = yield p.build(keys, "reap_scan", count=budget)
-    _, r = p.check(reply, ("ok",), {})
+    scan = p.parse_reap_scan((yield p.build(keys, "reap_scan", count=budget)))
     report = ReapReport()
     # Names go back to the scripts as the raw bytes Redis gave: a name that is not UTF-8 (garbage
     # written by hand) is then reaped like any other instead of failing the whole pass.
-    orphans = [_raw(o) for o in r[5]]
-    for worker in [_raw(w) for w in r[1]] + [o for o in orphans if not o.startswith(b"@lease:")]:
+    orphans = list(scan.orphans)
+    for worker in list(scan.silent) + [o for o in orphans if not o.startswith(b"@lease:")]:
         report += yield from _reap_worker(keys, worker, orphan=worker in orphans, budget=budget)
-    for worker in [_raw(w) for w in r[8]]:  # closed or reaped inline: only the consumer is left
+    for worker in scan.empty:  # closed or reaped inline: only the consumer is left
         yield from _reap_worker(keys, worker, orphan=False, budget=budget)
-    for lease_id in [_raw(x) for x in r[2]] + [o[7:] for o in orphans if o.startswith(b"@lease:")]:
+    for lease_id in list(scan.expired_leases) + [o[7:] for o in orphans if o.startswith(b"@lease:")]:
         while True:
             reply = yield p.build(keys, "expire_lease", lease_id=lease_id, count=budget)
-            status, rr = p.check(reply, ("ok", "not_due"), {"lease_id": lease_id})
-            if status == "not_due":
+            expired = p.parse_expire_lease(reply, lease_id)
+            if expired is None:  # not due
                 break
-            report += ReapReport(expired=int(rr[2]))
-            if int(rr[3]):
+            requeued, done = expired
+            report += ReapReport(expired=requeued)
+            if done:
                 break
-    for hold_id in [_raw(x) for x in r[3]]:
+    for hold_id in scan.expired_holds:
         yield from hold_release(keys, hold_id)
         report += ReapReport(holds_expired=1)
-    if int(r[4]):
+    if scan.stale:
         while True:
-            reply = yield p.build(keys, "reap_stale", count=budget)
-            _, rr = p.check(reply, ("ok",), {})
-            report += ReapReport(stale=int(rr[1]))
-            if int(rr[2]):
+            evicted, done = p.parse_reap_stale((yield p.build(keys, "reap_stale", count=budget)))
+            report += ReapReport(stale=evicted)
+            if done:
                 break
-    if int(r[6]):
+    if scan.prune_due:
         report += yield from prune(keys, max(budget, BATCH), PRUNE_CALLS_PER_PASS)
-    if int(r[7]):
+    if scan.interrupted:
         report += yield from finish_interrupted(keys, budget, PRUNE_CALLS_PER_PASS)
     reply = yield p.build(keys, "reindex", count=REINDEX_BATCH)
-    report += ReapReport(reindexed=int(p.check(reply, ("ok",), {})[1][1]))
+    report += ReapReport(reindexed=p.parse_reindex(reply))
     return report
 
 
@@ -514,42 +506,40 @@ REINDEX_BATCH = 256
 def finish_interrupted(keys: QueueKeys, count: int = BATCH, max_calls: int | None = None) -> Flow[ReapReport]:
     """Finish a restore or checkpoint whose caller died between batches (the step the queue recorded),
     ``count`` entries per call, until done or ``max_calls`` ran."""
-    return ReapReport(finished=(yield from _batches(keys, "finish_interrupted", count, max_calls, 3, 4)))
+    return ReapReport(finished=(yield from _batches(keys, "finish_interrupted", count, max_calls,
+                                                    p.parse_finish_interrupted)))
 
 
 def prune(keys: QueueKeys, count: int = BATCH, max_calls: int | None = None) -> Flow[ReapReport]:
     """Delete the ledger lines and source_id mappings of groups settled longer ago than the queue's
     settled_retention_s, ``count`` groups per call (>= 32), until none is due or ``max_calls`` ran."""
-    return ReapReport(pruned=(yield from _batches(keys, "prune", count, max_calls, 1, 2)))
+    return ReapReport(pruned=(yield from _batches(keys, "prune", count, max_calls, p.parse_prune)))
 
 
-def _batches(keys: QueueKeys, script: str, count: int, max_calls: int | None, moved: int, done: int) -> Flow[int]:
-    """Call a bounded reaper script until its reply's ``done`` field says so (or ``max_calls`` ran);
-    the sum of its ``moved`` field."""
+def _batches(keys: QueueKeys, script: str, count: int, max_calls: int | None,
+             parse: Callable[[Any], tuple[int, bool]]) -> Flow[int]:
+    """Call a bounded reaper script until its reply (read by ``parse``: moved, done) says done (or
+    ``max_calls`` ran); the sum of what it moved."""
     total, calls = 0, 0
     while max_calls is None or calls < max_calls:
         calls += 1
-        reply = yield p.build(keys, script, count=count)
-        _, r = p.check(reply, ("ok",), {})
-        total += int(r[moved])
-        if int(r[done]):
+        moved, done = parse((yield p.build(keys, script, count=count)))
+        total += moved
+        if done:
             break
     return total
-
-
-def _raw(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _reap_worker(keys: QueueKeys, worker: bytes, orphan: bool, budget: int) -> Flow[ReapReport]:
     report = ReapReport(orphans=1 if orphan else 0)
     while True:
         reply = yield p.build(keys, "reap_worker", worker_id=worker, count=budget)
-        status, r = p.check(reply, ("ok", "alive"), {"worker_id": worker})
-        if status == "alive":
+        reaped = p.parse_reap_worker(reply, worker)
+        if reaped is None:  # alive
             return report
-        report += ReapReport(lost=int(r[1]), dead=int(r[2]))
-        if int(r[3]):
+        lost, dead, done = reaped
+        report += ReapReport(lost=lost, dead=dead)
+        if done:
             return report
 
 
@@ -557,77 +547,18 @@ def _reap_worker(keys: QueueKeys, worker: bytes, orphan: bool, budget: int) -> F
 
 
 def stats(keys: QueueKeys) -> Flow[QueueStats]:
-    reply = yield p.build(keys, "stats")
-    _, r = p.check(reply, ("ok",), {})
-    meta = {k: p.s(v) for k, v in p.pairs(r[1]).items()}
-
-    def n(name: str) -> int:
-        return int(meta.get(name, 0) or 0)
-
-    published = "version" in meta
-    ver = n("version")
-    versions = [int(v) for v in r[12] if 0 <= int(v) < 2**21]  # another bufver score is a ghost (by hand)
-    stale = [ver - v for v in versions] if published else []
-    retained, kept = n("retained"), n("kept")
-    evictions = {k: n(f"evicted_{k}") for k in ("stale", "overflow")}
-    terminals = {k: n(k) for k in ("failed", "malformed", "aborted", "lost", "expired", "rolled_back")}
-    # Only decimal integers count (load_config refuses garbage in the known fields; others are skipped).
-    ints = {k: int(v) for k, v in meta.items() if _INTEGER.fullmatch(v)}
-    # filter.lua writes bounded tokens (reason_counter); a field of any other shape was written by hand.
-    reasons = {k[len("filtered_reason:"):]: v for k, v in ints.items() if k.startswith("filtered_reason:")}
-    filtered_by = {k: v for k, v in reasons.items() if _TOKEN.fullmatch(k)}
-    counters = {k: v for k, v in ints.items() if not k.startswith("filtered_reason:")}
-    counters["submitted"] = int(r[16])  # kept in the intake key (the producer role may only read meta)
-    return QueueStats(
-        backlog=int(r[3]) - retained - kept, ready=int(r[4]), executing_groups=n("executing_groups"),
-        executing_samples=n("executing_samples"), completed=int(r[5]), leased=n("leased"), retained=retained,
-        committed=n("committed"), filtered=n("filtered"), dead=n("dead"), version=ver, version_published=published,
-        submitted=int(r[16]), kept=kept, workers_alive=int(r[6]), workers_silent=int(r[7]),
-        active_leases=int(r[8]), active_holds=int(r[9]),
-        staleness_max=max(stale) if stale else None,
-        staleness_mean=sum(stale) / len(stale) if stale else None,
-        evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
-        ledger_lines=int(r[13]), source_ids=int(r[14]), outages=int(r[15]),
-    )
-
-
-_INTEGER = re.compile(r"-?[0-9]+")
-#: A filter reason's counter name: filter.lua's tokens, and the tokens earlier builds took as given.
-_TOKEN = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+    return p.parse_stats((yield p.build(keys, "stats")))
 
 
 def dead_letters(keys: QueueKeys, count: int = 100, start: str = "-") -> Flow[list[DeadLetter]]:
     """The oldest ``count`` dead letters from ``start`` (a dlq stream ID), decoded where possible."""
     count, start = check_int(count, "count", 1), start if start == "-" else check_entry_id(start)
-    reply = yield p.Command(("XRANGE", keys["dlq"], start, "+", "COUNT", count))
-    return [_dead_letter(p.s(dlq_id), kv) for dlq_id, kv in reply]
-
-
-def _dead_letter(dlq_id: str, kv: Sequence[Any]) -> DeadLetter:
-    f = {p.s(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
-    pristine = {k[2:].encode(): v for k, v in f.items() if k.startswith("f:")}
-    try:
-        group: SourceGroup | None = p.decode_reservation_group(pristine)
-    except CodecError:
-        group = None
-    try:
-        raw = orjson.loads(f.get("history", b"[]") or b"[]")
-    except orjson.JSONDecodeError:
-        raw = []
-    # The history is stored as {"f": counted failures, "h": [attempts]} or as the bare attempt list.
-    attempts = raw.get("h") if isinstance(raw, dict) else raw
-    history = tuple(a for a in attempts if isinstance(a, dict)) if isinstance(attempts, list) else ()
-    attempt = f.get("attempt", b"0")
-    # A dlq line written by hand must not make the listing fail: text is decoded leniently.
-    return DeadLetter(dlq_id, f.get("entry_id", b"").decode(errors="replace"),
-                      f.get("source_id", b"").decode(errors="replace"), f.get("reason", b"").decode(errors="replace"),
-                      int(attempt) if attempt.isdigit() else 0, f.get("worker", b"").decode(errors="replace"),
-                      history, group, pristine)
+    return p.parse_dead_letters((yield p.Command(("XRANGE", keys["dlq"], start, "+", "COUNT", count))))
 
 
 def requeue_dead_letter(keys: QueueKeys, dlq_id: str) -> Flow[str]:
     """Submit a dead letter's pristine group again (after a fix). Returns its new entry ID."""
     check_entry_id(dlq_id)
     reply = yield p.build(keys, "dlq_requeue", idempotent=False, dlq_id=dlq_id)
-    return p.s(p.check(reply, ("ok",), {"what": "dead letter", "id": dlq_id})[1][1])
+    return p.parse_dlq_requeue(reply, dlq_id)
 

@@ -1,8 +1,8 @@
 """What the PEL gives one worker: the read-only view a worker reconciles its own attempts against.
 
-Owns the record ``OwnedAttempt``, the flow ``owned_attempts`` that reads it (the extended form of
-``XPENDING`` filtered to one consumer name, in pages) and the parser of that reply (sans-IO, like
-protocol.py). Why a worker needs it: the PEL is the truth of ownership (DESIGN: "the PEL owner is
+The flow ``owned_attempts`` reads ``OwnedAttempt`` records (models.py): the extended form of
+``XPENDING`` filtered to one consumer name, in pages (its reply is parsed by protocol.parse_owned,
+re-exported here). Why a worker needs it: the PEL is the truth of ownership (DESIGN: "the PEL owner is
 the consumer name in XPENDING"). After a server restart that lost an acknowledged settlement
 (AOF ``everysec``), or a reserve reply that was lost and never resent with its request id, the PEL
 gives the worker an attempt the worker no longer knows about; it heartbeats on, so the reaper never
@@ -16,15 +16,14 @@ receipt-checked script (``abort``), which refuses if the PEL moved in between.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
-
 from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import check_int
-from rollout_queue.core.errors import InvalidInput, ProtocolError
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.keys import QueueKeys
-from rollout_queue.core.models import Receipt, check_worker_id
+from rollout_queue.core.models import OwnedAttempt, check_worker_id
+from rollout_queue.core.protocol import parse_owned
+
+__all__ = ["OWNED_LIMIT", "PAGE", "OwnedAttempt", "owned_attempts", "owned_command", "parse_owned"]
 
 #: PEL entries read per XPENDING call: one call is O(page) on the server.
 PAGE = 1000
@@ -33,49 +32,11 @@ PAGE = 1000
 OWNED_LIMIT = 10_000
 
 
-@dataclass(frozen=True)
-class OwnedAttempt:
-    """One PEL entry owned by a worker: the exact receipt that settles it (attempt = the delivery
-    count) and ``idle_ms``, the ms since its delivery (the grant by ``reserve``; a replayed reserve
-    reply does not reset it, a new grant does)."""
-
-    receipt: Receipt
-    idle_ms: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.idle_ms, int) or isinstance(self.idle_ms, bool) or self.idle_ms < 0:
-            raise InvalidInput(f"idle_ms must be an integer >= 0, got {self.idle_ms!r}")
-
-    @property
-    def entry_id(self) -> str:
-        return self.receipt.entry_id
-
-
 def owned_command(keys: QueueKeys, worker_id: str, start: str, count: int, min_idle_ms: int = 0) -> p.Command:
     """``XPENDING <src> rollout [IDLE <ms>] <start> + <count> <worker_id>``: one page of the entries
     the PEL gives ``worker_id``, oldest entry ID first (IDLE needs Redis >= 6.2 / any Valkey)."""
     idle: tuple[p.Arg, ...] = ("IDLE", min_idle_ms) if min_idle_ms > 0 else ()
     return p.Command(("XPENDING", keys["src"], "rollout", *idle, start, "+", count, worker_id))
-
-
-def parse_owned(reply: Sequence[Any], worker_id: str) -> list[OwnedAttempt]:
-    """One page of the extended XPENDING reply (``[[id, consumer, idle_ms, delivery_count], ...]``).
-    Raises ProtocolError for a row of another shape or another consumer (the filter was not applied)."""
-    out = []
-    for row in reply:
-        if not isinstance(row, (list, tuple)) or len(row) != 4:
-            raise ProtocolError(f"XPENDING: expected [id, consumer, idle, count], got {row!r}")
-        entry_id, consumer, idle, count = row
-        if p.s(consumer) != worker_id:
-            raise ProtocolError(f"XPENDING filtered to {worker_id!r} listed an entry of {p.s(consumer)!r}")
-        try:
-            receipt = Receipt(p.s(entry_id), int(count), worker_id)
-            # A server wall clock stepped back can make idle negative: read it as "just delivered",
-            # the reading that can never make a fresh grant look orphaned.
-            out.append(OwnedAttempt(receipt, max(0, int(idle))))
-        except (InvalidInput, ValueError, TypeError) as exc:
-            raise ProtocolError(f"XPENDING: malformed row {row!r}: {exc}") from exc
-    return out
 
 
 def owned_attempts(keys: QueueKeys, worker_id: str, min_idle_ms: int = 0,

@@ -13,14 +13,15 @@ Like ``flows.py``, this module yields calls and parses replies; it never touches
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Sequence
 
 from rollout_queue.core import protocol as p
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.flows import SUBMIT_BATCH, Flow, encode_source
 from rollout_queue.core.keys import QueueKeys
-from rollout_queue.core.models import SourceGroup
+from rollout_queue.core.models import Produced, SourceGroup
+
+__all__ = ["Produced", "check_producer_name", "encode_groups", "produce", "read_cursor"]
 
 _PRODUCER_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
@@ -32,17 +33,6 @@ def check_producer_name(name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class Produced:
-    """What one produce call did. ``status``: 'ok' (enqueued), 'replay' (this batch was already
-    enqueued: a resent call) or 'backlog_full' (nothing written; wait and retry)."""
-
-    status: str
-    cursor: int
-    new: int
-    backlog: int
-
-
 def encode_groups(groups: Sequence[SourceGroup], max_payload_bytes: int) -> list[p.Arg]:
     """The flat 5-values-per-group ARGV tail that submit and produce take (``add_groups.lua``)."""
     return [x for g in groups for x in encode_source(g, max_payload_bytes)[0]]
@@ -51,11 +41,7 @@ def encode_groups(groups: Sequence[SourceGroup], max_payload_bytes: int) -> list
 def read_cursor(keys: QueueKeys, producer: str) -> Flow[tuple[int, str | None]]:
     """(cursor, plan) of ``producer``: how many groups it enqueued, and the plan it enqueued them by
     ((0, None) for a new name)."""
-    reply = yield p.Command(("HGET", keys["producers"], check_producer_name(producer)))
-    if reply is None:
-        return 0, None
-    cursor, _, plan = p.s(reply).partition("|")
-    return int(cursor), plan
+    return p.parse_producer_cursor((yield p.Command(("HGET", keys["producers"], check_producer_name(producer)))))
 
 
 def produce(keys: QueueKeys, producer: str, plan: str, start: int, groups: Sequence[SourceGroup],
@@ -75,10 +61,4 @@ def produce(keys: QueueKeys, producer: str, plan: str, start: int, groups: Seque
     flat = encode_groups(groups, max_payload_bytes)
     reply = yield p.build(keys, "produce", producer=check_producer_name(producer), plan=plan, start=start,
                           stop=start + len(groups), max_backlog=max_backlog, groups=flat)
-    context = {"producer": producer, "from": start, "plan": plan, "what": "source group"}
-    status, r = p.check(reply, ("ok", "replay", "backlog_full"), context)
-    if status == "ok":
-        return Produced("ok", int(r[2]), int(r[1]), int(r[3]))
-    if status == "replay":
-        return Produced("replay", int(r[1]), 0, int(r[2]))
-    return Produced("backlog_full", start, 0, int(r[1]))
+    return p.parse_produce(reply, producer, plan, start)

@@ -145,7 +145,7 @@ def open_partitioned(layout: Layout, config: QueueConfig | None,
             raise ConfigMismatch(layout.name, "partitions", "1", str(layout.count))
         yield p.Command(("SET", layout.record, layout.count, "NX"))
         stored = yield p.Command(("GET", layout.record))
-    have = 1 if stored is None else int(stored)
+    have = 1 if stored is None else p.parse_count(stored, f"GET {layout.record}")
     if have != layout.count:
         raise ConfigMismatch(layout.name, "partitions", str(have), str(layout.count))
     # create=False reaches every partition too: a queue its creator is still opening (the count is
@@ -320,10 +320,11 @@ def _refresh_backlog(layout: Layout, sel: Selector, clock: Clock) -> Flow[None]:
     """Backlog + ready of each live partition: XLEN src - retained - kept, plus ZCARD ready."""
     def read(i: int) -> Flow[int]:
         keys = layout.keys[i]
-        length = yield p.Command(("XLEN", keys["src"]))
-        ready = yield p.Command(("ZCARD", keys["ready"]))
-        retained, kept = yield p.Command(("HMGET", keys["meta"], "retained", "kept"))
-        return max(0, int(length) - int(retained or 0) - int(kept or 0)) + int(ready)
+        length = p.parse_count((yield p.Command(("XLEN", keys["src"]))), "XLEN src")
+        ready = p.parse_count((yield p.Command(("ZCARD", keys["ready"]))), "ZCARD ready")
+        meta = p.parse_hmget((yield p.Command(("HMGET", keys["meta"], "retained", "kept"))), ("retained", "kept"))
+        retained, kept = (p.parse_count(meta[k], f"HGET meta {k}") for k in ("retained", "kept"))
+        return max(0, length - retained - kept) + ready
 
     for i, available in (yield from sweep(layout, sel, read, clock)).items():
         sel.set_estimate(i, available)
