@@ -190,7 +190,7 @@ def parse_complete_many(reply: Any, receipts: Sequence[Receipt]) -> list[Complet
 
 @dataclass(frozen=True)
 class ReserveReply:
-    """A parsed reserve reply; ``granted`` still holds raw fields (flows.py decodes them)."""
+    """A parsed reserve reply; ``granted`` still holds raw fields (flows/worker.py decodes them)."""
 
     status: str
     version: int

@@ -1,6 +1,6 @@
 """Operations on a partitioned queue, written once as flows over the partitions' single-queue flows.
 
-Each step here runs an ordinary flow of flows.py on one partition, so every state change is still
+Each step here runs an ordinary flow of core/flows/ on one partition, so every state change is still
 one script on one slot: nothing about a transition is implemented twice. What this module adds is
 only *which* partitions, in what order, and what to do when one is unreachable:
 
@@ -13,11 +13,11 @@ only *which* partitions, in what order, and what to do when one is unreachable:
 
 Composite leases (gathering, commit, rollback) are in multi_lease.py.
 
-Like flows.py this module touches no socket or clock of its own (``clock`` is injected); the
+Like core/flows/ this module touches no socket or clock of its own (``clock`` is injected); the
 drivers (drivers/transport.py) send each op and throw a Probe's failure back in.
 
 With one partition (``layout.count == 1``) every flow here is the plain queue's own flow from
-core/flows.py and nothing else: the facade (rollout_queue.api) calls these flows for every queue,
+core/flows/ and nothing else: the facade (rollout_queue.api) calls these flows for every queue,
 so a plain queue pays nothing for being a partitioned queue of one.
 """
 
@@ -49,7 +49,7 @@ from rollout_queue.core.models import (
     check_group_sizes,
     check_receipt,
 )
-from rollout_queue.core.owned import OwnedAttempt, owned_attempts
+from rollout_queue.core.flows.owned import OwnedAttempt, owned_attempts
 from rollout_queue.core.protocol import CompletionOutcome, Probe
 from rollout_queue.scale.layout import (
     Layout,
