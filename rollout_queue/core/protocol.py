@@ -13,6 +13,7 @@ Multi-call operations (blocking reserve, reaper sweeps, ...) are generators in f
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence, TypeVar
@@ -820,3 +821,20 @@ def parse_score(reply: Any, command: str) -> float | None:
         return float(_word(reply) if isinstance(reply, (bytes, str)) else reply)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"{command}: expected a score, got {reply!r}") from exc
+
+
+@_shaped
+def parse_partition_record(reply: Any, name: str, key: str) -> int | None:
+    """GET of a logical queue's partition record: its count, None when there is none (a plain queue,
+    or none at all); ProtocolError for a value that is no count >= 1 (written by hand)."""
+    if reply is None:
+        return None
+    shown = s(reply)
+    try:
+        value = float(shown.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or abs(value) > 2**53 or int(value) < 1:
+        raise ProtocolError(f"queue {name!r}: the partition record {key} holds {shown[:80]!r}, not a partition "
+                            "count (written by hand?)")
+    return int(value)

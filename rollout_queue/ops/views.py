@@ -121,14 +121,8 @@ def server_ms(keys: QueueKeys) -> Flow[int]:
 def partition_count(name: str) -> Flow[int | None]:
     """The partition count recorded for logical queue ``name`` (GET of QueueKeys(name).partitions),
     None for a queue never opened as partitioned (a plain queue, or none at all)."""
-    raw = yield p.Command(("GET", QueueKeys(name).partitions))
-    if raw is None:
-        return None
-    count = number(raw)
-    if count is None or count < 1:
-        raise ProtocolError(f"queue {name!r}: the partition record {QueueKeys(name).partitions} holds "
-                            f"{text(raw)[:80]!r}, not a partition count (written by hand?)")
-    return count
+    key = QueueKeys(name).partitions
+    return p.parse_partition_record((yield p.Command(("GET", key))), name, key)
 
 
 def resolve_partitions(name: str, given: int | None) -> Flow[int]:

@@ -21,7 +21,7 @@ from rollout_queue.core.models import Receipt
 
 PACKAGE = Path(rollout_queue.__file__).resolve().parent
 #: Every module that drives replies but must leave their reading to protocol.py.
-CHECKED = ("core/flows/*.py", "ops/actions.py", "ops/views.py", "scale/*.py")
+CHECKED = ("core/flows/*.py", "ops/actions.py", "ops/views.py", "ops/partition_views.py", "scale/*.py")
 #: scale/fleet.py's flows yield requests to the fleet reserver (reservation lists come back), no Redis reply.
 EXEMPT = ("scale/fleet.py",)
 #: Conversions that read a raw reply as a value (a parser's job).
@@ -226,3 +226,16 @@ def test_counts_read_absent_and_empty_as_zero() -> None:
     assert [p.parse_count(x, "c") for x in (None, b"", 7, b"12")] == [0, 0, 7, 12]
     assert p.parse_last_id([]) is None and p.parse_producer_cursor(None) == (0, None)
     assert p.parse_producer_cursor(b"12|plan-a") == (12, "plan-a")
+
+
+def test_single_value_reads_refuse_what_is_no_such_value() -> None:
+    assert p.parse_partition_record(None, "q", "k") is None and p.parse_partition_record(b"3", "q", "k") == 3
+    for bad in (b"0", b"-2", b"three", b"inf", b"1e300", [b"3"]):
+        with pytest.raises(ProtocolError, match="partition record k"):
+            p.parse_partition_record(bad, "q", "k")
+    assert p.parse_text(None, "GET") is None and p.parse_text(b"\xff", "GET") == "\ufffd"
+    assert p.parse_score(None, "ZSCORE") is None and p.parse_score(b"inf", "ZSCORE") == float("inf")
+    for parse, bad in ((p.parse_text, 5), (p.parse_text, [b"x"]), (p.parse_score, b"soon"), (p.parse_score, [1]),
+                       (p.parse_count, [1]), (p.parse_count, b"1.5x")):
+        with pytest.raises(ProtocolError):
+            parse(bad, "CMD")
