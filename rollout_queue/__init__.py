@@ -38,7 +38,7 @@ _WHERE = {
     "NotFound": "rollout_queue.core.errors",
     "NotReplicated": "rollout_queue.core.errors",
     "OutcomeUnknown": "rollout_queue.core.errors",
-    "OwnedAttempt": "rollout_queue.core.owned",
+    "OwnedAttempt": "rollout_queue.core.models",
     "OwnershipLost": "rollout_queue.core.errors",
     "PartitionedQueue": "rollout_queue.api.queue",
     "PartitionsUnreachable": "rollout_queue.core.errors",
@@ -91,7 +91,7 @@ if TYPE_CHECKING:
     from rollout_queue.core.config import QueueConfig
     from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression
     from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
-    from rollout_queue.core.owned import OwnedAttempt
+    from rollout_queue.core.models import OwnedAttempt
     from rollout_queue.core.policy import Durability, RetryPolicy
     from rollout_queue.api.fleet import FleetReserver as AsyncFleetReserver
     from rollout_queue.api.lease import Hold as AsyncHold

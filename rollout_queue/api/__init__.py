@@ -1,7 +1,7 @@
 """The public facade: one class per role, written once.
 
 ``RolloutQueue`` (and the ``Worker``, ``Lease`` and ``Hold`` it hands out) run every operation as
-one flow (core/flows.py, or scale/flows.py for several partitions) on a driver
+one flow (core/flows/, or scale/flows.py for several partitions) on a driver
 (drivers/transport.py). The driver decides sync or asyncio, as redis-py's commands return whatever
 their client returns: a method of a queue opened on ``redis.Redis`` returns its value, the same
 method of a queue opened on ``redis.asyncio.Redis`` returns an awaitable of it. A queue of one

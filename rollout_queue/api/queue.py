@@ -1,6 +1,6 @@
 """RolloutQueue: one logical queue, for sync or asyncio code, on one Redis or as P partitions.
 
-Thin by rule: each method builds one flow (scale/flows.py, which is core/flows.py itself when the
+Thin by rule: each method builds one flow (scale/flows.py, which is core/flows/ itself when the
 queue has one partition) and hands it to the driver; no method has an ``if`` about queue semantics
 or about sync versus async. The driver comes from the client: ``redis.Redis`` / ``RedisCluster``
 give a sync queue whose methods return values, ``redis.asyncio`` clients an asyncio queue whose
@@ -110,7 +110,7 @@ class RolloutQueue:
         return cls._open_on(client, name, config, partitions, retry, time.monotonic, durability, create)
 
     def run(self, flow: Flow[T]) -> Result[T]:
-        """Drive any flow (core/flows.py, ops/views.py, ...) on this queue's driver."""
+        """Drive any flow (core/flows/, ops/views.py, ...) on this queue's driver."""
         return self.driver.run(flow)  # type: ignore[no-any-return]
 
     @property

@@ -13,7 +13,7 @@ from rollout_queue.api.results import Result
 from rollout_queue.core import flows
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import HeartbeatInfo, Receipt, Reservation, Sample, check_worker_id
-from rollout_queue.core.owned import OwnedAttempt
+from rollout_queue.core.models import OwnedAttempt
 from rollout_queue.core.protocol import CompletionOutcome
 from rollout_queue.scale import flows as pf
 from rollout_queue.scale.layout import Selector

@@ -2,7 +2,7 @@
 
 Owns the one rule for each kind of scalar a caller hands the queue (counts, steps, versions,
 seconds, flags, names, JSON metadata), so QueueConfig, the value types of models.py and the flows
-of flows.py (shared by the sync and asyncio clients) refuse the same values with the same message.
+of flows/ (shared by the sync and asyncio clients) refuse the same values with the same message.
 Why a module of its own: every such value ends up as a Lua number (a double: integers are exact
 only up to 2^53) or as a millisecond integer stored in Redis, and Python's lax conversions turn
 bad values into something else without a word (``True`` is 1, ``int(1.5)`` is 1, a NaN timeout

@@ -381,6 +381,35 @@ class DeadLetter:
     queue: str = ""
 
 
+@dataclass(frozen=True)
+class OwnedAttempt:
+    """One PEL entry owned by a worker: the exact receipt that settles it (attempt = the delivery
+    count) and ``idle_ms``, the ms since its delivery (the grant by ``reserve``; a replayed reserve
+    reply does not reset it, a new grant does)."""
+
+    receipt: Receipt
+    idle_ms: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.idle_ms, int) or isinstance(self.idle_ms, bool) or self.idle_ms < 0:
+            raise InvalidInput(f"idle_ms must be an integer >= 0, got {self.idle_ms!r}")
+
+    @property
+    def entry_id(self) -> str:
+        return self.receipt.entry_id
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What one produce call did. ``status``: 'ok' (enqueued), 'replay' (this batch was already
+    enqueued: a resent call) or 'backlog_full' (nothing written; wait and retry)."""
+
+    status: str
+    cursor: int
+    new: int
+    backlog: int
+
+
 def _astuple(r: ReapReport) -> tuple[int, ...]:
     return tuple(getattr(r, f.name) for f in dataclasses.fields(r))
 

@@ -5,14 +5,20 @@ from the script's own header (scripts.py), so the Lua and the Python cannot drif
 Rule 2: a parser turns a raw reply into a value or raises the typed error for its status word. The
 status -> exception table lives here and nowhere else; an unknown status raises ProtocolError, it is
 never read as success.
-Multi-call operations (blocking reserve, reaper sweeps, ...) are generators in flows.py.
+Rule 3: this is the only module that reads reply positions; flows, actions and the partitioned flows
+call its parsers, and a reply of the wrong shape raises ProtocolError, never IndexError or TypeError.
+Multi-call operations (blocking reserve, reaper sweeps, ...) are generators in flows/.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+import orjson
 
 from rollout_queue.core.codec import CodecError, decode_columns, decode_group
 from rollout_queue.core.errors import (
@@ -35,7 +41,8 @@ from rollout_queue.core.errors import (
     VersionRegression,
 )
 from rollout_queue.core.keys import QueueKeys
-from rollout_queue.core.models import CompletedGroup, HeartbeatInfo, Receipt, SourceGroup
+from rollout_queue.core.models import (CompletedGroup, DeadLetter, HeartbeatInfo, OwnedAttempt, Produced, QueueStats,
+                                       Receipt, SourceGroup)
 from rollout_queue.core.scripts import SCRIPTS, Script
 
 Arg = bytes | str | int | float
@@ -184,7 +191,7 @@ def parse_complete_many(reply: Any, receipts: Sequence[Receipt]) -> list[Complet
 
 @dataclass(frozen=True)
 class ReserveReply:
-    """A parsed reserve reply; ``granted`` still holds raw fields (flows.py decodes them)."""
+    """A parsed reserve reply; ``granted`` still holds raw fields (flows/worker.py decodes them)."""
 
     status: str
     version: int
@@ -279,9 +286,8 @@ def decode_lease(reply: LeaseReply, payloads: Sequence[bytes | None]) -> LeaseRe
 
 @_shaped
 def parse_heartbeat(reply: Any) -> HeartbeatInfo:
-    _, r = check(reply, ("ok",), {})
-    uri = s(r[3])
-    return HeartbeatInfo(int(r[1]), bool(int(r[2])), uri or None, bool(int(r[4])), int(r[5]))
+    version, published, uri, held, now = _fields("heartbeat", reply, {}, _int, _flag, _word, _flag, _int)
+    return HeartbeatInfo(version, published, uri or None, held, now)
 
 
 @_shaped
@@ -298,3 +304,537 @@ class Probe:
 
     op: Op
     fast: bool = True
+
+
+# -- reply fields ---------------------------------------------------------------------------------
+# Every other reply is read here too: flows, actions and the partitioned flows call these parsers and
+# never index a reply themselves (tests/unit/test_reply_parsing.py checks both). A reply of the wrong
+# shape (None, too short, a list where a number belongs) raises ProtocolError naming the script or
+# command and the reply it got.
+
+
+def _int(value: Any) -> int:
+    """A numeric reply element (an integer, or digits as bytes/text)."""
+    if isinstance(value, (list, tuple, dict)) or value is None:
+        raise TypeError(f"expected a number, got {value!r}")
+    return int(value)
+
+
+def _flag(value: Any) -> bool:
+    """A 0|1 reply element; any non-zero number reads as 1."""
+    return _int(value) != 0
+
+
+def _word(value: Any) -> str:
+    """A text reply element (bytes that are not UTF-8 are replaced, as by ``s``)."""
+    if not isinstance(value, (bytes, str)):
+        raise TypeError(f"expected text, got {value!r}")
+    return s(value)
+
+
+def _name(value: Any) -> bytes:
+    """A key member (worker, lease or hold id) as the raw bytes Redis gave: a name that is not UTF-8
+    (garbage written by hand) goes back to the scripts unchanged instead of failing the reply."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return str(value).encode()
+    raise TypeError(f"expected a name, got {value!r}")
+
+
+def _items(value: Any) -> Sequence[Any]:
+    """A nested list of a reply."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list, got {value!r}")
+    return value
+
+
+def _fields(script: str, reply: Any, context: Mapping[str, Any], *kinds: Callable[[Any], Any],
+            ok: tuple[str, ...] = ("ok",)) -> tuple[Any, ...]:
+    """Check ``reply`` (check()) and read the fields after its status word, one converter each;
+    at least ``len(kinds)`` must be there. ProtocolError names the script and the reply otherwise."""
+    _, r = check(reply, ok, context)
+    if len(r) < len(kinds) + 1:
+        raise ProtocolError(f"{script}: reply {reply!r} has {len(r) - 1} fields, expected {len(kinds)}")
+    try:
+        return tuple(kind(v) for kind, v in zip(kinds, r[1:]))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"{script}: reply {reply!r} does not have the documented shape: {exc}") from exc
+
+
+def _one_of(script: str, word: str, allowed: tuple[str, ...]) -> str:
+    if word not in allowed:
+        raise ProtocolError(f"{script}: {word!r} is not one of {allowed}")
+    return word
+
+
+def raw_fields(kv: Any) -> dict[bytes, bytes]:
+    """A stream entry's flat [field, value, ...] list as raw bytes (as reserve grants and XRANGE give it)."""
+    kv = _items(kv)
+    if len(kv) % 2:
+        raise ValueError(f"odd field list {kv!r}")
+    return {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+
+
+def field_map(kv: Sequence[Any] | Mapping[Any, Any]) -> dict[str, Any]:
+    """A field/value reply by name: a RESP3 map, or a RESP2 flat [name, value, ...] list."""
+    if isinstance(kv, Mapping):
+        return {s(k): v for k, v in kv.items()}
+    return {s(kv[i]): kv[i + 1] for i in range(0, len(kv), 2)}
+
+
+def scored(reply: Sequence[Any]) -> list[tuple[str, float]]:
+    """A WITHSCORES reply: RESP3 [[member, score], ...] or RESP2 [member, score, ...]."""
+    if reply and isinstance(reply[0], (list, tuple)):
+        return [(s(m), float(sc)) for m, sc in reply]
+    return [(s(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+# -- queue replies --------------------------------------------------------------------------------
+
+
+@_shaped
+def parse_submit(reply: Any) -> list[str]:
+    """submit: the entry ID of each group, in order ({'ok', new_count, entry_id, ...})."""
+    _fields("submit", reply, {"what": "source group"}, _int)
+    return [_word(x) for x in reply[2:]]
+
+
+@_shaped
+def parse_publish_version(reply: Any, version: int, hold_id: str) -> bool:
+    """publish_version: True if the version was new, False for a replay of the current one."""
+    word, _ = _fields("publish_version", reply, {"version": version, "hold_id": hold_id}, _word, _int)
+    return _one_of("publish_version", word, ("published", "replay")) == "published"
+
+
+@_shaped
+def parse_count(reply: Any, command: str) -> int:
+    """A number a plain command answers (XLEN, ZCARD, an HGET of a counter); absent or empty: 0."""
+    if reply is None or reply == b"" or reply == "":
+        return 0
+    try:
+        return _int(reply)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"{command}: expected a number, got {reply!r}") from exc
+
+
+@_shaped
+def parse_hmget(reply: Any, names: Sequence[str], command: str = "HMGET") -> dict[str, Any]:
+    """An HMGET reply by field name (each value raw, None when absent)."""
+    values = _items(reply)
+    if len(values) != len(names):
+        raise ProtocolError(f"{command}: {len(values)} values for {len(names)} fields in {reply!r}")
+    return dict(zip(names, values))
+
+
+@_shaped
+def parse_time(reply: Any) -> int:
+    """TIME ([seconds, microseconds]) in ms."""
+    r = _items(reply)
+    if len(r) != 2:
+        raise ProtocolError(f"TIME: expected [seconds, microseconds], got {reply!r}")
+    return _int(r[0]) * 1000 + _int(r[1]) // 1000
+
+
+@_shaped
+def parse_stream_entries(reply: Any, command: str = "XRANGE") -> list[tuple[str, Sequence[Any]]]:
+    """XRANGE / XREVRANGE: [(entry ID, its raw field list), ...]."""
+    out = []
+    for row in _items(reply):
+        if (not isinstance(row, (list, tuple)) or len(row) != 2 or not isinstance(row[1], (list, tuple, Mapping))
+                or (isinstance(row[1], (list, tuple)) and len(row[1]) % 2)):
+            raise ProtocolError(f"{command}: expected [id, [field, value, ...]], got {row!r}")
+        out.append((_word(row[0]), row[1]))
+    return out
+
+
+@_shaped
+def parse_last_id(reply: Any, command: str = "XREVRANGE") -> str | None:
+    """The ID of the one entry of ``XREVRANGE key + - COUNT 1``; None for an empty stream."""
+    entries = parse_stream_entries(reply, command)
+    return entries[0][0] if entries else None
+
+
+@_shaped
+def parse_producer_cursor(reply: Any) -> tuple[int, str | None]:
+    """HGET of a producer's 'cursor|plan' field: (cursor, plan); (0, None) for a new producer."""
+    if reply is None:
+        return 0, None
+    cursor, _, plan = _word(reply).partition("|")
+    return int(cursor), plan
+
+
+@_shaped
+def parse_produce(reply: Any, producer: str, plan: str, start: int) -> Produced:
+    """produce: what the call did (ProducerConflict, PayloadTooLarge: nothing written)."""
+    context = {"producer": producer, "from": start, "plan": plan, "what": "source group"}
+    status, r = check(reply, ("ok", "replay", "backlog_full"), context)
+    if status == "ok":
+        new, stop, backlog = _fields("produce", r, context, _int, _int, _int, ok=("ok",))
+        return Produced("ok", stop, new, backlog)
+    if status == "replay":
+        stop, backlog = _fields("produce", r, context, _int, _int, ok=("replay",))
+        return Produced("replay", stop, 0, backlog)
+    backlog, _ = _fields("produce", r, context, _int, _int, ok=("backlog_full",))
+    return Produced("backlog_full", start, 0, backlog)
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+#: A filter reason's counter name: filter.lua's tokens, and the tokens earlier builds took as given.
+_TOKEN = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+#: The stats reply's fields after 'ok' (stats.lua's Returns).
+_STATS = ("meta", "server_ms", "length", "ready", "buffer", "workers_alive", "workers_silent", "leases", "holds",
+          "dlq", "commits", "bufvers", "ledger_lines", "source_ids", "outages", "submitted")
+
+
+@_shaped
+def parse_stats(reply: Any) -> QueueStats:
+    """stats: one consistent snapshot. Lenient on the meta hash (garbage written there by hand is
+    skipped or read as 0), strict on the reply's own shape."""
+    values = _fields("stats", reply, {}, _items, *([_int] * 10), _items, _int, _int, _int, _int)
+    f = dict(zip(_STATS, values))
+    meta = {k: s(v) for k, v in pairs(f["meta"]).items()}
+
+    def n(name: str) -> int:
+        return int(meta.get(name, 0) or 0)
+
+    published = "version" in meta
+    ver = n("version")
+    versions = [int(v) for v in f["bufvers"] if 0 <= int(v) < 2**21]  # another bufver score is a ghost (by hand)
+    stale = [ver - v for v in versions] if published else []
+    retained, kept = n("retained"), n("kept")
+    evictions = {k: n(f"evicted_{k}") for k in ("stale", "overflow")}
+    terminals = {k: n(k) for k in ("failed", "malformed", "aborted", "lost", "expired", "rolled_back")}
+    # Only decimal integers count (load_config refuses garbage in the known fields; others are skipped).
+    ints = {k: int(v) for k, v in meta.items() if _INTEGER.fullmatch(v)}
+    # filter.lua writes bounded tokens (reason_counter); a field of any other shape was written by hand.
+    reasons = {k[len("filtered_reason:"):]: v for k, v in ints.items() if k.startswith("filtered_reason:")}
+    filtered_by = {k: v for k, v in reasons.items() if _TOKEN.fullmatch(k)}
+    counters = {k: v for k, v in ints.items() if not k.startswith("filtered_reason:")}
+    counters["submitted"] = f["submitted"]  # kept in the intake key (the producer role may only read meta)
+    return QueueStats(
+        backlog=f["length"] - retained - kept, ready=f["ready"], executing_groups=n("executing_groups"),
+        executing_samples=n("executing_samples"), completed=f["buffer"], leased=n("leased"), retained=retained,
+        committed=n("committed"), filtered=n("filtered"), dead=n("dead"), version=ver, version_published=published,
+        submitted=f["submitted"], kept=kept, workers_alive=f["workers_alive"], workers_silent=f["workers_silent"],
+        active_leases=f["leases"], active_holds=f["holds"],
+        staleness_max=max(stale) if stale else None,
+        staleness_mean=sum(stale) / len(stale) if stale else None,
+        evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
+        ledger_lines=f["ledger_lines"], source_ids=f["source_ids"], outages=f["outages"],
+    )
+
+
+@_shaped
+def parse_dead_letters(reply: Any) -> list[DeadLetter]:
+    """XRANGE of the dlq stream: each line decoded where possible. The stream's shape is checked;
+    its fields are read leniently (a dlq line written by hand must not make the listing fail)."""
+    return [_dead_letter(dlq_id, kv) for dlq_id, kv in parse_stream_entries(reply, "XRANGE dlq")]
+
+
+def _dead_letter(dlq_id: str, kv: Sequence[Any]) -> DeadLetter:
+    f = {s(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+    pristine = {k[2:].encode(): v for k, v in f.items() if k.startswith("f:")}
+    try:
+        group: SourceGroup | None = decode_reservation_group(pristine)
+    except CodecError:
+        group = None
+    try:
+        raw = orjson.loads(f.get("history", b"[]") or b"[]")
+    except orjson.JSONDecodeError:
+        raw = []
+    # The history is stored as {"f": counted failures, "h": [attempts]} or as the bare attempt list.
+    attempts = raw.get("h") if isinstance(raw, dict) else raw
+    history = tuple(a for a in attempts if isinstance(a, dict)) if isinstance(attempts, list) else ()
+    attempt = f.get("attempt", b"0")
+    # A dlq line written by hand must not make the listing fail: text is decoded leniently.
+    return DeadLetter(dlq_id, f.get("entry_id", b"").decode(errors="replace"),
+                      f.get("source_id", b"").decode(errors="replace"), f.get("reason", b"").decode(errors="replace"),
+                      int(attempt) if attempt.isdigit() else 0, f.get("worker", b"").decode(errors="replace"),
+                      history, group, pristine)
+
+
+@_shaped
+def parse_dlq_requeue(reply: Any, dlq_id: str) -> str:
+    """dlq_requeue: the new entry ID (NotFound for no such dead letter)."""
+    return _fields("dlq_requeue", reply, {"what": "dead letter", "id": dlq_id}, _word)[0]  # type: ignore[no-any-return]
+
+
+# -- worker replies -------------------------------------------------------------------------------
+
+
+@_shaped
+def parse_complete(reply: Any, receipt: Receipt) -> str:
+    """complete: 'buffered', 'replay' or 'evicted_self'."""
+    return _fields("complete", reply, completion_context(receipt), _word, _word)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_ended(reply: Any, script: str, receipt: Receipt) -> str:
+    """fail / abort / filter / reject: where the attempt went ('ready', 'dead', 'filtered', 'replay')."""
+    return _fields(script, reply, receipt_context(receipt), _word)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_close_worker(reply: Any, worker_id: str) -> tuple[int, int, bool]:
+    """close_worker: (requeued, dead-lettered, done) of one call."""
+    return _fields("close_worker", reply, {"worker_id": worker_id}, _int, _int, _flag)
+
+
+# -- trainer replies ------------------------------------------------------------------------------
+
+
+@_shaped
+def parse_commit(reply: Any, lease_id: str) -> str:
+    """commit: the commit's ID in the commits stream."""
+    context = {"lease_id": lease_id, "what": f"commit of lease {lease_id}"}
+    word, commit_id, _ = _fields("commit", reply, context, _word, _word, _int)
+    _one_of("commit", word, ("committed", "replay"))
+    return commit_id  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_rollback(reply: Any, lease_id: str) -> tuple[int, bool]:
+    """rollback: (groups requeued by this call, done)."""
+    word, n, done = _fields("rollback", reply, {"lease_id": lease_id}, _word, _int, _flag)
+    _one_of("rollback", word, ("rolled_back", "replay"))
+    return n, done
+
+
+@_shaped
+def parse_extend(reply: Any, lease_id: str) -> int:
+    """extend: the new deadline (server ms)."""
+    return _fields("extend", reply, {"lease_id": lease_id}, _int)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_hold_open(reply: Any, hold_id: str) -> int:
+    """hold_open: how many executing attempts the hold waits for."""
+    return _fields("hold_open", reply, {"hold_id": hold_id}, _int, _int)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_hold_poll(reply: Any, hold_id: str) -> tuple[int, str]:
+    """hold_poll: (attempts still executing, the wake ID to wait on)."""
+    return _fields("hold_poll", reply, {"hold_id": hold_id}, _int, _word)
+
+
+@_shaped
+def parse_hold_release(reply: Any, hold_id: str) -> int:
+    """hold_release: how many holds are still active."""
+    return _fields("hold_release", reply, {"hold_id": hold_id}, _int)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_checkpoint(reply: Any, step: int) -> tuple[int, bool]:
+    """checkpoint: (payloads dropped by this call, done)."""
+    return _fields("checkpoint", reply, {"step": step, "what": f"checkpoint {step}"}, _int, _flag)
+
+
+@_shaped
+def parse_restore(reply: Any, step: int) -> tuple[int, bool]:
+    """restore: (groups restored by this call, done)."""
+    return _fields("restore", reply, {"step": step, "what": f"restore({step})"}, _int, _flag)
+
+
+# -- reaper replies -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReapScan:
+    """What reap_scan found to do. Names are the raw bytes Redis gave (see ``_name``)."""
+
+    silent: tuple[bytes, ...]
+    expired_leases: tuple[bytes, ...]
+    expired_holds: tuple[bytes, ...]
+    stale: int
+    orphans: tuple[bytes, ...]
+    prune_due: bool
+    interrupted: bool
+    empty: tuple[bytes, ...]
+
+
+def _names(value: Any) -> tuple[bytes, ...]:
+    return tuple(_name(x) for x in _items(value))
+
+
+@_shaped
+def parse_reap_scan(reply: Any) -> ReapScan:
+    return ReapScan(*_fields("reap_scan", reply, {}, _names, _names, _names, _int, _names, _flag, _flag, _names))
+
+
+@_shaped
+def parse_reap_worker(reply: Any, worker_id: Any) -> tuple[int, int, bool] | None:
+    """reap_worker: (requeued, dead-lettered, done) of one call; None when the worker is alive."""
+    status, _ = check(reply, ("ok", "alive"), {"worker_id": worker_id})
+    if status == "alive":
+        _fields("reap_worker", reply, {}, _int, ok=("alive",))
+        return None
+    return _fields("reap_worker", reply, {}, _int, _int, _flag)
+
+
+@_shaped
+def parse_expire_lease(reply: Any, lease_id: Any) -> tuple[int, bool] | None:
+    """expire_lease: (groups requeued by this call, done); None when the lease is not due."""
+    status, _ = check(reply, ("ok", "not_due"), {"lease_id": lease_id})
+    if status == "not_due":
+        return None
+    word, n, done = _fields("expire_lease", reply, {}, _word, _int, _flag)
+    _one_of("expire_lease", word, ("expired",))
+    return n, done
+
+
+@_shaped
+def parse_reap_stale(reply: Any) -> tuple[int, bool]:
+    """reap_stale: (groups evicted by this call, done)."""
+    return _fields("reap_stale", reply, {}, _int, _flag)
+
+
+@_shaped
+def parse_reindex(reply: Any) -> int:
+    """reindex: owned entries re-indexed or requeued by this call."""
+    return _fields("reindex", reply, {}, _int, _flag)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_prune(reply: Any) -> tuple[int, bool]:
+    """prune: (ledger lines deleted by this call, done)."""
+    return _fields("prune", reply, {}, _int, _flag)
+
+
+@_shaped
+def parse_finish_interrupted(reply: Any) -> tuple[int, bool]:
+    """finish_interrupted: (entries moved by this call, done)."""
+    word, _, n, done = _fields("finish_interrupted", reply, {}, _word, _int, _int, _flag)
+    _one_of("finish_interrupted", word, ("restore", "checkpoint", "none"))
+    return n, done
+
+
+# -- the PEL --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One row of the extended XPENDING reply."""
+
+    entry_id: str
+    consumer: str
+    idle_ms: int
+    deliveries: int
+
+
+@_shaped
+def parse_pending(reply: Any) -> list[Pending]:
+    """The extended XPENDING reply ``[[id, consumer, idle_ms, delivery_count], ...]``."""
+    out = []
+    for row in _items(reply):
+        if not isinstance(row, (list, tuple)) or len(row) != 4:
+            raise ProtocolError(f"XPENDING: expected [id, consumer, idle, count], got {row!r}")
+        entry_id, consumer, idle, count = row
+        try:
+            out.append(Pending(_word(entry_id), _word(consumer), _int(idle), _int(count)))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"XPENDING: malformed row {row!r}: {exc}") from exc
+    return out
+
+
+def parse_owned(reply: Sequence[Any], worker_id: str) -> list[OwnedAttempt]:
+    """One page of the extended XPENDING reply filtered to ``worker_id`` (core/owned.py). Raises
+    ProtocolError for a row of another shape or another consumer (the filter was not applied)."""
+    out = []
+    for row in parse_pending(reply):
+        if row.consumer != worker_id:
+            raise ProtocolError(f"XPENDING filtered to {worker_id!r} listed an entry of {row.consumer!r}")
+        try:
+            receipt = Receipt(row.entry_id, row.deliveries, worker_id)
+            # A server wall clock stepped back can make idle negative: read it as "just delivered",
+            # the reading that can never make a fresh grant look orphaned.
+            out.append(OwnedAttempt(receipt, max(0, row.idle_ms)))
+        except (InvalidInput, ValueError, TypeError) as exc:
+            raise ProtocolError(f"XPENDING: malformed row {row!r}: {exc}") from exc
+    return out
+
+
+# -- operator actions -----------------------------------------------------------------------------
+
+
+@_shaped
+def parse_requeue(reply: Any, receipt: Receipt) -> tuple[str, str, int]:
+    """requeue: ('ok', where the attempt went, 0) or ('alive', '', the worker's last heartbeat ms)."""
+    status, _ = check(reply, ("ok", "alive"), receipt_context(receipt))
+    if status == "alive":
+        return "alive", "", _fields("requeue", reply, {}, _int, ok=("alive",))[0]
+    return "ok", _fields("requeue", reply, {}, _word)[0], 0
+
+
+@_shaped
+def parse_config_set(reply: Any, queue: str) -> tuple[int, tuple[str, str, str] | None]:
+    """config_set: (fields changed, None), or (0, (field, stored now, expected)) when the stored
+    config changed since it was read (nothing written)."""
+    status, _ = check(reply, ("ok", "config_changed"), {"queue": queue})
+    if status == "config_changed":
+        return 0, _fields("config_set", reply, {}, _word, _word, _word, ok=("config_changed",))
+    return _fields("config_set", reply, {}, _int)[0], None
+
+
+@_shaped
+def parse_drain_start(reply: Any) -> tuple[int, int]:
+    """drain start: (deadline_ms, executing groups now)."""
+    word, deadline, executing = _fields("drain", reply, {}, _word, _int, _int)
+    _one_of("drain", word, ("draining",))
+    return deadline, executing
+
+
+@_shaped
+def parse_drain_stop(reply: Any) -> int:
+    """drain stop: how many other holds still stand."""
+    word, left = _fields("drain", reply, {}, _word, _int)
+    _one_of("drain", word, ("stopped",))
+    return left  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_dlq_purge(reply: Any) -> tuple[int, bool]:
+    """dlq_purge: (dead letters deleted by this call, done)."""
+    return _fields("dlq_purge", reply, {}, _int, _flag)
+
+
+# -- plain reads of single values ---------------------------------------------------------------------
+
+
+@_shaped
+def parse_text(reply: Any, command: str) -> str | None:
+    """A GET / HGET of text: None when absent (bytes that are not UTF-8 are replaced)."""
+    if reply is None:
+        return None
+    if not isinstance(reply, (bytes, str)):
+        raise ProtocolError(f"{command}: expected text, got {reply!r}")
+    return s(reply)
+
+
+@_shaped
+def parse_score(reply: Any, command: str) -> float | None:
+    """A ZSCORE: None when the member is absent."""
+    if reply is None:
+        return None
+    try:
+        return float(_word(reply) if isinstance(reply, (bytes, str)) else reply)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"{command}: expected a score, got {reply!r}") from exc
+
+
+@_shaped
+def parse_partition_record(reply: Any, name: str, key: str) -> int | None:
+    """GET of a logical queue's partition record: its count, None when there is none (a plain queue,
+    or none at all); ProtocolError for a value that is no count >= 1 (written by hand)."""
+    if reply is None:
+        return None
+    shown = s(reply)
+    try:
+        value = float(shown.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or abs(value) > 2**53 or int(value) < 1:
+        raise ProtocolError(f"queue {name!r}: the partition record {key} holds {shown[:80]!r}, not a partition "
+                            "count (written by hand?)")
+    return int(value)

@@ -21,7 +21,7 @@ from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import Receipt, check_entry_id, check_reason, check_worker_id
 from rollout_queue.core.scripts import LIBRARY_VERSION
 from rollout_queue.ops.view_models import entry_state
-from rollout_queue.ops.views import entry, meta, require_queue, text
+from rollout_queue.ops.views import entry, meta, require_queue
 
 Clock = Callable[[], float]
 
@@ -52,11 +52,11 @@ def requeue(keys: QueueKeys, entry_id: str, *, force: bool = False, counted: boo
     """
     check_entry_id(entry_id)
     reason = check_reason(reason, "reason")
-    pel = yield p.Command(("XPENDING", keys["src"], "rollout", entry_id, entry_id, 1))
+    pel = p.parse_pending((yield p.Command(("XPENDING", keys["src"], "rollout", entry_id, entry_id, 1))))
     if not pel:
         state = (yield from entry(keys, entry_id)).state
         raise OperatorRefused(f"entry {entry_id} is {state}, not executing: nothing to requeue")
-    owner, count = text(pel[0][1]), int(pel[0][3])
+    owner, count = pel[0].consumer, pel[0].deliveries
     if owner == "@ready":
         return None, "already_ready"
     if owner.startswith("@"):
@@ -66,13 +66,13 @@ def requeue(keys: QueueKeys, entry_id: str, *, force: bool = False, counted: boo
     terminal = "lost" if not force else "failed" if counted else "aborted"
     reply = yield p.build(keys, "requeue", entry_id=entry_id, attempt=count, worker_id=owner,
                           mode="force" if force else "silent", terminal=terminal, reason=reason)
-    status, r = p.check(reply, ("ok", "alive"), p.receipt_context(receipt))
+    status, outcome, heartbeat_ms = p.parse_requeue(reply, receipt)
     if status == "alive":
         raise OperatorRefused(
-            f"worker {owner!r} still heartbeats (last at server ms {int(r[1])}); it may be generating {entry_id}. "
+            f"worker {owner!r} still heartbeats (last at server ms {heartbeat_ms}); it may be generating {entry_id}. "
             "Wait for worker_timeout, stop that worker, or pass --force to end exactly this attempt (its "
             "late result will be refused).")
-    return receipt, p.s(r[1])
+    return receipt, outcome
 
 
 def set_config(keys: QueueKeys, changes: Mapping[str, Any]) -> Flow[tuple[dict[str, Any], QueueConfig, int]]:
@@ -99,24 +99,23 @@ def set_config(keys: QueueKeys, changes: Mapping[str, Any]) -> Flow[tuple[dict[s
     wanted = new.to_meta()
     triples = [x for name, value in wanted.items() for x in (name, stored.get(name, ""), value)]
     reply = yield p.build(keys, "config_set", library=LIBRARY_VERSION, fields=triples)
-    status, r = p.check(reply, ("ok", "config_changed"), {"queue": keys.queue})
-    if status == "config_changed":
-        raise ConfigChanged(keys.queue, p.s(r[1]), p.s(r[2]), p.s(r[3]))
-    return old, new, int(r[1])
+    changed, conflict = p.parse_config_set(reply, keys.queue)
+    if conflict is not None:
+        raise ConfigChanged(keys.queue, *conflict)
+    return old, new, changed
 
 
 def drain_start(keys: QueueKeys, timeout_s: float, reason: str) -> Flow[tuple[int, int]]:
     """Open (or extend) the operator's drain hold. Returns (deadline_ms, executing groups now)."""
     timeout_s, reason = check_seconds(timeout_s, "timeout_s"), check_reason(reason, "reason")
     reply = yield p.build(keys, "drain", action="start", timeout_ms=max(1, int(timeout_s * 1000)), reason=reason)
-    _, r = p.check(reply, ("ok",), {})
-    return int(r[2]), int(r[3])
+    return p.parse_drain_start(reply)
 
 
 def drain_stop(keys: QueueKeys) -> Flow[int]:
     """Close the drain hold; returns how many other holds still stand (admission reopens at 0)."""
     reply = yield p.build(keys, "drain", action="stop", timeout_ms=0, reason="")
-    return int(p.check(reply, ("ok",), {})[1][2])
+    return p.parse_drain_stop(reply)
 
 
 def wait_drained(keys: QueueKeys, timeout_s: float, clock: Clock) -> Flow[bool]:
@@ -125,15 +124,16 @@ def wait_drained(keys: QueueKeys, timeout_s: float, clock: Clock) -> Flow[bool]:
     deadline = clock() + timeout_s
     while True:
         # The wake ID first: a terminal transition after it writes a newer event, so none is missed.
-        last = yield p.Command(("XREVRANGE", keys["wake_work"], "+", "-", "COUNT", 1))
-        executing = yield p.Command(("HGET", keys["meta"], "executing_groups"))
-        if int(executing or 0) <= 0:
+        last = p.parse_last_id((yield p.Command(("XREVRANGE", keys["wake_work"], "+", "-", "COUNT", 1))))
+        executing = p.parse_count((yield p.Command(("HGET", keys["meta"], "executing_groups"))),
+                                  "HGET meta executing_groups")
+        if executing <= 0:
             return True
         remaining_ms = int((deadline - clock()) * 1000)
         if remaining_ms <= 0:
             return False
         yield p.Command(("XREAD", "BLOCK", min(remaining_ms, flows.MAX_BLOCK_CHUNK_MS), "COUNT", 1, "STREAMS",
-                         keys["wake_work"], text(last[0][0]) if last else "0-0"))
+                         keys["wake_work"], last or "0-0"))
 
 
 def purge_dead_letters(keys: QueueKeys, dlq_ids: Sequence[str]) -> Flow[int]:
@@ -143,19 +143,19 @@ def purge_dead_letters(keys: QueueKeys, dlq_ids: Sequence[str]) -> Flow[int]:
     for i in range(0, len(dlq_ids), flows.BATCH):
         chunk = list(dlq_ids[i:i + flows.BATCH])
         reply = yield p.build(keys, "dlq_purge", count=flows.BATCH, until_id="", dlq_ids=chunk)
-        total += int(p.check(reply, ("ok",), {})[1][1])
+        total += p.parse_dlq_purge(reply)[0]
     return total
 
 
 def purge_all_dead_letters(keys: QueueKeys) -> Flow[int]:
     """Delete every dead letter that exists now (newer ones, arriving meanwhile, are kept)."""
-    newest = yield p.Command(("XREVRANGE", keys["dlq"], "+", "-", "COUNT", 1))
-    if not newest:
+    newest = p.parse_last_id((yield p.Command(("XREVRANGE", keys["dlq"], "+", "-", "COUNT", 1))))
+    if newest is None:
         return 0
     total = 0
     while True:
-        reply = yield p.build(keys, "dlq_purge", count=flows.BATCH, until_id=text(newest[0][0]), dlq_ids=[])
-        _, r = p.check(reply, ("ok",), {})
-        total += int(r[1])
-        if int(r[2]):
+        reply = yield p.build(keys, "dlq_purge", count=flows.BATCH, until_id=newest, dlq_ids=[])
+        purged, done = p.parse_dlq_purge(reply)
+        total += purged
+        if done:
             return total

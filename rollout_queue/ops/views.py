@@ -5,6 +5,11 @@ script); it never changes a key, so it runs under the read-only ``operator`` ACL
 create a queue by mistake (RolloutQueue's ``open`` would). Views read several keys in several round
 trips: a transition landing between two reads can show a mix of before and after; run the view again
 (the PEL owner, read first, is the truth of who holds an entry).
+Rule 3: lenient on values, strict on shapes. What a command answers has the server's shape and is
+read by the parsers of core/protocol.py (ProtocolError otherwise); what was stored, and may have been
+written into Redis by hand (a score of 1e308, a history that is not JSON, a ledger line no script
+wrote), is read leniently here: it becomes None or 0 and a note in the view (``Garbage``), never an
+error, so an operator can always look at a damaged queue.
 Rule 2: nothing here changes state. The operator's own transitions (requeue, config set, drain, dlq
 purge) are scripts driven by actions.py. Value types live in view_models.py; the CLI (cli/) and the
 exporter (metrics.py) only format them.
@@ -60,18 +65,9 @@ def text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _flat(kv: Sequence[Any] | Mapping[Any, Any]) -> dict[str, Any]:
-    """A field/value reply by name: a RESP3 map, or a RESP2 flat [name, value, ...] list."""
-    if isinstance(kv, Mapping):
-        return {text(k): v for k, v in kv.items()}
-    return {text(kv[i]): kv[i + 1] for i in range(0, len(kv), 2)}
-
-
-def _scored(reply: Sequence[Any]) -> list[tuple[str, float]]:
-    """A WITHSCORES reply: RESP3 [[member, score], ...] or RESP2 [member, score, ...]."""
-    if reply and isinstance(reply[0], (list, tuple)):
-        return [(text(m), float(sc)) for m, sc in reply]
-    return [(text(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+#: Field/value replies (RESP2 or RESP3) and WITHSCORES replies, read by the protocol's shape helpers.
+_flat = p.field_map
+_scored = p.scored
 
 
 #: Largest magnitude a stored ms time, count or version may have: a Lua number is exact up to 2^53.
@@ -114,26 +110,19 @@ class Garbage:
 def server_ms(keys: QueueKeys) -> Flow[int]:
     """The queue clock (lua/include/now_ms.lua): the server's TIME minus the time it was down, the
     clock every score and deadline of the queue is written in. Garbage in the offset counts as 0."""
-    reply = yield p.Command(("TIME",))
+    raw = p.parse_time((yield p.Command(("TIME",))))
     offset = yield p.Command(("HGET", keys["clock"], "offset"))
-    raw = int(reply[0]) * 1000 + int(reply[1]) // 1000
     try:
-        return raw - int(offset or 0)
-    except ValueError:
+        return raw - p.parse_count(offset, "HGET clock offset")
+    except ProtocolError:
         return raw
 
 
 def partition_count(name: str) -> Flow[int | None]:
     """The partition count recorded for logical queue ``name`` (GET of QueueKeys(name).partitions),
     None for a queue never opened as partitioned (a plain queue, or none at all)."""
-    raw = yield p.Command(("GET", QueueKeys(name).partitions))
-    if raw is None:
-        return None
-    count = number(raw)
-    if count is None or count < 1:
-        raise ProtocolError(f"queue {name!r}: the partition record {QueueKeys(name).partitions} holds "
-                            f"{text(raw)[:80]!r}, not a partition count (written by hand?)")
-    return count
+    key = QueueKeys(name).partitions
+    return p.parse_partition_record((yield p.Command(("GET", key))), name, key)
 
 
 def resolve_partitions(name: str, given: int | None) -> Flow[int]:
@@ -192,17 +181,17 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
     start, seen = "-", 0
     while seen < limit:
         want = min(PAGE, limit - seen)
-        page = yield p.Command(("XPENDING", keys["src"], "rollout", start, "+", want))
-        for _, owner, idle, count in page:
-            state = entry_state(text(owner))
-            attempts[int(count)] = attempts.get(int(count), 0) + 1
+        page = p.parse_pending((yield p.Command(("XPENDING", keys["src"], "rollout", start, "+", want))))
+        for row in page:
+            state = entry_state(row.consumer)
+            attempts[row.deliveries] = attempts.get(row.deliveries, 0) + 1
             states[state] = states.get(state, 0) + 1
             if state == "executing":
-                ages.append(int(idle))
+                ages.append(row.idle_ms)
         seen += len(page)
         if len(page) < want:
             return PelSummary(attempts, states, tuple(ages), seen, False)
-        start = "(" + text(page[-1][0])
+        start = "(" + page[-1].entry_id
     return PelSummary(attempts, states, tuple(ages), seen, True)
 
 
@@ -260,9 +249,10 @@ def leases(keys: QueueKeys, limit: int = 1000) -> Flow[list[LeaseView]]:
     for lease_id, score in ids:
         bad = Garbage()
         deadline = bad.number("deadline score", score)
-        f = yield p.Command(("HMGET", keys.lease(lease_id), "trainer", "created_ms", "members", "version", "state"))
-        created, version = bad.number("created_ms", f[1]), bad.number("version", f[3])
-        trainer, members, state = (None if v is None else text(v) for v in (f[0], f[2], f[4]))
+        names = ("trainer", "created_ms", "members", "version", "state")
+        f = p.parse_hmget((yield p.Command(("HMGET", keys.lease(lease_id), *names))), names)
+        created, version = bad.number("created_ms", f["created_ms"]), bad.number("version", f["version"])
+        trainer, members, state = (None if v is None else text(v) for v in (f["trainer"], f["members"], f["state"]))
         groups = len(members.split(",")) if members else 0
         out.append(LeaseView(lease_id, trainer or "", deadline, None if deadline is None else deadline - now, groups,
                              version, created, state or "unknown", tuple(bad.notes)))
@@ -275,10 +265,11 @@ def drain_status(keys: QueueKeys) -> Flow[DrainStatus]:
         yield from require_queue(keys)
     now = yield from server_ms(keys)
     score = yield p.Command(("ZSCORE", keys["holds"], DRAIN_HOLD))
-    others = yield p.Command(("ZCOUNT", keys["holds"], f"({now}", "+inf"))
+    others = p.parse_count((yield p.Command(("ZCOUNT", keys["holds"], f"({now}", "+inf"))), "ZCOUNT holds")
     # Active as the scripts count holds (ZCOUNT up to +inf), even when the deadline is no time at all.
-    active = score is not None and float(score) > now
-    others = int(others) - (1 if active else 0)
+    deadline_score = p.parse_score(score, "ZSCORE holds")
+    active = deadline_score is not None and deadline_score > now
+    others = others - (1 if active else 0)
     bad = Garbage()
     deadline = bad.number("drain deadline score", score)
     since, executing = bad.number("drain_since_ms", m.get("drain_since_ms")), bad.number(
@@ -308,10 +299,10 @@ def _find_dead_letter(keys: QueueKeys, entry_id: str) -> Flow[tuple[DeadLetter, 
     """The newest dead letter of ``entry_id`` among the last DLQ_SCAN ones, with its raw history
     field (the attempts as they were when it died: the entry's history hash is deleted then)."""
     reply = yield p.Command(("XREVRANGE", keys["dlq"], "+", "-", "COUNT", DLQ_SCAN))
-    for dlq_id, kv in reply:
+    for dlq_id, kv in p.parse_stream_entries(reply, "XREVRANGE dlq"):
         f = _flat(kv)
         if text(f.get("entry_id", b"")) == entry_id:
-            return (yield from dead_letter(keys, text(dlq_id))), f.get("history")
+            return (yield from dead_letter(keys, dlq_id)), f.get("history")
     return None
 
 
@@ -363,15 +354,13 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     Raises NotFound when the queue has never seen it."""
     check_entry_id(entry_id)
     cfg = yield from config(keys)
-    pel = yield p.Command(("XPENDING", keys["src"], "rollout", entry_id, entry_id, 1))
-    owner, idle, count = (text(pel[0][1]), int(pel[0][2]), int(pel[0][3])) if pel else (None, None, 0)
-    src = yield p.Command(("XRANGE", keys["src"], entry_id, entry_id))
-    raw_ledger = yield p.Command(("HGET", keys["ledger"], entry_id))
-    ledger = None if raw_ledger is None else text(raw_ledger)
+    pel = p.parse_pending((yield p.Command(("XPENDING", keys["src"], "rollout", entry_id, entry_id, 1))))
+    owner, idle, count = (pel[0].consumer, pel[0].idle_ms, pel[0].deliveries) if pel else (None, None, 0)
+    src = p.parse_stream_entries((yield p.Command(("XRANGE", keys["src"], entry_id, entry_id))))
+    ledger = p.parse_text((yield p.Command(("HGET", keys["ledger"], entry_id))), "HGET ledger")
     bad = Garbage()
     failures, history = _history((yield p.Command(("HGET", keys["history"], entry_id))), bad)
-    kv = src[0][1] if src else []
-    fields = {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
+    fields = p.raw_fields(src[0][1]) if src else {}
     state = entry_state(owner) if owner else (yield from _unowned_state(keys, entry_id, bool(src), ledger))
     more = yield from _details(keys, entry_id, state, owner or "", int(cfg.worker_timeout_s * 1000), bad)
     if "history" in more:  # a dead letter carries the attempts it died with: those are the truth
@@ -397,14 +386,15 @@ def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, timeout_ms:
                 "worker_alive": beat is not None and now - beat <= timeout_ms}
     if state == "completed":
         score = bad.number("buffer version score", (yield p.Command(("ZSCORE", keys["bufver"], entry_id))))
-        size = yield p.Command(("HSTRLEN", keys["results"], entry_id))
-        return {"min_version": None if score is None else score // 2**32, "completion_bytes": int(size)}
+        size = p.parse_count((yield p.Command(("HSTRLEN", keys["results"], entry_id))), "HSTRLEN results")
+        return {"min_version": None if score is None else score // 2**32, "completion_bytes": size}
     if state == "leased":
         lease_id = owner[len("@lease:"):]
-        f = yield p.Command(("HMGET", keys.lease(lease_id), "trainer", "deadline", "members", "versions"))
-        return {"lease_id": lease_id, "lease_trainer": text(f[0] or b""),
-                "lease_deadline_ms": bad.number("lease deadline", f[1]),
-                "min_version": _lease_version(entry_id, f[2], f[3], bad)}
+        names = ("trainer", "deadline", "members", "versions")
+        f = p.parse_hmget((yield p.Command(("HMGET", keys.lease(lease_id), *names))), names)
+        return {"lease_id": lease_id, "lease_trainer": text(f["trainer"] or b""),
+                "lease_deadline_ms": bad.number("lease deadline", f["deadline"]),
+                "min_version": _lease_version(entry_id, f["members"], f["versions"], bad)}
     if state == "dead":
         found = yield from _find_dead_letter(keys, entry_id)
         if found is not None:
@@ -448,9 +438,9 @@ def memory(keys: QueueKeys, limit: int = 10_000) -> Flow[dict[str, int]]:
     sizes: dict[str, int] = {}
     leases = yield p.Command(("ZRANGE", keys["leases"], 0, max(0, limit - 1)))
     for key in [keys[role] for role in sorted(KEY_SUFFIXES)] + [keys.lease(text(x)) for x in leases or []]:
-        size = yield p.Command(("MEMORY", "USAGE", key))
+        size = p.parse_count((yield p.Command(("MEMORY", "USAGE", key))), "MEMORY USAGE")
         if size:
-            sizes[key] = int(size)
+            sizes[key] = size
     return sizes
 
 

@@ -9,7 +9,7 @@ What it owns:
    restarted producer needs only its cursor to know what comes next. A source_id names the record
    and the epoch (``<name>:<epoch>:<record index>`` or ``<id field>:<epoch>``), never the position.
 3. The loop: batches of positions go through ``produce.lua`` (groups + cursor in one atomic step,
-   see producer_flows.py); while the backlog is at its bound the script refuses and the loop waits.
+   see core/flows/producer.py); while the backlog is at its bound the script refuses and the loop waits.
 4. On a partitioned queue (P > 1) one script call cannot span partitions, so each partition keeps
    its own cursor: the number of the plan's groups it holds, in plan order. A batch of positions is
    split by the partition of each source_id and each partition gets one produce call with the
@@ -35,9 +35,9 @@ import orjson
 
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import InvalidInput
-from rollout_queue.core.flows import SUBMIT_BATCH
+from rollout_queue.core.flows.queue import SUBMIT_BATCH
 from rollout_queue.core.models import SourceGroup, check_group_sizes
-from rollout_queue.core.producer_flows import Produced, check_producer_name, produce, read_cursor
+from rollout_queue.core.flows.producer import Produced, check_producer_name, produce, read_cursor
 
 __all__ = ["DatasetRecords", "JsonlRecords", "ProducePlan", "ProduceReport", "load_records", "run_producer"]
 
@@ -242,7 +242,7 @@ def run_producer(queue: RolloutQueue, records: DatasetRecords, plan: ProducePlan
     Raises ProducerConflict (another instance, or another plan under this name), and GroupTooLarge
     before enqueueing anything if the plan's ``n`` exceeds the queue's max_executing_samples.
     """
-    batch_size = min(batch_size, SUBMIT_BATCH)  # one produce call is bounded (producer_flows.produce)
+    batch_size = min(batch_size, SUBMIT_BATCH)  # one produce call is bounded (flows.producer.produce)
     if max_backlog and batch_size > max_backlog:
         batch_size = max_backlog  # a batch larger than the bound could never be admitted
     stop = stop or threading.Event()

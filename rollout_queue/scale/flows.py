@@ -1,6 +1,6 @@
 """Operations on a partitioned queue, written once as flows over the partitions' single-queue flows.
 
-Each step here runs an ordinary flow of flows.py on one partition, so every state change is still
+Each step here runs an ordinary flow of core/flows/ on one partition, so every state change is still
 one script on one slot: nothing about a transition is implemented twice. What this module adds is
 only *which* partitions, in what order, and what to do when one is unreachable:
 
@@ -13,11 +13,11 @@ only *which* partitions, in what order, and what to do when one is unreachable:
 
 Composite leases (gathering, commit, rollback) are in multi_lease.py.
 
-Like flows.py this module touches no socket or clock of its own (``clock`` is injected); the
+Like core/flows/ this module touches no socket or clock of its own (``clock`` is injected); the
 drivers (drivers/transport.py) send each op and throw a Probe's failure back in.
 
 With one partition (``layout.count == 1``) every flow here is the plain queue's own flow from
-core/flows.py and nothing else: the facade (rollout_queue.api) calls these flows for every queue,
+core/flows/ and nothing else: the facade (rollout_queue.api) calls these flows for every queue,
 so a plain queue pays nothing for being a partitioned queue of one.
 """
 
@@ -49,7 +49,7 @@ from rollout_queue.core.models import (
     check_group_sizes,
     check_receipt,
 )
-from rollout_queue.core.owned import OwnedAttempt, owned_attempts
+from rollout_queue.core.flows.owned import OwnedAttempt, owned_attempts
 from rollout_queue.core.protocol import CompletionOutcome, Probe
 from rollout_queue.scale.layout import (
     Layout,
@@ -145,7 +145,7 @@ def open_partitioned(layout: Layout, config: QueueConfig | None,
             raise ConfigMismatch(layout.name, "partitions", "1", str(layout.count))
         yield p.Command(("SET", layout.record, layout.count, "NX"))
         stored = yield p.Command(("GET", layout.record))
-    have = 1 if stored is None else int(stored)
+    have = 1 if stored is None else p.parse_count(stored, f"GET {layout.record}")
     if have != layout.count:
         raise ConfigMismatch(layout.name, "partitions", str(have), str(layout.count))
     # create=False reaches every partition too: a queue its creator is still opening (the count is
@@ -320,10 +320,11 @@ def _refresh_backlog(layout: Layout, sel: Selector, clock: Clock) -> Flow[None]:
     """Backlog + ready of each live partition: XLEN src - retained - kept, plus ZCARD ready."""
     def read(i: int) -> Flow[int]:
         keys = layout.keys[i]
-        length = yield p.Command(("XLEN", keys["src"]))
-        ready = yield p.Command(("ZCARD", keys["ready"]))
-        retained, kept = yield p.Command(("HMGET", keys["meta"], "retained", "kept"))
-        return max(0, int(length) - int(retained or 0) - int(kept or 0)) + int(ready)
+        length = p.parse_count((yield p.Command(("XLEN", keys["src"]))), "XLEN src")
+        ready = p.parse_count((yield p.Command(("ZCARD", keys["ready"]))), "ZCARD ready")
+        meta = p.parse_hmget((yield p.Command(("HMGET", keys["meta"], "retained", "kept"))), ("retained", "kept"))
+        retained, kept = (p.parse_count(meta[k], f"HGET meta {k}") for k in ("retained", "kept"))
+        return max(0, length - retained - kept) + ready
 
     for i, available in (yield from sweep(layout, sel, read, clock)).items():
         sel.set_estimate(i, available)

@@ -69,9 +69,9 @@ def _buffered(layout: Layout, sel: Selector, clock: Clock) -> Flow[tuple[dict[in
     after the count moves the wake stream past the position, so no wake-up is missed)."""
     def read(i: int) -> Flow[tuple[str, int]]:
         keys = layout.keys[i]
-        last = yield p.Command(("XREVRANGE", keys["wake_done"], "+", "-", "COUNT", 1))
-        size = yield p.Command(("ZCARD", keys["buffer"]))
-        return (p.s(last[0][0]) if last else "0-0"), int(size)
+        last = p.parse_last_id((yield p.Command(("XREVRANGE", keys["wake_done"], "+", "-", "COUNT", 1))))
+        size = p.parse_count((yield p.Command(("ZCARD", keys["buffer"]))), "ZCARD buffer")
+        return last or "0-0", size
 
     got = yield from sweep(layout, sel, read, clock)
     for i, (_, size) in got.items():

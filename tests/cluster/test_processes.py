@@ -22,7 +22,7 @@ import orjson
 
 from rollout_queue import RolloutQueue
 from rollout_queue.core.errors import QueueNotFound
-from rollout_queue.core.producer_flows import read_cursor
+from rollout_queue.core.flows.producer import read_cursor
 from rollout_queue.devtools.local_cluster import LocalCluster
 from tests.cluster.conftest import P, delete_queue, spread_name
 from tests.cluster.test_composite_lease import commit_ledger

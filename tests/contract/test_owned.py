@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from rollout_queue import InvalidInput, QueueConfig, StaleReceipt
-from rollout_queue.core import owned as owned_module
+from rollout_queue.core.flows import owned as owned_module
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import group, keys, ledger, pel, samples
 

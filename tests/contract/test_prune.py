@@ -22,7 +22,7 @@ from rollout_queue import LeaseLost, NotFound, QueueConfig, ReapReport, RolloutQ
 from rollout_queue.core import flows, protocol
 from rollout_queue.ops import views
 from rollout_queue.ops import actions
-from rollout_queue.core import producer_flows as pf
+from rollout_queue.core.flows import producer as pf
 from rollout_queue.core.errors import ScriptError
 from rollout_queue.ops.reaper import run_reaper
 from tests.contract.conftest import snapshot

@@ -18,7 +18,7 @@ import redis
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
 from rollout_queue.core.errors import GroupTooLarge, InvalidInput, PayloadTooLarge, ProducerConflict
 from rollout_queue.rl.producer import GroupBuilder, ProducePlan, load_records, run_producer
-from rollout_queue.core.producer_flows import produce, read_cursor
+from rollout_queue.core.flows.producer import produce, read_cursor
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

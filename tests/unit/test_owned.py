@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rollout_queue import InvalidInput, ProtocolError, Receipt
-from rollout_queue.core import owned as o
+from rollout_queue.core.flows import owned as o
 from rollout_queue.core.keys import QueueKeys
 
 KEYS = QueueKeys("unit")

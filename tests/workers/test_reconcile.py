@@ -21,7 +21,7 @@ import redis
 from rollout_queue import OutcomeUnknown, Receipt, SourceGroup, StaleReceipt
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.local_server import LocalServer
-from rollout_queue.core.owned import OwnedAttempt
+from rollout_queue.core.models import OwnedAttempt
 from tests.contract.worker_support import history, ledger
 from tests.helpers import wait_until
 from tests.stateful.redis_truth import check_no_ghosts, derive_state, observe

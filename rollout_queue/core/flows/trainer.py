@@ -1,0 +1,83 @@
+"""The trainer's operations on completed groups: lease, commit, rollback, extend.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from rollout_queue.core import protocol as p
+from rollout_queue.core.checks import (
+    check_flag,
+    check_int,
+    check_optional_int,
+    check_optional_seconds,
+    check_seconds,
+    check_string,
+)
+from rollout_queue.core.errors import LeaseLost
+from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.flows.base import BATCH, Clock, Flow, MAX_NAME, _wait, new_id
+
+
+def lease(keys: QueueKeys, trainer_id: str, groups: int, partial: bool, timeout_s: float | None, block_ms: int,
+          clock: Clock) -> Flow[tuple[p.LeaseReply, str] | None]:
+    """Lease exactly ``groups`` fresh completed groups (>= 1 when partial), waiting up to ``block_ms``.
+    Returns (reply, token) or None. The script answers ids and fields; the payloads follow with one
+    HMGET (P2). Members whose payload does not decode (garbage written into Redis) or is gone by
+    then make the flow hand the lease back and try again: they are regenerated, nothing is lost."""
+    groups, block_ms = check_int(groups, "groups", 1), check_int(block_ms, "block_ms")
+    check_string(trainer_id, "trainer_id", MAX_NAME)
+    check_flag(partial, "partial")
+    check_optional_seconds(timeout_s, "timeout_s")
+    deadline = clock() + block_ms / 1000
+    timeout_ms = 0 if timeout_s is None else max(1, int(timeout_s * 1000))
+    while True:
+        lease_id, token = new_id(), secrets.token_hex(16)
+        reply = yield p.build(keys, "lease", lease_id=lease_id, token=token, trainer_id=trainer_id, groups=groups,
+                              partial=1 if partial else 0, timeout_ms=timeout_ms)
+        r = p.parse_lease(reply, lease_id, groups)
+        if r.status == "ok":
+            payloads = (yield p.read_lease_payloads(keys, r)) if r.members else []
+            r = p.decode_lease(r, payloads)
+            if not r.undecodable:
+                return r, token
+            yield from _hand_back(keys, lease_id, token)
+            continue
+        if block_ms <= 0 or not (yield from _wait(keys["wake_done"], r.wake_id, deadline, clock)):
+            return None
+
+
+def _hand_back(keys: QueueKeys, lease_id: str, token: str) -> Flow[None]:
+    """Roll back a lease with undecodable members. One that already expired (a payload read after its
+    deadline finds the members requeued) has nothing left to hand back: the reaper requeued it."""
+    try:
+        yield from rollback(keys, lease_id, token)
+    except LeaseLost as exc:
+        if exc.state != "expired":
+            raise
+
+
+def commit(keys: QueueKeys, lease_id: str, token: str, step: int | None) -> Flow[str]:
+    """Settle the lease committed. Returns the commit's ID in the commits stream."""
+    step = check_optional_int(step, "step")
+    reply = yield p.build(keys, "commit", lease_id=lease_id, token=token, step="" if step is None else int(step))
+    return p.parse_commit(reply, lease_id)
+
+
+def rollback(keys: QueueKeys, lease_id: str, token: str) -> Flow[int]:
+    """Requeue every member of the lease, a bounded batch per call. Returns how many went back to
+    ready (0 on a replay). The first call already fences the lease: a later commit is refused."""
+    total = 0
+    while True:
+        reply = yield p.build(keys, "rollback", lease_id=lease_id, token=token, count=BATCH)
+        n, done = p.parse_rollback(reply, lease_id)
+        total += n
+        if done:
+            return total
+
+
+def extend(keys: QueueKeys, lease_id: str, token: str, seconds: float) -> Flow[int]:
+    """Move the deadline to ``seconds`` from now (server clock). Returns the new deadline in ms."""
+    seconds = check_seconds(seconds, "seconds")
+    reply = yield p.build(keys, "extend", lease_id=lease_id, token=token, ms=max(1, int(seconds * 1000)))
+    return p.parse_extend(reply, lease_id)
