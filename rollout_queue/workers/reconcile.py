@@ -36,7 +36,7 @@ from redis.exceptions import RedisError
 
 from rollout_queue import AsyncWorker, Receipt, RetryPolicy, RolloutQueueError, StaleReceipt
 from rollout_queue.drivers.cluster import redis_options
-from rollout_queue.core.owned import OwnedAttempt
+from rollout_queue.core.models import OwnedAttempt
 from rollout_queue.workers.attempt import RuntimeStats
 from rollout_queue.workers.served import ServedQueues
 

@@ -32,7 +32,7 @@ from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, HeartbeatI
 from rollout_queue.api.fleet import FleetReserver
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.keys import validate_queue_name
-from rollout_queue.core.owned import OwnedAttempt
+from rollout_queue.core.models import OwnedAttempt
 from rollout_queue.workers.completions import BatchingWorker
 
 __all__ = ["ServedQueues", "ServedQueuesRefused", "ServedReceipt", "parse_queue_spec", "receipt_scope"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import pytest
@@ -55,9 +54,3 @@ def test_a_bound_set_by_assignment_is_what_the_flow_sends() -> None:
     finally:
         flows.BATCH = saved
     assert call.args[-1] == 1
-
-
-@pytest.mark.parametrize("old, new", [("rollout_queue.core.owned", "rollout_queue.core.flows.owned"),
-                                      ("rollout_queue.core.producer_flows", "rollout_queue.core.flows.producer")])
-def test_the_old_module_paths_are_the_new_modules(old: str, new: str) -> None:
-    assert importlib.import_module(old) is importlib.import_module(new)
