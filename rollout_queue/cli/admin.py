@@ -25,6 +25,7 @@ from rollout_queue.cli.common import (
     confirm,
     log_action,
     open_operated,
+    given_partitions,
     open_view,
     partitions,
     print_json,
@@ -276,10 +277,16 @@ def cmd_acl(args: argparse.Namespace) -> int:
     if not args.queue:
         raise UsageError("no queue: pass --queue or set ROLLOUT_QUEUE")
     passwords = dict(parse_password(p) for p in args.password)
-    rules = acl.all_rules(args.queue, args.role or acl.ROLE_NAMES, passwords, partitions=partitions(args))
+    count = partitions(args)
     if args.apply:
         confirm(args, "acl --apply creates or overwrites these ACL users on the server")
-        c = client(args)
+        if given_partitions(args) is None:  # left out: the recorded count (1 for a plain or new queue)
+            view = open_view(args)
+            c, count = view.client, view.layout.count
+        else:
+            c = client(args)
+    rules = acl.all_rules(args.queue, args.role or acl.ROLE_NAMES, passwords, partitions=count)
+    if args.apply:
         for r in rules:
             c.execute_command("ACL", "SETUSER", r.user, *r.rules)
             log_action(args, "ACL user set", "acl_apply", user=r.user, role=r.role)
