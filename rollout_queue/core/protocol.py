@@ -61,10 +61,13 @@ class Call:
 
 @dataclass(frozen=True)
 class Command:
-    """One plain Redis command (reads and blocking waits; never a state change)."""
+    """One plain Redis command (reads and blocking waits; never a state change). ``route``: a key
+    whose hash tag picks the cluster node of a keyless command (the queue's own node's TIME: on a
+    cluster each node has its own clock)."""
 
     args: tuple[Arg, ...]
     idempotent: bool = True
+    route: str | None = None
 
 
 Op = Call | Command

@@ -283,7 +283,9 @@ def _check_socket_timeout(client: Any, durability: Durability | None) -> None:
 
 
 def _routing(op: Op) -> str | bytes | None:
-    return op.keys[0] if isinstance(op, Call) else routing_key(op.args)
+    if isinstance(op, Call):
+        return op.keys[0]
+    return op.route if op.route is not None else routing_key(op.args)
 
 
 def routing_key(args: tuple[Any, ...]) -> str | bytes | None:

@@ -110,7 +110,7 @@ class Garbage:
 def server_ms(keys: QueueKeys) -> Flow[int]:
     """The queue clock (lua/include/now_ms.lua): the server's TIME minus the time it was down, the
     clock every score and deadline of the queue is written in. Garbage in the offset counts as 0."""
-    raw = p.parse_time((yield p.Command(("TIME",))))
+    raw = p.parse_time((yield p.Command(("TIME",), route=keys["clock"])))  # the queue's node's clock
     offset = yield p.Command(("HGET", keys["clock"], "offset"))
     try:
         return raw - p.parse_count(offset, "HGET clock offset")

@@ -155,6 +155,19 @@ def test_routing_key_is_the_first_queue_key() -> None:
     assert routing_key(("TIME",)) is None
 
 
+def test_a_keyless_command_goes_to_the_node_its_route_names() -> None:
+    """The views read the queue clock's TIME on the queue's own node (each cluster node has its own)."""
+    from rollout_queue.core.keys import QueueKeys
+    from rollout_queue.core.protocol import Command
+    from rollout_queue.drivers.transport import _routing
+    from rollout_queue.ops.views import server_ms
+
+    assert _routing(Command(("TIME",))) is None
+    keys = QueueKeys("q#4")
+    assert _routing(Command(("TIME",), route=keys["clock"])) == keys["clock"]
+    assert _routing(next(server_ms(keys))) == keys["clock"]
+
+
 # -- the fleet's weighted share -------------------------------------------------------------------
 
 
