@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+import redis.cluster
+
 from rollout_queue.ops import acl, actions, partition_views, views
 from rollout_queue.scale.layout import SPLIT_BOUNDS, logical_config, share
 from rollout_queue.core.config import QueueConfig
@@ -287,8 +289,11 @@ def cmd_acl(args: argparse.Namespace) -> int:
             c = client(args)
     rules = acl.all_rules(args.queue, args.role or acl.ROLE_NAMES, passwords, partitions=count)
     if args.apply:
+        # ACL users live on each node: on a cluster, set them on every node (masters and replicas)
+        on_all = {"target_nodes": redis.cluster.RedisCluster.ALL_NODES} if isinstance(
+            c, redis.cluster.RedisCluster) else {}
         for r in rules:
-            c.execute_command("ACL", "SETUSER", r.user, *r.rules)
+            c.execute_command("ACL", "SETUSER", r.user, *r.rules, **on_all)
             log_action(args, "ACL user set", "acl_apply", user=r.user, role=r.role)
             print_line("applied", r.user)
         return EXIT_OK

@@ -182,7 +182,10 @@ def role_rules(queue: str, role: str, password: str | None = None,
         return RoleRules(role, user_name(queue, role), tuple(head + keys_rules + list(ADMIN_RULES)))
     spec = ROLES[role]
     scripts = [library[name] for name in spec.scripts]
-    commands = {"ping", "time"} | set(spec.raw) | (set() if spec.read_only else {"script|load", "wait"})
+    # A Redis Cluster client reads the slot map (CLUSTER SLOTS) and the command table (COMMAND) when it
+    # connects: metadata only, granted to every role so each process runs on a cluster URL too.
+    commands = {"ping", "time", "cluster|slots", "command"} | set(spec.raw) | (
+        set() if spec.read_only else {"script|load", "wait"})
     for script in scripts:
         commands |= script_commands(script)
     if spec.read_only:
