@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Generator, Union
+from typing import Any, Callable, Generator, Union
 
 import redis
 import redis.asyncio
@@ -42,7 +42,6 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     ReadOnlyError,
-    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,

@@ -22,7 +22,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFami
 from prometheus_client.utils import floatToGoString
 
 from rollout_queue.core.errors import RolloutQueueError
-from rollout_queue.ops import views
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops import partition_views
 from rollout_queue.ops.view_models import STATES, Snapshot, WorkerView, state_counts

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import orjson
 import redis

@@ -21,7 +21,6 @@ over the queues' workers, sync or asyncio.
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable, Generator, Sequence
 
 from rollout_queue.core.checks import check_int

@@ -136,13 +136,11 @@ def open_partitioned(layout: Layout, config: QueueConfig | None,
     stored = yield p.Command(("GET", layout.record))
     if layout.count == 1 and stored is None:  # the plain queue (not one recorded as partitioned)
         return ((yield from flows.open_queue(layout.keys[0], config, create=create)),)
-    if stored is None and layout.count > 1 and not create:
-        if (yield p.Command(("EXISTS", QueueKeys(layout.name)["meta"]))):
-            raise ConfigMismatch(layout.name, "partitions", "1", str(layout.count))
-        raise QueueNotFound(layout.name)
     if stored is None and layout.count > 1:
         if (yield p.Command(("EXISTS", QueueKeys(layout.name)["meta"]))):
             raise ConfigMismatch(layout.name, "partitions", "1", str(layout.count))
+        if not create:
+            raise QueueNotFound(layout.name)
         yield p.Command(("SET", layout.record, layout.count, "NX"))
         stored = yield p.Command(("GET", layout.record))
     have = 1 if stored is None else p.parse_count(stored, f"GET {layout.record}")

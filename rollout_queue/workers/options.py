@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollout_queue.core.errors import WorkerFailed
+from rollout_queue.core.errors import WorkerFailed  # noqa: F401 (importable with the options, as before)
 from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
 from rollout_queue.workers.scheduler import Policy, SubmissionScheduler

@@ -23,7 +23,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
-from rollout_queue.core.errors import EngineError, RequestFailed
+
+# The engine interface's errors, defined in core/errors.py with every other one and importable here.
+from rollout_queue.core.errors import EngineError, RequestFailed  # noqa: F401
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort"})
