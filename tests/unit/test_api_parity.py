@@ -96,3 +96,25 @@ def test_a_sync_constructor_refuses_an_asyncio_client() -> None:
     client = redis.asyncio.Redis()
     with pytest.raises(Exception, match="asyncio"):
         RolloutQueue(client, "q")
+
+
+def test_a_fleet_of_sync_and_asyncio_workers_is_refused(redis_url: str, queue_name: str) -> None:
+    """A fleet drives its workers' calls one way (values or awaitables): mixing them is InvalidInput."""
+    from rollout_queue import InvalidInput
+
+    loop = asyncio.new_event_loop()
+    sync_q = RolloutQueue.from_url(redis_url, queue_name + "-s")
+    async_q = loop.run_until_complete(AsyncRolloutQueue.from_url(redis_url, queue_name + "-a"))
+    try:
+        with pytest.raises(InvalidInput, match="must all be sync or all asyncio"):
+            FleetReserver({"s": sync_q.worker("w"), "a": async_q.worker("w")}, {"s": 1, "a": 1})
+        with pytest.raises(InvalidInput, match="same queues"):
+            FleetReserver({"s": sync_q.worker("w")}, {"t": 1})
+    finally:
+        sync_q.close()
+        loop.run_until_complete(async_q.close())
+        loop.close()
+        r = redis.Redis.from_url(redis_url)
+        for key in r.scan_iter(match=f"rollout:{{{queue_name}*", count=1000):
+            r.delete(key)
+        r.close()
