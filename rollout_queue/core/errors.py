@@ -368,6 +368,43 @@ class IllegalTransition(RolloutQueueError, RuntimeError):
         self.current, self.wanted = current, wanted
 
 
+# -- trainer integrations (rollout_queue.integrations) ------------------------------------------
+
+
+class StreamStarved(RolloutQueueError, TimeoutError):
+    """A trainer waited ``waited_s`` for a batch of ``groups`` completed groups and none came.
+
+    ``stats`` is the queue's state when it gave up: it says whether the generation side is behind
+    (groups executing, workers alive), idle (no workers) or out of data (nothing left to generate).
+    """
+
+    def __init__(self, queue: str, groups: int, waited_s: float, stats: Any, exhausted: bool = False) -> None:
+        self.queue, self.groups, self.waited_s, self.stats, self.exhausted = queue, groups, waited_s, stats, exhausted
+        state = (f"backlog {stats.backlog}, ready {stats.ready}, executing {stats.executing_groups}, "
+                 f"completed {stats.completed}, workers alive {stats.workers_alive}") if stats is not None else "?"
+        if exhausted:
+            hint = ("the producer has enqueued its whole plan and fewer groups than a batch are left: "
+                    "train fewer steps, or feed more data (more epochs or a new producer name)")
+        elif stats is not None and not stats.workers_alive:
+            hint = "no worker is alive: start `rollout-queue worker` processes on this queue"
+        elif stats is not None and not (stats.backlog or stats.ready or stats.executing_groups):
+            hint = "nothing is queued: start the producer (`rollout-queue produce`) or submit groups"
+        else:
+            hint = "generation is behind: add workers, lower the batch, or raise the wait"
+        super().__init__(f"queue {queue!r}: no batch of {groups} groups after {waited_s:.0f} s ({state}); {hint}")
+
+
+class IntegrationConfigError(InvalidInput):
+    """A trainer framework was configured in a way the queue cannot keep exactly-once under (a lease
+    that would span a checkpoint, several ranks without the rank-aware stream, ...); the message
+    names the setting to change."""
+
+
+class RankFailed(RolloutQueueError):
+    """A data-parallel rank did not finish the step (it died, or raised): the step's lease was rolled
+    back on every rank, never half committed. Restart the ranks from the last checkpoint."""
+
+
 # -- development servers (rollout_queue.devtools) -----------------------------------------------
 
 

@@ -34,10 +34,15 @@ def digit_reward(group: Any, output: Any) -> float:
     return sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
 
 
+def prompts(count: int) -> list[str]:
+    """The task's first ``count`` prompts (the same ones ``write_dataset`` writes)."""
+    return [_QUESTIONS[i % len(_QUESTIONS)].format(i=i) for i in range(count)]
+
+
 def write_dataset(path: Path, count: int) -> Path:
     """``count`` prompt records as JSONL (``{"id", "prompt"}``), the producer's input."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        for i in range(count):
-            f.write(orjson.dumps({"id": f"q{i}", "prompt": _QUESTIONS[i % len(_QUESTIONS)].format(i=i)}) + b"\n")
+        for i, prompt in enumerate(prompts(count)):
+            f.write(orjson.dumps({"id": f"q{i}", "prompt": prompt}) + b"\n")
     return path

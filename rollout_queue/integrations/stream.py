@@ -1,0 +1,177 @@
+"""The framework-neutral trainer contract: leased groups in; ack, checkpoint and restore out.
+
+Every trainer integration (TRL, a verl sampler, an AReaL engine, a slime data source, a bare loop)
+is this object plus a converter to the framework's sample shape (integrations/convert/)::
+
+    stream = TrainingStream(queue, groups_per_step=8)
+    stream.restore(resumed_step)               # once, at start: requeue what the lost run committed later
+    for step, lease in enumerate(stream, start=resumed_step + 1):
+        train_on(lease.groups)                  # the framework's optimizer step
+        stream.ack(step)                        # commit: these groups are trained, at this step
+        if step % save_every == 0:
+            stream.checkpoint(step, save)       # save(step) first, then the queue drops the data
+
+What it guarantees, given the queue's scripts (docs/DESIGN.md, "Checkpoints"):
+1. Each group is acked at most once; ack(step) commits every lease taken since the last ack, with
+   ``step``, so the queue keeps the payloads until a checkpoint covers that step.
+2. restore(step) after a crash requeues every group acked after ``step``: the weights resumed from
+   never saw them, so relative to those weights each group is trained exactly once.
+3. A lease the trainer never acks (it died, or raised) goes back to ready: rollback() now, or the
+   reaper at the lease deadline. Nothing is lost, nothing is half committed.
+4. next() never waits forever: after ``wait_s`` it raises StreamStarved with the queue's state
+   (no workers, nothing queued, or generation behind), at once when the data is known exhausted.
+
+It decides nothing across round trips: each call is one queue operation (one script per
+partition); the class only remembers which of its own leases are open.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rollout_queue.api.lease import Lease
+from rollout_queue.api.queue import RolloutQueue, default_process_id
+from rollout_queue.core.errors import (
+    IntegrationConfigError,
+    LeasesOpen,
+    RolloutQueueError,
+    StreamStarved,
+)
+from rollout_queue.core.models import QueueStats
+from rollout_queue.ops.logs import fields
+
+log = logging.getLogger("rollout_queue.integrations.stream")
+
+__all__ = ["TrainingStream"]
+
+
+class TrainingStream:
+    """Batches of completed groups for one trainer (one process; see ranks.py for data parallel).
+
+    ``groups_per_step``: the default batch of next(). ``wait_s``: how long next() waits for a batch
+    before StreamStarved. ``lease_timeout_s``: each lease's deadline (it must outlast the step;
+    extend() otherwise). ``exhausted``: a callable that says the data source is done (the in-process
+    producer's flag), so a batch that can never fill fails at once instead of after ``wait_s``.
+    """
+
+    def __init__(self, queue: RolloutQueue, *, groups_per_step: int = 1, wait_s: float = 600.0,
+                 lease_timeout_s: float | None = None, block_ms: int = 1000, trainer_id: str | None = None,
+                 exhausted: Callable[[], bool] | None = None) -> None:
+        if queue.driver.is_async:
+            raise IntegrationConfigError("TrainingStream drives a sync queue (RolloutQueue.from_url(...)): trainer "
+                                         "loops are synchronous; open the queue without asyncio")
+        if groups_per_step < 1 or wait_s <= 0:
+            raise IntegrationConfigError(f"groups_per_step must be >= 1 and wait_s > 0, got {groups_per_step}, {wait_s}")
+        self.queue = queue
+        self.groups_per_step = groups_per_step
+        self.wait_s = wait_s
+        self.lease_timeout_s = lease_timeout_s
+        self.block_ms = max(1, min(block_ms, int(wait_s * 1000)))
+        self.trainer_id = trainer_id or default_process_id()
+        self.exhausted = exhausted or (lambda: False)
+        #: leases taken and not yet acked or rolled back, oldest first
+        self.open: list[Lease] = []
+        #: the step of the last ack (None before the first)
+        self.last_acked: int | None = None
+
+    # -- in ------------------------------------------------------------------------------------
+
+    def next(self, groups: int | None = None) -> Lease:
+        """Lease exactly ``groups`` (default ``groups_per_step``) completed groups, waiting up to
+        ``wait_s``. Raises StreamStarved when none came (or at once once the source is exhausted
+        and too few are left), LeaseUnsatisfiable for a batch the queue's bounds can never hold."""
+        want = groups or self.groups_per_step
+        started = time.monotonic()
+        while True:
+            lease = self.queue.lease(groups=want, timeout_s=self.lease_timeout_s, block_ms=self.block_ms,
+                                     trainer_id=self.trainer_id)
+            if lease is not None:
+                self.open.append(lease)
+                return lease
+            waited = time.monotonic() - started
+            stats: QueueStats | None = None
+            done = self.exhausted()
+            if done or waited >= self.wait_s:
+                stats = self.queue.stats()
+                left = stats.backlog + stats.ready + stats.executing_groups + stats.completed
+                if waited >= self.wait_s or left < want:
+                    raise StreamStarved(self.queue.name, want, waited, stats, exhausted=done and left < want)
+
+    def __iter__(self) -> Iterator[Lease]:
+        while True:
+            yield self.next()
+
+    # -- out -----------------------------------------------------------------------------------
+
+    def ack(self, step: int) -> list[str]:
+        """The optimizer step ``step`` is done: commit every open lease with it. Returns the commit
+        ids. Raises LeaseLost if a lease expired during the step (its groups went back to ready
+        while the update used them): resume from the last checkpoint, or extend() long steps."""
+        ids = []
+        while self.open:
+            lease = self.open[0]
+            ids.append(str(lease.commit(step=step)))
+            self.open.pop(0)
+        self.last_acked = step
+        return ids
+
+    def rollback(self) -> int:
+        """The step failed: requeue every open lease (not counted toward max_attempts). A lease
+        already gone is left to the reaper. Returns how many groups went back."""
+        back = 0
+        while self.open:
+            lease = self.open.pop(0)
+            try:
+                back += int(lease.rollback())
+            except (RolloutQueueError, OSError) as exc:
+                log.warning("rollback failed; the reaper requeues the lease at its deadline", exc_info=exc,
+                            extra=fields(queue=self.queue.name, lease=lease.lease_id))
+        return back
+
+    def extend(self, seconds: float) -> None:
+        """Move every open lease's deadline ``seconds`` from now (a step longer than the lease timeout)."""
+        for lease in self.open:
+            lease.extend(seconds)
+
+    def checkpoint(self, step: int, save: Callable[[int], Any] | None = None, *, wait_s: float | None = None) -> int:
+        """Run ``save(step)`` (the framework's own checkpoint: weights, optimizer), then let the queue
+        drop the data acked at or before ``step``. Returns how many payloads were dropped.
+
+        Refused (IntegrationConfigError) while this stream holds an open lease: the saved weights
+        would include a batch that may still go back to ready. Leases of a dead earlier incarnation
+        of this trainer are waited out (the reaper requeues them at their deadline) for ``wait_s``
+        (default: the lease timeout plus a margin), then LeasesOpen is raised.
+        """
+        if self.open:
+            raise IntegrationConfigError(
+                f"checkpoint({step}) with {len(self.open)} lease(s) not acked: ack(step) after the optimizer "
+                "step, before saving (a lease that spans a checkpoint would be trained twice after a resume)")
+        if save is not None:
+            save(step)
+        limit = wait_s if wait_s is not None else (self.lease_timeout_s or self.queue.config.lease_timeout_s) + 30.0
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                return int(self.queue.checkpoint(step))
+            except LeasesOpen:
+                if time.monotonic() >= deadline:
+                    raise
+                self.queue.reap()  # an expired lease of a dead incarnation goes back to ready now
+                time.sleep(0.5)
+
+    def restore(self, step: int) -> int:
+        """The trainer resumed from its checkpoint ``step`` (0: from scratch): roll back this stream's
+        open leases and requeue every group acked after ``step``. Returns how many were requeued."""
+        self.rollback()
+        return int(self.queue.restore(step))
+
+    def stats(self) -> QueueStats:
+        """The queue's counters (for the framework's metrics)."""
+        return self.queue.stats()
+
+    def __repr__(self) -> str:
+        return (f"<TrainingStream {self.queue.name} groups_per_step={self.groups_per_step} open={len(self.open)} "
+                f"last_acked={self.last_acked}>")

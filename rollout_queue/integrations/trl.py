@@ -1,0 +1,333 @@
+"""TRL's ``GRPOTrainer`` trained from the queue: a drop-in subclass, the user's config kept.
+
+::
+
+    trainer = QueueGRPOTrainer(model=model, reward_funcs=[my_reward], args=GRPOConfig(...),
+                               train_dataset=dataset, processing_class=tokenizer, queue=queue)
+    trainer.train(resume_from_checkpoint=last_checkpoint)       # or None for a fresh start
+
+How the pieces map (docs/TRL.md):
+
+1. Data. TRL's sampler does not choose the prompts: the train dataset is fed into the queue by the
+   exactly-once producer (integrations/feed.py; cursor in Redis, ``n = num_generations``), and
+   ``rollout-queue worker`` processes generate. TRL's sampler only paces the steps. Each
+   generation batch leases ``rows / num_generations`` completed groups and hands TRL the leased
+   groups' own dataset rows (prompt and every other column), so reward functions score each
+   completion against the prompt it answered. This keeps exactly-once where submitting TRL's
+   sampled prompts would not: a resumed TRL resamples from its checkpoint while groups already
+   queued for later steps are still in flight.
+2. Generation. TRL's ``rollout_func`` returns the leased groups' tokens and the workers' behaviour
+   logprobs; ``worker_reward`` is a reward function that passes the workers' rewards through.
+3. Settlement. ``on_step_end`` commits the step's lease with ``step = global_step``; ``on_save``
+   (after TRL wrote the checkpoint) lets the queue drop the data it covers; ``train()`` rolls the
+   open lease back on any exception; a resumed ``train(resume_from_checkpoint=...)`` restores the
+   queue to the checkpoint's step first (every group committed after it is requeued), so data
+   consumption matches TRL's checkpoints. A SIGKILLed trainer's lease returns at its deadline.
+4. Weights. After each ``publish_every`` steps the unwrapped model is saved to a fresh folder and
+   published as the next policy version; workers load it before their next reservation.
+5. Staleness. TRL corrects against the generator's logprobs only on its vLLM path. Here the
+   truncated importance weight ``exp(current - behaviour)`` (TRL's own
+   ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``) multiplies the advantages per
+   token (the loss is linear in them for every loss type but VESPO, refused), so samples generated
+   by older weights are corrected, not just masked. Metrics ``queue/*`` report staleness, the
+   importance weights, lease waits and the queue's state.
+
+Refused with IntegrationConfigError, because exactly-once could not hold: several processes
+(use integrations/ranks.py), evaluation during training (it would lease training groups), a
+lease spanning a checkpoint (``steps_per_generation * num_iterations`` not aligned with
+``gradient_accumulation_steps`` and ``save_steps``), a user ``rollout_func``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from trl import GRPOTrainer
+
+from rollout_queue.api.lease import Lease
+from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
+from rollout_queue.core.models import CompletedGroup
+from rollout_queue.integrations.feed import DatasetFeed
+from rollout_queue.integrations.stream import TrainingStream
+from rollout_queue.ops.logs import fields
+from rollout_queue.rl.producer import ProducePlan
+from rollout_queue.rl.trainer import publish_weights
+
+log = logging.getLogger("rollout_queue.integrations.trl")
+
+__all__ = ["QueueGRPOTrainer", "worker_reward"]
+
+#: metadata keys the producer adds to every group (rl/producer.py); not dataset columns
+_PRODUCER_KEYS = ("epoch", "record")
+
+
+def _value(option: Any) -> str:
+    """A transformers strategy option (an ExplicitEnum or its string) as its string value."""
+    return str(getattr(option, "value", option))
+
+
+def worker_reward(completions: list[Any], worker_reward: list[float | None] | None = None,
+                  **_: Any) -> list[float | None]:
+    """A TRL reward function that passes through the reward the workers computed (``--reward``)."""
+    if worker_reward is None:
+        raise InvalidInput("worker_reward needs the queue's rollout (QueueGRPOTrainer): no workers' rewards here")
+    return list(worker_reward)
+
+
+def _rollout(prompts: list[Any], trainer: "QueueGRPOTrainer") -> dict[str, list[Any]]:
+    """TRL's ``rollout_func``: the completions of the lease being served (set just before)."""
+    return trainer._serve(prompts)
+
+
+class QueueGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose generations come from rollout-queue workers (module docstring).
+
+    Queue knobs: ``queue`` (a sync RolloutQueue), ``feed`` (True: feed ``train_dataset`` through the
+    producer named ``producer_name``; False: a ``rollout-queue produce`` process does), ``max_backlog``
+    (the feed's bound on queued-but-unreserved groups), ``weights_dir`` (default
+    ``<output_dir>/queue-weights``), ``publish_every`` (steps between published versions),
+    ``wait_s`` (how long a step waits for a batch before StreamStarved), ``lease_timeout_s``.
+    """
+
+    def __init__(self, model: Any, reward_funcs: Any, *, queue: RolloutQueue, feed: bool = True,
+                 producer_name: str = "trl", max_backlog: int = 0, weights_dir: str | None = None,
+                 publish_every: int = 1, wait_s: float = 600.0, lease_timeout_s: float | None = None,
+                 trainer_id: str | None = None, **kwargs: Any) -> None:
+        if kwargs.get("rollout_func") is not None:
+            raise IntegrationConfigError("QueueGRPOTrainer generates through the queue: drop rollout_func")
+        if publish_every < 1:
+            raise IntegrationConfigError(f"publish_every must be >= 1, got {publish_every}")
+        super().__init__(model, reward_funcs, rollout_func=_rollout, **kwargs)
+        self.queue = queue
+        self.feed_dataset = feed
+        self.producer_name = producer_name
+        self.max_backlog = max_backlog
+        self.weights_dir = weights_dir or os.path.join(self.args.output_dir, "queue-weights")
+        self.publish_every = publish_every
+        self.lease_span = self._check_config()
+        self.feed: DatasetFeed | None = None
+        self.stream = TrainingStream(queue, wait_s=wait_s, lease_timeout_s=lease_timeout_s,
+                                     trainer_id=trainer_id or f"trl-{os.getpid()}", exhausted=self._exhausted)
+        self.policy_version = 0
+        self.first_step = 0
+        self._serving: Lease | None = None
+        self.add_callback(_QueueCallback(self))
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def _check_config(self) -> int:
+        """The lease span in optimizer steps; raises for a setting exactly-once cannot survive."""
+        args = self.args
+        if self.accelerator.num_processes > 1:
+            raise IntegrationConfigError(
+                f"QueueGRPOTrainer runs on one process, got {self.accelerator.num_processes}: with several ranks "
+                "each would commit its own share of a step (rollout_queue.integrations.ranks commits once)")
+        if _value(getattr(args, "eval_strategy", "no")) != "no":
+            raise IntegrationConfigError("evaluation during training would lease training groups: set "
+                                         "eval_strategy='no' and evaluate a saved checkpoint on its own")
+        if self.loss_type == "vespo":
+            raise IntegrationConfigError("loss_type='vespo' weights advantages non-linearly: the queue's staleness "
+                                         "correction scales advantages, so pick another loss_type")
+        generate_every = args.steps_per_generation * self.num_iterations
+        accumulate = args.gradient_accumulation_steps
+        if generate_every % accumulate and accumulate % generate_every:
+            raise IntegrationConfigError(
+                f"steps_per_generation * num_iterations = {generate_every} and gradient_accumulation_steps = "
+                f"{accumulate}: one must divide the other, so each lease ends on an optimizer step")
+        span = max(1, generate_every // accumulate)
+        if span > 1:
+            saving = _value(args.save_strategy) == "steps"
+            if (saving and int(args.save_steps) % span) or (args.max_steps > 0 and args.max_steps % span):
+                raise IntegrationConfigError(
+                    f"a lease spans {span} optimizer steps: save_steps ({args.save_steps}) and max_steps "
+                    f"({args.max_steps}) must be multiples of it, or a checkpoint would cover half a lease")
+        return span
+
+    # -- the training lifecycle (called by _QueueCallback) --------------------------------------
+
+    def _begin(self, state: TrainerState) -> None:
+        self.first_step = state.global_step
+        if state.global_step > 0:  # resumed: the weights never saw what was committed after the checkpoint
+            back = self.stream.restore(state.global_step)
+            log.info("restored the queue to the checkpoint", extra=fields(queue=self.queue.name,
+                                                                            step=state.global_step, requeued=back))
+        self.policy_version = int(self.queue.version)
+        if self.feed_dataset:
+            self._start_feed(state)
+
+    def _start_feed(self, state: TrainerState) -> None:
+        dataset = self.train_dataset
+        if dataset is None or not hasattr(dataset, "__len__") or not len(dataset):
+            raise IntegrationConfigError("feed=True needs a map-style train_dataset with rows; pass feed=False "
+                                         "when a `rollout-queue produce` process feeds the queue")
+        if not isinstance(dataset[0].get("prompt"), str):
+            raise IntegrationConfigError("the feed takes text prompts: render conversational prompts first "
+                                         "(dataset.map with tokenizer.apply_chat_template(..., tokenize=False))")
+        per_step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+        groups_per_step = per_step / (self.num_generations * self.num_iterations)
+        epochs = max(1, math.ceil(state.max_steps * groups_per_step / len(dataset)))
+        plan = ProducePlan(name=self.producer_name, n=self.num_generations, prompt_field="prompt", epochs=epochs,
+                           shuffle=bool(getattr(self.args, "shuffle_dataset", True)), seed=int(self.args.seed))
+        self.feed = DatasetFeed(self.queue, dataset, plan, max_backlog=self.max_backlog,
+                                tokenize=self._tokenize).start()
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        """TRL's own prompt tokenization, so workers generate from the ids TRL would have used."""
+        return [int(t) for t in self._tokenize_prompts([prompt])[0][0]]
+
+    def _exhausted(self) -> bool:
+        return self.feed.exhausted() if self.feed is not None else False
+
+    def _step_end(self, state: TrainerState) -> None:
+        if (state.global_step - self.first_step) % self.lease_span:
+            return  # the open lease serves the next optimizer step too
+        self.stream.ack(state.global_step)
+        if state.global_step % self.publish_every == 0:
+            self.policy_version += 1
+            model = self.accelerator.unwrap_model(self.model)
+            publish_weights(self.queue, model, self.policy_version, self.weights_dir)
+
+    def _saved(self, state: TrainerState) -> None:
+        self.stream.checkpoint(state.global_step)
+
+    def _end(self) -> None:
+        if self.feed is not None:
+            self.feed.stop()
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's train(); any exception rolls the open lease back before it propagates."""
+        try:
+            return super().train(*args, **kwargs)
+        except BaseException:
+            self.stream.rollback()
+            raise
+        finally:
+            self._end()
+
+    # -- one generation batch -------------------------------------------------------------------
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        n = self.num_generations
+        started = time.monotonic()
+        lease = self.stream.next(max(1, len(inputs) // n))
+        waited = time.monotonic() - started
+        rows = [self._row(group) for group in lease.groups for _ in range(n)]
+        for group in lease.groups:
+            if len(group.samples) != n:
+                raise InvalidInput(f"group {group.entry_id} has {len(group.samples)} samples, TRL's num_generations "
+                                   f"is {n}: the producer's n must equal num_generations")
+        self._serving = lease
+        try:
+            output = super()._generate_and_score_completions(rows)
+        finally:
+            self._serving = None
+        self._correct_staleness(output, lease, waited)
+        return output
+
+    @staticmethod
+    def _row(group: CompletedGroup) -> dict[str, Any]:
+        """The dataset row a group was made from (the producer kept its other columns as metadata)."""
+        row = {k: v for k, v in group.group.metadata.items() if k not in _PRODUCER_KEYS}
+        row["prompt"] = group.group.prompt
+        return row
+
+    def _serve(self, prompts: list[Any]) -> dict[str, list[Any]]:
+        lease = self._serving
+        if lease is None:
+            raise IntegrationConfigError("QueueGRPOTrainer's rollout_func ran outside a training step (evaluation?)")
+        out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "worker_reward",
+                                                      "policy_version", "queue_entry")}
+        for group in lease.groups:
+            prompt_ids = (list(group.group.prompt_token_ids) if group.group.prompt_token_ids is not None
+                          else self._tokenize(group.group.prompt))
+            for sample in group.samples:
+                out["prompt_ids"].append(prompt_ids)
+                out["completion_ids"].append(list(sample.token_ids))
+                out["logprobs"].append(list(sample.logprobs) if sample.logprobs else [None] * len(sample.token_ids))
+                out["worker_reward"].append(sample.reward)
+                out["policy_version"].append(sample.version)
+                out["queue_entry"].append(group.entry_id)
+        if len(out["prompt_ids"]) != len(prompts):
+            raise InvalidInput(f"the lease holds {len(out['prompt_ids'])} completions for {len(prompts)} prompts")
+        return out
+
+    def _correct_staleness(self, output: dict[str, Any], lease: Lease, waited: float) -> None:
+        """Scale the advantages by the truncated importance weight of current vs behaviour policy
+        (module docstring, item 5) and log the queue's metrics."""
+        metrics = self._metrics["train"]
+        versions = [s.version for g in lease.groups for s in g.samples]
+        staleness = [max(0, self.policy_version - v) for v in versions]
+        metrics["queue/staleness_mean"].append(sum(staleness) / len(staleness))
+        metrics["queue/staleness_max"].append(float(max(staleness)))
+        metrics["queue/lease_wait_s"].append(waited)
+        stats = self.stream.stats()
+        for name in ("backlog", "ready", "executing_groups", "completed", "workers_alive"):
+            metrics[f"queue/{name}"].append(float(getattr(stats, name)))
+        behaviour = output.get("sampling_per_token_logps")
+        if behaviour is None or not self.args.vllm_importance_sampling_correction:
+            return
+        ratio = self._importance_weights(output, behaviour)
+        mask = output["completion_mask"].float()
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        weights = (ratio.expand_as(mask) * mask).sum() / mask.sum().clamp(min=1.0)
+        metrics["queue/importance_weight_mean"].append(float(weights))
+        metrics["queue/importance_masked"].append(float(((ratio == 0).float().expand_as(mask) * mask).sum()
+                                                        / mask.sum().clamp(min=1.0)))
+        output["advantages"] = output["advantages"].unsqueeze(-1) * ratio
+
+    def _importance_weights(self, output: dict[str, Any], behaviour: torch.Tensor) -> torch.Tensor:
+        """exp(current - behaviour) per token ([B, T]) or per sequence ([B, 1]), truncated or masked as
+        TRL's ``vllm_importance_sampling_mode`` says (the same modes and bounds as its vLLM path)."""
+        args = self.args
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        current = output.get("old_per_token_logps")
+        if current is None:
+            with torch.no_grad():
+                current, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention, completion_ids.size(1),
+                    batch_size=args.per_device_train_batch_size)
+        mask = output["completion_mask"].float()
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        diff = torch.nan_to_num((current - behaviour) * mask, nan=0.0)
+        mode = args.vllm_importance_sampling_mode
+        if mode.startswith("sequence"):
+            diff = diff.sum(dim=-1, keepdim=True)
+        ratio = torch.exp(diff)
+        low = args.vllm_importance_sampling_clip_min
+        high = args.vllm_importance_sampling_clip_max
+        if mode.endswith("truncate"):
+            return torch.clamp(ratio, min=low, max=high)
+        if mode.endswith("mask"):
+            lo = -math.inf if low is None else low
+            hi = math.inf if high is None else high
+            return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+        raise IntegrationConfigError(f"unknown vllm_importance_sampling_mode {mode!r}")
+
+
+class _QueueCallback(TrainerCallback):
+    """Wires the trainer's lifecycle to the queue (module docstring, item 3)."""
+
+    def __init__(self, trainer: QueueGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **_: Any) -> None:
+        self.trainer._begin(state)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **_: Any) -> None:
+        self.trainer._step_end(state)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any) -> None:
+        self.trainer._saved(state)

@@ -1,0 +1,148 @@
+"""The framework-neutral trainer contract (integrations/stream.py) against a real Redis: each promise
+of its docstring, checked on Redis truth (stats, the commits stream), not on the class's own state."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
+from rollout_queue.core.errors import IntegrationConfigError, LeaseLost, LeasesOpen, StreamStarved
+from rollout_queue.integrations.stream import TrainingStream
+from tests.cluster.test_composite_lease import read_commits
+
+CFG = QueueConfig(max_staleness=4, lease_timeout_s=30.0)
+
+
+def fill(q: RolloutQueue, count: int, prefix: str = "s") -> None:
+    """Submit ``count`` groups of 2 and complete them (a worker's part, by hand)."""
+    q.submit([SourceGroup(f"{prefix}{i}", f"prompt {i}", 2) for i in range(count)])
+    w = q.worker("w")
+    done = 0
+    while done < count:
+        got = w.reserve(max_groups=count - done, block_ms=500)
+        assert got
+        for r in got:
+            w.complete(r.receipt, [Sample(slot=i, token_ids=[i + 1], reward=float(i), version=r.version)
+                                   for i in range(r.group.n)])
+        done += len(got)
+
+
+def committed_steps(q: RolloutQueue) -> list[tuple[int, int]]:
+    """(step, groups) of each commits line: Redis's record of what was trained when."""
+    out = []
+    for _, kv in q.run(read_commits(q.keys)):
+        raw = dict(zip(kv[::2], kv[1::2]))
+        out.append((int(raw[b"step"]), len([i for i in raw[b"ids"].split(b",") if i])))
+    return out
+
+
+@pytest.fixture
+def q(redis_url: str, queue_name: str) -> Any:
+    queue = RolloutQueue.from_url(redis_url, queue_name, CFG)
+    yield queue
+    queue.close()
+
+
+def test_ack_commits_every_open_lease_once_with_the_step(q: RolloutQueue) -> None:
+    fill(q, 6)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5)
+    first, second = stream.next(), stream.next(1)
+    assert len(first) == 2 and len(second) == 1 and q.stats().leased == 3
+    assert len(stream.ack(7)) == 2 and stream.open == [] and stream.last_acked == 7
+    assert committed_steps(q) == [(7, 2), (7, 1)]
+    assert stream.ack(8) == []  # nothing open: nothing committed twice
+    assert q.stats().committed == 3
+
+
+def test_a_failed_step_rolls_back_and_nothing_is_trained(q: RolloutQueue) -> None:
+    fill(q, 4)
+    stream = TrainingStream(q, groups_per_step=4, wait_s=5)
+    stream.next()
+    assert stream.rollback() == 4
+    s = q.stats()
+    assert s.leased == 0 and s.committed == 0 and s.ready + s.backlog == 4  # requeued pristine, to regenerate
+    assert committed_steps(q) == []
+
+
+def test_restore_requeues_what_was_acked_after_the_checkpoint(q: RolloutQueue) -> None:
+    fill(q, 6)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5)
+    for step in (1, 2, 3):
+        stream.next()
+        stream.ack(step)
+    assert stream.checkpoint(1, save=lambda step: None) == 2
+    # the trainer dies after step 3, is restarted from checkpoint 1: steps 2 and 3 were never saved
+    resumed = TrainingStream(q, groups_per_step=2, wait_s=5)
+    assert resumed.restore(1) == 4
+    s = q.stats()
+    assert s.committed == 2 and s.ready + s.backlog == 4
+
+
+def test_checkpoint_runs_save_first_and_refuses_while_its_own_lease_is_open(q: RolloutQueue) -> None:
+    fill(q, 2)
+    stream = TrainingStream(q, groups_per_step=1, wait_s=5)
+    stream.next()
+    saved: list[int] = []
+    with pytest.raises(IntegrationConfigError, match="not acked"):
+        stream.checkpoint(1, save=saved.append)
+    assert saved == []  # refused before saving: the saved weights would cover an open batch
+    stream.ack(1)
+    stream.checkpoint(1, save=saved.append)
+    assert saved == [1]
+
+
+def test_checkpoint_waits_out_a_dead_incarnations_lease_then_gives_up(redis_url: str, queue_name: str) -> None:
+    q = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=4, lease_timeout_s=1.0))
+    fill(q, 2)
+    q.lease(groups=1, timeout_s=1.0)  # a trainer that died holding it
+    stream = TrainingStream(q, groups_per_step=1, wait_s=5)
+    started = time.monotonic()
+    stream.checkpoint(0, wait_s=20)  # the reaper (called by checkpoint) requeues it at its deadline
+    assert time.monotonic() - started < 15 and q.stats().leased == 0
+    q.lease(groups=1, timeout_s=60.0)
+    with pytest.raises(LeasesOpen):
+        stream.checkpoint(1, wait_s=0.5)  # a new step: the same one again only finishes the recorded one
+
+
+def test_next_fails_fast_with_the_queues_state_instead_of_waiting_forever(q: RolloutQueue) -> None:
+    stream = TrainingStream(q, groups_per_step=3, wait_s=0.6, block_ms=200)
+    started = time.monotonic()
+    with pytest.raises(StreamStarved, match="no worker is alive|nothing is queued") as info:
+        stream.next()
+    assert time.monotonic() - started < 5 and info.value.groups == 3 and not info.value.exhausted
+    fill(q, 2)
+    done = TrainingStream(q, groups_per_step=3, wait_s=60, block_ms=100, exhausted=lambda: True)
+    started = time.monotonic()
+    with pytest.raises(StreamStarved, match="enqueued its whole plan") as info:
+        done.next()  # 2 left, 3 wanted, the source says it is done: fail now, not after 60 s
+    assert info.value.exhausted and time.monotonic() - started < 5
+
+
+def test_an_expired_lease_is_lost_at_ack_and_its_groups_stay_whole(redis_url: str, queue_name: str) -> None:
+    q = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=4, lease_timeout_s=0.3))
+    fill(q, 2)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5, lease_timeout_s=0.3)
+    stream.next()
+    time.sleep(0.5)
+    q.reap()
+    with pytest.raises(LeaseLost):
+        stream.ack(1)
+    assert q.stats().committed == 0 and committed_steps(q) == []
+
+
+def test_an_asyncio_queue_and_bad_sizes_are_refused(redis_url: str, queue_name: str, q: RolloutQueue) -> None:
+    with pytest.raises(IntegrationConfigError):
+        TrainingStream(q, groups_per_step=0)
+    import asyncio
+
+    from rollout_queue import AsyncRolloutQueue
+
+    async def opened() -> Any:
+        return await AsyncRolloutQueue.from_url(redis_url, queue_name)
+
+    aq = asyncio.run(opened())
+    with pytest.raises(IntegrationConfigError, match="sync queue"):
+        TrainingStream(aq)

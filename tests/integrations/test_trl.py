@@ -1,0 +1,129 @@
+"""TRL's GRPOTrainer, for real on a CPU, trained from two ``rollout-queue worker`` processes.
+
+examples/trl_grpo.py (the code docs/TRL.md shows) runs as a subprocess; it is SIGKILLed after
+its first checkpoint with commits past it, then resumed with ``resume_from_checkpoint``. Redis's own
+record (the commits stream) then shows the lineage of the final weights: the killed run's commits
+up to the checkpoint, then the resumed run's; every group in it exactly once, the groups the killed
+run committed after the checkpoint requeued and trained again, and the reward rising.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_queue import RolloutQueue
+from rollout_queue.ops.views import entry
+from rollout_queue.devtools.local_server import LocalServer
+from tests.cluster.test_composite_lease import read_commits
+from tests.helpers import wait_until
+
+pytest.importorskip("trl")
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, SAVE, GROUPS = 30, 10, 4
+
+
+def spawn(*argv: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def commits(q: RolloutQueue) -> list[dict[str, Any]]:
+    """The commits stream: one line per committed lease (trainer, step, entry ids)."""
+    lines = []
+    for _, kv in q.run(read_commits(q.keys)):
+        raw = dict(zip(kv[::2], kv[1::2]))
+        lines.append({"trainer": raw[b"trainer"].decode(), "step": int(raw[b"step"] or -1),
+                      "ids": [i for i in raw[b"ids"].decode().split(",") if i]})
+    return lines
+
+
+@pytest.fixture
+def redis_url() -> Any:
+    local = LocalServer("redis")
+    try:
+        yield local.start().url
+    finally:
+        local.cleanup(graceful=False)
+
+
+def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Path, redis_url: str) -> None:
+    from rollout_queue.workers.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    queue_name, out = "trl-digits", tmp_path / "run"
+    trainer_argv = ["examples/trl_grpo.py", "--url", redis_url, "--queue", queue_name, "--model", str(model),
+                    "--output", str(out), "--max-steps", str(STEPS), "--save-steps", str(SAVE),
+                    "--groups", str(GROUPS), "--lease-timeout", "15"]
+    first = spawn(*trainer_argv, log=tmp_path / "trainer-1.log")
+    q = wait_until(lambda: _opened(redis_url, queue_name), timeout=120, interval=0.5, message="the queue created")
+    workers = [spawn("-m", "rollout_queue", "--url", redis_url, "--queue", queue_name, "worker", "--",
+                     "--engine", "torch", "--model", str(model), "--worker-id", f"w{i}", "--max-tokens", "16",
+                     "--temperature", "1.0", "--block-ms", "250", "--engine-arg", "max_batch_size=64",
+                     log=tmp_path / f"worker-{i}.log") for i in (1, 2)]
+    try:
+        # SIGKILL once the checkpoint at SAVE exists and the run committed two steps past it
+        wait_until(lambda: (out / f"checkpoint-{SAVE}").is_dir() and max((c["step"] for c in commits(q)), default=0)
+                   >= SAVE + 2, timeout=300, interval=0.2, message="a checkpoint and commits past it")
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        killed = commits(q)
+        resumed_from = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+        assert SAVE <= resumed_from < STEPS
+        second = spawn(*trainer_argv, "--resume", log=tmp_path / "trainer-2.log")
+        assert second.wait(600) == 0, (tmp_path / "trainer-2.log").read_text()[-4000:]
+        for w in workers:
+            assert w.poll() is None, f"a worker exited: {(tmp_path / 'worker-1.log').read_text()[-2000:]}"
+    finally:
+        for proc in (first, *workers):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+    lines = commits(q)
+    first_id = {c["trainer"] for c in killed}
+    assert len(first_id) == 1
+    lineage = [c for c in lines if c["trainer"] not in first_id or c["step"] <= resumed_from]
+    trained = Counter(i for c in lineage for i in c["ids"])
+    assert set(trained.values()) == {1}, "a group trained twice in the final weights' lineage"
+    assert len(lineage) == STEPS and sorted(c["step"] for c in lineage) == list(range(1, STEPS + 1))
+    assert len(trained) == STEPS * GROUPS
+    redone = {i for c in killed if c["step"] > resumed_from for i in c["ids"]}
+    assert redone, "the kill came after commits past the checkpoint"
+    again = {i for c in lines if c["trainer"] not in first_id for i in c["ids"]}
+    stats = q.stats()
+    assert stats.committed == len(trained)  # the killed run's later commits were taken back by restore
+    assert redone <= again | _not_committed(q, redone), "a group the killed run committed after its checkpoint was lost"
+
+    history = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())["log_history"]
+    rewards = [h["reward"] for h in history if "reward" in h]
+    assert len(rewards) == STEPS
+    early, late = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert late > early + 0.05, f"reward did not rise: first steps {early:.3f}, last steps {late:.3f}"
+
+
+def _opened(url: str, name: str) -> RolloutQueue | None:
+    from rollout_queue.core.errors import QueueNotFound
+
+    try:
+        return RolloutQueue.from_url(url, name, create=False)
+    except QueueNotFound:
+        return None
+
+
+def _not_committed(q: RolloutQueue, entries: set[str]) -> set[str]:
+    """Those of ``entries`` the queue still holds unsettled (requeued and not trained yet)."""
+    return {e for e in entries if q.run(entry(q.keys, e)).state != "committed"}
