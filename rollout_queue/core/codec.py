@@ -13,6 +13,10 @@ header = {"v": <schema>, "s": [[slot, n_tokens, has_logprobs, reward|null, versi
 The magic and the header's "v" name the schema (and so the id width) twice; they must agree. The
 decoder reads both schemas, so blobs stored before an upgrade stay readable; readers (trainers) must be
 upgraded before writers (workers), since an older reader refuses RQC2. Logprobs stay float32 in both.
+
+Completed-groups packet (a lease's groups sent between trainer ranks; never stored in Redis):
+    b"RQG1" | u32 LE header length | orjson header | per group: body bytes, then completion blob
+header = [[entry_id, source_id, n, attempt, min_version, body length, blob length], ...]
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import orjson
 
 from rollout_queue.core.errors import CodecError, InvalidInput
 from rollout_queue.core.columns import SampleColumns
-from rollout_queue.core.models import Sample, SourceGroup
+from rollout_queue.core.models import CompletedGroup, Sample, SourceGroup
 
 #: The schema of a reservation's stream fields (the ``v`` field that submit writes).
 SCHEMA_VERSION = 1
@@ -187,3 +191,43 @@ def _unpack(blob: bytes, start: int, width: int, n_tokens: int) -> tuple["array[
         tokens.byteswap()
         logprobs.byteswap()
     return tokens, logprobs
+
+
+_GROUPS_MAGIC = b"RQG1"
+
+
+def encode_completed(groups: Sequence[CompletedGroup]) -> bytes:
+    """A lease's completed groups as one packet (module docstring), for ranks that did not lease."""
+    head: list[list[Any]] = []
+    parts: list[bytes] = []
+    for g in groups:
+        _, body = encode_group(g.group)
+        blob = encode_completion(g.samples)
+        head.append([g.entry_id, g.group.source_id, g.group.n, g.attempt, g.min_version, len(body), len(blob)])
+        parts += (body, blob)
+    header = orjson.dumps(head)
+    return b"".join((_GROUPS_MAGIC, _HEAD.pack(len(header)), header, *parts))
+
+
+def decode_completed(packet: bytes) -> list[CompletedGroup]:
+    """The groups of an ``encode_completed`` packet; CodecError for anything else."""
+    view = memoryview(packet)
+    if bytes(view[:4]) != _GROUPS_MAGIC or len(view) < 8:
+        raise CodecError("not a completed-groups packet (bad magic)")
+    (size,) = _HEAD.unpack_from(view, 4)
+    try:
+        head = orjson.loads(view[8:8 + size])
+        offset = 8 + size
+        groups = []
+        for entry_id, source_id, n, attempt, min_version, body_len, blob_len in head:
+            body = bytes(view[offset:offset + body_len])
+            blob = bytes(view[offset + body_len:offset + body_len + blob_len])
+            offset += body_len + blob_len
+            group = decode_group({b"sid": str(source_id).encode(), b"n": str(n).encode(), b"g": body})
+            groups.append(CompletedGroup.from_columns(str(entry_id), group, decode_columns(blob), int(attempt),
+                                                      int(min_version)))
+    except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+        raise CodecError(f"malformed completed-groups packet: {exc}") from exc
+    if offset != len(view):
+        raise CodecError(f"malformed completed-groups packet: {len(view) - offset} trailing bytes")
+    return groups
