@@ -28,6 +28,7 @@ partition); the class only remembers which of its own leases are open.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -83,22 +84,29 @@ class TrainingStream:
         """Lease exactly ``groups`` (default ``groups_per_step``) completed groups, waiting up to
         ``wait_s``. Raises StreamStarved when none came (or at once once the source is exhausted
         and too few are left), LeaseUnsatisfiable for a batch the queue's bounds can never hold."""
+        lease = self.poll(groups)
+        assert lease is not None  # only a set ``stop`` returns None
+        return lease
+
+    def poll(self, groups: int | None = None, stop: threading.Event | None = None) -> Lease | None:
+        """next(), for a thread that must be stoppable: None as soon as ``stop`` is set (checked
+        after each ``block_ms`` wait)."""
         want = groups or self.groups_per_step
         started = time.monotonic()
-        while True:
+        while stop is None or not stop.is_set():
             lease = self.queue.lease(groups=want, timeout_s=self.lease_timeout_s, block_ms=self.block_ms,
                                      trainer_id=self.trainer_id)
             if lease is not None:
                 self.open.append(lease)
                 return lease
             waited = time.monotonic() - started
-            stats: QueueStats | None = None
             done = self.exhausted()
             if done or waited >= self.wait_s:
                 stats = self.queue.stats()
                 left = stats.backlog + stats.ready + stats.executing_groups + stats.completed
                 if waited >= self.wait_s or left < want:
                     raise StreamStarved(self.queue.name, want, waited, stats, exhausted=done and left < want)
+        return None
 
     def __iter__(self) -> Iterator[Lease]:
         while True:

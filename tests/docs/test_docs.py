@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md", *(REPO / "docs").glob("*.md")])
+DOCS = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md", *(REPO / "docs").glob("*.md"),
+               *(REPO / "docs" / "integrations").glob("*.md")])
+CODE_OF = re.compile(r"^<!-- code: (\S+) -->\n```python\n(.*?)^```$", re.S | re.M)
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
@@ -128,3 +130,14 @@ def test_every_bench_region_is_known_and_closed() -> None:
         assert len(opened) == text.count("<!-- /bench -->"), f"{doc}: an unclosed bench region"
         assert set(opened) <= set(bench_tables.RENDERERS), f"{doc}: unknown regions {set(opened) - set(bench_tables.RENDERERS)}"
         assert len(bench_tables.REGION.findall(text)) == len(opened), f"{doc}: a region the renderer cannot parse"
+
+
+def test_a_page_that_shows_a_file_shows_it_verbatim() -> None:
+    """docs/integrations/trl.md's code is examples/trl_grpo.py, the script the TRL test runs."""
+    shown = {}
+    for doc in DOCS:
+        for m in CODE_OF.finditer(doc.read_text()):
+            shown[m.group(1)] = (doc, m.group(2))
+    assert "examples/trl_grpo.py" in shown
+    for path, (doc, code) in shown.items():
+        assert code == (REPO / path).read_text(), f"{doc.relative_to(REPO)} shows an old copy of {path}"

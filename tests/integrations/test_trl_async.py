@@ -1,0 +1,169 @@
+"""TRL's AsyncGRPOTrainer protocols over the queue, on a CPU: TRL's own RolloutQueueDataset,
+FixedCountBatcher and DataCollatorForRollout drain QueueRolloutWorker's buffer; groups commit only
+when handed out and stepped, too-stale groups are requeued rather than dropped, a checkpoint
+requeues what still waits in the buffer; QueueWeightTransfer publishes loadable weight folders.
+(The trainer itself needs a GPU in TRL 1.16: FlashAttention-3.)"""
+
+from __future__ import annotations
+
+import queue as queues
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+torch = pytest.importorskip("torch")
+
+from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
+    DataCollatorForRollout,
+    FixedCountBatcher,
+    RolloutQueueDataset,
+    RolloutWorkerProtocol,
+    WeightTransferProtocol,
+)
+
+from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup  # noqa: E402
+from rollout_queue.integrations.trl_async import QueueRolloutWorker, QueueWeightTransfer  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
+from tests.integrations.test_stream import committed_steps  # noqa: E402
+
+pytestmark = pytest.mark.torch
+N = 4  # num_generations
+
+
+def fill(q: RolloutQueue, count: int, version: int = 0) -> None:
+    """``count`` tokenized groups of N samples, completed at policy ``version``."""
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", N, {}, (1, 2, 3)) for i in range(count)])
+    w = q.worker("w")
+    done = 0
+    while done < count:
+        for r in w.reserve(max_groups=count - done, block_ms=500):
+            w.complete(r.receipt, [Sample(slot=k, token_ids=(10 + k, 11), logprobs=(-0.5, -0.25), reward=float(k),
+                                          version=version) for k in range(N)])
+            done += 1
+
+
+@pytest.fixture
+def q(redis_url: str, queue_name: str) -> Any:
+    queue = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=8))
+    yield queue
+    queue.close()
+
+
+def trl_pipeline(worker: QueueRolloutWorker, version: list[int], groups_per_batch: int) -> Any:
+    """TRL's own dataset -> batcher -> collator over the worker's buffer (what AsyncGRPOTrainer builds)."""
+    dataset = RolloutQueueDataset(rollout_queue=worker.rollout_buffer, model_version_fn=lambda: version[0],
+                                  check_health_fn=worker.check_health, stale_after_s=30.0,
+                                  metrics=defaultdict(list), max_staleness=worker.max_staleness, poll_interval_s=0.2)
+    batches = iter(FixedCountBatcher(dataset, num_processes=1, microbatch_size=groups_per_batch * N))
+    collator = DataCollatorForRollout(pad_token_id=0, num_processes=1)
+    return batches, collator
+
+
+@pytest.mark.parametrize("protocol, make", [
+    (RolloutWorkerProtocol, lambda q, tmp: QueueRolloutWorker(q)),
+    (WeightTransferProtocol, lambda q, tmp: QueueWeightTransfer(q, weights_dir=tmp)),
+])
+def test_each_class_has_every_member_of_trls_protocol_with_its_parameters(q: RolloutQueue, tmp_path: Path,
+                                                                          protocol: Any, make: Any) -> None:
+    import inspect
+
+    ours = make(q, tmp_path)
+    methods = [n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_")]
+    assert methods and set(getattr(protocol, "__annotations__", {})) <= set(vars(ours))
+    for name in methods:
+        theirs = list(inspect.signature(getattr(protocol, name)).parameters)[1:]
+        assert list(inspect.signature(getattr(ours, name)).parameters) == theirs, name
+
+
+def test_trls_dataset_and_collator_train_whole_groups_committed_once_per_step(q: RolloutQueue) -> None:
+    fill(q, 8)
+    worker = QueueRolloutWorker(q, max_staleness=2, buffer_groups=4)
+    worker.start()
+    try:
+        batches, collator = trl_pipeline(worker, [0], groups_per_batch=2)
+        for step in (1, 2, 3):
+            rows = next(batches)
+            batch = collator([rows])
+            assert batch["input_ids"].shape[0] == 1 and {"shift_labels", "attention_mask"} <= set(batch)
+            assert len({s["group_id"] for s in rows[0].samples}) == 2  # two whole groups
+            assert worker.settle(step) == 2
+        assert [step for step, _ in committed_steps(q)] == [1, 1, 2, 2, 3, 3]
+        assert q.stats().committed == 6
+    finally:
+        worker.stop()
+    s = q.stats()
+    assert s.leased == 0 and s.committed == 6 and s.completed + s.ready == 2  # the buffered rest went back
+
+
+def test_a_group_too_stale_for_the_trainer_is_requeued_not_dropped(q: RolloutQueue) -> None:
+    fill(q, 3, version=0)
+    worker = QueueRolloutWorker(q, max_staleness=2, buffer_groups=3)
+    worker.update_model_version(5)  # the trainer moved on: staleness 5 > 2
+    worker.start()
+    try:
+        wait_until(lambda: worker.rollout_buffer.qsize() == 3 * N, timeout=10, message="the buffer filled")
+        with pytest.raises(queues.Empty):
+            worker.rollout_buffer.get(timeout=0.5)  # every group skipped: none reaches TRL's stale drop
+        s = q.stats()
+        assert s.leased == 0 and s.committed == 0 and s.ready == 3  # back to be regenerated by fresh weights
+        assert worker.metrics_queue.get_nowait() == {"queue/stale_requeued": 1.0}
+    finally:
+        worker.stop()
+
+
+def test_a_checkpoint_requeues_the_groups_still_waiting_in_the_buffer(q: RolloutQueue) -> None:
+    fill(q, 4)
+    worker = QueueRolloutWorker(q, max_staleness=2, buffer_groups=4)
+    worker.start()
+    try:
+        batches, collator = trl_pipeline(worker, [0], groups_per_batch=1)
+        collator([next(batches)])
+        assert worker.settle(1) == 1
+        wait_until(lambda: q.stats().leased == 3, timeout=10, message="three groups buffered")
+        worker._stop.set()  # hold the filler, so the checkpoint sees a still buffer
+        worker._thread.join(10)  # type: ignore[union-attr]
+        worker.checkpoint(1)
+        s = q.stats()
+        assert s.leased == 0 and s.committed == 1 and s.ready + s.completed == 3
+    finally:
+        worker.stop()
+
+
+def test_check_health_raises_instead_of_letting_the_trainer_wait(q: RolloutQueue) -> None:
+    worker = QueueRolloutWorker(q, wait_s=0.5)
+    with pytest.raises(RuntimeError, match="not running"):
+        worker.check_health(10)
+    worker.start()
+    wait_until(lambda: worker.error is not None, timeout=10, message="the filler gave up")
+    with pytest.raises(Exception, match="no worker is alive|nothing is queued"):
+        worker.check_health(10)
+    worker.stop()
+
+
+def test_weights_sent_are_published_as_a_folder_the_workers_load(q: RolloutQueue, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from rollout_queue.workers.tiny_model import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "tiny")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    transfer = QueueWeightTransfer(q, weights_dir=tmp_path / "weights", config_dir=folder)
+    transfer.init_weight_transfer()
+    transfer.pause()
+    assert q.stats().active_holds == 1  # no reservation starts while the version moves
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    transfer.send_weights(iter(model.state_dict().items()))
+    assert q.version == 0  # not published before resume
+    transfer.resume()
+    assert q.version == 1 and q.stats().active_holds == 0
+    hb = q.worker("w").heartbeat()
+    assert hb.weights_uri and Path(hb.weights_uri).name == "v0000001"
+    loaded = AutoModelForCausalLM.from_pretrained(hb.weights_uri)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    transfer.destroy()

@@ -1,0 +1,116 @@
+"""QueueGRPOTrainer without workers: the settings it refuses (each would break exactly-once) and its
+staleness correction (TRL's importance-sampling modes applied to the workers' behaviour logprobs)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+torch = pytest.importorskip("torch")
+
+from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+from rollout_queue import QueueConfig, RolloutQueue  # noqa: E402
+from rollout_queue.core.errors import IntegrationConfigError, InvalidInput  # noqa: E402
+from rollout_queue.integrations.trl import QueueGRPOTrainer, worker_reward  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rollout_queue.workers.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def reward(completions: list[str], **_: Any) -> list[float]:
+    return [0.0 for _ in completions]
+
+
+def make(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, **config: Any) -> QueueGRPOTrainer:
+    extra = {k: config.pop(k) for k in ("rollout_func", "eval_dataset") if k in config}
+    settings = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 8, "beta": 0.0,
+                "max_steps": 4, "save_steps": 2, **config}
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], **settings)
+    queue = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=4))
+    return QueueGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny), reward_funcs=[reward], args=args,
+                            train_dataset=Dataset.from_list([{"prompt": f"q{i}"} for i in range(8)]),
+                            processing_class=AutoTokenizer.from_pretrained(tiny), queue=queue, **extra)
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"rollout_func": lambda prompts, trainer: {}}, "drop rollout_func"),
+    ({"eval_strategy": "steps", "eval_steps": 1, "eval_dataset": Dataset.from_list([{"prompt": "e"}])},
+     "evaluation during training"),
+    ({"num_iterations": 2, "save_steps": 3}, "spans 2 optimizer steps"),
+    ({"steps_per_generation": 3, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 4},
+     "one must divide the other"),
+    ({"loss_type": "vespo", "vllm_importance_sampling_mode": "token_truncate"}, "vespo"),
+])
+def test_settings_that_would_break_exactly_once_are_refused(tiny: Path, tmp_path: Path, redis_url: str,
+                                                            queue_name: str, config: dict[str, Any],
+                                                            match: str) -> None:
+    with pytest.raises(IntegrationConfigError, match=match):
+        make(tiny, tmp_path, redis_url, queue_name, **config)
+
+
+def batch(trainer: QueueGRPOTrainer, gap: float) -> tuple[dict[str, Any], Any]:
+    """A scored batch whose behaviour logprobs sit ``gap`` nats below the current policy's."""
+    prompt = torch.tensor([[5, 6, 7]] * 2)
+    completion = torch.tensor([[8, 9, 10, 11], [12, 13, 0, 0]])
+    cmask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with torch.no_grad():
+        current, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt, completion], 1), torch.cat([torch.ones_like(prompt), cmask], 1), 4)
+    output = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
+              "completion_mask": cmask, "advantages": torch.tensor([1.0, -1.0])}
+    return output, (current - gap) * cmask
+
+
+@pytest.mark.parametrize("mode, clip_max, expect", [
+    ("token_truncate", 3.0, 2.0),       # exp(log 2) = 2, within the bound: the weight itself
+    ("token_truncate", 1.5, 1.5),       # truncated at the bound
+    ("token_mask", 1.5, 0.0),           # outside the bound: masked
+])
+def test_stale_tokens_are_weighted_by_truncated_importance_ratios(tiny: Path, tmp_path: Path, redis_url: str,
+                                                                  queue_name: str, mode: str, clip_max: float,
+                                                                  expect: float) -> None:
+    trainer = make(tiny, tmp_path, redis_url, queue_name, vllm_importance_sampling_mode=mode,
+                   vllm_importance_sampling_clip_max=clip_max)
+    output, behaviour = batch(trainer, math.log(2.0))
+    ratio = trainer._importance_weights(output, behaviour)
+    assert ratio.shape == (2, 4)
+    real = output["completion_mask"].bool()
+    assert torch.allclose(ratio[real], torch.full_like(ratio[real], expect), atol=1e-4)
+
+
+def test_sequence_modes_weigh_whole_sequences_and_scale_the_advantages(tiny: Path, tmp_path: Path,
+                                                                        redis_url: str, queue_name: str) -> None:
+    trainer = make(tiny, tmp_path, redis_url, queue_name, vllm_importance_sampling_mode="sequence_truncate",
+                   vllm_importance_sampling_clip_max=100.0)
+    output, behaviour = batch(trainer, math.log(2.0))
+    ratio = trainer._importance_weights(output, behaviour)
+    assert ratio.shape == (2, 1) and torch.allclose(ratio.squeeze(-1), torch.tensor([16.0, 4.0]), rtol=1e-3)
+    advantages = output["advantages"].unsqueeze(-1) * ratio
+    assert torch.allclose(advantages.squeeze(-1), torch.tensor([16.0, -4.0]), rtol=1e-3)
+
+
+def test_on_policy_samples_keep_their_advantages(tiny: Path, tmp_path: Path, redis_url: str,
+                                                 queue_name: str) -> None:
+    trainer = make(tiny, tmp_path, redis_url, queue_name, vllm_importance_sampling_mode="token_truncate")
+    output, behaviour = batch(trainer, 0.0)
+    ratio = trainer._importance_weights(output, behaviour)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4)
+
+
+def test_worker_reward_passes_the_workers_rewards_through() -> None:
+    assert worker_reward(["a", "b"], worker_reward=[0.5, None]) == [0.5, None]
+    with pytest.raises(InvalidInput):
+        worker_reward(["a"])
