@@ -19,7 +19,7 @@ import redis
 from rollout_queue.devtools.local_server import INSTALL_HINT, KINDS, LocalServer, available_servers
 
 # Tests never reach the network or phone home, whatever the developer's shell has set.
-for _name in ("HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "TRANSFORMERS_OFFLINE"):
+for _name in ("HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "TRANSFORMERS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
     os.environ.setdefault(_name, "1")
 
 

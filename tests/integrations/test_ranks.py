@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from rollout_queue import RolloutQueue
-from tests.cluster.test_composite_lease import read_commits
 from tests.helpers import wait_until
-from tests.integrations.test_stream import CFG, fill
+from tests.integrations.helpers import fill, read_commits
+from tests.integrations.test_stream import CFG
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

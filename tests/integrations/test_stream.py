@@ -8,35 +8,12 @@ from typing import Any
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
+from rollout_queue import QueueConfig, RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, LeaseLost, LeasesOpen, StreamStarved
 from rollout_queue.integrations.stream import TrainingStream
-from tests.cluster.test_composite_lease import read_commits
+from tests.integrations.helpers import committed_steps, fill
 
 CFG = QueueConfig(max_staleness=4, lease_timeout_s=30.0)
-
-
-def fill(q: RolloutQueue, count: int, prefix: str = "s") -> None:
-    """Submit ``count`` groups of 2 and complete them (a worker's part, by hand)."""
-    q.submit([SourceGroup(f"{prefix}{i}", f"prompt {i}", 2) for i in range(count)])
-    w = q.worker("w")
-    done = 0
-    while done < count:
-        got = w.reserve(max_groups=count - done, block_ms=500)
-        assert got
-        for r in got:
-            w.complete(r.receipt, [Sample(slot=i, token_ids=[i + 1], reward=float(i), version=r.version)
-                                   for i in range(r.group.n)])
-        done += len(got)
-
-
-def committed_steps(q: RolloutQueue) -> list[tuple[int, int]]:
-    """(step, groups) of each commits line: Redis's record of what was trained when."""
-    out = []
-    for _, kv in q.run(read_commits(q.keys)):
-        raw = dict(zip(kv[::2], kv[1::2]))
-        out.append((int(raw[b"step"]), len([i for i in raw[b"ids"].split(b",") if i])))
-    return out
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 from rollout_queue import RolloutQueue
 from rollout_queue.ops.views import entry
 from rollout_queue.devtools.local_server import LocalServer
-from tests.cluster.test_composite_lease import read_commits
+from tests.integrations.helpers import read_commits
 from tests.helpers import wait_until
 
 pytest.importorskip("trl")

@@ -24,10 +24,11 @@ from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
     WeightTransferProtocol,
 )
 
-from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup  # noqa: E402
+from rollout_queue import QueueConfig, RolloutQueue  # noqa: E402
 from rollout_queue.integrations.trl_async import QueueRolloutWorker, QueueWeightTransfer  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
-from tests.integrations.test_stream import committed_steps  # noqa: E402
+from tests.integrations import helpers  # noqa: E402
+from tests.integrations.helpers import committed_steps  # noqa: E402
 
 pytestmark = pytest.mark.torch
 N = 4  # num_generations
@@ -35,14 +36,7 @@ N = 4  # num_generations
 
 def fill(q: RolloutQueue, count: int, version: int = 0) -> None:
     """``count`` tokenized groups of N samples, completed at policy ``version``."""
-    q.submit([SourceGroup(f"s{i}", f"prompt {i}", N, {}, (1, 2, 3)) for i in range(count)])
-    w = q.worker("w")
-    done = 0
-    while done < count:
-        for r in w.reserve(max_groups=count - done, block_ms=500):
-            w.complete(r.receipt, [Sample(slot=k, token_ids=(10 + k, 11), logprobs=(-0.5, -0.25), reward=float(k),
-                                          version=version) for k in range(N)])
-            done += 1
+    helpers.fill(q, count, n=N, version=version, tokenized=True)
 
 
 @pytest.fixture

@@ -48,6 +48,33 @@ def test_sans_io_layers_import_only_themselves(layer: str) -> None:
     assert not bad, f"{layer}/ must not import redis, drivers or the facade: {bad}"
 
 
+def imported_modules(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            out.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_integrations_call_the_public_api_only() -> None:
+    """Integrations never reach into keys, scripts, flows, drivers or partitions (the guide: "the CLI
+    and the integrations only call the public API"), and only trl*.py import TRL."""
+    inner = ("rollout_queue.core.flows", "rollout_queue.core.keys", "rollout_queue.core.scripts",
+             "rollout_queue.core.protocol", "rollout_queue.drivers", "rollout_queue.scale", "redis")
+    bad, trl = {}, set()
+    for path in modules_of("integrations"):
+        mods = imported_modules(path)
+        reach = sorted(m for m in mods if m == "redis" or m.startswith(inner))
+        if reach:
+            bad[path.name] = reach
+        if any(m.split(".")[0] == "trl" for m in mods):
+            trl.add(path.name)
+    assert not bad, f"integrations reaching past the public API: {bad}"
+    assert trl <= {"trl.py", "trl_async.py"}, trl
+
+
 def test_the_core_imports_without_redis_or_a_driver() -> None:
     """Importing every sans-IO module (through the package's __init__) loads neither redis nor a driver."""
     mods = [".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")

@@ -1,0 +1,114 @@
+"""slime / miles: a leased group -> a list of ``Sample`` (one prompt group of a rollout), and the
+queue as the rollout source behind ``--rollout-function-path`` with its data source's save/load.
+
+Read at THUDM/slime 624b824a898ab0ec1fcb4d373004c7f3852bf515 (``slime/utils/types.py``,
+``slime/rollout/data_source.py``, ``slime/rollout/base_types.py``) and radixark/miles
+31f1ca961a94cb860cec3b2dea34ec332bfa8f76 (``miles/utils/types.py``; the fields used here exist in
+both): ``tokens`` = prompt + response, ``response_length``, ``loss_mask`` and ``rollout_log_probs``
+over the response only, ``weight_versions`` a list of strings (one per generate call), ``status``
+``Sample.Status`` (COMPLETED, TRUNCATED for a ``length`` finish, ABORTED for ``abort``). A custom
+``generate_rollout(args, rollout_id, data_source, evaluation=False)`` returns ``list[list[Sample]]``
+(prompt groups of n samples); ``DataSource.save(rollout_id)`` / ``load(rollout_id)`` run at
+checkpoint and resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollout_queue.api.lease import Lease
+from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.core.models import CompletedGroup
+from rollout_queue.integrations.convert import flat
+from rollout_queue.integrations.stream import TrainingStream
+
+__all__ = ["QueueRollout", "to_samples"]
+
+_STATUS = {"length": "TRUNCATED", "abort": "ABORTED"}
+
+
+def _sample_class() -> Any:
+    for module in ("slime.utils.types", "miles.utils.types"):
+        try:
+            return __import__(module, fromlist=["Sample"]).Sample
+        except ImportError:
+            continue
+    return None
+
+
+def to_samples(group: CompletedGroup, tokenizer: Any = None, *, group_index: int = 0, first_index: int = 0,
+               as_dicts: bool = False) -> list[Any]:
+    """slime (or miles) ``Sample``s of one group (dicts of their fields when neither is installed or
+    ``as_dicts``; ``status`` is then the status's name). ``response`` is decoded when ``tokenizer``
+    is given."""
+    rows = []
+    for i, s in enumerate(flat(group, tokenizer)):
+        m = len(s.response_ids)
+        rows.append({
+            "group_index": group_index, "index": first_index + i, "prompt": group.group.prompt,
+            "tokens": s.prompt_ids + s.response_ids, "response_length": m,
+            "response": tokenizer.decode(s.response_ids) if tokenizer is not None else "",
+            "reward": s.reward, "loss_mask": [1] * m, "rollout_log_probs": s.logprobs,
+            "weight_versions": [str(s.version)], "status": _STATUS.get(s.finish_reason, "COMPLETED"),
+            "metadata": {**dict(group.group.metadata), "queue_entry": s.entry_id, "source_id": s.source_id},
+        })
+    cls = None if as_dicts else _sample_class()
+    if cls is None:
+        return rows
+    return [cls(**{**row, "status": cls.Status[row["status"]]}) for row in rows]
+
+
+class QueueRollout:
+    """The queue behind slime's rollout function and data-source checkpoints.
+
+    ``generate_rollout`` leases ``groups`` completed groups per rollout (default
+    ``args.rollout_batch_size``); a rollout's lease is committed (``step = rollout_id``) once the
+    trainer has certainly trained it: when rollout ``k`` is asked for, every rollout up to
+    ``k - 1 - ack_lag`` (``ack_lag`` 0 for slime's ``train.py``, 1 for ``train_async.py``, whose
+    generation of ``k + 1`` overlaps training ``k``), and at ``save(k)`` every rollout up to ``k``.
+    ``save(k)`` then checkpoints the queue (deferred to a later save while a later rollout is still
+    leased: its payloads are kept a little longer, nothing more); ``load(k)`` restores it.
+    Leases must outlive the rollouts they wait through (``lease_timeout_s``).
+    """
+
+    def __init__(self, queue: RolloutQueue, *, groups: int | None = None, ack_lag: int = 0, tokenizer: Any = None,
+                 wait_s: float = 600.0, lease_timeout_s: float | None = None) -> None:
+        self.queue, self.groups, self.ack_lag, self.tokenizer = queue, groups, ack_lag, tokenizer
+        self.stream = TrainingStream(queue, groups_per_step=groups or 1, wait_s=wait_s,
+                                     lease_timeout_s=lease_timeout_s)
+        self.leased: dict[int, Lease] = {}  # rollout_id -> its lease, until committed
+
+    def generate_rollout(self, args: Any, rollout_id: int, data_source: Any = None,
+                         evaluation: bool = False) -> list[list[Any]]:
+        """slime's custom rollout function (``--rollout-function-path module.obj.generate_rollout``)."""
+        if evaluation:
+            raise NotImplementedError("evaluation rollouts are not served from the training queue")
+        self._commit_through(rollout_id - 1 - self.ack_lag)
+        want = self.groups or int(getattr(args, "rollout_batch_size"))
+        lease = self.stream.next(want)
+        self.stream.open.remove(lease)  # committed per rollout here, not by the stream's ack
+        self.leased[rollout_id] = lease
+        n = 0
+        out = []
+        for gi, group in enumerate(lease.groups):
+            out.append(to_samples(group, self.tokenizer, group_index=gi, first_index=n))
+            n += len(out[-1])
+        return out
+
+    def _commit_through(self, last: int) -> None:
+        for rollout_id in sorted(r for r in self.leased if r <= last):
+            self.leased.pop(rollout_id).commit(step=rollout_id)
+
+    def save(self, rollout_id: int) -> None:
+        """``DataSource.save``: the model of rollout ``rollout_id`` is saved; settle and checkpoint."""
+        self._commit_through(rollout_id)
+        if not self.leased:
+            self.stream.checkpoint(rollout_id)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        """``DataSource.load``: resumed from ``rollout_id`` (None: a fresh start, nothing to restore)."""
+        for lease in self.leased.values():
+            lease.rollback()
+        self.leased.clear()
+        if rollout_id is not None:
+            self.stream.restore(rollout_id)

@@ -1,0 +1,39 @@
+"""verl: a leased group -> one ``AgentLoopOutput`` per sample (what ``AgentLoopBase.run`` returns).
+
+Read at verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9
+(``verl/experimental/agent_loop/agent_loop.py``; PyPI verl 0.9.1 has the same fields plus
+``mm_processor_output``). ``response_mask`` is 1 on generated tokens (0 would mark tool tokens);
+``response_logprobs`` the behaviour logprobs; ``num_turns`` 2 as verl's single-turn loop counts a
+user and an assistant turn; the queue's bookkeeping rides in ``extra_fields``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollout_queue.core.models import CompletedGroup
+from rollout_queue.integrations.convert import flat
+
+__all__ = ["to_agent_loop_outputs"]
+
+
+def to_agent_loop_outputs(group: CompletedGroup, tokenizer: Any = None, *, as_dicts: bool = False) -> list[Any]:
+    """verl ``AgentLoopOutput``s (dicts of its fields when verl is absent or ``as_dicts``)."""
+    rows = [{
+        "prompt_ids": s.prompt_ids,
+        "response_ids": s.response_ids,
+        "response_mask": [1] * len(s.response_ids),
+        "response_logprobs": s.logprobs,
+        "reward_score": s.reward,
+        "num_turns": 2,
+        "metrics": {},
+        "extra_fields": {"queue_entry": s.entry_id, "source_id": s.source_id, "slot": s.slot,
+                         "policy_version": s.version, "finish_reason": s.finish_reason},
+    } for s in flat(group, tokenizer)]
+    if as_dicts:
+        return rows
+    try:
+        from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+    except ImportError:
+        return rows
+    return [AgentLoopOutput(**row) for row in rows]
