@@ -65,7 +65,8 @@ class RankedStream:
     """One TrainingStream shared by the ranks of ``group`` (default: the world), module docstring."""
 
     def __init__(self, queue: RolloutQueue, *, groups_per_step: int, group: Any = None, wait_s: float = 600.0,
-                 lease_timeout_s: float | None = None, trainer_id: str | None = None) -> None:
+                 lease_timeout_s: float | None = None, trainer_id: str | None = None,
+                 exhausted: Callable[[], bool] | None = None) -> None:
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -78,7 +79,8 @@ class RankedStream:
         self.groups_per_step = groups_per_step
         self.queue = queue
         self.stream = TrainingStream(queue, groups_per_step=groups_per_step, wait_s=wait_s,
-                                     lease_timeout_s=lease_timeout_s, trainer_id=trainer_id) if self.rank == 0 else None
+                                     lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
+                                     exhausted=exhausted) if self.rank == 0 else None
 
     # -- collectives (CPU tensors) ----------------------------------------------------------------
 

@@ -32,8 +32,13 @@ How the pieces map (docs/TRL.md):
    by older weights are corrected, not just masked. Metrics ``queue/*`` report staleness, the
    importance weights, lease waits and the queue's state.
 
-Refused with IntegrationConfigError, because exactly-once could not hold: several processes
-(use integrations/ranks.py), evaluation during training (it would lease training groups), a
+Several processes (``accelerate launch``): rank 0 leases each generation batch for every process
+and commits it once all ranks finished the optimizer step (integrations/ranks.py); each process
+trains its own whole groups, so TRL's gathered group-normalised advantages stay per group; only
+rank 0 feeds the dataset and publishes weights.
+
+Refused with IntegrationConfigError, because exactly-once could not hold: with several processes a
+group split between two of them, evaluation during training (it would lease training groups), a
 lease spanning a checkpoint (``steps_per_generation * num_iterations`` not aligned with
 ``gradient_accumulation_steps`` and ``save_steps``), a user ``rollout_func``.
 """
@@ -50,11 +55,11 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from trl import GRPOTrainer
 
-from rollout_queue.api.lease import Lease
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.integrations.feed import DatasetFeed
+from rollout_queue.integrations.ranks import RankedStream
 from rollout_queue.integrations.stream import TrainingStream
 from rollout_queue.ops.logs import fields
 from rollout_queue.rl.producer import ProducePlan
@@ -113,11 +118,19 @@ class QueueGRPOTrainer(GRPOTrainer):
         self.publish_every = publish_every
         self.lease_span = self._check_config()
         self.feed: DatasetFeed | None = None
-        self.stream = TrainingStream(queue, wait_s=wait_s, lease_timeout_s=lease_timeout_s,
-                                     trainer_id=trainer_id or f"trl-{os.getpid()}", exhausted=self._exhausted)
+        trainer_id = trainer_id or f"trl-{os.getpid()}"
+        self.ranked: RankedStream | None = None
+        if self.accelerator.num_processes > 1:  # rank 0 leases and commits, each rank trains its share
+            groups = self.accelerator.num_processes * self._groups_per_generation()
+            self.ranked = RankedStream(queue, groups_per_step=groups, wait_s=wait_s,
+                                       lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
+                                       exhausted=self._exhausted)
+        self.stream = (self.ranked.stream if self.ranked is not None else
+                       TrainingStream(queue, wait_s=wait_s, lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
+                                      exhausted=self._exhausted))
         self.policy_version = 0
         self.first_step = 0
-        self._serving: Lease | None = None
+        self._serving: list[CompletedGroup] | None = None
         self.add_callback(_QueueCallback(self))
 
     # -- configuration -------------------------------------------------------------------------
@@ -125,10 +138,12 @@ class QueueGRPOTrainer(GRPOTrainer):
     def _check_config(self) -> int:
         """The lease span in optimizer steps; raises for a setting exactly-once cannot survive."""
         args = self.args
-        if self.accelerator.num_processes > 1:
+        if self.accelerator.num_processes > 1 and (args.per_device_train_batch_size * args.steps_per_generation
+                                                   % self.num_generations):
             raise IntegrationConfigError(
-                f"QueueGRPOTrainer runs on one process, got {self.accelerator.num_processes}: with several ranks "
-                "each would commit its own share of a step (rollout_queue.integrations.ranks commits once)")
+                f"with {self.accelerator.num_processes} processes each must hold whole groups: "
+                f"per_device_train_batch_size * steps_per_generation ({args.per_device_train_batch_size} * "
+                f"{args.steps_per_generation}) must be a multiple of num_generations ({self.num_generations})")
         if _value(getattr(args, "eval_strategy", "no")) != "no":
             raise IntegrationConfigError("evaluation during training would lease training groups: set "
                                          "eval_strategy='no' and evaluate a saved checkpoint on its own")
@@ -152,14 +167,23 @@ class QueueGRPOTrainer(GRPOTrainer):
 
     # -- the training lifecycle (called by _QueueCallback) --------------------------------------
 
+    @property
+    def _settler(self) -> "TrainingStream | RankedStream":
+        """Who acks, checkpoints and restores: the ranked stream (a collective) or the plain one."""
+        return self.ranked if self.ranked is not None else self.stream
+
+    def _groups_per_generation(self) -> int:
+        """Groups one process trains per generation batch (its rows / num_generations)."""
+        return max(1, self.args.per_device_train_batch_size * self.args.steps_per_generation // self.num_generations)
+
     def _begin(self, state: TrainerState) -> None:
         self.first_step = state.global_step
         if state.global_step > 0:  # resumed: the weights never saw what was committed after the checkpoint
-            back = self.stream.restore(state.global_step)
+            back = self._settler.restore(state.global_step)
             log.info("restored the queue to the checkpoint", extra=fields(queue=self.queue.name,
                                                                             step=state.global_step, requeued=back))
         self.policy_version = int(self.queue.version)
-        if self.feed_dataset:
+        if self.feed_dataset and self.accelerator.is_main_process:
             self._start_feed(state)
 
     def _start_feed(self, state: TrainerState) -> None:
@@ -188,14 +212,14 @@ class QueueGRPOTrainer(GRPOTrainer):
     def _step_end(self, state: TrainerState) -> None:
         if (state.global_step - self.first_step) % self.lease_span:
             return  # the open lease serves the next optimizer step too
-        self.stream.ack(state.global_step)
-        if state.global_step % self.publish_every == 0:
+        self._settler.ack(state.global_step)
+        if state.global_step % self.publish_every == 0 and self.accelerator.is_main_process:
             self.policy_version += 1
             model = self.accelerator.unwrap_model(self.model)
             publish_weights(self.queue, model, self.policy_version, self.weights_dir)
 
     def _saved(self, state: TrainerState) -> None:
-        self.stream.checkpoint(state.global_step)
+        self._settler.checkpoint(state.global_step)
 
     def _end(self) -> None:
         if self.feed is not None:
@@ -206,7 +230,8 @@ class QueueGRPOTrainer(GRPOTrainer):
         try:
             return super().train(*args, **kwargs)
         except BaseException:
-            self.stream.rollback()
+            if self.stream is not None:  # rank 0 (or the only process) holds the leases
+                self.stream.rollback()
             raise
         finally:
             self._end()
@@ -216,19 +241,22 @@ class QueueGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         n = self.num_generations
         started = time.monotonic()
-        lease = self.stream.next(max(1, len(inputs) // n))
+        if self.ranked is not None:
+            groups = list(self.ranked.next(self.state.global_step + 1).groups)
+        else:
+            groups = list(self.stream.next(max(1, len(inputs) // n)).groups)
         waited = time.monotonic() - started
-        rows = [self._row(group) for group in lease.groups for _ in range(n)]
-        for group in lease.groups:
+        rows = [self._row(group) for group in groups for _ in range(n)]
+        for group in groups:
             if len(group.samples) != n:
                 raise InvalidInput(f"group {group.entry_id} has {len(group.samples)} samples, TRL's num_generations "
                                    f"is {n}: the producer's n must equal num_generations")
-        self._serving = lease
+        self._serving = groups
         try:
             output = super()._generate_and_score_completions(rows)
         finally:
             self._serving = None
-        self._correct_staleness(output, lease, waited)
+        self._correct_staleness(output, groups, waited)
         return output
 
     @staticmethod
@@ -239,12 +267,12 @@ class QueueGRPOTrainer(GRPOTrainer):
         return row
 
     def _serve(self, prompts: list[Any]) -> dict[str, list[Any]]:
-        lease = self._serving
-        if lease is None:
+        groups = self._serving
+        if groups is None:
             raise IntegrationConfigError("QueueGRPOTrainer's rollout_func ran outside a training step (evaluation?)")
         out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "worker_reward",
                                                       "policy_version", "queue_entry")}
-        for group in lease.groups:
+        for group in groups:
             prompt_ids = (list(group.group.prompt_token_ids) if group.group.prompt_token_ids is not None
                           else self._tokenize(group.group.prompt))
             for sample in group.samples:
@@ -258,16 +286,16 @@ class QueueGRPOTrainer(GRPOTrainer):
             raise InvalidInput(f"the lease holds {len(out['prompt_ids'])} completions for {len(prompts)} prompts")
         return out
 
-    def _correct_staleness(self, output: dict[str, Any], lease: Lease, waited: float) -> None:
+    def _correct_staleness(self, output: dict[str, Any], groups: list[CompletedGroup], waited: float) -> None:
         """Scale the advantages by the truncated importance weight of current vs behaviour policy
         (module docstring, item 5) and log the queue's metrics."""
         metrics = self._metrics["train"]
-        versions = [s.version for g in lease.groups for s in g.samples]
+        versions = [s.version for g in groups for s in g.samples]
         staleness = [max(0, self.policy_version - v) for v in versions]
         metrics["queue/staleness_mean"].append(sum(staleness) / len(staleness))
         metrics["queue/staleness_max"].append(float(max(staleness)))
         metrics["queue/lease_wait_s"].append(waited)
-        stats = self.stream.stats()
+        stats = self.queue.stats()
         for name in ("backlog", "ready", "executing_groups", "completed", "workers_alive"):
             metrics[f"queue/{name}"].append(float(getattr(stats, name)))
         behaviour = output.get("sampling_per_token_logps")

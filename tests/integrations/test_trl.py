@@ -35,10 +35,33 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS, SAVE, GROUPS = 30, 10, 4
 
 
-def spawn(*argv: str, log: Path) -> subprocess.Popen[bytes]:
+def spawn(*argv: str, log: Path, ranks: int = 1) -> subprocess.Popen[bytes]:
+    """``python argv`` (or, with ``ranks`` > 1, ``torchrun`` of that many processes over gloo)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+    launcher = [sys.executable] if ranks == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={free_port()}"]
+    return subprocess.Popen([*launcher, *argv], cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kill_a_rank(launcher: subprocess.Popen[bytes], ranks: int) -> None:
+    """SIGKILL the trainer: the process itself, or with several ranks the last rank's process (the
+    survivors then fail their step's vote and exit, and torchrun with them)."""
+    if ranks == 1:
+        launcher.send_signal(signal.SIGKILL)
+        return
+    import psutil
+
+    children = psutil.Process(launcher.pid).children()
+    assert len(children) == ranks, children
+    max(children, key=lambda c: c.pid).send_signal(signal.SIGKILL)
 
 
 def commits(q: RolloutQueue) -> list[dict[str, Any]]:
@@ -60,7 +83,12 @@ def redis_url() -> Any:
         local.cleanup(graceful=False)
 
 
-def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Path, redis_url: str) -> None:
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Path, redis_url: str, ranks: int,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """ranks = 2: torchrun of two TRL processes (gloo), one lease per step shared by both, a rank killed."""
+    if ranks > 1 and "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("two TRL ranks belong to the slow suite: pytest -m slow tests/integrations")
     from rollout_queue.workers.tiny_model import build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny")
@@ -68,7 +96,7 @@ def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Pa
     trainer_argv = ["examples/trl_grpo.py", "--url", redis_url, "--queue", queue_name, "--model", str(model),
                     "--output", str(out), "--max-steps", str(STEPS), "--save-steps", str(SAVE),
                     "--groups", str(GROUPS), "--lease-timeout", "15"]
-    first = spawn(*trainer_argv, log=tmp_path / "trainer-1.log")
+    first = spawn(*trainer_argv, log=tmp_path / "trainer-1.log", ranks=ranks)
     q = wait_until(lambda: _opened(redis_url, queue_name), timeout=120, interval=0.5, message="the queue created")
     workers = [spawn("-m", "rollout_queue", "--url", redis_url, "--queue", queue_name, "worker", "--",
                      "--engine", "torch", "--model", str(model), "--worker-id", f"w{i}", "--max-tokens", "16",
@@ -78,12 +106,12 @@ def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Pa
         # SIGKILL once the checkpoint at SAVE exists and the run committed two steps past it
         wait_until(lambda: (out / f"checkpoint-{SAVE}").is_dir() and max((c["step"] for c in commits(q)), default=0)
                    >= SAVE + 2, timeout=300, interval=0.2, message="a checkpoint and commits past it")
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
+        kill_a_rank(first, ranks)
+        first.wait(120)
         killed = commits(q)
         resumed_from = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
         assert SAVE <= resumed_from < STEPS
-        second = spawn(*trainer_argv, "--resume", log=tmp_path / "trainer-2.log")
+        second = spawn(*trainer_argv, "--resume", log=tmp_path / "trainer-2.log", ranks=ranks)
         assert second.wait(600) == 0, (tmp_path / "trainer-2.log").read_text()[-4000:]
         for w in workers:
             assert w.poll() is None, f"a worker exited: {(tmp_path / 'worker-1.log').read_text()[-2000:]}"
@@ -100,7 +128,7 @@ def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Pa
     trained = Counter(i for c in lineage for i in c["ids"])
     assert set(trained.values()) == {1}, "a group trained twice in the final weights' lineage"
     assert len(lineage) == STEPS and sorted(c["step"] for c in lineage) == list(range(1, STEPS + 1))
-    assert len(trained) == STEPS * GROUPS
+    assert len(trained) == STEPS * GROUPS * ranks and all(len(c["ids"]) == GROUPS * ranks for c in lineage)
     redone = {i for c in killed if c["step"] > resumed_from for i in c["ids"]}
     assert redone, "the kill came after commits past the checkpoint"
     again = {i for c in lines if c["trainer"] not in first_id for i in c["ids"]}

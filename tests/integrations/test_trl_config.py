@@ -4,6 +4,7 @@ staleness correction (TRL's importance-sampling modes applied to the workers' be
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,23 @@ from rollout_queue.core.errors import IntegrationConfigError, InvalidInput  # no
 from rollout_queue.integrations.trl import QueueGRPOTrainer, worker_reward  # noqa: E402
 
 pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Any:
+    """One private redis-server for the module: these tests are about TRL's settings, not the server."""
+    from rollout_queue.devtools.local_server import LocalServer
+
+    local = LocalServer("redis")
+    try:
+        yield local.start().url
+    finally:
+        local.cleanup(graceful=False)
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest) -> str:
+    return "cfg-" + uuid.uuid4().hex[:12]
 
 
 @pytest.fixture(scope="module")
