@@ -22,7 +22,6 @@ import pytest
 
 from rollout_queue import RolloutQueue
 from rollout_queue.ops.views import entry
-from rollout_queue.devtools.local_server import LocalServer
 from tests.integrations.helpers import read_commits
 from tests.helpers import wait_until
 
@@ -74,17 +73,9 @@ def commits(q: RolloutQueue) -> list[dict[str, Any]]:
     return lines
 
 
-@pytest.fixture
-def redis_url() -> Any:
-    local = LocalServer("redis")
-    try:
-        yield local.start().url
-    finally:
-        local.cleanup(graceful=False)
-
-
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Path, redis_url: str, ranks: int,
+def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Path, private_redis_url: str,
+                                                                   fresh_name: str, ranks: int,
                                                                    request: pytest.FixtureRequest) -> None:
     """ranks = 2: torchrun of two TRL processes (gloo), one lease per step shared by both, a rank killed."""
     if ranks > 1 and "slow" not in (request.config.getoption("-m") or ""):
@@ -92,7 +83,7 @@ def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Pa
     from rollout_queue.workers.tiny_model import build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny")
-    queue_name, out = "trl-digits", tmp_path / "run"
+    redis_url, queue_name, out = private_redis_url, fresh_name, tmp_path / "run"
     trainer_argv = ["examples/trl_grpo.py", "--url", redis_url, "--queue", queue_name, "--model", str(model),
                     "--output", str(out), "--max-steps", str(STEPS), "--save-steps", str(SAVE),
                     "--groups", str(GROUPS), "--lease-timeout", "15"]

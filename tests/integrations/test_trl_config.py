@@ -4,7 +4,6 @@ staleness correction (TRL's importance-sampling modes applied to the workers' be
 from __future__ import annotations
 
 import math
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +23,14 @@ from rollout_queue.integrations.trl import QueueGRPOTrainer, worker_reward  # no
 pytestmark = pytest.mark.torch
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Any:
-    """One private redis-server for the module: these tests are about TRL's settings, not the server."""
-    from rollout_queue.devtools.local_server import LocalServer
-
-    local = LocalServer("redis")
-    try:
-        yield local.start().url
-    finally:
-        local.cleanup(graceful=False)
+@pytest.fixture
+def redis_url(private_redis_url: str) -> str:
+    return private_redis_url
 
 
 @pytest.fixture
-def queue_name(request: pytest.FixtureRequest) -> str:
-    return "cfg-" + uuid.uuid4().hex[:12]
+def queue_name(fresh_name: str) -> str:
+    return fresh_name
 
 
 @pytest.fixture(scope="module")
