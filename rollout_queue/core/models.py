@@ -50,8 +50,13 @@ def check_worker_id(worker_id: str) -> str:
 def reason_text(reason: object) -> str:
     """A reason as storable text: capped at MAX_REASON characters, and never failing the settlement
     it explains (a lone surrogate from an engine's error message is escaped rather than raising in
-    the encoder). Control characters are kept: readers escape them (cli/render.py)."""
-    return str(reason)[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
+    the encoder; a value whose str() raises, such as an int past Python's 4,300-digit limit, is
+    named by its type). Control characters are kept: readers escape them (cli/render.py)."""
+    try:
+        text = str(reason)
+    except Exception:  # noqa: BLE001 - any str() failure: the settlement must still go through
+        text = f"<{type(reason).__name__} not shown: its str() failed>"
+    return text[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_reason(reason: str, what: str = "reason") -> str:

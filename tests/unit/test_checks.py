@@ -92,3 +92,17 @@ def test_value_types_refuse_odd_values_with_invalid_input_only(kind: str, index:
             Receipt(*(["1-0", 1, "w1"][:index % 3] + [value] + ["1-0", 1, "w1"][index % 3 + 1:]))
     except InvalidInput:
         pass  # anything else (OverflowError, TypeError, ValueError from repr) fails the test
+
+
+def test_a_reason_whose_str_fails_is_still_storable_text() -> None:
+    """hypothesis found it (tests/contract/test_bad_values.py): str() of an int past Python's
+    4,300-digit limit raises ValueError, which must not fail the settlement the reason explains."""
+    from rollout_queue.core.models import MAX_REASON, reason_text
+
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert reason_text(10 ** 5000) == "<int not shown: its str() failed>"
+    assert reason_text(Broken()) == "<Broken not shown: its str() failed>"
+    assert len(reason_text("x" * (MAX_REASON + 10))) == MAX_REASON
