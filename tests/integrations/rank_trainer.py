@@ -9,6 +9,7 @@ Exit codes: 0 done, 3 RankFailed (the step was rolled back).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import timedelta
@@ -57,9 +58,15 @@ def main() -> int:
         return 3
     finally:
         out.close()
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without running C++ destructors: gloo's threads may still be winding down at interpreter
+    # exit, and libstdc++ then aborts ("terminate called without an active exception", seen in CI).
+    os._exit(code)

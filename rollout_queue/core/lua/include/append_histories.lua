@@ -39,12 +39,19 @@ local function append_histories(entries, worker, terminal, reason, counted, dead
       value = '{"f":' .. e.failures .. ',"h":[' .. record .. ']}'
     else
       if type(h.h) ~= 'table' then h.h = {} end
-      h.f = (tonumber(h.f) or 0) + (counted and 1 or 0)
+      local f = tonumber(h.f) or 0
+      if f ~= f or f == math.huge or f == -math.huge then f = 0 end  -- garbage: a NaN or infinite count
+      h.f = f + (counted and 1 or 0)
       e.failures = h.f
       table.insert(h.h, {a = e.attempt, w = worker, t = terminal, r = reason, ms = now, c = e.c})
       while #h.h > HISTORY_CAP do table.remove(h.h, 1) end
+      local ok, encoded = pcall(cjson.encode, h)
+      if not ok then  -- garbage that decodes but cannot encode (a number past 1e308): keep the count
+        h = {f = h.f, h = {h.h[#h.h]}}
+        encoded = cjson.encode(h)
+      end
       if dead_at and e.failures >= dead_at then dying = cjson.encode(h.h) end
-      value = cjson.encode(h)
+      value = encoded
     end
     e.dead, e.history = dying ~= nil, dying
     if value then
