@@ -91,13 +91,20 @@ class TrainingStream:
     def poll(self, groups: int | None = None, stop: threading.Event | None = None) -> Lease | None:
         """next(), for a thread that must be stoppable: None as soon as ``stop`` is set (checked
         after each ``block_ms`` wait)."""
+        lease = self.take(groups, stop)
+        if lease is not None:
+            self.open.append(lease)
+        return lease
+
+    def take(self, groups: int | None = None, stop: threading.Event | None = None) -> Lease | None:
+        """poll() for a caller that settles each lease itself (one group at a time, one rollout at a
+        time): the lease is not added to ``open``, so ack() and rollback() leave it alone."""
         want = groups or self.groups_per_step
         started = time.monotonic()
         while stop is None or not stop.is_set():
             lease = self.queue.lease(groups=want, timeout_s=self.lease_timeout_s, block_ms=self.block_ms,
                                      trainer_id=self.trainer_id)
             if lease is not None:
-                self.open.append(lease)
                 return lease
             waited = time.monotonic() - started
             done = self.exhausted()

@@ -184,10 +184,9 @@ class QueueRolloutWorker:
                 if waiting >= self.buffer_groups:
                     self._stop.wait(0.05)
                     continue
-                lease = self.stream.poll(stop=self._stop)
+                lease = self.stream.take(stop=self._stop)  # settled here, group by group, not by ack()
                 if lease is None:
                     break
-                self.stream.open.remove(lease)  # settled here, one group at a time, not by the stream's ack
                 samples = rollout_samples(lease, self._group_ids, scale_by_std=self.scale_by_std)
                 held = _Held(lease, len(samples))
                 with self._lock:

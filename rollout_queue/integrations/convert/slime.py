@@ -85,8 +85,8 @@ class QueueRollout:
             raise NotImplementedError("evaluation rollouts are not served from the training queue")
         self._commit_through(rollout_id - 1 - self.ack_lag)
         want = self.groups or int(getattr(args, "rollout_batch_size"))
-        lease = self.stream.next(want)
-        self.stream.open.remove(lease)  # committed per rollout here, not by the stream's ack
+        lease = self.stream.take(want)  # committed per rollout here, not by the stream's ack()
+        assert lease is not None  # take() returns None only when a stop event is set
         self.leased[rollout_id] = lease
         n = 0
         out = []
