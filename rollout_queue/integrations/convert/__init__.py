@@ -7,7 +7,8 @@ installed, else the same fields as a dict (``as_dicts=True`` forces dicts): verl
 checkpoint hooks (slime.py), prime-rl's ``TrainingSample`` (prime_rl.py). The field lists, and the
 commit each was read at, are in docs/integrations/<framework>.md and tests/integrations/test_convert.py.
 
-This module holds what they share: one flat view of each sample (``flat``).
+This module holds what they share: one flat view of each sample (``flat``) and the lookup of the
+framework's class (``framework_class``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.rl.trainer import grpo_advantages
 
-__all__ = ["FlatSample", "flat"]
+__all__ = ["FlatSample", "flat", "framework_class"]
+
+
+def framework_class(name: str, *modules: str) -> Any:
+    """Class ``name`` from the first of ``modules`` that imports (None when the framework is absent)."""
+    for module in modules:
+        try:
+            return getattr(__import__(module, fromlist=[name]), name)
+        except ImportError:
+            continue
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollout_queue.core.models import CompletedGroup
-from rollout_queue.integrations.convert import flat
+from rollout_queue.integrations.convert import flat, framework_class
 
 __all__ = ["to_training_samples"]
 
@@ -33,10 +33,5 @@ def to_training_samples(group: CompletedGroup, tokenizer: Any = None, *, tempera
             "env_name": env,
             "advantages": [0.0] * p + [s.advantage] * m,
         })
-    if as_dicts:
-        return rows
-    try:
-        from prime_rl.transports.rollouts.types import TrainingSample
-    except ImportError:
-        return rows
-    return [TrainingSample(**row) for row in rows]
+    cls = None if as_dicts else framework_class("TrainingSample", "prime_rl.transports.rollouts.types")
+    return rows if cls is None else [cls(**row) for row in rows]

@@ -19,21 +19,12 @@ from typing import Any
 from rollout_queue.api.lease import Lease
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.models import CompletedGroup
-from rollout_queue.integrations.convert import flat
+from rollout_queue.integrations.convert import flat, framework_class
 from rollout_queue.integrations.stream import TrainingStream
 
 __all__ = ["QueueRollout", "to_samples"]
 
 _STATUS = {"length": "TRUNCATED", "abort": "ABORTED"}
-
-
-def _sample_class() -> Any:
-    for module in ("slime.utils.types", "miles.utils.types"):
-        try:
-            return __import__(module, fromlist=["Sample"]).Sample
-        except ImportError:
-            continue
-    return None
 
 
 def to_samples(group: CompletedGroup, tokenizer: Any = None, *, group_index: int = 0, first_index: int = 0,
@@ -52,7 +43,7 @@ def to_samples(group: CompletedGroup, tokenizer: Any = None, *, group_index: int
             "weight_versions": [str(s.version)], "status": _STATUS.get(s.finish_reason, "COMPLETED"),
             "metadata": {**dict(group.group.metadata), "queue_entry": s.entry_id, "source_id": s.source_id},
         })
-    cls = None if as_dicts else _sample_class()
+    cls = None if as_dicts else framework_class("Sample", "slime.utils.types", "miles.utils.types")
     if cls is None:
         return rows
     return [cls(**{**row, "status": cls.Status[row["status"]]}) for row in rows]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollout_queue.core.models import CompletedGroup
-from rollout_queue.integrations.convert import flat
+from rollout_queue.integrations.convert import flat, framework_class
 
 __all__ = ["to_agent_loop_outputs"]
 
@@ -30,10 +30,5 @@ def to_agent_loop_outputs(group: CompletedGroup, tokenizer: Any = None, *, as_di
         "extra_fields": {"queue_entry": s.entry_id, "source_id": s.source_id, "slot": s.slot,
                          "policy_version": s.version, "finish_reason": s.finish_reason},
     } for s in flat(group, tokenizer)]
-    if as_dicts:
-        return rows
-    try:
-        from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-    except ImportError:
-        return rows
-    return [AgentLoopOutput(**row) for row in rows]
+    cls = None if as_dicts else framework_class("AgentLoopOutput", "verl.experimental.agent_loop.agent_loop")
+    return rows if cls is None else [cls(**row) for row in rows]
