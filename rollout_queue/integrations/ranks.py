@@ -12,7 +12,8 @@
 
 How exactly-once holds across ranks:
 1. Rank 0 alone leases and commits. It sends the lease's groups to every rank as one bytes packet
-   (core/codec.py ``encode_completed``: orjson + packed arrays, no pickle) over the process group;
+   (the lease's policy version, then core/codec.py ``encode_completed``: orjson + packed arrays, no
+   pickle) over the process group;
    rank r takes groups r, r + W, r + 2W, ... of it: disjoint, deterministic, together the lease.
 2. After the step every rank votes (an all-reduce MIN of 1 = done, 0 = failed). Rank 0 commits
    only on a unanimous 1, and then tells every rank the commit held; otherwise it rolls back and
@@ -30,6 +31,7 @@ beside the NCCL one: ``dist.new_group(backend="gloo")``).
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ log = logging.getLogger("rollout_queue.integrations.ranks")
 __all__ = ["RankShare", "RankedStream"]
 
 _FAILED = -1  # the packet length rank 0 sends when it could not lease (its error follows on rank 0)
+_VERSION = struct.Struct("<q")  # the packet starts with the lease's policy version, then the groups
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class RankedStream:
         if self.stream is not None:
             try:
                 lease = self.stream.next()
-                packet = encode_completed(lease.groups)
+                packet = _VERSION.pack(lease.version) + encode_completed(lease.groups)
             except BaseException as exc:
                 error = exc
         got = self._broadcast(packet)
@@ -127,10 +130,8 @@ class RankedStream:
             raise error
         if got is None:
             raise RankFailed(f"step {step}: rank 0 could not lease a batch (its log says why)")
-        groups = decode_completed(got)
-        version = max((g.min_version for g in groups), default=0)
-        if self.stream is not None:
-            version = self.stream.open[-1].version
+        (version,) = _VERSION.unpack_from(got)
+        groups = decode_completed(got[_VERSION.size:])
         return RankShare(step, self.rank, self.world, tuple(groups[self.rank::self.world]), len(groups), version)
 
     def ack(self, step: int, done: bool = True) -> None:

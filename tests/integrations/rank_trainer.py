@@ -49,7 +49,7 @@ def main() -> int:
                 model(x).pow(2).mean().backward()  # DDP all-reduces the gradients over gloo
                 opt.step()
                 out.write(orjson.dumps({"step": step, "rank": a.rank, "entries": [g.entry_id for g in share.groups],
-                                        "lease_groups": share.lease_groups}) + b"\n")
+                                        "lease_groups": share.lease_groups, "version": share.version}) + b"\n")
                 if step == a.slow_step:
                     out.write(orjson.dumps({"step": step, "rank": a.rank, "stalled": True}) + b"\n")
                     time.sleep(120)

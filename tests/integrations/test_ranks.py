@@ -74,8 +74,11 @@ def test_two_ranks_train_disjoint_shares_and_each_step_commits_once(q: RolloutQu
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-3000:]
     shares: dict[int, dict[int, list[str]]] = defaultdict(dict)
+    versions: dict[int, set[int]] = defaultdict(set)
     for line in lines(out):
         shares[line["step"]][line["rank"]] = line["entries"]
+        versions[line["step"]].add(line["version"])
+    assert all(len(v) == 1 for v in versions.values()), versions  # every rank sees the lease's version
     commits = commit_lines(q)
     assert [step for step, _ in commits] == [1, 2, 3]  # one commit per step, by rank 0 alone
     for step, ids in commits:
