@@ -302,9 +302,7 @@ class QueueGRPOTrainer(GRPOTrainer):
         if behaviour is None or not self.args.vllm_importance_sampling_correction:
             return
         ratio = self._importance_weights(output, behaviour)
-        mask = output["completion_mask"].float()
-        if "tool_mask" in output:
-            mask = mask * output["tool_mask"]
+        mask = _trained_tokens(output)
         weights = (ratio.expand_as(mask) * mask).sum() / mask.sum().clamp(min=1.0)
         metrics["queue/importance_weight_mean"].append(float(weights))
         metrics["queue/importance_masked"].append(float(((ratio == 0).float().expand_as(mask) * mask).sum()
@@ -324,9 +322,7 @@ class QueueGRPOTrainer(GRPOTrainer):
                 current, _, _ = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention, completion_ids.size(1),
                     batch_size=args.per_device_train_batch_size)
-        mask = output["completion_mask"].float()
-        if "tool_mask" in output:
-            mask = mask * output["tool_mask"]
+        mask = _trained_tokens(output)
         diff = torch.nan_to_num((current - behaviour) * mask, nan=0.0)
         mode = args.vllm_importance_sampling_mode
         if mode.startswith("sequence"):
@@ -341,6 +337,12 @@ class QueueGRPOTrainer(GRPOTrainer):
             hi = math.inf if high is None else high
             return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
         raise IntegrationConfigError(f"unknown vllm_importance_sampling_mode {mode!r}")
+
+
+def _trained_tokens(output: dict[str, Any]) -> torch.Tensor:
+    """The tokens the loss trains on ([B, T] float): generated ones, less tool output (TRL's mask)."""
+    mask = output["completion_mask"].float()
+    return mask * output["tool_mask"] if "tool_mask" in output else mask
 
 
 class _QueueCallback(TrainerCallback):
