@@ -194,8 +194,9 @@ class QueueGRPOTrainer(GRPOTrainer):
         if not isinstance(dataset[0].get("prompt"), str):
             raise IntegrationConfigError("the feed takes text prompts: render conversational prompts first "
                                          "(dataset.map with tokenizer.apply_chat_template(..., tokenize=False))")
-        per_step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
-        groups_per_step = per_step / (self.num_generations * self.num_iterations)
+        rows_per_step = (self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+                         * self.accelerator.num_processes)  # rank 0 feeds every process's groups
+        groups_per_step = rows_per_step / (self.num_generations * self.num_iterations)
         epochs = max(1, math.ceil(state.max_steps * groups_per_step / len(dataset)))
         plan = ProducePlan(name=self.producer_name, n=self.num_generations, prompt_field="prompt", epochs=epochs,
                            shuffle=bool(getattr(self.args, "shuffle_dataset", True)), seed=int(self.args.seed))
@@ -213,10 +214,11 @@ class QueueGRPOTrainer(GRPOTrainer):
         if (state.global_step - self.first_step) % self.lease_span:
             return  # the open lease serves the next optimizer step too
         self._settler.ack(state.global_step)
-        if state.global_step % self.publish_every == 0 and self.accelerator.is_main_process:
-            self.policy_version += 1
-            model = self.accelerator.unwrap_model(self.model)
-            publish_weights(self.queue, model, self.policy_version, self.weights_dir)
+        if state.global_step % self.publish_every == 0:
+            self.policy_version += 1  # on every rank: each one's staleness metrics count from it
+            if self.accelerator.is_main_process:
+                model = self.accelerator.unwrap_model(self.model)
+                publish_weights(self.queue, model, self.policy_version, self.weights_dir)
 
     def _saved(self, state: TrainerState) -> None:
         self._settler.checkpoint(state.global_step)
