@@ -39,6 +39,7 @@ from rollout_queue.core.errors import (
     IntegrationConfigError,
     LeasesOpen,
     RolloutQueueError,
+    ScriptError,
     StreamStarved,
 )
 from rollout_queue.core.models import QueueStats
@@ -157,8 +158,9 @@ class TrainingStream:
 
         Refused (IntegrationConfigError) while this stream holds an open lease: the saved weights
         would include a batch that may still go back to ready. Leases of a dead earlier incarnation
-        of this trainer are waited out (the reaper requeues them at their deadline) for ``wait_s``
-        (default: the lease timeout plus a margin), then LeasesOpen is raised.
+        of this trainer are waited out (the reaper requeues them at their deadline; this call reaps
+        too, where its credential may) for ``wait_s`` (default: the lease timeout plus a margin),
+        then LeasesOpen is raised.
         """
         if self.open:
             raise IntegrationConfigError(
@@ -168,13 +170,20 @@ class TrainingStream:
             save(step)
         limit = wait_s if wait_s is not None else (self.lease_timeout_s or self.queue.config.lease_timeout_s) + 30.0
         deadline = time.monotonic() + limit
+        may_reap = True
         while True:
             try:
                 return int(self.queue.checkpoint(step))
             except LeasesOpen:
                 if time.monotonic() >= deadline:
                     raise
-                self.queue.reap()  # an expired lease of a dead incarnation goes back to ready now
+                if may_reap:
+                    try:
+                        self.queue.reap()  # an expired lease of a dead incarnation goes back to ready now
+                    except ScriptError as exc:  # the trainer role may not reap (ops/acl.py): the reaper will
+                        may_reap = False
+                        log.info("cannot reap with this credential; waiting for the reaper", exc_info=exc,
+                                 extra=fields(queue=self.queue.name, step=step))
                 time.sleep(0.5)
 
     def restore(self, step: int) -> int:

@@ -240,3 +240,28 @@ def test_the_operator_reads_after_a_restart_once_another_role_loaded_its_scripts
     assert code == 0, err
     trainer.close()
     admin.close()
+
+
+def test_a_trainer_credential_checkpoints_after_the_reaper_takes_back_a_dead_lease(urls: Urls, queue_name: str) -> None:
+    """TrainingStream.checkpoint reaps a dead incarnation's expired lease where it may; with the trainer
+    role it may not (NOPERM), so it waits for the reaper process instead of failing."""
+    import threading
+
+    from rollout_queue.integrations.stream import TrainingStream
+
+    admin = RolloutQueue.from_url(urls["admin"], queue_name)
+    admin.submit([SourceGroup("s1", "p", 2)])
+    worker = admin.worker("w")
+    (r,) = worker.reserve(max_groups=1, block_ms=1000)
+    worker.complete(r.receipt, samples(r.group.n, r.version))
+    assert admin.lease(groups=1, timeout_s=1.0) is not None  # held by a trainer that died
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    denied(trainer.reap)
+    reaper = RolloutQueue.from_url(urls["reaper"], queue_name)
+    timer = threading.Timer(2.0, reaper.reap)
+    timer.start()
+    try:
+        TrainingStream(trainer).checkpoint(1, wait_s=20)
+    finally:
+        timer.join()
+    assert admin.stats().leased == 0
