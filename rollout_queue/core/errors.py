@@ -405,6 +405,16 @@ class RankFailed(RolloutQueueError):
     back on every rank, never half committed. Restart the ranks from the last checkpoint."""
 
 
+# -- policy weights on storage (rollout_queue.weights) ------------------------------------------
+
+
+class WeightsError(RolloutQueueError):
+    """A published weights folder cannot be used: missing, not complete, or not the chain its
+    manifest names (a delta whose base was pruned, a folder of another model). Nothing was applied:
+    the engine keeps the weights it had. Publish a full version (``transport="folder"``), or raise
+    ``keep`` so that no folder a worker may still need is pruned."""
+
+
 # -- development servers (rollout_queue.devtools) -----------------------------------------------
 
 

@@ -23,12 +23,12 @@ from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.rl.trainer import (
     grpo_loss,
     lease_batch,
-    publish_weights,
     response_logprobs,
     resume,
     save_checkpoint,
 )
 from rollout_queue.rl.trainer import training_step
+from rollout_queue.weights.publisher import Transport, WeightPublisher
 
 log = logging.getLogger("rollout_queue.demo.grpo")
 
@@ -48,6 +48,7 @@ class GrpoSettings:
     device: str = "cpu"
     seed: int = 0
     trainer_id: str = "grpo-trainer"
+    weights_transport: Transport = "folder"  # or "delta": only the tensors that changed
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class GrpoTrainer:
 
         self.queue, self.settings = queue, settings
         self.weights_dir = Path(weights_dir)
+        self.publisher = WeightPublisher(queue, weights_dir, transport=settings.weights_transport)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.stop = stop or threading.Event()
         self.state = state or TrainerState()
@@ -154,7 +156,7 @@ class GrpoTrainer:
         self.step = step
         computed = time.monotonic()
         self.version += 1
-        publish_weights(self.queue, self.model, self.version, self.weights_dir)
+        self.publisher.publish(self.model, self.version)
         if self.checkpoint_dir and (step % self.settings.checkpoint_every == 0 or step == self.settings.steps):
             save_checkpoint(self.queue, step, self._save)
         staleness = batch.staleness.float()

@@ -63,7 +63,7 @@ from rollout_queue.integrations.ranks import RankedStream
 from rollout_queue.integrations.stream import TrainingStream
 from rollout_queue.ops.logs import fields
 from rollout_queue.rl.producer import ProducePlan
-from rollout_queue.rl.trainer import publish_weights
+from rollout_queue.weights.publisher import TRANSPORTS, Transport, WeightPublisher
 
 log = logging.getLogger("rollout_queue.integrations.trl")
 
@@ -98,17 +98,21 @@ class QueueGRPOTrainer(GRPOTrainer):
     producer named ``producer_name``; False: a ``rollout-queue produce`` process does), ``max_backlog``
     (the feed's bound on queued-but-unreserved groups), ``weights_dir`` (default
     ``<output_dir>/queue-weights``), ``publish_every`` (steps between published versions),
-    ``wait_s`` (how long a step waits for a batch before StreamStarved), ``lease_timeout_s``.
+    ``wait_s`` (how long a step waits for a batch before StreamStarved), ``lease_timeout_s``,
+    ``weights_transport`` (``"folder"``: every version in full; ``"delta"``: only the changed
+    tensors, see ``rollout_queue.weights``).
     """
 
     def __init__(self, model: Any, reward_funcs: Any, *, queue: RolloutQueue, feed: bool = True,
                  producer_name: str = "trl", max_backlog: int = 0, weights_dir: str | None = None,
                  publish_every: int = 1, wait_s: float = 600.0, lease_timeout_s: float | None = None,
-                 trainer_id: str | None = None, **kwargs: Any) -> None:
+                 trainer_id: str | None = None, weights_transport: Transport = "folder", **kwargs: Any) -> None:
         if kwargs.get("rollout_func") is not None:
             raise IntegrationConfigError("QueueGRPOTrainer generates through the queue: drop rollout_func")
         if publish_every < 1:
             raise IntegrationConfigError(f"publish_every must be >= 1, got {publish_every}")
+        if weights_transport not in TRANSPORTS:
+            raise IntegrationConfigError(f"weights_transport must be one of {TRANSPORTS}, got {weights_transport!r}")
         super().__init__(model, reward_funcs, rollout_func=_rollout, **kwargs)
         self.queue = queue
         self.feed_dataset = feed
@@ -116,6 +120,7 @@ class QueueGRPOTrainer(GRPOTrainer):
         self.max_backlog = max_backlog
         self.weights_dir = weights_dir or os.path.join(self.args.output_dir, "queue-weights")
         self.publish_every = publish_every
+        self.publisher = WeightPublisher(queue, self.weights_dir, transport=weights_transport)
         self.lease_span = self._check_config()
         self.feed: DatasetFeed | None = None
         trainer_id = trainer_id or f"trl-{os.getpid()}"
@@ -218,7 +223,7 @@ class QueueGRPOTrainer(GRPOTrainer):
             self.policy_version += 1  # on every rank: each one's staleness metrics count from it
             if self.accelerator.is_main_process:
                 model = self.accelerator.unwrap_model(self.model)
-                publish_weights(self.queue, model, self.policy_version, self.weights_dir)
+                self.publisher.publish(model, self.policy_version)
 
     def _saved(self, state: TrainerState) -> None:
         self._settler.checkpoint(state.global_step)

@@ -26,10 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
-import secrets
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -290,66 +286,27 @@ def save_weights(model: Any, folder: str | os.PathLike[str]) -> Path:
     A transformers model is saved with ``save_pretrained``; any other ``torch.nn.Module`` as
     ``model.safetensors`` of its state dict. Raises FileExistsError: one folder per version.
     """
-    target = Path(folder)
-    if target.exists():
-        raise FileExistsError(f"{target} exists: write each policy version to a fresh folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        if hasattr(model, "save_pretrained"):
-            model.save_pretrained(staging, safe_serialization=True)
-        else:
-            from safetensors.torch import save_file
+    from rollout_queue.weights.store import atomic_folder, save_model
 
-            save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
-                      os.fspath(staging / "model.safetensors"))
-        os.chmod(staging, 0o755)  # mkdtemp makes it 0700; workers may run as another user
-        os.rename(staging, target)  # same parent, same filesystem: atomic
-    finally:
-        if staging.exists():  # only when the write failed: a partial folder nobody may load
-            shutil.rmtree(staging)
-    return target
+    return atomic_folder(Path(folder), lambda staging: save_model(model, staging))
 
 
 def publish_weights(queue: "RolloutQueue", model: Any, version: int, root: str | os.PathLike[str], *,
                     wait_s: float = 0.0, keep: int = 4, hold_timeout_s: float = 60.0) -> str:
-    """Save ``model`` as policy ``version`` under ``root`` and record the update through a hold.
+    """Save ``model`` in full as policy ``version`` under ``root`` and record the update through a hold.
 
     The hold closes admission while the version moves; ``wait_s > 0`` also waits (that long at most)
     for the attempts executing when it opened to end, for trainers that want no generation to span
     the update. Only the newest ``keep`` version folders are kept. Returns the weights URI (the
-    folder's absolute path, what ``--engine vllm|torch`` workers load).
+    folder's absolute path, what ``--engine vllm|torch`` workers load). A trainer that publishes
+    often keeps one ``rollout_queue.weights.WeightPublisher`` instead, which can write deltas.
     Raises VersionRegression for a version below the current one (or the current one with other
     weights: a trainer resumed from a checkpoint continues from ``queue.version + 1``), HoldLost if
     the hold expired.
     """
-    root_path = Path(root).resolve()
-    folder = root_path / f"v{version:07d}"
-    if folder.exists():  # a failed earlier attempt at this version: never overwrite what a worker may read
-        folder = root_path / f"v{version:07d}-{secrets.token_hex(4)}"
-    save_weights(model, folder)
-    uri = os.fspath(folder)
-    hold = queue.hold(timeout_s=hold_timeout_s)
-    try:
-        if wait_s > 0 and not hold.wait_terminal(wait_s):
-            log.info("publishing while attempts still execute", extra=fields(queue=queue.name, version=version))
-        hold.record_weight_update(version, uri)
-    finally:
-        hold.release()
-    _prune(root_path, keep)
-    return uri
+    from rollout_queue.weights.publisher import WeightPublisher
 
-
-_VERSION_FOLDER = re.compile(r"^v\d{7,}(-[0-9a-f]+)?$")
-
-
-def _prune(root: Path, keep: int) -> None:
-    versions = sorted(p for p in root.iterdir() if p.is_dir() and _VERSION_FOLDER.match(p.name))
-    for old in versions[:-keep] if keep > 0 else []:
-        # A worker still loading a folder this old would fail and exit (its work is requeued): `keep`
-        # must exceed the versions a worker may lag. Errors are ignored: a folder another process
-        # already removed is the outcome wanted.
-        shutil.rmtree(old, ignore_errors=True)
+    return WeightPublisher(queue, root, keep=keep, wait_s=wait_s, hold_timeout_s=hold_timeout_s).publish(model, version)
 
 
 def save_checkpoint(queue: "RolloutQueue", step: int, save: Callable[[int], Any]) -> int:

@@ -45,6 +45,7 @@ class RuntimeStats:
     reserves: list[tuple[float, int]] = field(default_factory=list)
     settled: dict[str, int] = field(default_factory=lambda: dict.fromkeys([v.counter for v in VERDICTS] + ["stale"], 0))
     weight_updates: int = 0
+    weight_refusals: int = 0  # versions whose weights the engine refused (nothing applied)
     reconciled: int = 0  # orphaned attempts handed back by reconcile.py
     samples: int = 0
     tokens: int = 0

@@ -215,6 +215,19 @@ class WeightsUpdated(Event):
 
 
 @dataclass(frozen=True)
+class WeightsRefused(Event):
+    """A version's weights were refused before anything was applied: the engine keeps generating
+    on ``loaded`` (its samples say so) and the load is retried at the next notice or after a pause."""
+
+    version: int
+    weights_uri: str | None
+    loaded: int
+    reason: str
+    message: ClassVar[str] = "weights refused, still generating on the loaded version"
+    level: ClassVar[int] = logging.WARNING
+
+
+@dataclass(frozen=True)
 class AdoptedWithoutWeights(Event):
     version: int
     message: ClassVar[str] = "version published without weights_uri: adopted without loading"

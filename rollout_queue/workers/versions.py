@@ -12,8 +12,13 @@ grants nothing), so neither is a state of the worker. This module owns:
   attempts still generating are aborted first, in ``continue`` mode every request in flight
   records that it also ran under the new version (``track``).
 
-It must not reserve, settle, or decide whether a failed load is fatal: ``follow`` raises and the
-runtime decides (a failed load leaves the engine's weights unknown, so it stops the worker).
+A version whose weights the engine refuses before applying anything (``WeightsError``: a folder
+missing, truncated, pruned, of another model) is not fatal: the engine still holds ``loaded``, so
+the worker keeps generating on it (its samples say so; the staleness bound judges them) and
+retries every ``retry_s`` until that version or a newer one loads.
+
+It must not reserve, settle, or decide whether any other failed load is fatal: ``follow`` raises
+and the runtime decides (such a load leaves the engine's weights unknown, so it stops the worker).
 """
 
 from __future__ import annotations
@@ -24,17 +29,23 @@ from typing import Awaitable, Callable, Literal
 from rollout_queue import HeartbeatInfo
 from rollout_queue.workers.attempt import RuntimeStats
 from rollout_queue.workers.engines.base import Engine
-from rollout_queue.workers.events import AdoptedWithoutWeights, HoldChanged, Observer, WeightsUpdated
+from rollout_queue.core.errors import WeightsError
+from rollout_queue.workers.events import AdoptedWithoutWeights, HoldChanged, Observer, WeightsRefused, WeightsUpdated
 from rollout_queue.workers.heartbeat import VersionNotice
 
 WeightsMode = Literal["abort", "continue"]
+
+#: Seconds between tries of a refused version (a folder may appear late on a network filesystem).
+RETRY_S = 5.0
 
 
 class PolicyVersions:
     """The loaded and the wanted policy version of one worker's engine, and the admission hold."""
 
-    def __init__(self, engine: Engine, mode: WeightsMode, stats: RuntimeStats, emit: Observer) -> None:
-        self.engine, self.mode, self.stats, self.emit = engine, mode, stats, emit
+    def __init__(self, engine: Engine, mode: WeightsMode, stats: RuntimeStats, emit: Observer, *,
+                 retry_s: float = RETRY_S) -> None:
+        self.engine, self.mode, self.stats, self.emit, self.retry_s = engine, mode, stats, emit, retry_s
+        self.refused = False  # the target version was refused: retry after retry_s
         self.loaded = 0
         self.held: bool | None = None  # None until a heartbeat reply said
         self.ready = asyncio.Event()  # cleared while weights load
@@ -70,7 +81,10 @@ class PolicyVersions:
     async def follow(self, abort_generating: Callable[[str], Awaitable[None]]) -> None:
         """Load every newer version noticed, until cancelled. Raises what a load raises."""
         while True:
-            await self._wanted.wait()
+            try:
+                await asyncio.wait_for(self._wanted.wait(), self.retry_s if self.refused else None)
+            except asyncio.TimeoutError:
+                pass  # retry the refused version
             self._wanted.clear()
             version, uri = self._target
             if version > self.loaded:
@@ -82,10 +96,16 @@ class PolicyVersions:
             if self.mode == "abort":
                 await abort_generating(f"weight update to version {version}")
             if uri:
-                await self.engine.load_weights(uri)
+                try:
+                    await self.engine.load_weights(uri)
+                except WeightsError as exc:  # nothing applied: serve on the loaded version
+                    self.refused = True
+                    self.stats.weight_refusals += 1
+                    self.emit(WeightsRefused(version, uri, self.loaded, str(exc)))
+                    return
             else:
                 self.emit(AdoptedWithoutWeights(version))
-            self.loaded = version
+            self.loaded, self.refused = version, False
             for seen in self._seen.values():  # requests in flight ran under this version too
                 seen.append(version)
             self.stats.weight_updates += 1

@@ -149,6 +149,33 @@ def test_continue_mode_records_every_version_a_sample_saw(url: str, name: str) -
     assert rt.drain() is None
 
 
+def test_refused_weights_keep_the_worker_on_its_version_until_a_version_loads(url: str, name: str) -> None:
+    """A version whose folder the engine refuses (missing, pruned, truncated: nothing applied) does
+    not stop the worker: it generates on the version it holds, its samples say so, it retries the
+    refused version, and it moves to the next version that loads."""
+    q = open_queue(url, name, max_staleness=8)
+    engine = ScriptedEngine(refuse_load="broken")
+    runtime = WorkerRuntime(url, name, engine, WorkerOptions(block_ms=200, sampling=SamplingConfig(max_tokens=8)),
+                            worker_id=f"wk-{uuid.uuid4().hex[:6]}")
+    runtime.versions.retry_s = 0.2
+    rt = RuntimeThread(runtime).start()
+    q.publish_version(1, "file:///weights/v1-broken")
+    wait_until(lambda: rt.runtime.stats.weight_refusals >= 2, 10)  # refused, then retried
+    assert rt.alive and rt.runtime.loaded_version == 0 and engine.loads == []
+    submit(q, 1, n=2, prefix="during")
+    _, trained = train(q, {"during-0"})
+    assert {s.version for g in trained for s in g.samples} == {0}  # generated on what it holds
+    engine.refuse_load = None  # the folder appeared (a late network filesystem): the retry loads it
+    wait_until(lambda: rt.runtime.loaded_version == 1, 10)
+    q.publish_version(2, "file:///weights/v2")
+    wait_until(lambda: rt.runtime.loaded_version == 2, 10)
+    assert engine.loads == ["file:///weights/v1-broken", "file:///weights/v2"]
+    submit(q, 1, n=2, prefix="after")
+    _, trained = train(q, {"after-0"})
+    assert {s.version for g in trained for s in g.samples} == {2}
+    assert rt.drain() is None
+
+
 def test_a_reward_that_raises_fails_the_attempt_with_the_reason(url: str, name: str) -> None:
     q = open_queue(url, name, max_attempts=2)
     q.submit([SourceGroup("bad", "no arithmetic here", 2), SourceGroup("ok", "What is 1 plus 1?", 2)])

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rollout_queue.core.errors import WeightsError
 from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
 from rollout_queue.workers.engines.torch import TorchEngine
 from rollout_queue.workers.testing import LoopRunner, wait_until
@@ -251,9 +252,9 @@ def test_load_weights_rejects_a_mismatched_folder(
     other = build_tiny_model(tmp_path / "other", hidden_size=64, num_heads=2, num_layers=1)
     before = runner.run(engine.generate("mismatch-before", prompt, GREEDY))
     for folder in (other, tmp_path / "missing"):
-        with pytest.raises(EngineError, match="could not load weights"):
+        with pytest.raises(WeightsError, match="could not load weights|no weights folder"):
             runner.run(engine.load_weights(str(folder)))
-    # Validation happens before the first copy: the old weights are intact.
+    # Validation happens before the first copy: the old weights are intact (WeightsError, not fatal).
     after = runner.run(engine.generate("mismatch-after", prompt, GREEDY))
     assert after.token_ids == before.token_ids
 

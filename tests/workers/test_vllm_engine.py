@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
+from rollout_queue.core.errors import WeightsError
 from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
 from rollout_queue.workers.engines.torch import TorchEngine
 from rollout_queue.workers.engines.vllm import VLLMEngine
@@ -182,12 +183,12 @@ def test_weight_push_resets_prefix_cache(
     assert len(survivor.token_ids) == len(survivor.logprobs)
 
 
-def test_load_weights_failure_is_an_engine_error(
+def test_a_refused_folder_is_a_weights_error_and_the_engine_serves_on(
     runner: LoopRunner, engine: VLLMEngine, tmp_path: Path
 ) -> None:
     (tmp_path / "empty").mkdir()
     for folder in (tmp_path / "missing", tmp_path / "empty"):
-        with pytest.raises(EngineError, match="could not load weights"):
+        with pytest.raises(WeightsError, match="could not load weights"):
             runner.run(engine.load_weights(str(folder)))
     # Refused before vLLM was touched: generation still runs.
     assert len(runner.run(engine.generate("after-failed-push", [0, 5], GREEDY)).token_ids) == 32

@@ -146,11 +146,14 @@ class Engine(Protocol):
         ...
 
     async def load_weights(self, uri: str) -> None:
-        """Replace the policy weights with those in ``uri`` (a ``save_pretrained`` folder).
+        """Replace the policy weights with those in ``uri``: a version folder (full, or a delta
+        whose manifest names its chain; ``rollout_queue.weights``) or any ``save_pretrained`` folder.
 
         Every request started after this returns uses the new weights, including requests whose
-        prompt shares a cached prefix with earlier ones. Raises ``EngineError`` on failure: the
-        engine may then hold old or mixed weights, so it must not keep generating.
+        prompt shares a cached prefix with earlier ones. Raises ``WeightsError`` when the version
+        is refused before anything was applied (missing, truncated, another model's): the engine
+        keeps its weights and serves on. Raises ``EngineError`` on any other failure: the engine
+        may then hold mixed weights, so it must not keep generating.
         """
         ...
 

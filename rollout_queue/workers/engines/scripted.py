@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rollout_queue.core.errors import WeightsError
 from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
 
 BOS, EOS, OFFSET = 1, 2, 3
@@ -67,6 +68,7 @@ class ScriptedEngine:
         hang_prompt: str | None = None,
         fatal_after: int | None = None,
         fatal_on_load: bool = False,
+        refuse_load: str | None = None,
         load_latency_s: float = 0.0,
         block_loop_s: float = 0.0,
         block_loop_calls: int | None = None,
@@ -81,6 +83,7 @@ class ScriptedEngine:
         self.latency_fn, self.text_fn = latency_fn, text_fn
         self.fail_prompt, self.hang, self.hang_prompt = fail_prompt, hang, hang_prompt
         self.fatal_after, self.fatal_on_load, self.load_latency_s = fatal_after, fatal_on_load, load_latency_s
+        self.refuse_load = refuse_load  # URIs containing it are refused before anything is applied
         self.block_loop_s, self.block_loop_calls = block_loop_s, block_loop_calls
         self.weights_uri = model
         self.loads: list[str] = []
@@ -140,6 +143,8 @@ class ScriptedEngine:
         if self.fatal_on_load:
             self._die(EngineError(f"scripted fatal error loading weights from {uri!r}"))
             raise self._failure  # type: ignore[misc]
+        if self.refuse_load is not None and self.refuse_load in uri:
+            raise WeightsError(f"scripted refusal of {uri!r}: nothing applied")
         if self.load_latency_s:
             await asyncio.sleep(self.load_latency_s)
         self.weights_uri = uri

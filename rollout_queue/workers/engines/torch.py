@@ -23,8 +23,6 @@ vLLM's outputs are checked against. What it owns, and what it must not do:
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +30,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rollout_queue.core.errors import WeightsError
+from rollout_queue.weights.store import read_chain_state, weight_chain
 from rollout_queue.workers.engines._decode import DecodeBatch, DecodeRequest
 from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
 
@@ -81,6 +80,8 @@ class TorchEngine:
         self._scheduler: asyncio.Task[None] | None = None
         self._failure: EngineError | None = None
         self._closed = False
+        # The version chain the model's weights were last loaded from (None: the start-up model).
+        self._chain: tuple[Path, ...] | None = None
 
     @property
     def max_concurrency(self) -> int:
@@ -142,15 +143,19 @@ class TorchEngine:
         self._wakeup.set()
 
     async def load_weights(self, uri: str) -> None:
-        """Copy the tensors of the safetensors folder ``uri`` into the model, between two steps.
+        """Copy the tensors of the version folder ``uri`` into the model, between two steps.
 
-        Every tensor is checked (name and shape) before the first copy, so a wrong folder leaves
-        the old weights in place; the engine still raises, because it is not on the requested
-        policy. Raises ``EngineError``.
+        ``uri`` may be a full folder or a delta (``rollout_queue.weights``): a delta on the chain
+        loaded last copies only its changed tensors, any other rebuilds from the chain's full
+        folder. The chain and every tensor are checked (name and shape) before the first copy, so a wrong folder leaves
+        the old weights in place and raises ``WeightsError`` (the engine keeps serving, on the
+        weights it had). Raises ``EngineError`` when a copy failed: the weights are then mixed.
         """
         self._check_usable()
         try:
             await self._on_compute_thread(self._load_weights, Path(uri))
+        except WeightsError:
+            raise  # refused before the first copy: the old weights are intact
         except Exception as exc:  # the runtime cannot know which weights generate next
             raise EngineError(f"could not load weights from {uri!r}: {exc}") from exc
 
@@ -288,27 +293,35 @@ class TorchEngine:
         )
 
     def _load_weights(self, folder: Path) -> None:
-        state = _read_safetensors_folder(folder)
+        chain = weight_chain(folder)
+        # A delta on the chain already applied: read and copy only the folders after it.
+        incremental = self._chain is not None and chain[:len(self._chain)] == self._chain
+        try:
+            state = read_chain_state(chain, since=self._chain if incremental else None)
+        except Exception as exc:  # unreadable file, bad safetensors header: nothing copied yet
+            raise WeightsError(f"could not load weights from {folder}: {exc}") from exc
         target = self._model.state_dict()
         # Tied parameters (e.g. lm_head = embed_tokens) share storage: loading one loads both.
         storages: dict[int, set[str]] = {}
         for name, tensor in target.items():
             storages.setdefault(tensor.data_ptr(), set()).add(name)
         unexpected = sorted(set(state) - set(target))
-        missing = sorted(
+        missing = [] if incremental else sorted(
             name
             for name in set(target) - set(state)
             if not storages[target[name].data_ptr()] & set(state)
         )
         wrong_shape = sorted(n for n in state if n in target and state[n].shape != target[n].shape)
         if unexpected or missing or wrong_shape:
-            raise ValueError(
-                f"weights do not match the model: missing={missing[:5]} "
+            raise WeightsError(
+                f"could not load weights from {folder}: they do not match the model: missing={missing[:5]} "
                 f"unexpected={unexpected[:5]} wrong_shape={wrong_shape[:5]}"
             )
+        self._chain = None  # unknown until every copy is done
         with torch.inference_mode():
             for name, tensor in state.items():
                 target[name].copy_(tensor)
+        self._chain = chain
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -322,18 +335,3 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)
-
-
-def _read_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a ``save_pretrained`` folder, sharded (with an index) or not."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors files in {folder}")
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        state.update(load_file(os.fspath(folder / name)))
-    return state

@@ -21,9 +21,9 @@ The same code runs on vLLM's CPU build (tests, this project's CI) and on a GPU h
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
@@ -34,11 +34,15 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from rollout_queue.core.errors import WeightsError
+from rollout_queue.weights.store import weight_chain
 from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
 
 # On CPU vLLM sizes the KV cache from NUMA node 0 only unless told; an explicit budget is both
 # safer and predictable. On a GPU the default (gpu_memory_utilization) is the right knob.
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
+
+_RELOAD_EXTENSION = "rollout_queue.workers.engines.vllm_weights.ChainReload"
 
 # vLLM's finish reasons -> ours. "repetition" is vLLM's optional repetition detector ending the
 # sample, a stop condition like any other; "error" is handled separately (request-level failure).
@@ -82,8 +86,11 @@ class VLLMEngine:
             "kv_cache_memory_bytes": kv_cache_memory_bytes,
             "seed": seed,
             "enable_prefix_caching": enable_prefix_caching,
+            # rq_reload_chain: full and delta versions (rollout_queue.weights) reload in place.
+            "worker_extension_cls": _RELOAD_EXTENSION,
         }
         settings.update(engine_args or {})
+        _check_extension(settings["worker_extension_cls"])
         self._args = AsyncEngineArgs(**settings)
         self._multiprocessing = multiprocessing
         self._engine: AsyncLLM | None = None
@@ -173,23 +180,26 @@ class VLLMEngine:
         await self._engine.abort(request_id)
 
     async def load_weights(self, uri: str) -> None:
-        """Reload weights from the ``save_pretrained`` folder ``uri`` into every vLLM worker.
+        """Reload weights from the version folder ``uri`` (full, or a delta with its chain; see
+        ``rollout_queue.weights``) into every vLLM worker.
 
-        Raises ``EngineError``: after a failed reload the workers may hold a mix of old and new
-        tensors, so the engine must not keep generating.
+        Raises ``WeightsError`` when the version's chain is refused before vLLM is touched (the
+        engine keeps serving its weights), ``EngineError`` when the reload itself failed: the
+        workers may then hold a mix of old and new tensors, so the engine must not keep generating.
         """
         engine = self._require_engine()
-        folder = Path(uri)
-        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+        try:
             # Checked here so that a wrong path never reaches the workers (a failed reload there
             # can leave some tensors replaced); the engine is untouched, but not on the policy.
-            raise EngineError(f"could not load weights from {uri!r}: no safetensors folder there")
+            chain = [str(folder) for folder in weight_chain(uri)]
+        except WeightsError as exc:
+            raise WeightsError(f"could not load weights from {uri!r}: {exc}") from exc
         try:
             # keep: in-flight requests stay queued, nothing is scheduled until resume, so no step
             # ever runs new weights against KV blocks cached by the old ones.
             await engine.pause_generation(mode="keep", clear_cache=False)
             try:
-                await engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+                await engine.collective_rpc("rq_reload_chain", args=(chain,))
                 # reset_running_requests: blocks held by in-flight requests hold old-weight KV
                 # too; they are preempted and recomputed on the new weights.
                 if not await engine.reset_prefix_cache(reset_running_requests=True):
@@ -236,6 +246,23 @@ class VLLMEngine:
         if self._tokenizer is None:
             raise EngineError("the engine is not started; await engine.start() first")
         return self._tokenizer
+
+
+def _check_extension(name: str) -> None:
+    """A ``worker_extension_cls`` given in ``engine_args`` must keep ``rq_reload_chain`` (subclass
+    ChainReload), or no published version could ever load: refuse it now, not at the first update."""
+    from rollout_queue.workers.engines.vllm_weights import ChainReload
+
+    if name == _RELOAD_EXTENSION:
+        return
+    module, _, cls = name.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"worker_extension_cls {name!r} cannot be imported: {exc}") from exc
+    if not (isinstance(found, type) and issubclass(found, ChainReload)):
+        raise ValueError(f"worker_extension_cls {name!r} must subclass {_RELOAD_EXTENSION}, "
+                         "which loads the published weight versions")
 
 
 def _sampling_params(params: SamplingConfig) -> SamplingParams:

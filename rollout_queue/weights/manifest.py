@@ -1,0 +1,82 @@
+"""``manifest.json``: what a version folder holds and which sibling folders rebuild it.
+
+Format (``rollout-queue-weights/1``)::
+
+    {"format": "rollout-queue-weights/1", "version": 7, "kind": "delta", "base": 6,
+     "chain": ["v0000005", "v0000006", "v0000007"], "files": {"model.safetensors": 40960},
+     "tensors": 3}
+
+- ``kind`` ``full``: every tensor of the model (a ``save_pretrained`` folder); ``chain`` is the
+  folder itself. ``delta``: only the tensors that differ from version ``base``; ``chain`` lists
+  the folders to apply in order, a full one first and this one last (siblings, by name, so a
+  weights root can be moved or mounted elsewhere).
+- ``files``: each safetensors file and its size: a reader refuses a truncated file.
+
+A folder without a manifest (written before manifests, or by any ``save_pretrained``) reads as a
+full version of unknown number. This module does no I/O beyond the one JSON file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import orjson
+
+from rollout_queue.core.errors import WeightsError
+
+FORMAT = "rollout-queue-weights/1"
+MANIFEST_NAME = "manifest.json"
+Kind = Literal["full", "delta"]
+
+
+@dataclass(frozen=True)
+class WeightManifest:
+    version: int
+    kind: Kind
+    chain: tuple[str, ...]
+    files: dict[str, int] = field(default_factory=dict)
+    base: int | None = None
+    tensors: int = 0
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"format": FORMAT, "version": self.version, "kind": self.kind, "base": self.base,
+                             "chain": list(self.chain), "files": self.files, "tensors": self.tensors})
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> "WeightManifest":
+        try:
+            raw = orjson.loads(data)
+            if raw.get("format") != FORMAT:
+                raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT!r}")
+            kind = raw["kind"]
+            if kind not in ("full", "delta"):
+                raise ValueError(f"kind {kind!r}")
+            chain = tuple(str(n) for n in raw["chain"])
+            if not chain or any("/" in n or n in ("", ".", "..") for n in chain):
+                raise ValueError(f"chain {list(chain)!r}")
+            files = {str(k): int(v) for k, v in raw["files"].items()}
+            if any("/" in name or not name.endswith(".safetensors") for name in files):
+                raise ValueError(f"files {sorted(files)!r}")
+            base = raw.get("base")
+            manifest = cls(int(raw["version"]), kind, chain, files, None if base is None else int(base),
+                           int(raw.get("tensors", 0)))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WeightsError(f"{where}: not a valid weights manifest ({exc})") from exc
+        if (kind == "full") != (len(chain) == 1) or (kind == "delta") == (manifest.base is None):
+            raise WeightsError(f"{where}: a full version is its own chain, a delta names its base and chain")
+        return manifest
+
+
+def read_manifest(folder: Path) -> WeightManifest | None:
+    """The folder's manifest; None for a plain ``save_pretrained`` folder (a full version)."""
+    path = folder / MANIFEST_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise WeightsError(f"{path}: unreadable ({exc})") from exc
+    return WeightManifest.from_json(data, os.fspath(path))

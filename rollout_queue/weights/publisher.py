@@ -1,0 +1,139 @@
+"""The trainer's side: write each policy version (full or delta) and record it through a hold.
+
+``transport="folder"`` writes every version in full (a ``save_pretrained`` folder, what any tool
+can read). ``"delta"`` writes only the tensors that are not bit-identical to the last version this
+publisher wrote; most tensors of a step at a small learning rate in bf16 are, and frozen ones
+(embeddings, a LoRA's base) always are. A full version is written instead when there is no base
+yet (first publish, a restarted trainer), when the chain reached ``full_every`` folders (a late
+worker reads at most that many), or when more than ``max_delta_fraction`` of the bytes changed
+(a delta would save nothing).
+
+Memory: delta mode keeps one CPU copy of the saved tensors to compare against.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from rollout_queue.ops.logs import fields
+from rollout_queue.weights.manifest import read_manifest
+from rollout_queue.weights.store import prune_versions, tensor_names, write_version
+
+if TYPE_CHECKING:
+    import torch
+
+    from rollout_queue.api.queue import RolloutQueue
+
+log = logging.getLogger("rollout_queue.weights")
+
+Transport = Literal["folder", "delta"]
+TRANSPORTS: tuple[Transport, ...] = ("folder", "delta")
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one ``publish`` wrote: its URI, full or delta, tensors and bytes written, seconds."""
+
+    uri: str
+    kind: str
+    tensors: int
+    bytes: int
+    write_s: float
+
+
+class WeightPublisher:
+    """Publishes the versions of one trainer's policy under ``root`` (one publisher per trainer)."""
+
+    def __init__(self, queue: "RolloutQueue", root: str | os.PathLike[str], *, transport: Transport = "folder",
+                 full_every: int = 8, max_delta_fraction: float = 0.5, keep: int = 4, wait_s: float = 0.0,
+                 hold_timeout_s: float = 60.0) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if full_every < 1:
+            raise ValueError(f"full_every must be >= 1, got {full_every}")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (the newest version is what workers load), got {keep}")
+        self.queue, self.root, self.transport = queue, Path(root).resolve(), transport
+        self.full_every, self.max_delta_fraction, self.keep = full_every, max_delta_fraction, keep
+        self.wait_s, self.hold_timeout_s = wait_s, hold_timeout_s
+        self.last: Published | None = None
+        self._base: Path | None = None  # the folder the next delta builds on
+        self._saved: dict[str, "torch.Tensor"] = {}  # name -> CPU copy of what _base rebuilds to
+
+    def publish(self, model: Any, version: int) -> str:
+        """Write ``version`` of ``model`` and record it; returns its URI (the folder's path).
+
+        Raises VersionRegression / HoldLost as ``publish_weights`` documents; the folder written
+        stays on disk then (a later delta may build on it, pruning removes it).
+        """
+        began = time.perf_counter()
+        folder, kind, count = self._write(model, version)
+        written = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+        self.last = Published(os.fspath(folder), kind, count, written, time.perf_counter() - began)
+        uri = os.fspath(folder)
+        hold = self.queue.hold(timeout_s=self.hold_timeout_s)
+        try:
+            if self.wait_s > 0 and not hold.wait_terminal(self.wait_s):
+                log.info("publishing while attempts still execute", extra=fields(queue=self.queue.name, version=version))
+            hold.record_weight_update(version, uri)
+        finally:
+            hold.release()
+        prune_versions(self.root, self.keep)
+        return uri
+
+    def _write(self, model: Any, version: int) -> tuple[Path, str, int]:
+        if self.transport == "delta" and self._base is not None:
+            state = model.state_dict()
+            changed = {name: state[name] for name, old in self._saved.items() if not _equal(state[name], old)}
+            changed_bytes = sum(t.numel() * t.element_size() for t in changed.values())
+            total_bytes = sum(t.numel() * t.element_size() for t in self._saved.values()) or 1
+            manifest = read_manifest(self._base)
+            if (manifest is not None and len(manifest.chain) < self.full_every
+                    and changed_bytes <= self.max_delta_fraction * total_bytes):
+                folder = write_version(self.root, version, tensors=changed, base=self._base)
+                for name, tensor in changed.items():
+                    self._saved[name].copy_(tensor.detach())
+                self._base = folder
+                return folder, "delta", len(changed)
+        folder = write_version(self.root, version, model=model)
+        manifest = read_manifest(folder)
+        assert manifest is not None
+        if self.transport == "delta":
+            self._remember(model, folder)
+        return folder, "full", manifest.tensors
+
+    def _remember(self, model: Any, folder: Path) -> None:
+        """Keep a CPU copy of every saved tensor, the base of the next delta; or no base at all when
+        the saved names are not the model's own (a model whose save renames keys)."""
+        state = model.state_dict()
+        saved = tensor_names(folder)
+        if not saved <= set(state):
+            log.warning("deltas disabled: the saved tensor names are not the model's state_dict names",
+                        extra=fields(queue=self.queue.name, unknown=sorted(saved - set(state))[:5]))
+            self.transport, self._base, self._saved = "folder", None, {}
+            return
+        self._saved = {name: state[name].detach().to("cpu", copy=True) for name in sorted(saved)}
+        self._base = folder
+
+
+def _equal(a: "torch.Tensor", b: "torch.Tensor") -> bool:
+    """Bit-identical (NaNs included: a delta must not resend an unchanged NaN, nor miss a new one)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    current = a.detach().to("cpu")
+    if current.is_floating_point():
+        return bool(torch.equal(current.view(_int_view(current.dtype)), b.view(_int_view(b.dtype))))
+    return bool(torch.equal(current, b))
+
+
+def _int_view(dtype: "torch.dtype") -> "torch.dtype":
+    import torch
+
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[torch.empty((), dtype=dtype).element_size()]

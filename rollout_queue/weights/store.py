@@ -1,0 +1,192 @@
+"""Version folders on storage: written atomically, resolved to their chain, read, pruned.
+
+Rules:
+1. A folder is complete the instant its name exists: it is written under a hidden staging name
+   beside its final one and renamed (same filesystem, atomic). Its manifest is written last,
+   inside the staging folder, so a manifest always describes files that exist.
+2. Resolution checks everything a reader relies on before any tensor is applied: every folder of
+   the chain exists, has a manifest, the versions follow each other, and each file has the size the
+   manifest recorded. A failure raises ``WeightsError`` and the engine keeps its weights.
+3. Pruning keeps the newest ``keep`` versions and every folder their chains need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rollout_queue.core.errors import WeightsError
+from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest, read_manifest
+
+if TYPE_CHECKING:
+    import torch
+
+DELTA_FILE = "model.safetensors"
+_VERSION_FOLDER = re.compile(r"^v\d{7,}(-[0-9a-f]+)?$")
+
+
+def atomic_folder(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Run ``fill(staging)`` and rename the staging folder to ``target``. Raises FileExistsError."""
+    if target.exists():
+        raise FileExistsError(f"{target} exists: write each policy version to a fresh folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        fill(staging)
+        os.chmod(staging, 0o755)  # mkdtemp makes it 0700; workers may run as another user
+        os.rename(staging, target)
+    finally:
+        if staging.exists():  # only when the write failed: a partial folder nobody may load
+            shutil.rmtree(staging)
+    return target
+
+
+def save_model(model: Any, folder: Path) -> None:
+    """A transformers model with ``save_pretrained``; any other module as one state-dict file."""
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(folder, safe_serialization=True)
+    else:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
+                  os.fspath(folder / DELTA_FILE))
+
+
+def version_folder(root: Path, version: int) -> Path:
+    """``root/v0000007``; a fresh suffixed name when a failed earlier attempt left that one."""
+    folder = root / f"v{version:07d}"
+    return folder if not folder.exists() else root / f"v{version:07d}-{secrets.token_hex(4)}"
+
+
+def write_version(root: str | os.PathLike[str], version: int, *, model: Any = None,
+                  tensors: Mapping[str, "torch.Tensor"] | None = None,
+                  base: Path | None = None) -> Path:
+    """Write version ``version`` under ``root``: a full folder of ``model``, or (``tensors`` and
+    ``base``, a folder from ``weight_chain``'s last element) a delta of the changed ``tensors``."""
+    if (model is None) == (tensors is None) or (tensors is not None and base is None):
+        raise ValueError("write_version takes a model (full) or tensors and a base folder (delta)")
+    root_path = Path(root).resolve()
+    target = version_folder(root_path, version)
+
+    def fill(staging: Path) -> None:
+        if model is not None:
+            save_model(model, staging)
+            chain: tuple[str, ...] = (target.name,)
+            count, base_version = 0, None
+        else:
+            from safetensors.torch import save_file
+
+            assert tensors is not None and base is not None
+            base_manifest = _manifest_of(base)
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, os.fspath(staging / DELTA_FILE))
+            chain, count, base_version = base_manifest.chain + (target.name,), len(tensors), base_manifest.version
+        files = {p.name: p.stat().st_size for p in sorted(staging.glob("*.safetensors"))}
+        if model is not None:
+            count = sum(len(_tensor_names(staging / name)) for name in files)
+        manifest = WeightManifest(version, "full" if model is not None else "delta", chain, files,
+                                  base_version, count)
+        (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
+
+    return atomic_folder(target, fill)
+
+
+def _manifest_of(folder: Path) -> WeightManifest:
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise WeightsError(f"{folder}: a delta needs a base folder with a manifest (written by write_version)")
+    return manifest
+
+
+def weight_chain(uri: str | os.PathLike[str]) -> tuple[Path, ...]:
+    """The folders that rebuild the version at ``uri``, a full one first; checked (rule 2)."""
+    folder = Path(uri)
+    if not folder.is_dir():
+        raise WeightsError(f"{folder}: no weights folder there")
+    manifest = read_manifest(folder)
+    if manifest is None:
+        if not any(folder.glob("*.safetensors")):
+            raise WeightsError(f"{folder}: no safetensors files and no manifest")
+        return (folder,)
+    if manifest.chain[-1] != folder.name:
+        raise WeightsError(f"{folder}: its manifest ends its chain with {manifest.chain[-1]!r}, not itself")
+    chain = tuple(folder.parent / name for name in manifest.chain)
+    previous: WeightManifest | None = None
+    for member in chain:
+        found = manifest if member == folder else read_manifest(member) if member.is_dir() else None
+        if found is None:
+            raise WeightsError(f"{folder}: the folder {member.name!r} of its chain is missing (pruned?)")
+        if (previous is None) != (found.kind == "full") or (previous is not None and found.base != previous.version):
+            raise WeightsError(f"{folder}: {member.name!r} does not follow version "
+                               f"{previous.version if previous else None} in the chain")
+        for name, size in found.files.items():
+            try:
+                actual = (member / name).stat().st_size
+            except OSError as exc:
+                raise WeightsError(f"{member / name}: missing ({exc})") from exc
+            if actual != size:
+                raise WeightsError(f"{member / name}: {actual} bytes, the manifest recorded {size}")
+        previous = found
+    return chain
+
+
+def read_chain_state(chain: Sequence[Path], since: Sequence[Path] | None = None) -> dict[str, "torch.Tensor"]:
+    """The tensors of ``chain``, later folders overriding earlier ones. When ``since`` (the chain
+    the reader already applied) is a prefix of ``chain``, only the folders after it are read."""
+    from safetensors.torch import load_file
+
+    start = len(since) if since is not None and tuple(chain[:len(since)]) == tuple(since) else 0
+    state: dict[str, torch.Tensor] = {}
+    for member in chain[start:]:
+        for name in _safetensors_files(member):
+            state.update(load_file(os.fspath(member / name)))
+    return state
+
+
+def _safetensors_files(folder: Path) -> list[str]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return sorted(p.name for p in folder.glob("*.safetensors"))
+
+
+def _tensor_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        return list(handle.keys())
+
+
+def tensor_names(folder: Path) -> set[str]:
+    """Every tensor name a full folder holds (read from the safetensors headers only)."""
+    return {name for file in _safetensors_files(folder) for name in _tensor_names(folder / file)}
+
+
+def prune_versions(root: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Remove version folders older than the newest ``keep`` that none of those needs. Returns them.
+
+    A worker still reading a removed folder fails its load and keeps its weights (WeightsError):
+    ``keep`` must exceed the versions a worker may lag. Removal errors are ignored: a folder another
+    process already removed is the outcome wanted.
+    """
+    root_path = Path(root)
+    versions = sorted(p for p in root_path.iterdir() if p.is_dir() and _VERSION_FOLDER.match(p.name))
+    if keep <= 0 or len(versions) <= keep:
+        return []
+    needed: set[str] = set()
+    for folder in versions[-keep:]:
+        try:
+            manifest = read_manifest(folder)
+        except WeightsError:
+            manifest = None
+        needed.update(manifest.chain if manifest else (folder.name,))
+    removed = [p for p in versions[:-keep] if p.name not in needed]
+    for old in removed:
+        shutil.rmtree(old, ignore_errors=True)
+    return removed

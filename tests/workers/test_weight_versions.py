@@ -1,0 +1,180 @@
+"""Both engines load delta versions (rollout_queue.weights) and generate exactly what a full reload
+of the same weights generates, token for token, on prompts longer than one KV block."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rollout_queue.weights import weight_chain, write_version  # noqa: E402
+from rollout_queue.core.errors import WeightsError  # noqa: E402
+from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig  # noqa: E402
+from rollout_queue.workers.engines.torch import TorchEngine  # noqa: E402
+from rollout_queue.workers.testing import LoopRunner  # noqa: E402
+from tests.workers.runtime_helpers import worker_server  # noqa: E402,F401  # a fixture, used by name
+
+GREEDY = SamplingConfig(max_tokens=24, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def versions(tiny_model: Path, perturbed_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """v1 = the tiny model (full), v2 = half its tensors from the perturbed model (delta), v3 = the
+    other half too (delta: v3 is the perturbed model); ``mid`` = v2's weights written in full."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("versions")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32).state_dict()
+    v1 = write_version(root, 1, model=model)
+    names = sorted(model.state_dict())
+    first, second = names[::2], names[1::2]
+    v2 = write_version(root, 2, tensors={n: new[n] for n in first}, base=v1)
+    model.load_state_dict({**model.state_dict(), **{n: new[n] for n in first}})
+    mid = write_version(tmp_path_factory.mktemp("mid"), 2, model=model)
+    v3 = write_version(root, 3, tensors={n: new[n] for n in second}, base=v2)
+    assert weight_chain(v3) == (v1, v2, v3)
+    return {"v1": v1, "v2": v2, "v3": v3, "mid": mid, "new": perturbed_model, "old": tiny_model}
+
+
+async def generate_all(engine: object, tag: str, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    outputs: list[SampleOutput] = await asyncio.gather(
+        *(engine.generate(f"{tag}-{i}", p, GREEDY) for i, p in enumerate(prompts)))  # type: ignore[attr-defined]
+    return [o.token_ids for o in outputs]
+
+
+async def walk(engine: object, versions: dict[str, Path], prompts: Sequence[Sequence[int]]) -> dict[str, list[list[int]]]:
+    """Outputs after each load: the delta chain step by step, a late join straight to v3, and the
+    full folders of the same weights."""
+    out: dict[str, list[list[int]]] = {}
+    load = engine.load_weights  # type: ignore[attr-defined]
+    for step in ("v1", "v2", "v3"):  # each delta on the chain just applied
+        await load(str(versions[step]))
+        out[step] = await generate_all(engine, step, prompts)
+    for reference in ("old", "mid", "new"):  # full folders of the same weights
+        await load(str(versions[reference]))
+        out[reference] = await generate_all(engine, reference, prompts)
+    await load(str(versions["v2"]))  # from a folder off the chain: rebuilt from v1
+    out["v2-rebuilt"] = await generate_all(engine, "v2r", prompts)
+    await load(str(versions["v3"]))
+    out["v3-after-v2"] = await generate_all(engine, "v3a", prompts)
+    return out
+
+
+def check(out: dict[str, list[list[int]]]) -> None:
+    assert out["v1"] == out["old"]
+    assert out["v2"] == out["mid"] == out["v2-rebuilt"]
+    assert out["v3"] == out["new"] == out["v3-after-v2"]
+    assert out["v1"] != out["v2"] != out["v3"]  # each version generates differently
+
+
+def test_torch_engine_loads_deltas(runner: LoopRunner, tiny_model: Path, versions: dict[str, Path],
+                                   long_prompt: list[int]) -> None:
+    prompts = [long_prompt, long_prompt[:150]]
+    engine = TorchEngine(str(tiny_model))
+    runner.run(engine.start())
+    try:
+        check(runner.run(walk(engine, versions, prompts)))
+        # A delta whose base is gone is refused before any tensor moves: the engine keeps v3.
+        broken = versions["v3"].parent / "broken"
+        broken.mkdir()
+        (broken / "manifest.json").write_bytes((versions["v3"] / "manifest.json").read_bytes())
+        with pytest.raises(WeightsError, match="ends its chain"):
+            runner.run(engine.load_weights(str(broken)))
+        assert runner.run(generate_all(engine, "kept", prompts)) == runner.run(walk_once(engine, versions["new"], prompts))
+    finally:
+        runner.run(engine.close())
+
+
+async def walk_once(engine: object, folder: Path, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    await engine.load_weights(str(folder))  # type: ignore[attr-defined]
+    return await generate_all(engine, "once", prompts)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_loads_deltas(runner: LoopRunner, tiny_model: Path, versions: dict[str, Path],
+                                  long_prompt: list[int]) -> None:
+    pytest.importorskip("vllm")
+    from rollout_queue.workers.engines.vllm import VLLMEngine
+
+    prompts = [long_prompt, long_prompt[:150]]
+    engine = VLLMEngine(str(tiny_model), multiprocessing=False, max_model_len=1024, max_num_seqs=8,
+                        kv_cache_memory_bytes=64 * 2**20)
+    runner.run(engine.start(), timeout=300)
+    try:
+        out = runner.run(walk(engine, versions, prompts), timeout=300)
+    finally:
+        runner.run(engine.close())
+    check(out)
+    # The same tokens as the torch engine on every version (fp32 on CPU).
+    reference = TorchEngine(str(tiny_model))
+    runner.run(reference.start())
+    try:
+        assert runner.run(walk_once(reference, versions["v2"], prompts)) == out["v2"]
+    finally:
+        runner.run(reference.close())
+
+
+def test_vllm_refuses_an_extension_that_cannot_load_versions(tiny_model: Path) -> None:
+    pytest.importorskip("vllm")
+    from rollout_queue.workers.engines.vllm import VLLMEngine
+
+    with pytest.raises(ValueError, match="must subclass"):
+        VLLMEngine(str(tiny_model), engine_args={"worker_extension_cls": "collections.OrderedDict"})
+    with pytest.raises(ValueError, match="cannot be imported"):
+        VLLMEngine(str(tiny_model), engine_args={"worker_extension_cls": "no_such_module.Cls"})
+
+
+@pytest.mark.torch
+def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_model: Path, perturbed_model: Path,
+                                                 tmp_path: Path) -> None:
+    """Through the shipped worker process (``python -m rollout_queue.workers --engine torch``): the
+    trainer publishes a full version and then deltas of one layer; the groups generated after each
+    carry its version, and their behaviour logprobs are those of the trainer's weights."""
+    import uuid
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout_queue.weights import WeightPublisher
+    from tests.helpers import wait_until
+    from tests.workers.runtime_helpers import open_queue, spawn_worker, submit, train
+
+    url = worker_server.url  # type: ignore[attr-defined]
+    name = f"wv-{uuid.uuid4().hex[:10]}"
+    q = open_queue(url, name, max_staleness=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32).state_dict()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    publisher = WeightPublisher(q, tmp_path / "weights", transport="delta")
+    publisher.publish(model, 1)
+    worker = spawn_worker(url, name, "delta-worker", "--engine", "torch", "--model", str(tiny_model),
+                          "--max-tokens", "8", "--reward", "length_reward", "--seed", "3")
+    try:
+        kinds = []
+        for version, layer in ((2, "model.layers.1."), (3, "model.layers.0.")):
+            model.load_state_dict({**model.state_dict(), **{k: v for k, v in new.items() if k.startswith(layer)}})
+            publisher.publish(model, version)
+            assert publisher.last is not None
+            kinds.append(publisher.last.kind)
+            submit(q, 2, n=2, prefix=f"v{version}", target_len=6)
+            _, trained = train(q, {f"v{version}-0", f"v{version}-1"}, timeout=120)
+            for group in trained:
+                assert {s.version for s in group.samples} == {version}
+                sample = group.samples[0]
+                ids = tokenizer(group.group.prompt)["input_ids"]
+                with torch.no_grad():
+                    logits = model(torch.tensor([ids + list(sample.token_ids)])).logits[0, len(ids) - 1:-1]
+                expected = torch.log_softmax(logits, -1)[torch.arange(len(sample.token_ids)),
+                                                          torch.tensor(sample.token_ids)]
+                assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3
+        assert kinds == ["delta", "delta"]
+        wait_until(lambda: q.stats().committed == 4, 10)
+    finally:
+        worker.terminate()
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err[-2000:]
