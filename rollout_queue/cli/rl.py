@@ -126,7 +126,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = GrpoSettings(steps=args.steps, batch_groups=args.batch_groups, lr=args.lr,
                             checkpoint_every=args.checkpoint_every, lease_timeout_s=args.lease_timeout,
                             threads=args.threads, device=args.device, trainer_id=args.trainer_id,
-                            weights_transport=args.weights_transport)
+                            weights_transport=args.weights_transport, weights_uri_base=args.weights_uri_base)
     trainer = GrpoTrainer(q, args.model, args.weights_dir, settings, checkpoint_dir=args.checkpoint_dir,
                           stop=_stop_on_signals(),
                           on_step=lambda r: log_action(args, "step", "train", step=r.step, reward=round(r.reward, 4),
@@ -205,6 +205,8 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--weights-dir", required=True, help="shared folder the workers load published weights from")
     p.add_argument("--weights-transport", choices=("folder", "delta"), default="folder",
                    help="folder: each version in full; delta: only the tensors that changed (a full one every 8)")
+    p.add_argument("--weights-uri-base", default=None, metavar="URI",
+                   help="where workers fetch --weights-dir from (https://..., s3://...), for workers without shared storage")
     p.add_argument("--checkpoint-dir", default=None, help="model+optimizer checkpoints; resumes from the newest")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--steps", type=int, default=1000)

@@ -49,6 +49,7 @@ class GrpoSettings:
     seed: int = 0
     trainer_id: str = "grpo-trainer"
     weights_transport: Transport = "folder"  # or "delta": only the tensors that changed
+    weights_uri_base: str | None = None  # workers fetch weights_dir from there (HTTP(S), S3): no shared storage
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ class GrpoTrainer:
 
         self.queue, self.settings = queue, settings
         self.weights_dir = Path(weights_dir)
-        self.publisher = WeightPublisher(queue, weights_dir, transport=settings.weights_transport)
+        self.publisher = WeightPublisher(queue, weights_dir, transport=settings.weights_transport,
+                                         uri_base=settings.weights_uri_base)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.stop = stop or threading.Event()
         self.state = state or TrainerState()

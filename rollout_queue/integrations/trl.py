@@ -100,13 +100,15 @@ class QueueGRPOTrainer(GRPOTrainer):
     ``<output_dir>/queue-weights``), ``publish_every`` (steps between published versions),
     ``wait_s`` (how long a step waits for a batch before StreamStarved), ``lease_timeout_s``,
     ``weights_transport`` (``"folder"``: every version in full; ``"delta"``: only the changed
-    tensors, see ``rollout_queue.weights``).
+    tensors, see ``rollout_queue.weights``), ``weights_uri_base`` (where workers without shared
+    storage fetch ``weights_dir`` from: ``https://...``, ``s3://...``).
     """
 
     def __init__(self, model: Any, reward_funcs: Any, *, queue: RolloutQueue, feed: bool = True,
                  producer_name: str = "trl", max_backlog: int = 0, weights_dir: str | None = None,
                  publish_every: int = 1, wait_s: float = 600.0, lease_timeout_s: float | None = None,
-                 trainer_id: str | None = None, weights_transport: Transport = "folder", **kwargs: Any) -> None:
+                 trainer_id: str | None = None, weights_transport: Transport = "folder", weights_uri_base: str | None = None,
+                 **kwargs: Any) -> None:
         if kwargs.get("rollout_func") is not None:
             raise IntegrationConfigError("QueueGRPOTrainer generates through the queue: drop rollout_func")
         if publish_every < 1:
@@ -120,7 +122,8 @@ class QueueGRPOTrainer(GRPOTrainer):
         self.max_backlog = max_backlog
         self.weights_dir = weights_dir or os.path.join(self.args.output_dir, "queue-weights")
         self.publish_every = publish_every
-        self.publisher = WeightPublisher(queue, self.weights_dir, transport=weights_transport)
+        self.publisher = WeightPublisher(queue, self.weights_dir, transport=weights_transport,
+                                         uri_base=weights_uri_base)
         self.lease_span = self._check_config()
         self.feed: DatasetFeed | None = None
         trainer_id = trainer_id or f"trl-{os.getpid()}"
@@ -301,6 +304,9 @@ class QueueGRPOTrainer(GRPOTrainer):
         staleness = [max(0, self.policy_version - v) for v in versions]
         metrics["queue/staleness_mean"].append(sum(staleness) / len(staleness))
         metrics["queue/staleness_max"].append(float(max(staleness)))
+        # Weight updates a sample's generation spanned (--weights-mode continue / keep-kv).
+        metrics["queue/version_span_max"].append(float(max(max(s.versions or (0,)) - min(s.versions or (0,))
+                                                            for g in groups for s in g.samples)))
         metrics["queue/lease_wait_s"].append(waited)
         stats = self.queue.stats()
         for name in ("backlog", "ready", "executing_groups", "completed", "workers_alive"):

@@ -88,6 +88,7 @@ class PolicyBatch:
     rewards: "torch.Tensor"                     # [S] float
     advantages: "torch.Tensor"                  # [S] float, group-normalised
     staleness: "torch.Tensor"                   # [S] long: lease version - the sample's policy version
+    version_span: "torch.Tensor"                # [S] long: newest - oldest version a sample ran under
     group_index: "torch.Tensor"                 # [S] long: which group of the lease
     prompt_width: int
     entry_ids: tuple[str, ...]
@@ -138,10 +139,16 @@ def lease_batch(lease: "Lease | Sequence[CompletedGroup]", *, tokenizer: Any = N
         rewards=torch.tensor([r for group in rewards for r in group], dtype=torch.float32),
         advantages=torch.tensor(advantages, dtype=torch.float32),
         staleness=torch.tensor([max(0, at - cols.versions[s]) for _, cols, s, _ in rows], dtype=torch.long),
+        version_span=torch.tensor([_span(cols.version_lists[s]) for _, cols, s, _ in rows], dtype=torch.long),
         group_index=torch.tensor([gi for _, _, _, gi in rows], dtype=torch.long),
         prompt_width=width, entry_ids=tuple(g.entry_id for g in groups), version=at,
     )
     return batch if device is None else _to(batch, device)
+
+
+def _span(versions: Sequence[int]) -> int:
+    """How many weight updates a sample's generation spanned (0: one version throughout)."""
+    return max(versions) - min(versions) if versions else 0
 
 
 #: (prompt ids, the columns of the sample's group, the sample's index in them, the group's index in the lease)

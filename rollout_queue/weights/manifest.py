@@ -4,13 +4,15 @@ Format (``rollout-queue-weights/1``)::
 
     {"format": "rollout-queue-weights/1", "version": 7, "kind": "delta", "base": 6,
      "chain": ["v0000005", "v0000006", "v0000007"], "files": {"model.safetensors": 40960},
-     "tensors": 3}
+     "sha256": {"model.safetensors": "9f86d0..."}, "tensors": 3}
 
 - ``kind`` ``full``: every tensor of the model (a ``save_pretrained`` folder); ``chain`` is the
   folder itself. ``delta``: only the tensors that differ from version ``base``; ``chain`` lists
   the folders to apply in order, a full one first and this one last (siblings, by name, so a
   weights root can be moved or mounted elsewhere).
 - ``files``: each safetensors file and its size: a reader refuses a truncated file.
+- ``sha256``: each file's digest (written by default): what a worker that fetches the version from
+  an HTTP(S) or object store checks every byte against (``fetch.py``) before anything is applied.
 
 A folder without a manifest (written before manifests, or by any ``save_pretrained``) reads as a
 full version of unknown number. This module does no I/O beyond the one JSON file.
@@ -19,6 +21,7 @@ full version of unknown number. This module does no I/O beyond the one JSON file
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -30,6 +33,7 @@ from rollout_queue.core.errors import WeightsError
 FORMAT = "rollout-queue-weights/1"
 MANIFEST_NAME = "manifest.json"
 Kind = Literal["full", "delta"]
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,12 @@ class WeightManifest:
     files: dict[str, int] = field(default_factory=dict)
     base: int | None = None
     tensors: int = 0
+    sha256: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return orjson.dumps({"format": FORMAT, "version": self.version, "kind": self.kind, "base": self.base,
-                             "chain": list(self.chain), "files": self.files, "tensors": self.tensors})
+                             "chain": list(self.chain), "files": self.files, "tensors": self.tensors,
+                             "sha256": self.sha256})
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> "WeightManifest":
@@ -60,9 +66,12 @@ class WeightManifest:
             files = {str(k): int(v) for k, v in raw["files"].items()}
             if any("/" in name or not name.endswith(".safetensors") for name in files):
                 raise ValueError(f"files {sorted(files)!r}")
+            digests = {str(k): str(v) for k, v in (raw.get("sha256") or {}).items()}
+            if set(digests) - set(files) or any(not _HEX64.match(v) for v in digests.values()):
+                raise ValueError(f"sha256 {sorted(digests)!r}")
             base = raw.get("base")
             manifest = cls(int(raw["version"]), kind, chain, files, None if base is None else int(base),
-                           int(raw.get("tensors", 0)))
+                           int(raw.get("tensors", 0)), digests)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WeightsError(f"{where}: not a valid weights manifest ({exc})") from exc
         if (kind == "full") != (len(chain) == 1) or (kind == "delta") == (manifest.base is None):

@@ -37,9 +37,10 @@ TRANSPORTS: tuple[Transport, ...] = ("folder", "delta")
 
 @dataclass(frozen=True)
 class Published:
-    """What one ``publish`` wrote: its URI, full or delta, tensors and bytes written, seconds."""
+    """What one ``publish`` wrote: its URI, its folder, full or delta, tensors and bytes written, seconds."""
 
     uri: str
+    folder: str
     kind: str
     tensors: int
     bytes: int
@@ -51,7 +52,12 @@ class WeightPublisher:
 
     def __init__(self, queue: "RolloutQueue", root: str | os.PathLike[str], *, transport: Transport = "folder",
                  full_every: int = 8, max_delta_fraction: float = 0.5, keep: int = 4, wait_s: float = 0.0,
-                 hold_timeout_s: float = 60.0) -> None:
+                 hold_timeout_s: float = 60.0, digests: bool = True, uri_base: str | None = None) -> None:
+        """``digests``: record each file's sha256 in the manifest (needed by workers that fetch
+        versions over HTTP(S) or from an object store; costs one read of the written bytes).
+        ``uri_base``: where workers find ``root`` (``https://weights.internal/run-7``, ``s3://bucket/run-7``:
+        a server or sync of the folder); each version is recorded as ``<uri_base>/<folder name>``
+        instead of its local path."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if full_every < 1:
@@ -60,13 +66,15 @@ class WeightPublisher:
             raise ValueError(f"keep must be >= 1 (the newest version is what workers load), got {keep}")
         self.queue, self.root, self.transport = queue, Path(root).resolve(), transport
         self.full_every, self.max_delta_fraction, self.keep = full_every, max_delta_fraction, keep
-        self.wait_s, self.hold_timeout_s = wait_s, hold_timeout_s
+        self.wait_s, self.hold_timeout_s, self.digests = wait_s, hold_timeout_s, digests
+        self.uri_base = uri_base.rstrip("/") if uri_base else None
         self.last: Published | None = None
         self._base: Path | None = None  # the folder the next delta builds on
         self._saved: dict[str, "torch.Tensor"] = {}  # name -> CPU copy of what _base rebuilds to
 
     def publish(self, model: Any, version: int) -> str:
-        """Write ``version`` of ``model`` and record it; returns its URI (the folder's path).
+        """Write ``version`` of ``model`` and record it; returns its URI (the folder's path, or its
+        name under ``uri_base``).
 
         Raises VersionRegression / HoldLost as ``publish_weights`` documents; the folder written
         stays on disk then (a later delta may build on it, pruning removes it).
@@ -74,8 +82,8 @@ class WeightPublisher:
         began = time.perf_counter()
         folder, kind, count = self._write(model, version)
         written = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        self.last = Published(os.fspath(folder), kind, count, written, time.perf_counter() - began)
-        uri = os.fspath(folder)
+        uri = f"{self.uri_base}/{folder.name}" if self.uri_base else os.fspath(folder)
+        self.last = Published(uri, os.fspath(folder), kind, count, written, time.perf_counter() - began)
         hold = self.queue.hold(timeout_s=self.hold_timeout_s)
         try:
             if self.wait_s > 0 and not hold.wait_terminal(self.wait_s):
@@ -95,12 +103,12 @@ class WeightPublisher:
             manifest = read_manifest(self._base)
             if (manifest is not None and len(manifest.chain) < self.full_every
                     and changed_bytes <= self.max_delta_fraction * total_bytes):
-                folder = write_version(self.root, version, tensors=changed, base=self._base)
+                folder = write_version(self.root, version, tensors=changed, base=self._base, digests=self.digests)
                 for name, tensor in changed.items():
                     self._saved[name].copy_(tensor.detach())
                 self._base = folder
                 return folder, "delta", len(changed)
-        folder = write_version(self.root, version, model=model)
+        folder = write_version(self.root, version, model=model, digests=self.digests)
         manifest = read_manifest(folder)
         assert manifest is not None
         if self.transport == "delta":

@@ -12,6 +12,7 @@ Rules:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -67,9 +68,12 @@ def version_folder(root: Path, version: int) -> Path:
 
 def write_version(root: str | os.PathLike[str], version: int, *, model: Any = None,
                   tensors: Mapping[str, "torch.Tensor"] | None = None,
-                  base: Path | None = None) -> Path:
+                  base: Path | None = None, digests: bool = True) -> Path:
     """Write version ``version`` under ``root``: a full folder of ``model``, or (``tensors`` and
-    ``base``, a folder from ``weight_chain``'s last element) a delta of the changed ``tensors``."""
+    ``base``, a folder from ``weight_chain``'s last element) a delta of the changed ``tensors``.
+    ``digests``: record each file's sha256 (read back from the page cache, ~1.7 GB/s here), which
+    workers fetching the version from a remote store need."""
+    digests_on = digests
     if (model is None) == (tensors is None) or (tensors is not None and base is None):
         raise ValueError("write_version takes a model (full) or tensors and a base folder (delta)")
     root_path = Path(root).resolve()
@@ -90,11 +94,20 @@ def write_version(root: str | os.PathLike[str], version: int, *, model: Any = No
         files = {p.name: p.stat().st_size for p in sorted(staging.glob("*.safetensors"))}
         if model is not None:
             count = sum(len(_tensor_names(staging / name)) for name in files)
+        digests = {name: file_sha256(staging / name) for name in files} if digests_on else {}
         manifest = WeightManifest(version, "full" if model is not None else "delta", chain, files,
-                                  base_version, count)
+                                  base_version, count, digests)
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
 
     return atomic_folder(target, fill)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(8 * 2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _manifest_of(folder: Path) -> WeightManifest:

@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reward", default=None, help="module:function (or a built-in name, e.g. length_reward)")
     r.add_argument("--filter", default=None, help="module:function (or a built-in name, e.g. nonzero_std)")
     w = p.add_argument_group("lifecycle")
-    w.add_argument("--weights-mode", choices=["abort", "continue"], default="abort",
-                   help="at a new policy version: abort in-flight requests, or continue them")
+    w.add_argument("--weights-mode", choices=["abort", "continue", "keep-kv"], default="abort",
+                   help="at a new policy version: abort in-flight requests, continue them (vLLM recomputes "
+                        "their KV), or continue over the KV already computed (keep-kv)")
     w.add_argument("--worker-id", default=None, help="default host:pid:nonce")
     w.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work after SIGTERM")
     w.add_argument("--heartbeat-interval", type=float, default=None, help="default worker_timeout_s / 4")
@@ -135,7 +136,10 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
                             reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace)
     scorer = Scorer(load_function(args.reward) if args.reward else None,
                     load_function(args.filter) if args.filter else None)
-    engine = build_engine(args.engine, args.model, parse_engine_args(args.engine_arg))
+    engine_options = parse_engine_args(args.engine_arg)
+    if args.weights_mode == "keep-kv" and args.engine == "vllm":
+        engine_options.setdefault("kv_on_update", "keep")  # the torch engine always keeps the KV
+    engine = build_engine(args.engine, args.model, engine_options)
     durable = Durability(args.durable_replicas, args.durable_timeout_ms) if args.durable_replicas else None
     return WorkerRuntime(args.url, args.queue, engine, options, worker_id=args.worker_id, scorer=scorer,
                          durability=durable, partitions=args.partitions, create=args.create)

@@ -39,8 +39,8 @@ class WorkerOptions:
     reconcile_grace_s: float = DEFAULT_GRACE_S
 
     def __post_init__(self) -> None:
-        if self.weights_mode not in ("abort", "continue"):
-            raise ValueError(f"weights_mode must be 'abort' or 'continue', got {self.weights_mode!r}")
+        if self.weights_mode not in ("abort", "continue", "keep-kv"):
+            raise ValueError(f"weights_mode must be 'abort', 'continue' or 'keep-kv', got {self.weights_mode!r}")
         if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
             raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
         interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s

@@ -33,7 +33,10 @@ from rollout_queue.core.errors import WeightsError
 from rollout_queue.workers.events import AdoptedWithoutWeights, HoldChanged, Observer, WeightsRefused, WeightsUpdated
 from rollout_queue.workers.heartbeat import VersionNotice
 
-WeightsMode = Literal["abort", "continue"]
+#: abort: in-flight attempts are aborted at an update (requeued uncounted); continue: they go on,
+#: their KV recomputed on the new weights (vLLM); keep-kv: they go on over the KV already computed
+#: (vLLM keeps it; the torch engine always does). Both record every version a sample ran under.
+WeightsMode = Literal["abort", "continue", "keep-kv"]
 
 #: Seconds between tries of a refused version (a folder may appear late on a network filesystem).
 RETRY_S = 5.0

@@ -103,6 +103,14 @@ def test_rewards_advantages_staleness_and_groups_per_sample() -> None:
     assert b.group_index.tolist() == [0, 0, 1, 1, 1]
     assert b.entry_ids == ("1-0", "2-0") and b.version == 4
     assert lease_batch(two_groups(), version=6).staleness.tolist() == [3, 4, 2, 2, 2]
+    assert b.version_span.tolist() == [0, 0, 0, 0, 0]  # each generated under one version
+
+
+def test_version_span_counts_the_updates_a_sample_ran_across() -> None:
+    spanning = [Sample(0, (5, 6), (-0.1, -0.2), reward=1.0, version=2, versions=(2, 3, 5)),
+                Sample(1, (7,), (-0.3,), reward=0.0, version=4, versions=(4,))]
+    b = lease_batch(FakeLease([group("1-0", [1], spanning)], version=5))
+    assert b.version_span.tolist() == [3, 0] and b.staleness.tolist() == [3, 1]
 
 
 def test_behaviour_logprobs_sit_under_their_tokens_and_are_zero_on_padding() -> None:

@@ -130,6 +130,7 @@ def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Pa
     history = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())["log_history"]
     rewards = [h["reward"] for h in history if "reward" in h]
     assert len(rewards) == STEPS
+    assert all(h["queue/version_span_max"] >= 0 for h in history if "reward" in h)
     early, late = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert late > early + 0.05, f"reward did not rise: first steps {early:.3f}, last steps {late:.3f}"
 

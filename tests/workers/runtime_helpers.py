@@ -139,9 +139,10 @@ def registered_workers(url: str, name: str) -> list[str]:
         client.close()
 
 
-def spawn_worker(url: str, name: str, worker_id: str, *args: str) -> subprocess.Popen[str]:
+def spawn_worker(url: str, name: str, worker_id: str, *args: str,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``python -m rollout_queue.workers --engine scripted ...`` as a real process (stderr captured)."""
     cmd = [sys.executable, "-m", "rollout_queue.workers", "--url", url, "--queue", name, "--engine", "scripted",
            "--worker-id", worker_id, "--block-ms", "200", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

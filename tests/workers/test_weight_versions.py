@@ -18,6 +18,7 @@ from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig  # n
 from rollout_queue.workers.engines.torch import TorchEngine  # noqa: E402
 from rollout_queue.workers.testing import LoopRunner  # noqa: E402
 from tests.workers.runtime_helpers import worker_server  # noqa: E402,F401  # a fixture, used by name
+from tests.weights.test_fetch import store  # noqa: E402,F401  # a fixture: a weights root served over HTTP
 
 GREEDY = SamplingConfig(max_tokens=24, temperature=0)
 
@@ -131,11 +132,13 @@ def test_vllm_refuses_an_extension_that_cannot_load_versions(tiny_model: Path) -
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize("storage", ["shared", "http"])
 def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_model: Path, perturbed_model: Path,
-                                                 tmp_path: Path) -> None:
+                                                 tmp_path: Path, storage: str, request: pytest.FixtureRequest) -> None:
     """Through the shipped worker process (``python -m rollout_queue.workers --engine torch``): the
     trainer publishes a full version and then deltas of one layer; the groups generated after each
-    carry its version, and their behaviour logprobs are those of the trainer's weights."""
+    carry its version, and their behaviour logprobs are those of the trainer's weights. ``http``:
+    the worker shares no folder with the trainer and fetches every version from an HTTP server."""
     import uuid
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -150,10 +153,15 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     new = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32).state_dict()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    publisher = WeightPublisher(q, tmp_path / "weights", transport="delta")
+    if storage == "http":
+        root, base, _ = request.getfixturevalue("store")
+        publisher = WeightPublisher(q, root, transport="delta", uri_base=base)
+    else:
+        publisher = WeightPublisher(q, tmp_path / "weights", transport="delta")
     publisher.publish(model, 1)
+    env = {"ROLLOUT_WEIGHTS_CACHE": str(tmp_path / "worker-cache")}
     worker = spawn_worker(url, name, "delta-worker", "--engine", "torch", "--model", str(tiny_model),
-                          "--max-tokens", "8", "--reward", "length_reward", "--seed", "3")
+                          "--max-tokens", "8", "--reward", "length_reward", "--seed", "3", env=env)
     try:
         kinds = []
         for version, layer in ((2, "model.layers.1."), (3, "model.layers.0.")):
@@ -173,8 +181,82 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
                                                           torch.tensor(sample.token_ids)]
                 assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3
         assert kinds == ["delta", "delta"]
+        assert publisher.last is not None and publisher.last.uri.startswith("http" if storage == "http" else "/")
+        assert (tmp_path / "worker-cache").is_dir() == (storage == "http")
         wait_until(lambda: q.stats().committed == 4, 10)
     finally:
         worker.terminate()
         _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err[-2000:]
+
+
+def test_the_torch_engine_loads_a_remote_version(store: tuple[Path, str, list[str]], tiny_model: Path,
+                                                 perturbed_model: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("fsspec")
+    pytest.importorskip("aiohttp")
+    from transformers import AutoModelForCausalLM
+
+    from rollout_queue.workers.engines.base import SamplingConfig
+    from rollout_queue.workers.engines.torch import TorchEngine
+
+    root, url, _ = store
+    monkeypatch.setenv("ROLLOUT_WEIGHTS_CACHE", str(tmp_path / "worker-cache"))
+    remote = write_version(root, 1, model=AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32))
+    greedy = SamplingConfig(max_tokens=12, temperature=0)
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        engine = TorchEngine(str(tiny_model))
+        await engine.start()
+        try:
+            await engine.load_weights(f"{url}/{remote.name}")
+            fetched = (await engine.generate("remote", [1, 2, 3, 4], greedy)).token_ids
+            await engine.load_weights(str(perturbed_model))
+            local = (await engine.generate("local", [1, 2, 3, 4], greedy)).token_ids
+        finally:
+            await engine.close()
+        return fetched, local
+
+    fetched, local = asyncio.run(scenario())
+    assert fetched == local
+    assert (tmp_path / "worker-cache").is_dir()
+
+
+@pytest.mark.vllm
+def test_vllm_keep_kv_mode_keeps_requests_in_flight_and_never_serves_old_prefixes(
+        runner: LoopRunner, tiny_model: Path, perturbed_model: Path, long_prompt: list[int]) -> None:
+    """``kv_on_update="keep"`` (``--weights-mode keep-kv``): no cache reset and no recompute at an
+    update, yet a new request whose prompt is in the prefix cache from the old weights is served by
+    the new ones (the cache is salted per weights), and a request in flight runs to its end."""
+    pytest.importorskip("vllm")
+    from rollout_queue.workers.engines.vllm import VLLMEngine
+
+    prompts = [long_prompt, long_prompt[:200] + long_prompt[:100]]
+    engine = VLLMEngine(str(tiny_model), multiprocessing=False, max_model_len=1024, max_num_seqs=8,
+                        kv_cache_memory_bytes=64 * 2**20, kv_on_update="keep")
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]], SampleOutput]:
+        await engine.start()
+        try:
+            before = await generate_all(engine, "keep-before", prompts)  # fills the prefix cache
+            in_flight = asyncio.create_task(
+                engine.generate("keep-in-flight", long_prompt, SamplingConfig(max_tokens=300, seed=1)))
+            await asyncio.sleep(0.05)
+            await engine.load_weights(str(perturbed_model))
+            after = await generate_all(engine, "keep-after", prompts)
+            return before, after, await in_flight
+        finally:
+            await engine.close()
+
+    before, after, survivor = runner.run(scenario(), timeout=300)
+    reference = TorchEngine(str(tiny_model))
+    runner.run(reference.start())
+    try:
+        assert runner.run(walk_once(reference, tiny_model, prompts)) == before
+        assert runner.run(walk_once(reference, perturbed_model, prompts)) == after
+    finally:
+        runner.run(reference.close())
+    assert after != before
+    assert survivor.finish_reason in ("length", "stop") and len(survivor.token_ids) == len(survivor.logprobs)
+    with pytest.raises(ValueError, match="kv_on_update"):
+        VLLMEngine(str(tiny_model), kv_on_update="sometimes")

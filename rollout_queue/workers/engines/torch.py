@@ -33,6 +33,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_queue.core.errors import WeightsError
+from rollout_queue.weights.fetch import localize
 from rollout_queue.weights.store import read_chain_state, weight_chain
 from rollout_queue.workers.engines._decode import DecodeBatch, DecodeRequest
 from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
@@ -152,8 +153,10 @@ class TorchEngine:
         weights it had). Raises ``EngineError`` when a copy failed: the weights are then mixed.
         """
         self._check_usable()
+        # A remote version is fetched (and checked) first, off the compute thread: generation goes on.
+        folder = await asyncio.to_thread(localize, uri)
         try:
-            await self._on_compute_thread(self._load_weights, Path(uri))
+            await self._on_compute_thread(self._load_weights, folder)
         except WeightsError:
             raise  # refused before the first copy: the old weights are intact
         except Exception as exc:  # the runtime cannot know which weights generate next

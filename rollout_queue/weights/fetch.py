@@ -1,0 +1,106 @@
+"""Versions fetched from a remote store: workers that share no filesystem with the trainer.
+
+A weights URI with a scheme other than ``file`` (``http://``, ``https://``, ``s3://``, ``gs://``, any
+protocol ``fsspec`` knows with its driver installed) names a version folder in a store the trainer
+publishes to (its weights root synced or served there). ``localize`` copies the version's chain
+into a per-worker cache and returns the local folder, which the engine then loads like any other.
+
+Rules:
+1. Every byte is checked: a remote version must have a manifest with a sha256 per file, and each
+   file is hashed while it is written to the cache; a mismatch or a short file raises
+   ``WeightsError`` and leaves nothing in the cache.
+2. A cached folder is complete the instant its name exists (fetched aside, renamed), so a worker
+   killed mid-fetch never loads a partial folder, and one restarted finds what was complete.
+3. Fetching happens before the engine pauses (the runtime's fetch, then apply): a slow store
+   delays the update, never generation.
+4. The cache keeps the newest ``keep`` versions per store folder, chains included.
+
+The cache root is ``$ROLLOUT_WEIGHTS_CACHE`` or ``~/.cache/rollout-queue/weights``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rollout_queue.core.errors import WeightsError
+from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest
+from rollout_queue.weights.store import atomic_folder, prune_versions
+
+CHUNK = 8 * 2**20
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("ROLLOUT_WEIGHTS_CACHE") or Path.home() / ".cache" / "rollout-queue" / "weights")
+
+
+def is_remote(uri: str) -> bool:
+    scheme = urlsplit(uri).scheme
+    return bool(scheme) and scheme != "file" and len(scheme) > 1  # "C:" on Windows is a drive
+
+
+def localize(uri: str, cache: Path | None = None, *, keep: int = 4) -> Path:
+    """The local folder of the version at ``uri``: local paths (and ``file://``) as they are; remote
+    ones fetched with their chain into ``cache`` (rules 1, 2, 4). Raises ``WeightsError``."""
+    if not is_remote(uri):
+        return Path(urlsplit(uri).path if uri.startswith("file://") else uri)
+    try:
+        import fsspec
+    except ImportError as exc:  # pragma: no cover - fsspec comes with the workers extra
+        raise WeightsError(f"{uri}: fetching remote weights needs fsspec (pip install 'rollout-queue[workers]')") from exc
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    try:
+        fs, _ = fsspec.core.url_to_fs(parent)
+    except (ImportError, ValueError) as exc:
+        raise WeightsError(f"{uri}: no fsspec driver for it ({exc})") from exc
+    store = (cache or default_cache()) / hashlib.sha256(parent.encode()).hexdigest()[:16]
+    head = _manifest(fs, f"{parent}/{name}")
+    if head.chain[-1] != name:
+        raise WeightsError(f"{uri}: its manifest ends its chain with {head.chain[-1]!r}, not itself")
+    for member in head.chain:
+        if not (store / member).is_dir():
+            manifest = head if member == name else _manifest(fs, f"{parent}/{member}")
+            _fetch(fs, f"{parent}/{member}", manifest, store / member)
+    prune_versions(store, keep)
+    return store / name
+
+
+def _manifest(fs: object, folder_uri: str) -> WeightManifest:
+    try:
+        data = fs.cat_file(f"{folder_uri}/{MANIFEST_NAME}")  # type: ignore[attr-defined]
+    except (OSError, FileNotFoundError) as exc:
+        raise WeightsError(f"{folder_uri}: no manifest there ({exc})") from exc
+    except Exception as exc:  # HTTP client errors of whatever fsspec driver: the store is unreachable
+        raise WeightsError(f"{folder_uri}: the store did not answer ({type(exc).__name__}: {exc})") from exc
+    manifest = WeightManifest.from_json(data, f"{folder_uri}/{MANIFEST_NAME}")
+    if set(manifest.sha256) != set(manifest.files):
+        raise WeightsError(f"{folder_uri}: a remote version needs a sha256 for every file "
+                           "(publish with digests=True, the default)")
+    return manifest
+
+
+def _fetch(fs: object, folder_uri: str, manifest: WeightManifest, target: Path) -> None:
+    def fill(staging: Path) -> None:
+        for name, size in manifest.files.items():
+            digest, written = hashlib.sha256(), 0
+            try:
+                with fs.open(f"{folder_uri}/{name}", "rb") as src, open(staging / name, "wb") as dst:  # type: ignore[attr-defined]
+                    while chunk := src.read(CHUNK):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                        written += len(chunk)
+            except WeightsError:
+                raise
+            except Exception as exc:  # a dropped connection, a 404 mid-chain
+                raise WeightsError(f"{folder_uri}/{name}: fetch failed ({type(exc).__name__}: {exc})") from exc
+            if written != size or digest.hexdigest() != manifest.sha256[name]:
+                raise WeightsError(f"{folder_uri}/{name}: {written} bytes with sha256 {digest.hexdigest()[:12]}..., "
+                                   f"the manifest recorded {size} bytes and {manifest.sha256[name][:12]}...")
+        (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
+
+    try:
+        atomic_folder(target, fill)
+    except FileExistsError:
+        pass  # another worker sharing the cache fetched it meanwhile: complete by rule 2
