@@ -21,6 +21,7 @@ from rollout_queue.core.models import DeadLetter
 from rollout_queue.cli import render
 from rollout_queue.cli.common import (
     EXIT_FAIL,
+    EXIT_NOT_FOUND,
     EXIT_OK,
     UsageError,
     client,
@@ -111,6 +112,11 @@ def _dlq_change(args: argparse.Namespace) -> int:
         n = sum(q.run(actions.purge_dead_letters(layout.keys[i], ids)) for i, ids in sorted(by_partition.items()))
     log_action(args, "purged dead letters", "dlq_purge", purged=n, ids=",".join(args.ids) or "all")
     print_line("purged", n)
+    if not args.all and n < len(set(args.ids)):
+        # The ones that existed are gone; say that the others never did (a typo, or purged before).
+        print(f"rollout-queue: {len(set(args.ids)) - n} of {len(set(args.ids))} dead letters named do not exist",
+              file=sys.stderr)
+        return EXIT_NOT_FOUND
     return EXIT_OK
 
 
@@ -248,15 +254,20 @@ def cmd_drain(args: argparse.Namespace) -> int:
             for name, d in ([("", status)] if not parts else [("total", status)] + parts):
                 left = None if d.deadline_ms is None else d.deadline_ms - d.server_ms
                 print_line(*((name,) if parts else ()), "draining" if d.active else "not_draining",
-                           d.executing_groups, render.duration(left) if d.active else "-", d.reason)
+                           f"executing={d.executing_groups}", f"left={render.duration(left) if d.active else '-'}",
+                           f"reason={d.reason or '-'}")
         return EXIT_OK
     confirm(args, f"drain {args.action} {'closes' if args.action == 'start' else 'reopens'} admission")
     q = open_operated(args)
     layout = q.layout
     if args.action == "stop":
         left = sum(q.run(actions.drain_stop(keys)) for keys in layout.keys)
-        log_action(args, "drain stopped", "drain_stop", holds_left=left)
-        print_line("stopped", f"holds_left={left}")
+        log_action(args, "drain stopped", "drain_stop", other_holds=left)
+        print_line("stopped", f"other_holds={left}", f"admission={'closed' if left else 'open'}")
+        if left:  # the drain is gone, but admission is not back: say why, not just a number
+            print(f"rollout-queue: the drain is stopped; admission stays closed while {left} other hold(s) stand "
+                  "(a trainer publishing weights, or one that expired and awaits the reaper): "
+                  "see `rollout-queue stats` or ZRANGE $Q:holds 0 -1 WITHSCORES", file=sys.stderr)
         return EXIT_OK
     started = [q.run(actions.drain_start(keys, args.timeout_s, args.reason)) for keys in layout.keys]
     deadline, executing = min(d for d, _ in started), sum(e for _, e in started)

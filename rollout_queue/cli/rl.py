@@ -30,6 +30,24 @@ def _stop_on_signals() -> threading.Event:
 # -- produce ---------------------------------------------------------------------------------------
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape_template(text: str) -> str:
+    r"""``--template 'Q: {question}\nA:'``: a shell passes the two characters backslash and n, and
+    what is meant is a newline. ``\n``, ``\t`` and ``\\`` are decoded (as printf does); any other
+    backslash is kept as typed."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     from rollout_queue.rl.producer import ProducePlan, load_records, run_producer
 
@@ -39,8 +57,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
         records = load_records(args.dataset, split=args.split)
     except (FileNotFoundError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
+    template = None if args.template is None else unescape_template(args.template)
     plan = ProducePlan(name=args.name or _default_name(args.dataset), n=args.n,
-                       prompt_field=None if args.template is not None else args.prompt_field, template=args.template,
+                       prompt_field=None if args.template is not None else args.prompt_field, template=template,
                        epochs=args.epochs, shuffle=args.shuffle, seed=args.seed, id_field=args.id_field,
                        metadata_fields=tuple(args.metadata_field) if args.metadata_field else None)
     # The trainer creates the queue; the producer only with --create (a mistyped --queue is exit 4).
@@ -179,7 +198,8 @@ def _add_produce(sub: Any) -> None:
     p.add_argument("--name", default=None, help="producer name: its cursor in Redis and source_id prefix "
                                                 "(default: the dataset's file name)")
     p.add_argument("--prompt-field", default="prompt", action=_Given, help="record field holding the prompt")
-    p.add_argument("--template", default=None, help="prompt template over record fields, e.g. 'Q: {question}\\nA:'")
+    p.add_argument("--template", default=None,
+                   help="prompt template over record fields, e.g. 'Q: {question}\\nA:' (\\n, \\t and \\\\ are decoded)")
     p.add_argument("--n", type=int, default=8, help="samples (parent slots) per group (default 8)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--shuffle", action="store_true", help="shuffle each epoch (seeded: restarts resume the same order)")

@@ -142,6 +142,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("metrics", help="serve Prometheus metrics of the queue (needs the `metrics` extra)")
     p.add_argument("--port", type=int, default=9464, help="port to serve /metrics on (default 9464; 0: any free)")
-    p.add_argument("--addr", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--addr", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1, loopback; 0.0.0.0 for every interface, e.g. in a container)")
     p.add_argument("--once", action="store_true", help="print one scrape on stdout and exit")
     p.set_defaults(func=cmd_metrics)

@@ -255,8 +255,9 @@ def exposition(view: QueueView) -> str:
     return generate_latest(registry_for(view)).decode()
 
 
-def serve(view: QueueView, port: int, addr: str = "0.0.0.0") -> tuple[Any, threading.Thread]:
-    """Serve /metrics on ``addr:port`` from a daemon thread; returns (server, thread)."""
+def serve(view: QueueView, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
+    """Serve /metrics on ``addr:port`` from a daemon thread; returns (server, thread). Loopback
+    unless told: the series name queues, workers and trainers, which is not for every network."""
     return start_http_server(port, addr, registry=registry_for(view))  # type: ignore[no-any-return]
 
 
@@ -288,5 +289,5 @@ class ProcessMetrics:
         with self.lease_wait.labels(self.queue).time():
             yield
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> tuple[Any, threading.Thread]:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
         return start_http_server(port, addr, registry=self.registry)  # type: ignore[no-any-return]

@@ -247,6 +247,20 @@ def test_the_cli_refuses_a_field_and_a_template_together(redis_url: str, queue_n
     assert RolloutQueue.from_url(redis_url, queue_name).stats().submitted == 2
 
 
+def test_a_cli_template_decodes_backslash_escapes_as_a_shell_user_means_them(redis_url: str, queue_name: str,
+                                                                            tmp_path: Path) -> None:
+    from rollout_queue.cli import main
+    from rollout_queue.cli.rl import unescape_template
+
+    dataset = write_jsonl(tmp_path / "d.jsonl", 1)
+    # What `--template 'Q: {question}\nA:'` passes from a shell: a backslash and an n.
+    assert main(["--url", redis_url, "--queue", queue_name, "produce", str(dataset), "--template",
+                 "Q: {question}\\nA:", "--no-progress", "--create"]) == 0
+    (group,) = [r.group for r in RolloutQueue.from_url(redis_url, queue_name).worker("w").reserve(1)]
+    assert "\n" in group.prompt and "\\" not in group.prompt and group.prompt.endswith("\nA:")
+    assert unescape_template(r"a\tb\\n\x") == "a\tb\\n\\x"  # \\ is a backslash; \x stays as typed
+
+
 def test_the_producer_acl_role_may_produce_and_nothing_more(redis_url: str, queue_name: str, r: redis.Redis,
                                                            tmp_path: Path) -> None:
     from rollout_queue.ops import acl

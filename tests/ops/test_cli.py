@@ -241,7 +241,7 @@ def test_drain_closes_admission_until_stopped(cli: Cli, known_state: KnownState)
     assert st.workers[ALIVE].heartbeat().held
     assert st.workers[ALIVE].reserve(1) == []  # granted nothing (it reaped silent host-b on the way)
     code, out, _ = run(cli, st, "drain", "status")
-    assert code == 0 and out.startswith("draining\t1\t") and "redis upgrade" in out
+    assert code == 0 and out.startswith("draining\texecuting=1\tleft=") and out.endswith("\treason=redis upgrade\n")
     code, _, err = run(cli, st, "drain", "--yes", "--wait", "0.05")
     assert code == 1 and "still executing" in err
     run(cli, st, "requeue", st.ids[5], "--yes", "--force")
@@ -250,8 +250,16 @@ def test_drain_closes_admission_until_stopped(cli: Cli, known_state: KnownState)
     text = run(cli, st, "stats")[1]
     assert "DRAINING (redis upgrade)" in text, text
     code, out, _ = run(cli, st, "drain", "stop", "--yes")
-    assert code == 0 and out == "stopped\tholds_left=0\n"
+    assert code == 0 and out == "stopped\tother_holds=0\tadmission=open\n"
     assert not st.workers[ALIVE].heartbeat().held and st.workers[ALIVE].reserve(1)
+    # With a trainer's hold standing, stopping the drain says that admission stays closed, and why.
+    hold = st.q.hold(timeout_s=60)
+    try:
+        run(cli, st, "drain", "--yes")
+        code, out, err = run(cli, st, "drain", "stop", "--yes")
+        assert code == 0 and out == "stopped\tother_holds=1\tadmission=closed\n" and "stays closed" in err
+    finally:
+        hold.release()
 
 
 def test_dlq_list_show_requeue_purge(cli: Cli, known_state: KnownState) -> None:
@@ -275,7 +283,8 @@ def test_dlq_list_show_requeue_purge(cli: Cli, known_state: KnownState) -> None:
     assert code == 0 and out == "purged\t1\n"
     s = json.loads(run(cli, st, "stats", "--json")[1])
     assert s["dead"] == 0 and s["counters"]["dead_purged"] == 1
-    assert run(cli, st, "dlq", "purge", "1-0", "--yes")[1] == "purged\t0\n"
+    code, out, err = run(cli, st, "dlq", "purge", "1-0", "--yes")
+    assert (code, out) == (4, "purged\t0\n") and "1 of 1 dead letters named do not exist" in err
 
 
 # -- exit codes ---------------------------------------------------------------------------------------

@@ -21,6 +21,24 @@ def value(found: dict, name: str, **labels: str) -> float:
     return found[(name, frozenset(labels.items()))]
 
 
+def test_the_exporter_binds_loopback_unless_told(shared_state: KnownState) -> None:
+    """The series name queues, workers and trainers: by default nothing off this host can scrape them."""
+    import argparse
+
+    from rollout_queue.cli.status import register
+
+    view = QueueView.from_url(shared_state.url, shared_state.queue)
+    server, _ = metrics.serve(view, 0)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        view.close()
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["metrics"]).addr == "127.0.0.1"
+
+
 def test_exporter_serves_the_queue_over_http(shared_state: KnownState) -> None:
     shared_state.refresh()
     view = QueueView.from_url(shared_state.url, shared_state.queue)
