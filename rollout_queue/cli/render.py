@@ -103,7 +103,8 @@ def policy_section(snap: Snapshot) -> Section:
         "buffer empty" if st.staleness_max is None else f"max {st.staleness_max}, mean {st.staleness_mean:.2f}")
     rows = [("policy version", st.version if st.version_published else "none published"),
             ("buffer staleness", staleness),
-            ("admission", _admission(drain, st.active_holds))]
+            ("admission", _admission(drain, st.active_holds)),
+            ("last commit", "none yet" if st.since_commit_ms is None else f"{duration(st.since_commit_ms)} ago")]
     rows += [(f"evicted ({k})", v) for k, v in sorted(st.evictions.items())]
     rows += [(f"attempts ended {k}", v) for k, v in sorted(st.terminals.items())]
     rows += [(f"filtered ({k})", v) for k, v in sorted(st.filtered_by_reason.items())]

@@ -342,6 +342,10 @@ class QueueStats:
     #: Redis restarts or failovers the queue clock noticed (their downtime did not count: now_ms.lua).
     outages: int = 0
     source_ids: int = 0
+    #: Milliseconds since a trainer last committed, on the queue clock (Redis downtime does not
+    #: count); None before the first commit. A growing value with groups completed means the trainer
+    #: is stalled.
+    since_commit_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -486,6 +486,8 @@ _INTEGER = re.compile(r"-?[0-9]+")
 #: A filter reason's counter name: filter.lua's tokens, and the tokens earlier builds took as given.
 _TOKEN = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 #: The stats reply's fields after 'ok' (stats.lua's Returns).
+#: meta fields that are times, not counters.
+_NOT_COUNTERS = frozenset({"last_commit_ms"})
 _STATS = ("meta", "server_ms", "length", "ready", "buffer", "workers_alive", "workers_silent", "leases", "holds",
           "dlq", "commits", "bufvers", "ledger_lines", "source_ids", "outages", "submitted")
 
@@ -513,7 +515,8 @@ def parse_stats(reply: Any) -> QueueStats:
     # filter.lua writes bounded tokens (reason_counter); a field of any other shape was written by hand.
     reasons = {k[len("filtered_reason:"):]: v for k, v in ints.items() if k.startswith("filtered_reason:")}
     filtered_by = {k: v for k, v in reasons.items() if _TOKEN.fullmatch(k)}
-    counters = {k: v for k, v in ints.items() if not k.startswith("filtered_reason:")}
+    counters = {k: v for k, v in ints.items() if not k.startswith("filtered_reason:") and k not in _NOT_COUNTERS}
+    last_commit = ints.get("last_commit_ms")
     counters["submitted"] = f["submitted"]  # kept in the intake key (the producer role may only read meta)
     return QueueStats(
         backlog=f["length"] - retained - kept, ready=f["ready"], executing_groups=n("executing_groups"),
@@ -525,6 +528,7 @@ def parse_stats(reply: Any) -> QueueStats:
         staleness_mean=sum(stale) / len(stale) if stale else None,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
         ledger_lines=f["ledger_lines"], source_ids=f["source_ids"], outages=f["outages"],
+        since_commit_ms=None if last_commit is None else max(0, f["server_ms"] - last_commit),
     )
 
 

@@ -110,6 +110,10 @@ def _gauges(snap: Snapshot, base: Base, workers: bool = True) -> Iterator[Metric
     if remaining:
         yield _gauge("rollout_queue_lease_next_deadline_seconds", "Seconds until the earliest lease deadline.",
                      names, [(q, min(remaining) / 1000)])
+    if st.since_commit_ms is not None:  # absent until a trainer commits
+        yield _gauge("rollout_queue_seconds_since_last_commit", "Seconds since a trainer last committed a "
+                     "lease (queue clock): growing while groups are completed means the trainer is stalled.",
+                     names, [(q, st.since_commit_ms / 1000)])
     yield _gauge("rollout_queue_admission_holds", "Active admission holds (weight updates, drain).", names,
                  [(q, st.active_holds)])
     yield _gauge("rollout_queue_draining", "1 while the operator drain hold stands.", names,

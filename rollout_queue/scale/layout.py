@@ -219,7 +219,7 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
         raise ValueError("no partition stats to aggregate")
     summed: dict[str, Any] = {}
     for f in fields(QueueStats):
-        if f.name in ("version", "staleness_max", "staleness_mean"):
+        if f.name in ("version", "staleness_max", "staleness_mean", "since_commit_ms"):
             continue  # not sums: set below
         values = [getattr(s, f.name) for s in parts]
         if isinstance(values[0], bool):
@@ -232,6 +232,8 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
     weighted = [(s.staleness_mean, s.completed) for s in parts if s.staleness_mean is not None]
     weight = sum(n for _, n in weighted)
     summed["version"] = min(s.version for s in parts)
+    since = [s.since_commit_ms for s in parts if s.since_commit_ms is not None]
+    summed["since_commit_ms"] = min(since) if since else None  # the latest commit on any partition
     summed["staleness_max"] = max(maxima) if maxima else None
     summed["staleness_mean"] = sum(m * n for m, n in weighted) / weight if weight else None
     # Config values in the counters: the split bounds are logical (the shares sum to them, and with a

@@ -80,7 +80,9 @@ def test_stats_agree_with_redis_truth_after_a_mixed_sequence(open_queue, raw, qu
     q = open_queue(QueueConfig(max_staleness=1))
     assert_agrees(q, raw, queue_name)
     fill_buffer(q, 5, versions=[0, 0, 1, 1, 1])
+    assert q.stats().since_commit_ms is None         # no trainer has committed yet
     q.lease(2).commit(step=1)                        # committed, kept until a checkpoint
+    assert 0 <= q.stats().since_commit_ms < 60_000 and "last_commit_ms" not in q.stats().counters
     open_lease = q.lease(1, timeout_s=30)            # leased
     a_b = q.submit(make_groups(2, n=3))
     raw.xadd(keys(queue_name)["src"], {"v": "1", "sid": "junk", "n": "0", "p": "[]", "g": "{}"})

@@ -55,6 +55,7 @@ def test_exporter_serves_the_queue_over_http(shared_state: KnownState) -> None:
         assert value(found, "rollout_queue_groups", queue=q, state=state) == n, state
     assert value(found, "rollout_queue_up", queue=q) == 1
     assert value(found, "rollout_queue_policy_version", queue=q) == 3
+    assert 0 <= value(found, "rollout_queue_seconds_since_last_commit", queue=q) < 600  # g1 was committed
     assert value(found, "rollout_queue_workers", queue=q, status="alive") == 1
     assert value(found, "rollout_queue_workers", queue=q, status="silent") == 1
     assert value(found, "rollout_queue_leases_active", queue=q) == 1

@@ -97,6 +97,7 @@ end
 local commit_id = redis.call('XADD', K.commits, 'MAXLEN', '~', cfg.commits_maxlen, '*', 'lease', A.lease_id,
   'trainer', L.trainer or '', 'ids', table.concat(ids, ','), 'step', A.step, 'ms', now)
 redis.call('HINCRBY', K.meta, 'committed', k)
+redis.call('HSET', K.meta, 'last_commit_ms', now)  -- stats: is the trainer stalled? (queue clock)
 redis.call('HINCRBY', K.meta, 'leased', -k)
 redis.call('HINCRBY', K.meta, 'retained', -k)
 if keep then redis.call('HINCRBY', K.meta, 'kept', k) end
