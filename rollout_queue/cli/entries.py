@@ -8,7 +8,8 @@ from typing import Any
 
 from rollout_queue.ops import actions, partition_views
 from rollout_queue.cli import render
-from rollout_queue.cli.common import EXIT_OK, confirm, log_action, open_operated, open_view, print_json, print_line
+from rollout_queue.cli.common import (EXIT_OK, UsageError, confirm, log_action, open_operated, open_view, print_json,
+                                     print_line)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -38,6 +39,19 @@ def cmd_leases(args: argparse.Namespace) -> int:
         print_json(ls)
     else:
         render.emit([render.leases_section(ls, limit=10_000, partitioned=view.layout.count > 1)])
+    return EXIT_OK
+
+
+def cmd_stragglers(args: argparse.Namespace) -> int:
+    """The oldest executing attempts, oldest first (``ENTRY WORKER AGE ATTEMPT`` rows, or --json)."""
+    if args.count < 1:
+        raise UsageError(f"--count must be >= 1, got {args.count}")
+    view = open_view(args)
+    attempts, truncated = view.run(partition_views.stragglers(view.layout, args.count))
+    if args.json:
+        print_json({"attempts": attempts, "truncated": truncated})
+    else:
+        render.emit([render.stragglers_section(attempts, truncated, partitioned=view.layout.count > 1)])
     return EXIT_OK
 
 
@@ -75,6 +89,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("leases", help="active leases with their trainers and deadlines")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_leases)
+
+    p = sub.add_parser("stragglers", help="the oldest executing attempts: entry, worker, age, attempt")
+    p.add_argument("--count", type=int, default=20, help="how many (default 20)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stragglers)
 
     p = sub.add_parser("requeue", help="end one entry's executing attempt and put the entry back to ready",
                        description="Safe by default: acts only when the owning worker is silent past "

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import (
     STATES,
+    AttemptView,
     DrainStatus,
     EntryView,
     LeaseView,
@@ -166,6 +167,17 @@ def leases_section(ls: Sequence[LeaseView], limit: int = 20, partitioned: bool =
              _deadline(lv)) for lv in ls[:limit]]
     return section(f"leases: {len(ls)} active in the partitions ({sum(lv.groups for lv in ls)} groups)",
                    ("lease", "partition", "trainer", "groups", "version", "deadline"), rows)
+
+
+def stragglers_section(attempts: Sequence[AttemptView], truncated: bool, partitioned: bool = False) -> Section:
+    """The oldest executing attempts first: which entry, on which worker, for how long."""
+    title = f"stragglers: the {len(attempts)} oldest executing attempts" + (
+        " (of the first entries of a large PEL)" if truncated else "")
+    if partitioned:
+        rows = [(a.entry_id, a.partition, a.worker_id, duration(a.age_ms), a.attempt) for a in attempts]
+        return section(title, ("entry", "partition", "worker", "age", "attempt"), rows)
+    rows = [(a.entry_id, a.worker_id, duration(a.age_ms), a.attempt) for a in attempts]
+    return section(title, ("entry", "worker", "age", "attempt"), rows)
 
 
 def partitions_section(snap: Snapshot) -> Section:

@@ -28,7 +28,8 @@ from rollout_queue.core.flows import Flow, T
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import DeadLetter
 from rollout_queue.ops import views
-from rollout_queue.ops.view_models import DrainStatus, EntryView, LeaseView, PelSummary, Snapshot, WorkerView
+from rollout_queue.ops.view_models import (AttemptView, DrainStatus, EntryView, LeaseView, PelSummary, Snapshot,
+                                           WorkerView)
 from rollout_queue.scale.flows import each, guarded
 from rollout_queue.scale.layout import Layout, sum_stats
 
@@ -134,6 +135,16 @@ def leases(layout: Layout) -> Flow[list[LeaseView]]:
         return found[0]
     rows = [replace(x, partition=name) for name, ls in zip(layout.names, found) for x in ls]
     return sorted(rows, key=lambda x: (x.deadline_ms is None, x.deadline_ms or 0, x.partition))
+
+
+def stragglers(layout: Layout, count: int = 20) -> Flow[tuple[list[AttemptView], bool]]:
+    """The ``count`` oldest executing attempts over every partition, each naming its partition (a
+    plain queue's name none), and whether some partition's PEL was only partly looked at."""
+    found = yield from _all(layout, "stragglers", lambda keys: views.stragglers(keys, count))
+    if layout.count == 1:
+        return found[0]
+    rows = [replace(a, partition=name) for name, (attempts, _) in zip(layout.names, found) for a in attempts]
+    return sorted(rows, key=lambda a: -a.age_ms)[:count], any(truncated for _, truncated in found)
 
 
 def dead_letters(layout: Layout, count: int = 100) -> Flow[list[DeadLetter]]:

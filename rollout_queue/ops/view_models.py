@@ -115,6 +115,19 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
+class AttemptView:
+    """One executing attempt from the PEL: its entry, the worker running it, how long since it was
+    reserved (the PEL's idle time, reset only by a delivery), and its attempt number."""
+
+    entry_id: str
+    worker_id: str
+    age_ms: int
+    attempt: int
+    #: the partition (queue name) holding it, on a partitioned queue
+    partition: str = ""
+
+
+@dataclass(frozen=True)
 class LeaseView:
     """An active lease; ``remaining_ms`` < 0 means overdue (the reaper rolls it back). A number that
     is None could not be read (``garbage`` names it)."""

@@ -40,6 +40,7 @@ from rollout_queue.ops.view_models import (
     DRAIN_HOLD,
     STATES,
     Attempt,
+    AttemptView,
     DrainStatus,
     EntryView,
     LeaseView,
@@ -193,6 +194,26 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
             return PelSummary(attempts, states, tuple(ages), seen, False)
         start = "(" + page[-1].entry_id
     return PelSummary(attempts, states, tuple(ages), seen, True)
+
+
+def stragglers(keys: QueueKeys, count: int = 20, limit: int = PEL_LIMIT) -> Flow[tuple[list[AttemptView], bool]]:
+    """The ``count`` oldest executing attempts (the stragglers), oldest first, and whether the PEL held
+    more than ``limit`` entries (then only the first ``limit`` were looked at). Ready, completed and
+    leased entries of the PEL (owners @ready, @done, @lease:...) are not attempts and never listed."""
+    yield from require_queue(keys)
+    found: list[AttemptView] = []
+    start, seen = "-", 0
+    while seen < limit:
+        want = min(PAGE, limit - seen)
+        page = p.parse_pending((yield p.Command(("XPENDING", keys["src"], "rollout", start, "+", want))))
+        found += [AttemptView(row.entry_id, row.consumer, row.idle_ms, row.deliveries) for row in page
+                  if entry_state(row.consumer) == "executing"]
+        found = sorted(found, key=lambda a: -a.age_ms)[:count]
+        seen += len(page)
+        if len(page) < want:
+            return found, False
+        start = "(" + page[-1].entry_id
+    return found, True
 
 
 def buffer_staleness(keys: QueueKeys) -> Flow[tuple[int, ...]]:

@@ -162,6 +162,15 @@ def test_workers_and_leases_have_a_partition_column(state: Partitioned, cli: Cli
     assert code == 0 and "partition" in out
 
 
+def test_stragglers_name_their_partition(state: Partitioned, cli: Cli) -> None:
+    code, out, _ = cli(state.url, state.name, "stragglers", "--json")
+    attempts = json.loads(out)["attempts"]
+    assert code == 0 and {(a["partition"], a["entry_id"]) for a in attempts} == set(state.executing)
+    assert {a["worker_id"] for a in attempts} == {WORKER}
+    code, out, _ = cli(state.url, state.name, "stragglers")
+    assert code == 0 and "partition" in out.splitlines()[1]
+
+
 def test_inspect_finds_the_entry_in_its_partition(state: Partitioned, cli: Cli) -> None:
     part, entry_id = state.executing[0]
     for ref in (f"{part}/{entry_id}", f"{part.rsplit('#', 1)[1]}/{entry_id}"):

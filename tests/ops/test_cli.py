@@ -103,6 +103,28 @@ def test_inspect_unknown_entry_and_queue_exit_4(cli: Cli, shared_state: KnownSta
     assert code == 2 and "bad entry id" in err
 
 
+def test_stragglers_are_the_oldest_executing_attempts_and_nothing_else(cli: Cli, shared_state: KnownState,
+                                                                      r: object) -> None:
+    """g5 and g6 execute (g6 on the silent host); ready, completed and leased PEL rows are not attempts."""
+    st = shared_state
+    code, out, _ = run(cli, st, "stragglers", "--json")
+    found = json.loads(out)
+    attempts = found["attempts"]
+    assert code == 0 and not found["truncated"]
+    assert {(a["entry_id"], a["worker_id"]) for a in attempts} == {(st.ids[5], ALIVE), (st.ids[6], SILENT)}
+    assert [a["age_ms"] for a in attempts] == sorted((a["age_ms"] for a in attempts), reverse=True)
+    # The ages are XPENDING's idle times of those entries (reset only when an attempt is reserved).
+    pending = {row["message_id"].decode(): row for row in r.xpending_range(f"rollout:{{{st.queue}}}:src", "rollout",
+                                                                         "-", "+", 100)}  # type: ignore[attr-defined]
+    for a in attempts:
+        assert a["age_ms"] <= pending[a["entry_id"]]["time_since_delivered"] + 5_000
+        assert a["attempt"] == pending[a["entry_id"]]["times_delivered"]
+    code, out, _ = run(cli, st, "stragglers", "--count", "1")
+    assert code == 0 and out.count(attempts[0]["entry_id"]) == 1 and attempts[1]["entry_id"] not in out
+    assert run(cli, st, "stragglers", "--count", "0")[0] == 2
+    assert cli(st.url, st.queue + "-typo", "stragglers")[0] == 4
+
+
 def test_workers_and_leases(cli: Cli, shared_state: KnownState) -> None:
     shared_state.refresh()
     code, out, _ = run(cli, shared_state, "workers", "--json")
