@@ -55,6 +55,19 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_at_risk(args: argparse.Namespace) -> int:
+    """Entries that at most --within more counted failures send to the dead-letter queue."""
+    if args.within < 1:
+        raise UsageError(f"--within must be >= 1, got {args.within}")
+    view = open_view(args)
+    entries, truncated = view.run(partition_views.at_risk(view.layout, args.within))
+    if args.json:
+        print_json({"entries": entries, "truncated": truncated})
+    else:
+        render.emit([render.at_risk_section(entries, truncated, partitioned=view.layout.count > 1)])
+    return EXIT_OK
+
+
 def cmd_requeue(args: argparse.Namespace) -> int:
     """Prints ``ENTRY_ID<TAB>outcome`` (ready, dead, replay, already_ready). Refusals exit 5."""
     confirm(args, f"requeue {args.entry_id} ends its executing attempt")
@@ -94,6 +107,11 @@ def register(sub: Any) -> None:
     p.add_argument("--count", type=int, default=20, help="how many (default 20)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stragglers)
+
+    p = sub.add_parser("at-risk", help="entries one counted failure (or --within N) from the dead-letter queue")
+    p.add_argument("--within", type=int, default=1, help="counted failures left at most (default 1)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_at_risk)
 
     p = sub.add_parser("requeue", help="end one entry's executing attempt and put the entry back to ready",
                        description="Safe by default: acts only when the owning worker is silent past "

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import (
     STATES,
+    AtRiskView,
     AttemptView,
     DrainStatus,
     EntryView,
@@ -178,6 +179,16 @@ def stragglers_section(attempts: Sequence[AttemptView], truncated: bool, partiti
         return section(title, ("entry", "partition", "worker", "age", "attempt"), rows)
     rows = [(a.entry_id, a.worker_id, duration(a.age_ms), a.attempt) for a in attempts]
     return section(title, ("entry", "worker", "age", "attempt"), rows)
+
+
+def at_risk_section(entries: Sequence[AtRiskView], truncated: bool, partitioned: bool = False) -> Section:
+    """Entries closest to the dead-letter queue first, with the last reason they failed."""
+    title = f"at risk: {len(entries)} entries near max_attempts" + (
+        " (of the first histories of a large queue)" if truncated else "")
+    cols = ("entry",) + (("partition",) if partitioned else ()) + ("failures", "left", "last terminal", "last reason")
+    rows = [(a.entry_id,) + ((a.partition,) if partitioned else ()) + (a.counted_failures, a.left, a.last_terminal,
+                                                                      a.last_reason) for a in entries]
+    return section(title, cols, rows)
 
 
 def partitions_section(snap: Snapshot) -> Section:

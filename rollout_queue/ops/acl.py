@@ -65,7 +65,7 @@ XAUTOCLAIM XCLAIM XDEL XGROUP XREADGROUP XTRIM PUBLISH
 READ_COMMANDS = (
     "xpending", "xrange", "xrevrange", "xlen", "xinfo|stream", "xinfo|groups", "xinfo|consumers",
     "zrange", "zrangebyscore", "zrevrange", "zscore", "zcard", "zcount", "hget", "hgetall", "hmget", "hlen",
-    "hstrlen", "hexists", "hkeys", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding",
+    "hstrlen", "hexists", "hkeys", "hscan", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding",
     "get",  # the partition-count record (views.partition_count): read to find a logical queue's partitions
 )
 

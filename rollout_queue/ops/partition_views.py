@@ -28,7 +28,7 @@ from rollout_queue.core.flows import Flow, T
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import DeadLetter
 from rollout_queue.ops import views
-from rollout_queue.ops.view_models import (AttemptView, DrainStatus, EntryView, LeaseView, PelSummary, Snapshot,
+from rollout_queue.ops.view_models import (AtRiskView, AttemptView, DrainStatus, EntryView, LeaseView, PelSummary, Snapshot,
                                            WorkerView)
 from rollout_queue.scale.flows import each, guarded
 from rollout_queue.scale.layout import Layout, sum_stats
@@ -145,6 +145,16 @@ def stragglers(layout: Layout, count: int = 20) -> Flow[tuple[list[AttemptView],
         return found[0]
     rows = [replace(a, partition=name) for name, (attempts, _) in zip(layout.names, found) for a in attempts]
     return sorted(rows, key=lambda a: -a.age_ms)[:count], any(truncated for _, truncated in found)
+
+
+def at_risk(layout: Layout, within: int = 1) -> Flow[tuple[list[AtRiskView], bool]]:
+    """Entries of every partition that at most ``within`` more counted failures dead-letter, each
+    naming its partition (a plain queue's name none), fewest left first."""
+    found = yield from _all(layout, "at_risk", lambda keys: views.at_risk(keys, within))
+    if layout.count == 1:
+        return found[0]
+    rows = [replace(a, partition=name) for name, (entries, _) in zip(layout.names, found) for a in entries]
+    return sorted(rows, key=lambda a: (a.left, a.partition, a.entry_id)), any(t for _, t in found)
 
 
 def dead_letters(layout: Layout, count: int = 100) -> Flow[list[DeadLetter]]:

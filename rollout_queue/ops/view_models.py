@@ -128,6 +128,19 @@ class AttemptView:
 
 
 @dataclass(frozen=True)
+class AtRiskView:
+    """An entry not settled whose counted failures leave it ``left`` more before it is dead-lettered
+    (max_attempts - failures), with its last attempt's terminal and reason."""
+
+    entry_id: str
+    counted_failures: int
+    left: int
+    last_terminal: str
+    last_reason: str
+    partition: str = ""
+
+
+@dataclass(frozen=True)
 class LeaseView:
     """An active lease; ``remaining_ms`` < 0 means overdue (the reaper rolls it back). A number that
     is None could not be read (``garbage`` names it)."""

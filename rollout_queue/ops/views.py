@@ -40,6 +40,7 @@ from rollout_queue.ops.view_models import (
     DRAIN_HOLD,
     STATES,
     Attempt,
+    AtRiskView,
     AttemptView,
     DrainStatus,
     EntryView,
@@ -214,6 +215,33 @@ def stragglers(keys: QueueKeys, count: int = 20, limit: int = PEL_LIMIT) -> Flow
             return found, False
         start = "(" + page[-1].entry_id
     return found, True
+
+
+def at_risk(keys: QueueKeys, within: int = 1, limit: int = PEL_LIMIT) -> Flow[tuple[list[AtRiskView], bool]]:
+    """Entries not yet settled that at most ``within`` more counted failures send to the dead-letter
+    queue, fewest left first; and whether the history held more than ``limit`` entries (then only
+    those read were looked at). Reads the attempt histories in HSCAN pages and the ledger of the
+    candidates (a settled entry's history is kept until it is pruned: it is never at risk)."""
+    cfg = yield from config(keys)
+    found: list[AtRiskView] = []
+    cursor, seen = "0", 0
+    while True:
+        reply = yield p.Command(("HSCAN", keys["history"], cursor, "COUNT", PAGE))
+        cursor, flat = text(reply[0]), list(reply[1])
+        pairs = [(text(flat[i]), flat[i + 1]) for i in range(0, len(flat) - 1, 2)]
+        seen += len(pairs)
+        candidates = []
+        for entry_id, raw in pairs:
+            failures, history = _history(raw)
+            if cfg.max_attempts - failures <= within:
+                last = history[-1] if history else None
+                candidates.append(AtRiskView(entry_id, failures, max(0, cfg.max_attempts - failures),
+                                             last.terminal if last else "", last.reason if last else ""))
+        if candidates:
+            lines = yield p.Command(("HMGET", keys["ledger"], *(c.entry_id for c in candidates)))
+            found += [c for c, line in zip(candidates, lines) if line is not None and not text(line).startswith("s|")]
+        if cursor == "0" or seen >= limit:
+            return sorted(found, key=lambda c: (c.left, c.entry_id)), cursor != "0"
 
 
 def buffer_staleness(keys: QueueKeys) -> Flow[tuple[int, ...]]:

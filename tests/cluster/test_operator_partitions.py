@@ -169,6 +169,9 @@ def test_stragglers_name_their_partition(state: Partitioned, cli: Cli) -> None:
     assert {a["worker_id"] for a in attempts} == {WORKER}
     code, out, _ = cli(state.url, state.name, "stragglers")
     assert code == 0 and "partition" in out.splitlines()[1]
+    code, out, _ = cli(state.url, state.name, "at-risk", "--within", "99", "--json")
+    entries = json.loads(out)["entries"]
+    assert code == 0 and all(e["partition"] in state.expected for e in entries)
 
 
 def test_inspect_finds_the_entry_in_its_partition(state: Partitioned, cli: Cli) -> None:

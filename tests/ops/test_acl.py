@@ -106,7 +106,8 @@ def test_each_role_does_its_job(urls: Urls, queue_name: str, cli: Cli) -> None:
     time.sleep(0.05)
     assert reaper.reap().pruned == 1
     for args in (["stats", "--json"], ["inspect", ids[1]], ["workers"], ["leases"], ["dlq", "list"],
-                 ["config", "show"], ["drain", "status"], ["metrics", "--once"], ["top", "--once"]):
+                 ["config", "show"], ["drain", "status"], ["metrics", "--once"], ["top", "--once"],
+                 ["stragglers"], ["at-risk"]):
         code, out, err = cli(urls["operator"], queue_name, *args)
         assert code == 0, (args, err)
     assert json.loads(cli(urls["operator"], queue_name, "stats", "--json")[1])["committed"] == 1

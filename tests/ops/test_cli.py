@@ -125,6 +125,20 @@ def test_stragglers_are_the_oldest_executing_attempts_and_nothing_else(cli: Cli,
     assert cli(st.url, st.queue + "-typo", "stragglers")[0] == 4
 
 
+def test_at_risk_lists_the_entries_one_counted_failure_from_dead(cli: Cli, shared_state: KnownState) -> None:
+    """max_attempts 2: g4 failed once ("CUDA OOM") and waits in ready: one more failure kills it. g0
+    is already dead (its history is kept after settlement, but it is not at risk any more)."""
+    st = shared_state
+    code, out, _ = run(cli, st, "at-risk", "--json")
+    found = json.loads(out)
+    assert code == 0 and not found["truncated"]
+    assert [(e["entry_id"], e["counted_failures"], e["left"]) for e in found["entries"]] == [(st.ids[4], 1, 1)]
+    assert "CUDA OOM" in found["entries"][0]["last_reason"]
+    code, out, _ = run(cli, st, "at-risk")
+    assert code == 0 and st.ids[4] in out and st.ids[0] not in out
+    assert run(cli, st, "at-risk", "--within", "0")[0] == 2
+
+
 def test_workers_and_leases(cli: Cli, shared_state: KnownState) -> None:
     shared_state.refresh()
     code, out, _ = run(cli, shared_state, "workers", "--json")
