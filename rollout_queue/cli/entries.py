@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable
 
 from rollout_queue.ops import actions, partition_views
 from rollout_queue.cli import render
@@ -42,30 +42,30 @@ def cmd_leases(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _bounded_listing(args: argparse.Namespace, option: str, key: str, flow: Callable[[Any, int], Any],
+                     section: Callable[..., render.Section]) -> int:
+    """A read-only listing bounded by the positive ``--<option>``: ``{key: rows, "truncated": ...}``
+    with --json, else one section (with a partition column on a partitioned queue)."""
+    bound = getattr(args, option)
+    if bound < 1:
+        raise UsageError(f"--{option} must be >= 1, got {bound}")
+    view = open_view(args)
+    rows, truncated = view.run(flow(view.layout, bound))
+    if args.json:
+        print_json({key: rows, "truncated": truncated})
+    else:
+        render.emit([section(rows, truncated, partitioned=view.layout.count > 1)])
+    return EXIT_OK
+
+
 def cmd_stragglers(args: argparse.Namespace) -> int:
     """The oldest executing attempts, oldest first (``ENTRY WORKER AGE ATTEMPT`` rows, or --json)."""
-    if args.count < 1:
-        raise UsageError(f"--count must be >= 1, got {args.count}")
-    view = open_view(args)
-    attempts, truncated = view.run(partition_views.stragglers(view.layout, args.count))
-    if args.json:
-        print_json({"attempts": attempts, "truncated": truncated})
-    else:
-        render.emit([render.stragglers_section(attempts, truncated, partitioned=view.layout.count > 1)])
-    return EXIT_OK
+    return _bounded_listing(args, "count", "attempts", partition_views.stragglers, render.stragglers_section)
 
 
 def cmd_at_risk(args: argparse.Namespace) -> int:
     """Entries that at most --within more counted failures send to the dead-letter queue."""
-    if args.within < 1:
-        raise UsageError(f"--within must be >= 1, got {args.within}")
-    view = open_view(args)
-    entries, truncated = view.run(partition_views.at_risk(view.layout, args.within))
-    if args.json:
-        print_json({"entries": entries, "truncated": truncated})
-    else:
-        render.emit([render.at_risk_section(entries, truncated, partitioned=view.layout.count > 1)])
-    return EXIT_OK
+    return _bounded_listing(args, "within", "entries", partition_views.at_risk, render.at_risk_section)
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
