@@ -745,6 +745,17 @@ def parse_pending(reply: Any) -> list[Pending]:
     return out
 
 
+@_shaped
+def parse_hscan(reply: Any) -> tuple[str, list[tuple[str, Any]]]:
+    """HSCAN's ``[cursor, [field, value, ...]]``: (the next cursor, "0" when done; the field names as
+    text with their raw values). A value is left raw: the caller's own lenient parser reads it."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != 2 or not isinstance(reply[1], (list, tuple)) \
+            or len(reply[1]) % 2:
+        raise ProtocolError(f"HSCAN: expected [cursor, [field, value, ...]], got {reply!r}")
+    flat = reply[1]
+    return _word(reply[0]), [(_word(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
 def parse_owned(reply: Sequence[Any], worker_id: str) -> list[OwnedAttempt]:
     """One page of the extended XPENDING reply filtered to ``worker_id`` (core/owned.py). Raises
     ProtocolError for a row of another shape or another consumer (the filter was not applied)."""

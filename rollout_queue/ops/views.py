@@ -226,9 +226,7 @@ def at_risk(keys: QueueKeys, within: int = 1, limit: int = PEL_LIMIT) -> Flow[tu
     found: list[AtRiskView] = []
     cursor, seen = "0", 0
     while True:
-        reply = yield p.Command(("HSCAN", keys["history"], cursor, "COUNT", PAGE))
-        cursor, flat = text(reply[0]), list(reply[1])
-        pairs = [(text(flat[i]), flat[i + 1]) for i in range(0, len(flat) - 1, 2)]
+        cursor, pairs = p.parse_hscan((yield p.Command(("HSCAN", keys["history"], cursor, "COUNT", PAGE))))
         seen += len(pairs)
         candidates = []
         for entry_id, raw in pairs:

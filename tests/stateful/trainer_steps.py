@@ -95,7 +95,9 @@ class TrainerSteps(Steps):
     def extend(self, data: st.DataObject) -> None:
         record = data.draw(st.sampled_from(self.model.active_leases()), label="lease")
         old = record.handle.deadline_ms
-        assert record.handle.extend(900) > old  # longer than lease_timeout_s: the deadline moves on
+        # Longer than lease_timeout_s, so the deadline moves on; two extends within one millisecond of
+        # the queue clock set the same deadline (now + 900 s), hence >= (seen on a fast valkey run).
+        assert record.handle.extend(900) >= old
 
     def closed_lease_call(self, data: st.DataObject) -> None:
         """Repeating a settled lease's own call replays its answer; anything else raises LeaseLost."""

@@ -161,6 +161,7 @@ PARSERS: list[tuple[Callable[..., Any], tuple[Any, ...], list[Any], int]] = [
     (p.parse_time, (), [b"1700000000", b"123456"], 2),
     (p.parse_hmget, (("a", "b"),), [b"1", None], 2),
     (p.parse_pending, (), [[b"1-0", b"w1", 5, 1]], 0),
+    (p.parse_hscan, (), [b"0", [b"1-0", b"{\"f\": 1}"]], 2),
     (p.parse_owned, ("w1",), [[b"1-0", b"w1", 5, 1]], 0),
     (p.parse_stream_entries, (), [[b"1-0", KV]], 0),
     (p.parse_last_id, (), [[b"1-0", KV]], 0),
