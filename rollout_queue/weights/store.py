@@ -157,12 +157,13 @@ def read_chain_state(chain: Sequence[Path], since: Sequence[Path] | None = None)
     start = len(since) if since is not None and tuple(chain[:len(since)]) == tuple(since) else 0
     state: dict[str, torch.Tensor] = {}
     for member in chain[start:]:
-        for name in _safetensors_files(member):
+        for name in safetensors_files(member):
             state.update(load_file(os.fspath(member / name)))
     return state
 
 
-def _safetensors_files(folder: Path) -> list[str]:
+def safetensors_files(folder: Path) -> list[str]:
+    """The safetensors files of one version folder: those its index names (a sharded save), else all."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         return sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -178,7 +179,7 @@ def _tensor_names(path: Path) -> list[str]:
 
 def tensor_names(folder: Path) -> set[str]:
     """Every tensor name a full folder holds (read from the safetensors headers only)."""
-    return {name for file in _safetensors_files(folder) for name in _tensor_names(folder / file)}
+    return {name for file in safetensors_files(folder) for name in _tensor_names(folder / file)}
 
 
 def prune_versions(root: str | os.PathLike[str], keep: int) -> list[Path]:

@@ -29,9 +29,11 @@ class ChainReload:
         number of tensors loaded."""
         from safetensors import safe_open
 
+        from rollout_queue.weights.store import safetensors_files
+
         newest: dict[str, str] = {}  # tensor name -> file holding its newest value
         for folder in folders:
-            for path in sorted(Path(folder).glob("*.safetensors")):
+            for path in (Path(folder) / name for name in safetensors_files(Path(folder))):
                 with safe_open(os.fspath(path), framework="pt", device="cpu") as handle:
                     for name in handle.keys():
                         newest[name] = os.fspath(path)
