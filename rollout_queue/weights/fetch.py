@@ -91,6 +91,8 @@ def _fetch(fs: object, folder_uri: str, manifest: WeightManifest, target: Path) 
                         digest.update(chunk)
                         dst.write(chunk)
                         written += len(chunk)
+                        if written > size:  # a store sending more than recorded is stopped, not read to its end
+                            break
             except WeightsError:
                 raise
             except Exception as exc:  # a dropped connection, a 404 mid-chain
