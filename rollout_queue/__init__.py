@@ -26,6 +26,7 @@ _WHERE = {
     "FleetReserver": "rollout_queue.api.fleet",
     "GroupTooLarge": "rollout_queue.core.errors",
     "HeartbeatInfo": "rollout_queue.core.models",
+    "Progress": "rollout_queue.core.models",
     "Hold": "rollout_queue.api.lease",
     "HoldLost": "rollout_queue.core.errors",
     "InvalidInput": "rollout_queue.core.errors",
@@ -91,7 +92,7 @@ if TYPE_CHECKING:
     from rollout_queue.core.config import QueueConfig
     from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression
     from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
-    from rollout_queue.core.models import OwnedAttempt
+    from rollout_queue.core.models import OwnedAttempt, Progress
     from rollout_queue.core.policy import Durability, RetryPolicy
     from rollout_queue.api.fleet import FleetReserver as AsyncFleetReserver
     from rollout_queue.api.lease import Hold as AsyncHold

@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 from rollout_queue.api.results import Calls, Result, run_calls
 from rollout_queue.api.worker import Worker
 from rollout_queue.core.errors import InvalidInput
-from rollout_queue.core.models import HeartbeatInfo, Reservation
+from rollout_queue.core.models import HeartbeatInfo, Progress, Reservation
 from rollout_queue.scale.fleet import WeightedShare, plan_reserve
 
 
@@ -51,9 +51,9 @@ class FleetReserver:
             worker = self.workers[self.names[k]]
             got = yield lambda: worker.reserve(groups, block_ms=block, max_samples=samples, overcommit=overcommit)
 
-    def heartbeat(self) -> Result[dict[str, HeartbeatInfo]]:
-        """Each queue's heartbeat: its own policy version and weights."""
-        return run_calls(self._each(lambda w: w.heartbeat()), self.is_async)
+    def heartbeat(self, progress: Progress | None = None) -> Result[dict[str, HeartbeatInfo]]:
+        """Each queue's heartbeat: its own policy version and weights (``progress`` goes to each)."""
+        return run_calls(self._each(lambda w: w.heartbeat(progress)), self.is_async)
 
     def close(self, terminal: str = "aborted", reason: str = "worker closed") -> Result[dict[str, tuple[int, int]]]:
         """Close the worker on every queue: {queue: (requeued, dead-lettered)}."""

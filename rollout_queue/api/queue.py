@@ -186,13 +186,15 @@ class RolloutQueue:
                                       self.clock)
         return None if members is None else Lease(self, members, timeout_s or self.config.lease_timeout_s)
 
-    def hold(self, timeout_s: float | None = None) -> Result[Hold]:
+    def hold(self, timeout_s: float | None = None, holder: str | None = None,
+             reason: str = "weight update") -> Result[Hold]:
         """Close admission (no new reservations or leases) on every partition until the hold is
-        released or expires (all or nothing)."""
-        return self.run(self._hold(flows.new_id(), timeout_s))
+        released or expires (all or nothing). ``holder`` (default: this process's id) and ``reason``
+        are what `rollout-queue holds` shows operators while it stands."""
+        return self.run(self._hold(flows.new_id(), timeout_s, holder or default_process_id(), reason))
 
-    def _hold(self, hold_id: str, timeout_s: float | None) -> Flow[Hold]:
-        return Hold(self, hold_id, (yield from pf.hold_open(self.layout, hold_id, timeout_s)))
+    def _hold(self, hold_id: str, timeout_s: float | None, holder: str, reason: str) -> Flow[Hold]:
+        return Hold(self, hold_id, (yield from pf.hold_open(self.layout, hold_id, timeout_s, holder, reason)))
 
     def checkpoint(self, step: int) -> Result[int]:
         """A model checkpoint covers ``step``: drop the data committed at or before it."""

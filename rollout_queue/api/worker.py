@@ -13,7 +13,7 @@ from rollout_queue.api.results import Result
 from rollout_queue.core import flows
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import HeartbeatInfo, Receipt, Reservation, Sample, check_worker_id
-from rollout_queue.core.models import OwnedAttempt
+from rollout_queue.core.models import OwnedAttempt, Progress
 from rollout_queue.core.protocol import CompletionOutcome
 from rollout_queue.scale import flows as pf
 from rollout_queue.scale.layout import Selector
@@ -64,10 +64,11 @@ class Worker:
         """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``."""
         return self.queue.run(flows.filter_group(self._keys(receipt), receipt, reason))
 
-    def heartbeat(self) -> Result[HeartbeatInfo]:
-        """I am alive (on every partition that answers); the newest policy version announced."""
+    def heartbeat(self, progress: Progress | None = None) -> Result[HeartbeatInfo]:
+        """I am alive (on every partition that answers); the newest policy version announced.
+        ``progress``: this process's groups, tokens and uptime so far, for operators' rates."""
         q = self.queue
-        return q.run(pf.heartbeat(q.layout, self.selector, self.worker_id, q.clock))
+        return q.run(pf.heartbeat(q.layout, self.selector, self.worker_id, q.clock, progress))
 
     def owned(self, min_idle_ms: int = 0) -> Result[list[OwnedAttempt]]:
         """What the PEL gives this worker now (read-only): each entry's exact receipt and ms since its

@@ -37,6 +37,9 @@ KEY_SUFFIXES: dict[str, str] = {
     "settled": "settled",
     "clock": "clock",
     "intake": "intake",
+    "progress": "progress",
+    "reaped": "reaped",
+    "holders": "holders",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

@@ -298,6 +298,21 @@ class CompletedGroup:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """What a worker process says of itself in each heartbeat: groups completed and tokens generated
+    since it started, and for how long it has run. Operators read rates from it (`rollout-queue
+    workers`, `top`, the exporter's per-worker counters): the queue stores the last one per worker."""
+
+    groups: int
+    tokens: int
+    uptime_ms: int
+
+    def __post_init__(self) -> None:
+        for name in ("groups", "tokens", "uptime_ms"):
+            check_int(getattr(self, name), f"progress {name}")
+
+
+@dataclass(frozen=True)
 class HeartbeatInfo:
     """What a heartbeat learns: the policy version to generate with and whether admission is held."""
 

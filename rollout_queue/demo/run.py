@@ -132,7 +132,7 @@ class DemoRun:
         o = self.o
         q = self.queue(queue_config(o))
         self._pin_trainer()
-        hold = q.hold(timeout_s=o.worker_start_timeout_s + 30)  # nothing is generated before all workers are up
+        hold = q.hold(timeout_s=o.worker_start_timeout_s + 30, reason="demo: until every worker has started")  # nothing is generated before all workers are up
         self.records, self.plan, tokenizer = self._dataset()
         stats_q = self.queue()
         bound = o.max_staleness

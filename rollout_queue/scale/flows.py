@@ -39,6 +39,7 @@ from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import (
     DeadLetter,
     HeartbeatInfo,
+    Progress,
     QueueStats,
     ReapReport,
     Receipt,
@@ -389,11 +390,14 @@ def owned(layout: Layout, worker_id: str, min_idle_ms: int) -> Flow[list[OwnedAt
     return out
 
 
-def heartbeat(layout: Layout, sel: Selector, worker_id: str, clock: Clock) -> Flow[HeartbeatInfo]:
-    """Heartbeat every partition (work reserved from any of them stays this worker's)."""
+def heartbeat(layout: Layout, sel: Selector, worker_id: str, clock: Clock,
+              progress: Progress | None = None) -> Flow[HeartbeatInfo]:
+    """Heartbeat every partition (work reserved from any of them stays this worker's). The worker's
+    progress is recorded on the first partition only, so that a sum over partitions counts it once."""
     if layout.count == 1:
-        return (yield from flows.heartbeat(layout.keys[0], worker_id))
-    got = yield from sweep(layout, sel, lambda i: flows.heartbeat(layout.keys[i], worker_id), clock)
+        return (yield from flows.heartbeat(layout.keys[0], worker_id, progress))
+    got = yield from sweep(layout, sel, lambda i: flows.heartbeat(layout.keys[i], worker_id,
+                                                                 progress if i == 0 else None), clock)
     if not got:
         raise PartitionsUnreachable("heartbeat", (), layout.names)
     return merge_heartbeats(list(got.values()))
@@ -410,13 +414,14 @@ def close_worker(layout: Layout, worker_id: str, terminal: str, reason: str) -> 
 # -- holds and checkpoints: every partition -------------------------------------------------------
 
 
-def hold_open(layout: Layout, hold_id: str, timeout_s: float | None) -> Flow[int]:
+def hold_open(layout: Layout, hold_id: str, timeout_s: float | None, holder: str, reason: str = "") -> Flow[int]:
     """Open the hold on every partition (same id). If some cannot be reached, the others are
     released again before PartitionsUnreachable is raised: a hold is all or nothing."""
     if layout.count == 1:
-        return (yield from flows.hold_open(layout.keys[0], hold_id, timeout_s))
+        return (yield from flows.hold_open(layout.keys[0], hold_id, timeout_s, holder, reason))
     try:
-        waiting = yield from each(layout, "hold", lambda i: flows.hold_open(layout.keys[i], hold_id, timeout_s))
+        waiting = yield from each(layout, "hold",
+                                  lambda i: flows.hold_open(layout.keys[i], hold_id, timeout_s, holder, reason))
     except PartitionsUnreachable as exc:
         for name in exc.done:
             try:

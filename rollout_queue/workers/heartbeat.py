@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from redis.exceptions import RedisError
 
-from rollout_queue import RetryPolicy, RolloutQueue, RolloutQueueError
+from rollout_queue import Progress, RetryPolicy, RolloutQueue, RolloutQueueError
 from rollout_queue.ops.logs import fields
 
 log = logging.getLogger("rollout_queue.workers.heartbeat")
@@ -51,9 +51,12 @@ class HeartbeatThread:
     """Heartbeats ``worker_id`` every ``interval_s`` on its own connection until ``stop()``."""
 
     def __init__(self, url: str, queue: str, worker_id: str, interval_s: float,
-                 on_notice: Callable[[VersionNotice], None], *, subscribe: bool = True, partitions: int = 1) -> None:
-        """``partitions``: the queue's partition count (a beat goes to every partition)."""
+                 on_notice: Callable[[VersionNotice], None], *, subscribe: bool = True, partitions: int = 1,
+                 progress: Callable[[], Progress] | None = None) -> None:
+        """``partitions``: the queue's partition count (a beat goes to every partition). ``progress``:
+        read at each beat, the process's counts so far, stored for operators (`rollout-queue workers`)."""
         self.url, self.queue, self.worker_id, self.partitions = url, queue, worker_id, partitions
+        self.progress = progress
         self.interval_s, self.on_notice, self.subscribe = interval_s, on_notice, subscribe
         self.beats = 0
         self.last_beat: float | None = None
@@ -106,7 +109,7 @@ class HeartbeatThread:
 
     def _beat(self, q: RolloutQueue) -> None:
         try:
-            info = q.worker(self.worker_id).heartbeat()
+            info = q.worker(self.worker_id).heartbeat(None if self.progress is None else self.progress())
         except (RolloutQueueError, RedisError, OSError) as exc:
             self._warn("heartbeat failed; retrying at the next beat", exc)
             return

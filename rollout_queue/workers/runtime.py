@@ -35,7 +35,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
-from rollout_queue import Durability, Receipt, Reservation
+from rollout_queue import Durability, Progress, Receipt, Reservation
 from rollout_queue.api.queue import default_process_id
 from rollout_queue.ops.logs import fields
 from rollout_queue.workers.attempt import Attempt, Phase, RuntimeStats, Settler
@@ -96,6 +96,7 @@ class WorkerRuntime:
         self.worker_id = worker_id or default_process_id()
         self.scorer = scorer or Scorer()
         self.stats = RuntimeStats()
+        self._started = time.monotonic()
         self.scheduler: SubmissionScheduler | None = None
         self.heartbeat: HeartbeatThread | None = None  # the first queue's (the one whose versions count)
         self.heartbeats: list[HeartbeatThread] = []  # one per queue served
@@ -227,7 +228,7 @@ class WorkerRuntime:
                 beat = HeartbeatThread(self.url, name, self.worker_id, interval,
                                        self._notice_threadsafe if lead else self._follower_notice(name),
                                        subscribe=lead and self.options.subscribe_versions,
-                                       partitions=self.partitions)
+                                       partitions=self.partitions, progress=self._progress if lead else None)
                 self.heartbeats.append(beat)
                 beat.start()
             self.heartbeat = self.heartbeats[0]
@@ -368,6 +369,11 @@ class WorkerRuntime:
             self._slot_freed.set()
 
     # -- policy versions ------------------------------------------------------------------------
+
+    def _progress(self) -> Progress:
+        """Read by the heartbeat thread at each beat (plain int reads of counters the loop writes)."""
+        return Progress(self.stats.settled["completed"], self.stats.tokens,
+                        int((time.monotonic() - self._started) * 1000))
 
     def _notice_threadsafe(self, notice: VersionNotice) -> None:
         loop = self._loop

@@ -29,9 +29,9 @@ from tests.contract.lifecycle import (
 
 
 def test_headers_match_builders() -> None:
-    check_header("hold_open", ["meta", "holds"], ["hold_id", "timeout_ms"])
+    check_header("hold_open", ["meta", "holds", "holders"], ["hold_id", "timeout_ms", "holder", "reason"])
     check_header("hold_poll", ["meta", "holds", "wake_work"], ["hold_id"])
-    check_header("hold_release", ["meta", "holds", "wake_work", "wake_done"], ["hold_id"])
+    check_header("hold_release", ["meta", "holds", "holders", "wake_work", "wake_done"], ["hold_id"])
 
 
 def _reserve_status(q, worker_id: str = "w-probe") -> str:
@@ -62,7 +62,7 @@ def test_hold_closes_admission_and_counts_executing_attempts(open_queue, raw, qu
 
 def test_opening_the_same_hold_again_is_a_replay(open_queue, raw, queue_name) -> None:
     q = open_queue()
-    call = p.build(q.keys, "hold_open", hold_id="h-retry", timeout_ms=0)
+    call = p.build(q.keys, "hold_open", hold_id="h-retry", timeout_ms=0, holder="trainer-0", reason="weight update")
     first = execute(q, call)
     assert p.s(first[0]) == "ok"
     before = snapshot(raw, queue_name)

@@ -41,7 +41,8 @@ LOST_REASON = "worker silent past worker_timeout"
 
 def test_header_matches_builder() -> None:
     check_header("reap_worker",
-                 ["src", "meta", "ready", "workers", "reserves", "history", "ledger", "dlq", "wake_work"],
+                 ["src", "meta", "ready", "workers", "reserves", "history", "ledger", "dlq", "wake_work", "progress",
+                  "reaped"],
                  ["worker_id", "count"])
 
 

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from rollout_queue import RolloutQueue, Sample, SourceGroup
+from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.ops import views
 from tests.helpers import wait_until
 from tests.workers.runtime_helpers import (
     RuntimeThread,
@@ -234,7 +236,18 @@ def test_heartbeat_thread_keeps_a_worker_alive_while_its_loop_is_blocked(url: st
     assert rt.runtime.heartbeat.beats > beats + 5  # type: ignore[union-attr]
     committed, trained = train(q, {"g-0"})
     assert trained[0].attempt == 1 and q.stats().terminals["lost"] == 0
+    # The beats carry the worker's progress, which operators read as its speed (views.workers).
+    worker = rt.runtime.worker_id
+    tokens = sum(len(s.token_ids) for s in trained[0].samples)
+
+    def reported() -> Any:
+        (w,) = [w for w in views.QueueView(q.client, name).run(views.workers(QueueKeys(name))) if w.worker_id == worker]
+        return w.progress if w.progress and w.progress.groups == 1 else None
+
+    progress = wait_until(reported, 10, message="the worker's progress in its heartbeat")
+    assert progress.tokens == tokens and progress.uptime_ms > 0
     assert rt.drain() is None
+    assert not q.client.hexists(QueueKeys(name)["progress"], worker)  # gone with its registration
 
 
 def test_a_stale_receipt_on_complete_is_dropped(url: str, name: str) -> None:

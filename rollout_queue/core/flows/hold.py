@@ -4,16 +4,29 @@
 from __future__ import annotations
 
 from rollout_queue.core import protocol as p
-from rollout_queue.core.checks import check_optional_seconds, check_seconds
+from rollout_queue.core.checks import check_optional_seconds, check_seconds, check_string
+from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.flows.base import Clock, Flow, _wait
 
 
-def hold_open(keys: QueueKeys, hold_id: str, timeout_s: float | None) -> Flow[int]:
+def check_holder(holder: str, reason: str) -> tuple[str, str]:
+    """Who opens a hold and why, as operators read them back (``holders``: ``holder|since|reason``,
+    so a holder has no '|'; the reason is the rest of the line)."""
+    check_string(holder, "hold holder")
+    if "|" in holder:
+        raise InvalidInput(f"hold holder {holder!r} may not contain '|'")
+    return holder, check_string(reason, "hold reason", max_len=500, allow_empty=True)
+
+
+def hold_open(keys: QueueKeys, hold_id: str, timeout_s: float | None, holder: str, reason: str = "") -> Flow[int]:
     """Close admission; returns how many executing attempts the hold waits for (O(1): see hold_open.lua).
-    ``timeout_s=None``: the queue's hold_timeout_s."""
+    ``timeout_s=None``: the queue's hold_timeout_s. ``holder`` (a trainer id) and ``reason`` are
+    recorded for operators (`rollout-queue holds`) for as long as the hold stands."""
     timeout_s = check_optional_seconds(timeout_s, "timeout_s")
-    reply = yield p.build(keys, "hold_open", hold_id=hold_id, timeout_ms=0 if timeout_s is None else int(timeout_s * 1000))
+    holder, reason = check_holder(holder, reason)
+    reply = yield p.build(keys, "hold_open", hold_id=hold_id, timeout_ms=0 if timeout_s is None else int(timeout_s * 1000),
+                          holder=holder, reason=reason)
     return p.parse_hold_open(reply, hold_id)
 
 

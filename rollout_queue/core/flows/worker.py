@@ -13,6 +13,7 @@ from rollout_queue.core.errors import PayloadTooLarge
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import (
     HeartbeatInfo,
+    Progress,
     Receipt,
     Reservation,
     Sample,
@@ -164,8 +165,11 @@ def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
     return p.parse_ended(reply, "filter", receipt)
 
 
-def heartbeat(keys: QueueKeys, worker_id: str) -> Flow[HeartbeatInfo]:
-    reply = yield p.build(keys, "heartbeat", worker_id=check_worker_id(worker_id))
+def heartbeat(keys: QueueKeys, worker_id: str, progress: Progress | None = None) -> Flow[HeartbeatInfo]:
+    """Liveness, the policy version to follow, and (when given) the worker's own progress."""
+    counts = ("", "", "") if progress is None else (progress.groups, progress.tokens, progress.uptime_ms)
+    reply = yield p.build(keys, "heartbeat", worker_id=check_worker_id(worker_id),
+                          **dict(zip(("groups", "tokens", "uptime_ms"), counts)))
     return p.parse_heartbeat(reply)
 
 

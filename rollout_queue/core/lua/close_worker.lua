@@ -10,6 +10,7 @@ KEYS:
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  progress   worker id -> its last reported counts (deleted with the registration)
 ARGV:
   worker_id  the worker
   terminal   'aborted' (drain, clean close: not counted) or 'lost' (fatal engine error: counted)
@@ -45,6 +46,7 @@ local done = 0
 if #entries < tonumber(A.count) then
   redis.call('ZREM', K.workers, worker)
   redis.call('HDEL', K.reserves, worker)
+  redis.call('HDEL', K.progress, worker)
   done = 1
 end
 return {'ok', requeued, dead, done}

@@ -8,6 +8,7 @@ KEYS:
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
+  history    entry ID -> counted failures and attempts: the old entry's gets "q": the new entry ID
 ARGV:
   dlq_id     the dead letter's ID in the dlq stream
 Returns:
@@ -16,7 +17,9 @@ Returns:
 Invariant:
   the dead letter leaves the dlq and its group is in the backlog exactly once, under a new entry ID
   that its source_id now maps to; attempts start again from 1. The old entry ID is recorded in
-  settled for prune (prune leaves the source_id, which maps to the new entry, alone).
+  settled for prune (prune leaves the source_id, which maps to the new entry, alone). The old
+  entry's ledger line stays as its death wrote it (a retried settlement of that attempt still
+  replays); its history says where the group went ("q"), so `inspect` of the old ID points there.
 ]]
 -- @include load_config
 -- @include wake
@@ -41,6 +44,13 @@ end
 if #args == 3 then table.insert(args, 'v') table.insert(args, 'missing') end
 local id = redis.call(unpack(args))
 if sid and sid ~= '' then redis.call('HSET', K.ids, sid, id) end
+if old.entry_id then
+  local ok, h = pcall(cjson.decode, redis.call('HGET', K.history, old.entry_id) or '{}')
+  if not ok or type(h) ~= 'table' then h = {} end
+  h.f, h.h, h.q = h.f or 0, h.h or {}, id
+  if next(h.h) == nil then h.h = nil end  -- cjson writes an empty table as {}, no list: leave it out
+  redis.call('HSET', K.history, old.entry_id, cjson.encode(h))
+end
 redis.call('XDEL', K.dlq, A.dlq_id)
 redis.call('HINCRBY', K.meta, 'dead', -1)
 redis.call('HINCRBY', K.meta, 'dead_requeued', 1)

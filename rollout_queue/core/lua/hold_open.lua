@@ -3,10 +3,13 @@ hold_open: close admission (no new reservations, no new leases) until the hold i
 KEYS:
   meta       config and counters
   holds      admission hold ids by deadline
+  holders    hold id -> who opened it: holder|since_ms|reason (hold_release deletes it)
 ARGV:
   hold_id    string, chosen by the client (opening the same id again is a replay)
   timeout_ms the hold expires after this long (0: the queue's hold_timeout), so a trainer that dies
              holding it cannot close admission forever
+  holder     who holds it (a trainer id), for operators
+  reason     why (a weight update, ...), free text capped by the client
 Returns:
   {'ok', attempts executing now, deadline_ms}
 Invariant:
@@ -27,5 +30,6 @@ local deadline = tonumber(redis.call('ZSCORE', K.holds, A.hold_id))
 if not deadline then
   deadline = now + timeout
   redis.call('ZADD', K.holds, deadline, A.hold_id)
+  redis.call('HSET', K.holders, A.hold_id, A.holder .. '|' .. now .. '|' .. A.reason)
 end
 return {'ok', tonumber(redis.call('HGET', K.meta, 'executing_groups') or '0'), deadline}

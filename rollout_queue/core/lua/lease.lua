@@ -16,6 +16,8 @@ KEYS:
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
+  progress   worker id -> reported counts (a reaped worker's is deleted)
+  reaped     capped stream of reaped workers
   The lease record rollout:{q}:lease:<lease_id> (a hash) is built from meta's prefix (same hash tag).
 ARGV:
   lease_id    string, chosen by the client (a retry with the same id and token replays the answer)

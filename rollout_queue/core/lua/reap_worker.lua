@@ -10,6 +10,8 @@ KEYS:
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  progress   worker id -> its last reported counts (deleted with the registration)
+  reaped     capped stream: one line per reaping call (who, last heartbeat, what it held)
 ARGV:
   worker_id  the worker (a registered one, or a PEL consumer with no registration at all, pending
              entries or none: its consumer is deleted once it owns nothing)

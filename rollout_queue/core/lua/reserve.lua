@@ -14,6 +14,8 @@ KEYS:
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  progress   worker id -> reported counts (a reaped worker's is deleted)
+  reaped     capped stream of reaped workers
 ARGV:
   worker_id   string, the PEL consumer name; may not start with @
   max_groups  count, at most this many groups
