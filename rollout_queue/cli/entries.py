@@ -1,4 +1,5 @@
-"""Who holds what: ``inspect ENTRY_ID``, ``workers``, ``leases`` (read-only) and ``requeue ENTRY_ID``
+"""Who holds what: ``inspect ENTRY_ID``, ``workers``, ``leases``, ``holds``, ``reaped``, ``stragglers``,
+``at-risk`` (read-only) and ``requeue ENTRY_ID``
 (the one command here that changes state: it ends exactly one executing attempt)."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from rollout_queue.ops import actions, partition_views
+from rollout_queue.ops import actions, partition_views, views
 from rollout_queue.cli import render
 from rollout_queue.cli.common import (EXIT_OK, UsageError, confirm, log_action, open_operated, open_view, print_json,
                                      print_line)
@@ -68,6 +69,31 @@ def cmd_at_risk(args: argparse.Namespace) -> int:
     return _bounded_listing(args, "within", "entries", partition_views.at_risk, render.at_risk_section)
 
 
+def cmd_holds(args: argparse.Namespace) -> int:
+    """Who holds admission: each standing hold's holder, since when, why, and its deadline."""
+    view = open_view(args)
+    hs = view.run(partition_views.holds(view.layout))
+    if args.json:
+        print_json(hs)
+    else:
+        now = view.run(views.server_ms(view.layout.keys[0]))
+        render.emit([render.holds_section(hs, now, partitioned=view.layout.count > 1)])
+    return EXIT_OK
+
+
+def cmd_reaped(args: argparse.Namespace) -> int:
+    """Workers the queue gave up on, newest first: when, why, what they held (the `reaped` stream)."""
+    if args.count < 1:
+        raise UsageError(f"--count must be >= 1, got {args.count}")
+    view = open_view(args)
+    rs = view.run(partition_views.reaped(view.layout, args.count))
+    if args.json:
+        print_json(rs)
+    else:
+        render.emit([render.reaped_section(rs, partitioned=view.layout.count > 1)])
+    return EXIT_OK
+
+
 def cmd_requeue(args: argparse.Namespace) -> int:
     """Prints ``ENTRY_ID<TAB>outcome`` (ready, dead, replay, already_ready). Refusals exit 5."""
     confirm(args, f"requeue {args.entry_id} ends its executing attempt")
@@ -95,7 +121,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("workers", help="workers with their last heartbeat and executing groups")
+    p = sub.add_parser("workers", help="workers: last heartbeat, executing groups, oldest attempt, groups/s, tokens/s")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_workers)
 
@@ -112,6 +138,15 @@ def register(sub: Any) -> None:
     p.add_argument("--within", type=int, default=1, help="counted failures left at most (default 1)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_at_risk)
+
+    p = sub.add_parser("holds", help="who holds admission: holder, since when, why, deadline")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_holds)
+
+    p = sub.add_parser("reaped", help="workers the queue gave up on: when, why, what they held")
+    p.add_argument("--count", type=int, default=20, help="how many of the newest (default 20)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_reaped)
 
     p = sub.add_parser("requeue", help="end one entry's executing attempt and put the entry back to ready",
                        description="Safe by default: acts only when the owning worker is silent past "

@@ -19,11 +19,14 @@ from typing import Any, Iterable, Sequence
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import (
     STATES,
+    WAITING,
     AtRiskView,
     AttemptView,
     DrainStatus,
     EntryView,
+    HoldView,
     LeaseView,
+    ReapedView,
     Snapshot,
     WorkerView,
     state_counts,
@@ -90,13 +93,16 @@ def bar(n: int, most: int, width: int = 20) -> str:
 def states_section(snap: Snapshot) -> Section:
     st = snap.stats
     counts = state_counts(st)
-    rows = [(s, counts[s], "") for s in STATES]
-    rows[STATES.index("executing")] = ("executing", st.executing_groups, f"{st.executing_samples} samples")
-    rows[STATES.index("committed")] = ("committed", st.committed, f"{st.kept} kept until a checkpoint" if st.kept else "")
-    rows.append(("retained", st.retained, "reservations in the PEL (ready + executing + completed + leased)"))
-    rows.append(("ledger lines", st.ledger_lines, f"{st.source_ids} source ids; {st.counters.get('pruned', 0)} "
+    rows = [(s, counts[s], duration(snap.oldest_ms(s)) if s in WAITING else "", "") for s in STATES]
+    rows[STATES.index("executing")] = ("executing", st.executing_groups, duration(snap.oldest_ms("executing")),
+                                       f"{st.executing_samples} samples")
+    rows[STATES.index("committed")] = ("committed", st.committed, "",
+                                       f"{st.kept} kept until a checkpoint" if st.kept else "")
+    rows.append(("retained", st.retained, "", "reservations in the PEL (ready + executing + completed + leased)"))
+    rows.append(("ledger lines", st.ledger_lines, "", f"{st.source_ids} source ids; {st.counters.get('pruned', 0)} "
                  "settled lines pruned after settled_retention_s"))
-    return section("groups by state", ("state", "groups", ""), rows)
+    truncated = " (of the first PEL entries)" if snap.pel.truncated else ""
+    return section("groups by state", ("state", "groups", "longest wait" + truncated, ""), rows)
 
 
 def policy_section(snap: Snapshot) -> Section:
@@ -105,7 +111,7 @@ def policy_section(snap: Snapshot) -> Section:
         "buffer empty" if st.staleness_max is None else f"max {st.staleness_max}, mean {st.staleness_mean:.2f}")
     rows = [("policy version", st.version if st.version_published else "none published"),
             ("buffer staleness", staleness),
-            ("admission", _admission(drain, st.active_holds)),
+            ("admission", _admission(drain, st.active_holds, snap.holds)),
             ("last commit", "none yet" if st.since_commit_ms is None else f"{duration(st.since_commit_ms)} ago")]
     rows += [(f"evicted ({k})", v) for k, v in sorted(st.evictions.items())]
     rows += [(f"attempts ended {k}", v) for k, v in sorted(st.terminals.items())]
@@ -113,11 +119,49 @@ def policy_section(snap: Snapshot) -> Section:
     return section("policy, staleness, evictions", ("", "value"), rows)
 
 
-def _admission(drain: DrainStatus, holds: int) -> str:
+def _admission(drain: DrainStatus, holds: int, who: Sequence[HoldView] = ()) -> str:
     if drain.active:
         ends = "? (garbage)" if drain.deadline_ms is None else duration(_since(drain.deadline_ms, drain.server_ms))
         return f"DRAINING ({drain.reason or 'no reason given'}), ends in {ends}"
-    return f"HELD by {holds} admission hold(s)" if holds else "open"
+    if not holds:
+        return "open"
+    named = "; ".join(hold_text(h, drain.server_ms) for h in who[:3]) + ("; ..." if len(who) > 3 else "")
+    return f"HELD by {holds} admission hold(s)" + (f": {named}" if named else "")
+
+
+def hold_text(h: HoldView, now_ms: int) -> str:
+    """``trainer-0 for 3.2s (weight update), ends in 56s``: who, how long, why, until when."""
+    since = "" if h.since_ms is None else f" for {duration(now_ms - h.since_ms)}"
+    ends = "?" if h.remaining_ms is None else duration(h.remaining_ms)
+    return f"{h.holder or 'unknown holder'}{since} ({h.reason or 'no reason given'}), ends in {ends}"
+
+
+def holds_section(hs: Sequence[HoldView], now_ms: int, partitioned: bool = False) -> Section:
+    """Who holds admission: one row per standing hold (on a partitioned queue, per partition)."""
+    cols = ("hold",) + (("partition",) if partitioned else ()) + ("holder", "held for", "reason", "ends in")
+    rows = [(h.hold_id,) + ((h.partition,) if partitioned else ()) + (
+        h.holder or "?", "-" if h.since_ms is None else duration(now_ms - h.since_ms), h.reason,
+        "?" if h.remaining_ms is None else duration(h.remaining_ms)) for h in hs]
+    return section(f"admission holds: {len(hs)} standing" + (" (admission closed)" if hs else " (admission open)"),
+                   cols, rows)
+
+
+def reaped_section(rs: Sequence[ReapedView], partitioned: bool = False) -> Section:
+    """Workers the queue gave up on, newest first: when, who, why, and what they held then."""
+    cols = ("reaped", "worker") + (("partition",) if partitioned else ()) + (
+        "terminal", "requeued", "dead", "entries", "groups/s", "reason")
+    rows = [(f"{duration(r.age_ms)} ago", r.worker_id) + ((r.partition,) if partitioned else ()) + (
+        r.terminal, r.requeued, r.dead, _ids(r.entry_ids), _rate(r.progress.groups_per_s if r.progress else None),
+        r.reason) for r in rs]
+    return section(f"reaped workers: the last {len(rs)}", cols, rows)
+
+
+def _ids(ids: Sequence[str], shown: int = 3) -> str:
+    return ",".join(ids[:shown]) + (f" +{len(ids) - shown}" if len(ids) > shown else "") if ids else "-"
+
+
+def _rate(per_s: float | None) -> str:
+    return "-" if per_s is None else f"{per_s:.3g}"
 
 
 def attempts_section(snap: Snapshot) -> Section:
@@ -132,24 +176,31 @@ def workers_section(ws: Sequence[WorkerView], limit: int = 20, partitioned: bool
     """One row per worker; on a partitioned queue one per worker and partition (sorted by worker),
     with a partition column, and the title counts each worker once (alive: alive in every partition
     it is registered in)."""
-    columns = ("worker", "status", "last heartbeat", "executing", "idle")
+    columns = ("worker", "status", "last heartbeat", "executing", "oldest attempt", "groups/s", "tokens/s")
     if not partitioned:
         alive = sum(1 for w in ws if w.alive)
-        rows = [(w.worker_id, worker_status(w), duration(w.silent_ms), w.executing_groups, duration(w.idle_ms))
+        rows = [(w.worker_id, worker_status(w), duration(w.silent_ms), w.executing_groups) + _speed(w)
                 for w in ws[:limit]]
         if len(ws) > limit:
-            rows.append((f"... {len(ws) - limit} more", "", "", "", ""))
+            rows.append((f"... {len(ws) - limit} more",) + ("",) * (len(columns) - 1))
         return section(f"workers: {alive} alive, {len(ws) - alive} silent or unregistered", columns, rows)
     ordered = sorted(ws, key=lambda w: (w.worker_id, w.partition))
     ids = {w.worker_id for w in ws}
     dead = {w.worker_id for w in ws if not w.alive}
-    rows = [(w.worker_id, w.partition, worker_status(w), duration(w.silent_ms), w.executing_groups,
-             duration(w.idle_ms)) for w in ordered[:limit]]
+    rows = [(w.worker_id, w.partition, worker_status(w), duration(w.silent_ms), w.executing_groups) + _speed(w)
+            for w in ordered[:limit]]
     if len(ws) > limit:
-        rows.append((f"... {len(ws) - limit} more", "", "", "", "", ""))
+        rows.append((f"... {len(ws) - limit} more",) + ("",) * len(columns))
     return section(f"workers: {len(ids - dead)} alive, {len(dead)} silent or unregistered in some partition "
                    f"({sum(w.executing_groups for w in ws)} groups executing)",
                    columns[:1] + ("partition",) + columns[1:], rows)
+
+
+def _speed(w: WorkerView) -> tuple[str, str, str]:
+    """(oldest executing attempt's age, groups/s, tokens/s since the worker started)."""
+    g = w.progress.groups_per_s if w.progress else None
+    t = w.progress.tokens_per_s if w.progress else None
+    return duration(w.oldest_attempt_ms), _rate(g), _rate(t)
 
 
 def worker_status(w: WorkerView) -> str:
@@ -204,7 +255,7 @@ def partitions_section(snap: Snapshot) -> Section:
         rows.append((name, *(counts[s] for s in STATES),
                      part.stats.version if part.stats.version_published else "-",
                      sum(1 for w in part.workers if w.alive), len(part.leases),
-                     _admission(part.drain, part.stats.active_holds)))
+                     _admission(part.drain, part.stats.active_holds, part.holds)))
     total = state_counts(snap.stats)
     alive = {w.worker_id for w in snap.workers} - {w.worker_id for w in snap.workers if not w.alive}
     rows.append(("total", *(total[s] for s in STATES),
@@ -247,6 +298,10 @@ def entry_sections(e: EntryView) -> list[Section]:
         rows.append(("completion", f"{e.completion_bytes} bytes"))
     if e.dlq_id:
         rows.append(("dead letter", f"{e.dlq_id}: {e.dead_reason}"))
+    if e.requeued_as:
+        rows.append(("requeued as", f"{e.requeued_as} (its dead letter was requeued: the group lives on there)"))
+    elif e.state == "dead" and not e.dlq_id:
+        rows.append(("dead letter", "no longer in the DLQ (purged, or beyond the last entries inspect reads)"))
     rows += [("ledger", e.ledger or "-"), ("source_id", e.source_id or "-"), ("n", e.n or "-")]
     if e.group is not None:
         rows.append(("prompt", e.group.prompt if len(e.group.prompt) <= 200 else e.group.prompt[:200] + "…"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import threading
@@ -13,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from rollout_queue.ops import partition_views, views
 from rollout_queue.ops.view_models import Snapshot
-from rollout_queue.cli import render
+from rollout_queue.cli import render, top
 from rollout_queue.cli.common import EXIT_OK, UsageError, open_view, print_json, to_json
 
 #: (label, meta counter) of the rates `top` shows.
@@ -26,7 +27,8 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     (``{"partition": name, "unreachable": true}`` for one that did not answer)."""
     out = {**to_json(snap.stats), "attempts": to_json(snap.pel.attempts), "pel_states": to_json(snap.pel.states),
            "pel_truncated": snap.pel.truncated, "buffer_staleness": list(snap.buffer_staleness),
-           "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain)}
+           "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain),
+           "holds": to_json(snap.holds), "oldest_ms": {s: snap.oldest_ms(s) for s in render.WAITING}}
     if snap.partitions:
         out["partitions"] = [{"partition": name, "unreachable": True} if part is None else
                              {"partition": name, "unreachable": False, **snapshot_json(part)}
@@ -52,17 +54,6 @@ def rates(prev: tuple[float, Mapping[str, int]] | None, now: tuple[float, Mappin
     return {label: max(0.0, (now[1].get(key, 0) - prev[1].get(key, 0)) / dt) for label, key in RATES}
 
 
-def top_sections(snap: Snapshot, r: Mapping[str, float | None], spark: list[float | None], queue: str
-                 ) -> list[render.Section]:
-    rows = [(label, "-" if v is None else f"{v:.2f}") for label, v in r.items()]
-    rows.append(("out/s history", render.sparkline(spark)))
-    head = render.section(f"queue {queue} (live; Ctrl-C quits)", ("rate", "groups/s"), rows)
-    parted = bool(snap.partitions)
-    return [head] + ([render.partitions_section(snap)] if parted else []) + [
-        render.states_section(snap), render.policy_section(snap), render.attempts_section(snap),
-        render.workers_section(snap.workers, 10, parted), render.leases_section(snap.leases, 10, parted)]
-
-
 def cmd_top(args: argparse.Namespace, clock: Callable[[], float] = time.monotonic) -> int:
     view = open_view(args)
     frames = 1 if args.once else args.iterations
@@ -77,13 +68,17 @@ def cmd_top(args: argparse.Namespace, clock: Callable[[], float] = time.monotoni
             r = rates(prev, now)
             prev = now
             spark.append(r["out/s (committed)"])
-            sections = top_sections(snap, r, list(spark), args.queue)
             if args.json:
                 print_json({"rates": r, **snapshot_json(snap)})
-            elif live is not None:
-                live.update(render.rich_group(sections), refresh=True)
             else:
-                render.emit(sections, rich_ok=False)
+                size = live.console.size if live is not None else shutil.get_terminal_size((120, 40))
+                # One line short of the height: the cursor's line must not scroll the frame away.
+                frame = "\n".join(top.top_lines(snap, r, list(spark), args.queue, size[0], size[1] - 1))
+                if live is not None:
+                    live.update(_text(frame), refresh=True)
+                else:
+                    sys.stdout.write(frame + "\n\n")
+                    sys.stdout.flush()
             shown += 1
             if frames and shown >= frames:
                 return EXIT_OK
@@ -93,6 +88,12 @@ def cmd_top(args: argparse.Namespace, clock: Callable[[], float] = time.monotoni
     finally:
         if live is not None:
             live.stop()
+
+
+def _text(frame: str) -> Any:
+    from rich.text import Text
+
+    return Text(frame, no_wrap=True, overflow="crop")  # plain text: no markup is read from Redis's values
 
 
 def _live() -> Any:

@@ -11,6 +11,7 @@ extra (prometheus-client); the core package never imports this module.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 from rollout_queue.core.errors import RolloutQueueError
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops import partition_views
-from rollout_queue.ops.view_models import STATES, Snapshot, WorkerView, state_counts
+from rollout_queue.ops.view_models import STATES, WAITING, Snapshot, WorkerView, state_counts
 from rollout_queue.ops.views import QueueView
 
 log = logging.getLogger("rollout_queue.ops.metrics")
@@ -43,6 +44,8 @@ COUNTERS = {
     "dead_requeued": ("rollout_queue_dead_letters_requeued", "Dead letters submitted again."),
     "dead_purged": ("rollout_queue_dead_letters_purged", "Dead letters deleted by dlq purge."),
     "pruned": ("rollout_queue_pruned", "Settled groups whose ledger line outlived settled_retention_s."),
+    "workers_reaped": ("rollout_queue_workers_reaped", "Workers the queue gave up on (silent past worker_timeout, "
+                       "or a close cut short); `rollout-queue reaped` lists them."),
 }
 
 
@@ -52,6 +55,13 @@ Base = tuple[tuple[str, ...], tuple[str, ...]]
 
 def _gauge(name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]) -> Metric:
     family = GaugeMetricFamily(name, doc, labels=list(labels))
+    for values, value in rows:
+        family.add_metric(list(values), value)
+    return family
+
+
+def _counter(name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=list(labels))
     for values, value in rows:
         family.add_metric(list(values), value)
     return family
@@ -107,9 +117,26 @@ def _gauges(snap: Snapshot, base: Base, workers: bool = True) -> Iterator[Metric
     remaining = [x.remaining_ms for x in snap.leases if x.remaining_ms is not None]  # None: a garbage deadline
     yield _gauge("rollout_queue_leases_overdue", "Leases past their deadline, not yet rolled back.", names,
                  [(q, sum(1 for r in remaining if r < 0))])
-    if remaining:
-        yield _gauge("rollout_queue_lease_next_deadline_seconds", "Seconds until the earliest lease deadline.",
-                     names, [(q, min(remaining) / 1000)])
+    # A countdown, never a timestamp: negative once overdue, +Inf with no lease (an alert on "< 60"
+    # stays quiet instead of the series vanishing).
+    yield _gauge("rollout_queue_lease_seconds_to_deadline", "Seconds left before the earliest active lease "
+                 "deadline (negative: overdue; +Inf: no active lease).", names,
+                 [(q, min(remaining) / 1000 if remaining else math.inf)])
+    yield _gauge("rollout_queue_oldest_wait_seconds", "Seconds the longest-waiting group of each state has "
+                 "waited there (backlog: since submission; ready: since requeued; executing: since reserved; "
+                 "completed: since buffered; leased: since leased); 0 when the state is empty.",
+                 (*names, "state"), (((*q, s), (snap.oldest_ms(s) or 0) / 1000) for s in WAITING))
+    held = [h.since_ms for h in snap.holds if h.since_ms is not None]
+    yield _gauge("rollout_queue_admission_held_seconds", "Seconds the oldest standing admission hold has been "
+                 "held (0: admission open); `rollout-queue holds` names its holder and reason.", names,
+                 [(q, max(0, snap.drain.server_ms - min(held)) / 1000 if held else 0.0)])
+    progressed = [w for w in snap.workers if w.progress is not None]
+    yield _counter("rollout_queue_worker_completed_groups", "Groups each worker reported completed since its "
+                   "process started (its heartbeat's own count; rate() is its groups/s).", (*names, "worker"),
+                   [((*q, clean(w.worker_id)), w.progress.groups) for w in progressed])  # type: ignore[union-attr]
+    yield _counter("rollout_queue_worker_generated_tokens", "Tokens each worker reported generated since its "
+                   "process started (rate() is its tokens/s).", (*names, "worker"),
+                   [((*q, clean(w.worker_id)), w.progress.tokens) for w in progressed])  # type: ignore[union-attr]
     if st.since_commit_ms is not None:  # absent until a trainer commits
         yield _gauge("rollout_queue_seconds_since_last_commit", "Seconds since a trainer last committed a "
                      "lease (queue clock): growing while groups are completed means the trainer is stalled.",
@@ -119,7 +146,8 @@ def _gauges(snap: Snapshot, base: Base, workers: bool = True) -> Iterator[Metric
     yield _gauge("rollout_queue_draining", "1 while the operator drain hold stands.", names,
                  [(q, 1 if snap.drain.active else 0)])
     if st.staleness_max is not None:
-        yield _gauge("rollout_queue_buffer_staleness_max", "Largest staleness in the buffer.", names,
+        yield _gauge("rollout_queue_buffer_staleness_versions_max", "Largest staleness in the buffer, in policy "
+                     "versions.", names,
                      [(q, st.staleness_max)])
 
 
@@ -148,7 +176,7 @@ def _workers(rows: Sequence[WorkerView], base: Base) -> Metric:
 
 
 def _histograms(snap: Snapshot, base: Base) -> Iterator[Metric]:
-    yield _gauge_histogram("rollout_queue_buffer_staleness", "Staleness (policy versions) of buffered groups.",
+    yield _gauge_histogram("rollout_queue_buffer_staleness_versions", "Staleness (policy versions) of buffered groups.",
                            base, snap.buffer_staleness, STALENESS_BUCKETS)
     attempts = [float(k) for k, n in snap.pel.attempts.items() for _ in range(n)]
     yield _gauge_histogram("rollout_queue_pel_attempts", "Attempt number (delivery count) of PEL entries.",

@@ -21,15 +21,15 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from rollout_queue.core.errors import InvalidInput, NotFound, OutcomeUnknown, PartitionsUnreachable
 from rollout_queue.core.flows import Flow, T
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import DeadLetter
 from rollout_queue.ops import views
-from rollout_queue.ops.view_models import (AtRiskView, AttemptView, DrainStatus, EntryView, LeaseView, PelSummary, Snapshot,
-                                           WorkerView)
+from rollout_queue.ops.view_models import (AtRiskView, AttemptView, DrainStatus, EntryView, HoldView, LeaseView,
+                                           PelSummary, ReapedView, Snapshot, WorkerView)
 from rollout_queue.scale.flows import each, guarded
 from rollout_queue.scale.layout import Layout, sum_stats
 
@@ -63,7 +63,8 @@ def snapshot(layout: Layout) -> Flow[Snapshot]:
 def _named(snap: Snapshot, name: str) -> Snapshot:
     """A partition's snapshot with its rows naming the partition."""
     return replace(snap, workers=tuple(replace(w, partition=name) for w in snap.workers),
-                   leases=tuple(replace(x, partition=name) for x in snap.leases))
+                   leases=tuple(replace(x, partition=name) for x in snap.leases),
+                   holds=tuple(replace(h, partition=name) for h in snap.holds))
 
 
 def merge_snapshots(parts: Sequence[tuple[str, Snapshot | None]]) -> Snapshot:
@@ -82,12 +83,24 @@ def merge_snapshots(parts: Sequence[tuple[str, Snapshot | None]]) -> Snapshot:
         for k, v in s.pel.states.items():
             states[k] = states.get(k, 0) + v
     pel = PelSummary(attempts, states, tuple(a for s in got for a in s.pel.executing_ages_ms),
-                     sum(s.pel.sampled for s in got), any(s.pel.truncated for s in got))
+                     sum(s.pel.sampled for s in got), any(s.pel.truncated for s in got),
+                     _most([s.pel.oldest_ms for s in got]), _most([s.pel.oldest_by_worker for s in got]))
     leases = sorted((x for s in got for x in s.leases),
                     key=lambda x: (x.deadline_ms is None, x.deadline_ms or 0, x.partition))
+    backlog = [s.backlog_oldest_ms for s in got if s.backlog_oldest_ms is not None]
     return Snapshot(stats, pel, tuple(w for s in got for w in s.workers), tuple(leases),
                     merge_drains([s.drain for s in got]),
-                    tuple(v for s in got for v in s.buffer_staleness), tuple(parts))
+                    tuple(v for s in got for v in s.buffer_staleness), max(backlog, default=None),
+                    tuple(h for s in got for h in s.holds), tuple(parts))
+
+
+def _most(maps: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    """Per key, the largest value any map has (the oldest wait over the partitions)."""
+    out: dict[str, int] = {}
+    for m in maps:
+        for k, v in m.items():
+            out[k] = max(out.get(k, 0), v)
+    return out
 
 
 def merge_drains(drains: Sequence[DrainStatus]) -> DrainStatus:
@@ -155,6 +168,23 @@ def at_risk(layout: Layout, within: int = 1) -> Flow[tuple[list[AtRiskView], boo
         return found[0]
     rows = [replace(a, partition=name) for name, (entries, _) in zip(layout.names, found) for a in entries]
     return sorted(rows, key=lambda a: (a.left, a.partition, a.entry_id)), any(t for _, t in found)
+
+
+def holds(layout: Layout) -> Flow[list[HoldView]]:
+    """Every partition's standing holds, each naming its partition (a hold is opened on all of them)."""
+    found = yield from _all(layout, "holds", views.holds)
+    if layout.count == 1:
+        return found[0]
+    return [replace(h, partition=name) for name, hs in zip(layout.names, found) for h in hs]
+
+
+def reaped(layout: Layout, count: int = 20) -> Flow[list[ReapedView]]:
+    """The last ``count`` reaped-worker lines over every partition, newest first, naming each partition."""
+    found = yield from _all(layout, "reaped", lambda keys: views.reaped(keys, count))
+    if layout.count == 1:
+        return found[0]
+    rows = [replace(r, partition=name) for name, rs in zip(layout.names, found) for r in rs]
+    return sorted(rows, key=lambda r: r.age_ms if r.age_ms is not None else 0)[:count]
 
 
 def dead_letters(layout: Layout, count: int = 100) -> Flow[list[DeadLetter]]:

@@ -20,6 +20,8 @@ from rollout_queue.core.models import SourceGroup
 #: The hold id of `rollout-queue drain` (lua/drain.lua); client holds use random hex ids.
 DRAIN_HOLD = "operator-drain"
 STATES = ("backlog", "ready", "executing", "completed", "leased", "committed", "filtered", "dead")
+#: The states a group waits in, whose longest wait the views measure (Snapshot.oldest_ms).
+WAITING = ("backlog", "ready", "executing", "completed", "leased")
 
 
 def entry_state(owner: str) -> str:
@@ -90,11 +92,33 @@ class EntryView:
     garbage: tuple[str, ...] = ()
     #: the partition (queue name) the entry lives in (entry IDs are unique within one partition only)
     partition: str = ""
+    #: a dead entry whose dead letter was requeued: the entry ID its group lives on as
+    requeued_as: str | None = None
 
     @property
     def staleness(self) -> int | None:
         """Policy version now minus the oldest sample version, for a completed or leased group."""
         return None if self.min_version is None else max(0, self.version - self.min_version)
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """What a worker reported of itself in its last heartbeat (lua/heartbeat.lua): groups completed
+    and tokens generated since its process started, its uptime, and when (queue clock) it said so.
+    The rates are lifetime averages; `top` and Prometheus' rate() give the current ones."""
+
+    groups: int
+    tokens: int
+    uptime_ms: int
+    reported_ms: int
+
+    @property
+    def groups_per_s(self) -> float | None:
+        return self.groups * 1000 / self.uptime_ms if self.uptime_ms > 0 else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens * 1000 / self.uptime_ms if self.uptime_ms > 0 else None
 
 
 @dataclass(frozen=True)
@@ -111,6 +135,47 @@ class WorkerView:
     idle_ms: int | None
     garbage: tuple[str, ...] = ()
     #: the partition (queue name) this registration is in: a partitioned worker has one per partition
+    partition: str = ""
+    #: ms since the worker's oldest executing attempt was reserved (None: it executes nothing). Unlike
+    #: ``idle_ms`` (XINFO's, reset by any reserve or settlement) this grows only while one attempt runs.
+    oldest_attempt_ms: int | None = None
+    progress: WorkerProgress | None = None
+
+
+@dataclass(frozen=True)
+class HoldView:
+    """An admission hold that stands now: who opened it, since when and why (hold_open.lua's
+    ``holders`` line; the drain's from meta), and its deadline. Times are queue-clock ms."""
+
+    hold_id: str
+    holder: str
+    since_ms: int | None
+    reason: str
+    deadline_ms: int | None
+    remaining_ms: int | None
+    garbage: tuple[str, ...] = ()
+    partition: str = ""
+
+
+@dataclass(frozen=True)
+class ReapedView:
+    """One line of the ``reaped`` stream: a worker the queue gave up on (silent past worker_timeout,
+    or a close cut short), when (``age_ms`` ago, by the server's clock), its last heartbeat (queue
+    clock; 0 for a worker that had begun closing), what that reaping call requeued and dead-lettered
+    and the entry IDs it held, and (on the line that finished it) its last reported progress."""
+
+    reaped_id: str
+    age_ms: int | None
+    worker_id: str
+    heartbeat_ms: int | None
+    terminal: str
+    reason: str
+    requeued: int
+    dead: int
+    entry_ids: tuple[str, ...]
+    done: bool
+    progress: WorkerProgress | None = None
+    garbage: tuple[str, ...] = ()
     partition: str = ""
 
 
@@ -168,6 +233,11 @@ class PelSummary:
     executing_ages_ms: tuple[int, ...]
     sampled: int
     truncated: bool
+    #: state -> ms since the longest-waiting entry of that state was handed to its PEL owner (ready:
+    #: requeued; completed: buffered; leased: leased; executing: reserved)
+    oldest_ms: Mapping[str, int] = field(default_factory=dict)
+    #: worker -> ms since its oldest executing attempt was reserved
+    oldest_by_worker: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -194,9 +264,17 @@ class Snapshot:
     leases: tuple[LeaseView, ...]
     drain: DrainStatus
     buffer_staleness: tuple[int, ...] = field(default=())
+    #: ms since the oldest backlog entry was submitted (server clock; None: no backlog)
+    backlog_oldest_ms: int | None = None
+    holds: tuple[HoldView, ...] = field(default=())
     #: a partitioned queue's partitions, each (name, its own snapshot or None when it did not answer);
     #: the fields above are then their sum (merge_snapshots). Empty for a plain queue.
     partitions: tuple[tuple[str, "Snapshot | None"], ...] = field(default=())
+
+    def oldest_ms(self, state: str) -> int | None:
+        """How long the longest-waiting group of ``state`` (backlog, ready, completed, leased,
+        executing) has waited, or None when none is in it."""
+        return self.backlog_oldest_ms if state == "backlog" else self.pel.oldest_ms.get(state)
 
     @property
     def unreachable(self) -> tuple[str, ...]:

@@ -44,9 +44,12 @@ from rollout_queue.ops.view_models import (
     AttemptView,
     DrainStatus,
     EntryView,
+    HoldView,
     LeaseView,
     PelSummary,
+    ReapedView,
     Snapshot,
+    WorkerProgress,
     WorkerView,
     entry_state,
     stream_id,
@@ -180,6 +183,8 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
     attempts: dict[int, int] = {}
     states: dict[str, int] = {}
     ages: list[int] = []
+    oldest: dict[str, int] = {}
+    by_worker: dict[str, int] = {}
     start, seen = "-", 0
     while seen < limit:
         want = min(PAGE, limit - seen)
@@ -188,13 +193,26 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
             state = entry_state(row.consumer)
             attempts[row.deliveries] = attempts.get(row.deliveries, 0) + 1
             states[state] = states.get(state, 0) + 1
+            oldest[state] = max(oldest.get(state, 0), row.idle_ms)
             if state == "executing":
                 ages.append(row.idle_ms)
+                by_worker[row.consumer] = max(by_worker.get(row.consumer, 0), row.idle_ms)
         seen += len(page)
         if len(page) < want:
-            return PelSummary(attempts, states, tuple(ages), seen, False)
+            return PelSummary(attempts, states, tuple(ages), seen, False, oldest, by_worker)
         start = "(" + page[-1].entry_id
-    return PelSummary(attempts, states, tuple(ages), seen, True)
+    return PelSummary(attempts, states, tuple(ages), seen, True, oldest, by_worker)
+
+
+def backlog_oldest(keys: QueueKeys) -> Flow[int | None]:
+    """ms since the oldest backlog entry (the first after the group's last-delivered-id) was
+    submitted, by the server's clock (a stream ID is the server's time at XADD); None: no backlog."""
+    after = yield from _last_delivered(keys)
+    first = p.parse_stream_entries((yield p.Command(("XRANGE", keys["src"], "(" + after, "+", "COUNT", 1))))
+    if not first:
+        return None
+    now = p.parse_time((yield p.Command(("TIME",), route=keys["clock"])))
+    return max(0, now - stream_id(first[0][0])[0])
 
 
 def stragglers(keys: QueueKeys, count: int = 20, limit: int = PEL_LIMIT) -> Flow[tuple[list[AttemptView], bool]]:
@@ -259,19 +277,24 @@ def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
     """Everything `stats`, `top` and the exporter show."""
     st = yield from stats(keys)
     pel = yield from pel_summary(keys)
-    ws = yield from workers(keys)
+    ws = yield from workers(keys, pel)
     ls = yield from leases(keys)
     drain = yield from drain_status(keys)
-    return Snapshot(st, pel, tuple(ws), tuple(ls), drain, (yield from buffer_staleness(keys)))
+    return Snapshot(st, pel, tuple(ws), tuple(ls), drain, (yield from buffer_staleness(keys)),
+                    backlog_oldest_ms=(yield from backlog_oldest(keys)), holds=tuple((yield from holds(keys))))
 
 
-def workers(keys: QueueKeys) -> Flow[list[WorkerView]]:
-    """Registered workers with their last heartbeat, plus PEL consumers nobody registered (orphans)."""
+def workers(keys: QueueKeys, pel: PelSummary | None = None) -> Flow[list[WorkerView]]:
+    """Registered workers with their last heartbeat, the age of their oldest executing attempt and
+    their last reported progress, plus PEL consumers nobody registered (orphans). ``pel``: a summary
+    already read (the snapshot's), else one is read here."""
     cfg = yield from config(keys)
     now = yield from server_ms(keys)
+    pel = pel or (yield from pel_summary(keys))
     beats = _scored((yield p.Command(("ZRANGE", keys["workers"], 0, -1, "WITHSCORES"))))
     consumers = yield p.Command(("XINFO", "CONSUMERS", keys["src"], "rollout"))
     held = {text(c["name"]): (int(c["pending"]), int(c["idle"])) for c in map(_flat, consumers)}
+    reports = _flat((yield p.Command(("HGETALL", keys["progress"]))))
     timeout_ms = int(cfg.worker_timeout_s * 1000)
     out = []
     for wid, score in beats:
@@ -279,11 +302,73 @@ def workers(keys: QueueKeys) -> Flow[list[WorkerView]]:
         seen = bad.number("heartbeat score", score)
         pending, idle = held.pop(wid, (0, None))
         silent = None if seen is None else now - seen
+        progress = _progress(reports.get(wid), bad)
         out.append(WorkerView(wid, seen, silent, silent is not None and silent <= timeout_ms, pending, idle,
-                              tuple(bad.notes)))
+                              tuple(bad.notes), oldest_attempt_ms=pel.oldest_by_worker.get(wid), progress=progress))
     for name, (pending, idle) in held.items():
         if not name.startswith("@") and pending:
-            out.append(WorkerView(name, None, None, False, pending, idle))
+            out.append(WorkerView(name, None, None, False, pending, idle,
+                                  oldest_attempt_ms=pel.oldest_by_worker.get(name)))
+    return out
+
+
+def _progress(raw: Any, bad: Garbage) -> WorkerProgress | None:
+    """A ``progress`` line ``groups|tokens|uptime_ms|reported_ms`` (heartbeat.lua), or None."""
+    if raw is None:
+        return None
+    parts = text(raw).split("|")
+    values = [number(v) for v in parts] if len(parts) == 4 else []
+    if len(values) != 4 or any(v is None or v < 0 for v in values):
+        bad.note("progress", raw)
+        return None
+    groups, tokens, uptime, reported = values
+    return WorkerProgress(groups, tokens, uptime, reported)  # type: ignore[arg-type]
+
+
+def holds(keys: QueueKeys, limit: int = 100) -> Flow[list[HoldView]]:
+    """The admission holds standing now, earliest deadline first: who holds each, since when, why.
+    The operator drain's holder is ``operator`` with its reason from meta (lua/drain.lua)."""
+    now = yield from server_ms(keys)
+    rows = _scored((yield p.Command(("ZRANGEBYSCORE", keys["holds"], f"({now}", "+inf", "WITHSCORES",
+                                     "LIMIT", 0, limit))))
+    if not rows:
+        return []
+    lines = yield p.Command(("HMGET", keys["holders"], *(hid for hid, _ in rows)))
+    m = (yield from meta(keys)) if any(hid == DRAIN_HOLD for hid, _ in rows) else {}
+    out = []
+    for (hold_id, score), line in zip(rows, lines):
+        bad = Garbage()
+        deadline = bad.number("hold deadline", score)
+        if hold_id == DRAIN_HOLD:
+            holder, since, reason = "operator", bad.number("drain_since_ms", m.get("drain_since_ms")), m.get(
+                "drain_reason", "")
+        elif line is None:
+            holder, since, reason = "", None, ""  # opened before holders were recorded, or by hand
+        else:
+            holder, _, rest = text(line).partition("|")
+            when, _, reason = rest.partition("|")
+            since = bad.number("hold since", when)
+        out.append(HoldView(hold_id, holder, since, reason, deadline, None if deadline is None else deadline - now,
+                            tuple(bad.notes)))
+    return out
+
+
+def reaped(keys: QueueKeys, count: int = 20) -> Flow[list[ReapedView]]:
+    """The last ``count`` lines of the ``reaped`` stream, newest first: which workers the queue gave
+    up on, when, and what they held (lua/include/reap_worker_entries.lua)."""
+    yield from require_queue(keys)
+    now = p.parse_time((yield p.Command(("TIME",), route=keys["clock"])))
+    reply = yield p.Command(("XREVRANGE", keys["reaped"], "+", "-", "COUNT", count))
+    out: list[ReapedView] = []
+    for reaped_id, kv in p.parse_stream_entries(reply, "XREVRANGE reaped"):
+        f = {k: text(v) for k, v in _flat(kv).items()}
+        bad = Garbage()
+        ids = tuple(i for i in f.get("ids", "").split(",") if i)
+        out.append(ReapedView(
+            reaped_id, max(0, now - stream_id(reaped_id)[0]), f.get("worker", ""),
+            bad.number("heartbeat_ms", f.get("heartbeat_ms") or None), f.get("terminal", ""), f.get("reason", ""),
+            bad.number("requeued", f.get("requeued")) or 0, bad.number("dead", f.get("dead")) or 0, ids,
+            f.get("done") == "1", _progress(f.get("progress") or None, bad), tuple(bad.notes)))
     return out
 
 
@@ -383,6 +468,16 @@ def _history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, 
     return sum(1 for a in attempts if a.terminal in COUNTED_TERMINALS), attempts
 
 
+def _requeued_as(raw: Any) -> str | None:
+    """The new entry ID a requeued dead letter's group went to (``"q"``, lua/dlq_requeue.lua)."""
+    try:
+        h = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+    q = h.get("q") if isinstance(h, dict) else None
+    return q if isinstance(q, str) else None
+
+
 def _field(record: Mapping[str, Any], name: str) -> str:
     value = record.get(name, "")
     return value if isinstance(value, str) else str(value)
@@ -406,7 +501,8 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     src = p.parse_stream_entries((yield p.Command(("XRANGE", keys["src"], entry_id, entry_id))))
     ledger = p.parse_text((yield p.Command(("HGET", keys["ledger"], entry_id))), "HGET ledger")
     bad = Garbage()
-    failures, history = _history((yield p.Command(("HGET", keys["history"], entry_id))), bad)
+    raw_history = yield p.Command(("HGET", keys["history"], entry_id))
+    failures, history = _history(raw_history, bad)
     fields = p.raw_fields(src[0][1]) if src else {}
     state = entry_state(owner) if owner else (yield from _unowned_state(keys, entry_id, bool(src), ledger))
     more = yield from _details(keys, entry_id, state, owner or "", int(cfg.worker_timeout_s * 1000), bad)
@@ -418,7 +514,7 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
         counted_failures=failures, history=history, ledger=ledger, server_ms=(yield from server_ms(keys)),
         version=bad.number("version", (yield from meta(keys)).get("version")) or 0,
         source_id=group.source_id if group else (fields.get(b"sid", b"").decode(errors="replace") or None),
-        n=group.n if group else None, group=group, garbage=tuple(bad.notes),
+        n=group.n if group else None, group=group, garbage=tuple(bad.notes), requeued_as=_requeued_as(raw_history),
         **{k: v for k, v in more.items() if k != "group"})
 
 

@@ -141,7 +141,7 @@ def test_stats_shows_each_partition_and_the_total(state: Partitioned, cli: Cli) 
 def test_top_once(state: Partitioned, cli: Cli) -> None:
     code, out, err = cli(state.url, state.name, "top", "--once")
     assert code == 0, err
-    assert "== partitions" in out and f"{state.name}#0" in out
+    assert f"parts   {state.count}: {state.name}#0 " in out
     code, out, _ = cli(state.url, state.name, "top", "--once", "--json")
     assert code == 0 and json.loads(out)["executing_groups"] == 5 and len(json.loads(out)["partitions"]) == state.count
 

@@ -4,7 +4,9 @@ in-process runner of the ``rollout-queue`` CLI.
 The known state (worker_timeout 0.5 s, max_attempts 2, max_staleness 2, policy version 3):
   g0 dead (two counted failures), g1 committed, g2 leased by trainer-0, g3 completed (oldest sample
   version 2), g4 ready (failed once: "CUDA OOM"), g5 executing on host-a:gpu0 (alive once
-  ``refresh()`` ran), g6 executing on host-b:gpu1 (silent), g7 and g8 in the backlog.
+  ``refresh()`` ran), g6 executing on host-b:gpu1 (silent), g7 and g8 in the backlog. host-a reports
+  progress (PROGRESS) in its heartbeats; host-z:gpu9 reported progress once, held nothing, went
+  silent and was reaped (one line in the ``reaped`` stream).
 Nothing in the fixture calls reserve or lease after host-b went silent (both reap opportunistically),
 so the state holds until a test changes it.
 """
@@ -17,14 +19,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup, Worker
+from rollout_queue import Progress, QueueConfig, RolloutQueue, Sample, SourceGroup, Worker
+from rollout_queue.core import flows
 from rollout_queue.cli import main
 from rollout_queue.devtools.local_server import LocalServer
 from tests.conftest import _delete_queue_keys
 from tests.helpers import wait_until
 
 CONFIG = QueueConfig(worker_timeout_s=0.5, max_attempts=2, max_staleness=2)
-ALIVE, SILENT, TRAINER = "host-a:gpu0", "host-b:gpu1", "trainer-0"
+ALIVE, SILENT, TRAINER, REAPED = "host-a:gpu0", "host-b:gpu1", "trainer-0", "host-z:gpu9"
+#: host-a's progress: 10 groups, 5,000 tokens in 20 s (0.5 groups/s, 250 tokens/s).
+PROGRESS = Progress(groups=10, tokens=5000, uptime_ms=20_000)
 
 
 def samples(n: int, version: int) -> list[Sample]:
@@ -49,7 +54,7 @@ class KnownState:
 
     def refresh(self) -> None:
         """Heartbeat host-a, so that it counts as alive for the next worker_timeout."""
-        self.workers[ALIVE].heartbeat()
+        self.workers[ALIVE].heartbeat(PROGRESS)
 
     def close(self) -> None:
         self.q.close()
@@ -59,6 +64,7 @@ def build_known_state(url: str, queue: str) -> KnownState:
     q = RolloutQueue.from_url(url, queue, CONFIG)
     ids = q.submit([SourceGroup(f"prompt-{i}", f"What is {i} + {i}?", 2, {"row": i}) for i in range(9)])
     q.publish_version(3, "s3://weights/v3")
+    q.worker(REAPED).heartbeat(Progress(groups=4, tokens=1200, uptime_ms=8000))  # silent from now on
     a, b = q.worker(ALIVE), q.worker(SILENT)
     r = {x.entry_id: x for x in a.reserve(6)}                        # g0..g5 executing on host-a
     a.fail(r[ids[0]].receipt, "prompt too long for the engine")      # g0 -> ready
@@ -79,6 +85,10 @@ def build_known_state(url: str, queue: str) -> KnownState:
     b.reserve(1)                                                      # g6 executing on host-b
     a.fail(r[ids[4]].receipt, "CUDA OOM")                             # g4 ready (after b's reserve)
     # host-a's last heartbeat is older than host-b's, so both must be silent before host-a is refreshed.
+    # host-z beat first, so it is the first silent (unless a lease or reserve above reaped it on the
+    # way, as the oldest silent worker): reaped now, alone (a full pass would take host-b's attempt).
+    wait_until(lambda: q.stats().workers_silent >= 1, timeout=5, interval=0.02, message="host-z silent")
+    q.run(flows.reaper._reap_worker(q.layout.keys[0], REAPED.encode(), False, 100))
     wait_until(lambda: q.stats().workers_silent >= 2, timeout=5, interval=0.02, message="host-b silent")
     state = KnownState(url, queue, q, ids, lease.lease_id, lease, {ALIVE: a, SILENT: b})
     state.dlq_id = q.dead_letters()[0].dlq_id

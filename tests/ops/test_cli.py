@@ -15,7 +15,8 @@ import redis
 from rollout_queue import InvalidInput, QueueConfig, Receipt, ScriptError, StaleReceipt
 from rollout_queue.cli import status
 from rollout_queue.devtools.local_server import pick_free_port
-from tests.ops.conftest import ALIVE, SILENT, TRAINER, Cli, KnownState, samples
+from tests.helpers import wait_until
+from tests.ops.conftest import ALIVE, PROGRESS, REAPED, SILENT, TRAINER, Cli, KnownState, samples
 
 
 def docs(text: str) -> list[Any]:
@@ -151,9 +152,93 @@ def test_workers_and_leases(cli: Cli, shared_state: KnownState) -> None:
     assert code == 0 and "SILENT" in out and "alive" in out
 
 
+def test_workers_show_the_oldest_attempt_and_the_reported_speed(cli: Cli, shared_state: KnownState) -> None:
+    """Not XINFO's idle (reset by any reserve): the age of each worker's oldest executing attempt, and
+    groups/s and tokens/s from the progress its heartbeats carry."""
+    shared_state.refresh()
+    code, out, _ = run(cli, shared_state, "workers", "--json")
+    ws = {w["worker_id"]: w for w in json.loads(out)}
+    rows = shared_state.q.client.xpending_range(f"{shared_state.prefix}:src", "rollout", "-", "+", 20,
+                                                consumername=ALIVE)
+    assert code == 0 and [row["message_id"].decode() for row in rows] == [shared_state.ids[5]]
+    # g5 was reserved before host-a's later heartbeats, reserves and settlements: its age is the oldest
+    # attempt's, never reset by them (XINFO's idle is).
+    assert ws[ALIVE]["oldest_attempt_ms"] >= ws[ALIVE]["idle_ms"] and ws[SILENT]["oldest_attempt_ms"] > 0
+    assert ws[ALIVE]["progress"]["groups"] == PROGRESS.groups and ws[ALIVE]["progress"]["tokens"] == PROGRESS.tokens
+    assert ws[SILENT]["progress"] is None
+    code, out, _ = run(cli, shared_state, "workers")
+    row = next(line for line in out.splitlines() if line.startswith(ALIVE))
+    assert code == 0 and row.split()[-2:] == ["0.5", "250"]  # groups/s, tokens/s over 20 s of uptime
+
+
+def test_reaped_lists_the_workers_the_queue_gave_up_on(cli: Cli, shared_state: KnownState) -> None:
+    code, out, _ = run(cli, shared_state, "reaped", "--json")
+    (line,) = json.loads(out)
+    assert code == 0 and line["worker_id"] == REAPED and line["terminal"] == "lost" and line["done"]
+    assert line["entry_ids"] == [] and line["requeued"] == 0 and line["heartbeat_ms"] > 0
+    assert line["progress"]["groups"] == 4 and line["age_ms"] >= 0
+    code, out, _ = run(cli, shared_state, "stats", "--json")
+    assert json.loads(out)["counters"]["workers_reaped"] == 1
+    code, out, _ = run(cli, shared_state, "reaped")
+    assert code == 0 and REAPED in out and "worker silent past worker_timeout" in out
+    assert run(cli, shared_state, "reaped", "--count", "0")[0] == 2
+
+
+def test_a_reaped_worker_that_held_work_names_its_entries_and_its_counters_go(cli: Cli, known_state: KnownState,
+                                                                              r: redis.Redis) -> None:
+    st = known_state
+    st.q.reap()  # host-b is silent: its attempt (g6) goes back to ready
+    code, out, _ = run(cli, st, "reaped", "--json")
+    newest = json.loads(out)[0]
+    assert (newest["worker_id"], newest["entry_ids"], newest["requeued"]) == (SILENT, [st.ids[6]], 1)
+    assert r.hget(f"{st.prefix}:progress", REAPED) is None and r.hexists(f"{st.prefix}:progress", ALIVE)
+    st.workers[ALIVE].close()
+    assert not r.hexists(f"{st.prefix}:progress", ALIVE)  # a clean close: deregistered, not reaped
+    st.q.reap()  # deletes host-a's empty consumer: housekeeping, not a death
+    assert [x["worker_id"] for x in json.loads(run(cli, st, "reaped", "--json")[1])] == [SILENT, REAPED]
+
+
+def test_holds_name_the_holder_since_when_and_why(cli: Cli, known_state: KnownState) -> None:
+    st = known_state
+    assert json.loads(run(cli, st, "holds", "--json")[1]) == []
+    hold = st.q.hold(timeout_s=60, holder=TRAINER, reason="weight update v4")
+    code, out, _ = run(cli, st, "holds", "--json")
+    (h,) = json.loads(out)
+    assert code == 0 and (h["hold_id"], h["holder"], h["reason"]) == (hold.hold_id, TRAINER, "weight update v4")
+    assert 0 < h["remaining_ms"] <= 60_000 and h["since_ms"] > 0
+    code, out, _ = run(cli, st, "stats")
+    assert f"HELD by 1 admission hold(s): {TRAINER} for" in out and "(weight update v4)" in out
+    run(cli, st, "drain", "--reason", "node upgrade", "--yes")
+    holders = {h["holder"]: h["reason"] for h in json.loads(run(cli, st, "holds", "--json")[1])}
+    assert holders == {TRAINER: "weight update v4", "operator": "node upgrade"}
+    hold.release()
+    run(cli, st, "drain", "stop", "--yes")
+    assert json.loads(run(cli, st, "holds", "--json")[1]) == []
+    assert st.q.client.hlen(f"{st.prefix}:holders") == 0
+    with pytest.raises(InvalidInput):
+        st.q.hold(holder="a|b")
+
+
+def test_an_expired_hold_takes_its_holder_line_with_it(known_state: KnownState, r: redis.Redis) -> None:
+    st = known_state
+    st.q.hold(timeout_s=0.05, holder=TRAINER)
+    wait_until(lambda: st.q.stats().active_holds == 0, timeout=5, message="the hold to expire")
+    st.q.reap()  # the reaper releases expired holds by id
+    assert r.hlen(f"{st.prefix}:holders") == 0
+
+
+def test_stats_show_the_longest_wait_of_each_state(cli: Cli, shared_state: KnownState) -> None:
+    code, out, _ = run(cli, shared_state, "stats", "--json")
+    oldest = json.loads(out)["oldest_ms"]
+    assert code == 0 and all(oldest[s] is not None and oldest[s] >= 0 for s in
+                             ("backlog", "ready", "executing", "completed", "leased"))
+    # The backlog's oldest entry (g7) was submitted before anything was handed out: the longest wait.
+    assert oldest["backlog"] >= oldest["ready"]
+
+
 def test_top_prints_frames_with_rates(cli: Cli, shared_state: KnownState) -> None:
     code, out, _ = run(cli, shared_state, "top", "--iterations", "2", "--interval", "0.01")
-    assert code == 0 and out.count("(live; Ctrl-C quits)") == 2 and "out/s history" in out
+    assert code == 0 and out.count("(Ctrl-C quits)") == 2 and out.count("rates   in ") == 2
     code, out, _ = run(cli, shared_state, "top", "--once", "--json")
     (frame,) = docs(out)
     assert code == 0 and frame["rates"]["in/s (submitted)"] is None and frame["backlog"] == 2
@@ -311,6 +396,12 @@ def test_dlq_list_show_requeue_purge(cli: Cli, known_state: KnownState) -> None:
     dlq_id, new_id = out.strip().split("\t")
     assert code == 0 and dlq_id == st.dlq_id and "requeued dead letter" in err
     assert json.loads(run(cli, st, "inspect", new_id, "--json")[1])["state"] == "backlog"
+    # The old entry says it died, how, and where its group lives on; its attempts are still there.
+    old = json.loads(run(cli, st, "inspect", st.ids[0], "--json")[1])
+    assert (old["state"], old["requeued_as"], old["counted_failures"]) == ("dead", new_id, 2)
+    assert old["ledger"] == f"s|dead|2|{ALIVE}|max_attempts"  # as its death wrote it: a retry still replays
+    assert any(line.startswith("requeued as") and new_id in line
+               for line in run(cli, st, "inspect", st.ids[0])[1].splitlines())
     # g4 failed once already: one more counted failure makes a new dead letter. Then purge them all.
     st.refresh()
     (res,) = [x for x in st.workers[ALIVE].reserve(10) if x.group.source_id == "prompt-4"]

@@ -232,7 +232,7 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
     assert titles >= {"Queue depth", "Throughput", "Staleness", "Leases", "Workers", "Dead letters"}
     names = {name for _, expr in queries(board) for name, _ in parse(expr)[0]}
     for needed in ("rollout_queue_groups", "rollout_queue_commits_total", "rollout_queue_completions_total",
-                   "rollout_queue_buffer_staleness_max", "rollout_queue_leases_active",
+                   "rollout_queue_buffer_staleness_versions_max", "rollout_queue_leases_active",
                    "rollout_queue_workers", "rollout_queue_worker_heartbeat_age_seconds",
                    "rollout_queue_dead_letters_total"):
         assert needed in names, needed

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_queue.ops import metrics
 from rollout_queue.ops.views import QueueView
-from tests.ops.conftest import ALIVE, SILENT, Cli, KnownState
+from tests.ops.conftest import ALIVE, PROGRESS, SILENT, Cli, KnownState
 
 
 def samples_of(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -59,14 +59,39 @@ def test_exporter_serves_the_queue_over_http(shared_state: KnownState) -> None:
     assert value(found, "rollout_queue_workers", queue=q, status="alive") == 1
     assert value(found, "rollout_queue_workers", queue=q, status="silent") == 1
     assert value(found, "rollout_queue_leases_active", queue=q) == 1
-    assert 0 < value(found, "rollout_queue_lease_next_deadline_seconds", queue=q) <= 600
-    assert value(found, "rollout_queue_buffer_staleness_bucket", queue=q, le="0.0") == 0
-    assert value(found, "rollout_queue_buffer_staleness_bucket", queue=q, le="1.0") == 1
+    assert 0 < value(found, "rollout_queue_lease_seconds_to_deadline", queue=q) <= 600
+    assert value(found, "rollout_queue_buffer_staleness_versions_bucket", queue=q, le="0.0") == 0
+    assert value(found, "rollout_queue_buffer_staleness_versions_bucket", queue=q, le="1.0") == 1
     assert value(found, "rollout_queue_pel_attempts_bucket", queue=q, le="1.0") == 5
     assert value(found, "rollout_queue_executing_attempt_age_seconds_gcount", queue=q) == 2
     assert value(found, "rollout_queue_submitted_total", queue=q) == 9
     assert value(found, "rollout_queue_attempts_ended_total", queue=q, terminal="failed") == 3
     assert value(found, "rollout_queue_evictions_total", queue=q, reason="stale") == 0
+    for state in ("backlog", "ready", "executing", "completed", "leased"):
+        assert value(found, "rollout_queue_oldest_wait_seconds", queue=q, state=state) > 0, state
+    assert value(found, "rollout_queue_admission_held_seconds", queue=q) == 0
+    assert value(found, "rollout_queue_worker_completed_groups_total", queue=q, worker=ALIVE) == PROGRESS.groups
+    assert value(found, "rollout_queue_worker_generated_tokens_total", queue=q, worker=ALIVE) == PROGRESS.tokens
+    assert ("rollout_queue_worker_completed_groups_total", frozenset({("queue", q), ("worker", SILENT)})) not in found
+    assert value(found, "rollout_queue_workers_reaped_total", queue=q) == 1
+
+
+def test_countdowns_never_vanish_and_holds_show_their_age(known_state: KnownState) -> None:
+    """No lease: the countdown reads +Inf (an alert on "< 60" stays quiet, the series stays); an
+    empty state waits 0 s; a standing hold's age grows."""
+    st = known_state
+    st.lease.rollback()
+    hold = st.q.hold(timeout_s=60, holder="trainer-0")
+    view = QueueView.from_url(st.url, st.queue)
+    try:
+        found = samples_of(generate_latest(metrics.registry_for(view)).decode())
+    finally:
+        view.close()
+    assert value(found, "rollout_queue_lease_seconds_to_deadline", queue=st.queue) == float("inf")
+    assert value(found, "rollout_queue_oldest_wait_seconds", queue=st.queue, state="leased") == 0
+    assert value(found, "rollout_queue_admission_held_seconds", queue=st.queue) >= 0
+    assert value(found, "rollout_queue_admission_holds", queue=st.queue) == 1
+    hold.release()
 
 
 def test_a_failed_scrape_says_up_0(shared_state: KnownState, cli: Cli) -> None:

@@ -20,7 +20,7 @@ import redis
 
 from rollout_queue.ops import acl
 from rollout_queue.devtools.local_server import LocalServer, available_servers
-from tests.ops.conftest import ALIVE, SILENT, TRAINER, KnownState
+from tests.ops.conftest import ALIVE, PROGRESS, REAPED, SILENT, TRAINER, KnownState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
 BLOCK = re.compile(r"^```sh tested=([\w-]+)\n(.*?)^```", re.M | re.S)
@@ -130,6 +130,52 @@ def check_cli_requeue(out: list[str], st: KnownState, r: redis.Redis) -> None:
     assert r.xpending_range(f"{st.prefix}:src", "rollout", st.ids[6], st.ids[6], 1)[0]["consumer"] == b"@ready"
 
 
+def check_stragglers(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    rows = [line.split() for line in out if line.startswith(st.ids[0][:5])]
+    assert {(row[0], row[1]) for row in rows} == {(st.ids[5], ALIVE), (st.ids[6], SILENT)}
+    assert not any("@" in line for line in out)  # never the queue's own @ready/@done/@lease rows
+
+
+def check_at_risk(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    (row,) = [line.split() for line in out if line.startswith(st.ids[0][:5])]
+    assert row[:3] == [st.ids[4], "1", "1"] and "CUDA OOM" in " ".join(out)  # g4: failed once of 2
+
+
+def check_reaped(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    line = pairs(out[1:19])  # out[0]: the stream ID; nine field/value pairs
+    assert (line["worker"], line["terminal"], line["requeued"], line["ids"], line["done"]) == (REAPED, "lost", "0", "",
+                                                                                             "1")
+    assert line["progress"].startswith("4|1200|8000|") and int(line["heartbeat_ms"]) > 0
+    assert any(REAPED in x and "worker silent past worker_timeout" in x for x in out[19:])
+
+
+def check_progress(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    assert out[0].startswith(f"{PROGRESS.groups}|{PROGRESS.tokens}|{PROGRESS.uptime_ms}|")
+    row = next(line.split() for line in out[1:] if line.startswith(ALIVE))
+    assert row[-2:] == ["0.5", "250"]
+
+
+def setup_holds(st: KnownState) -> None:
+    st.q.hold(timeout_s=120, holder=TRAINER, reason="weight update v4")
+
+
+def check_holds(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    hold_id, line = out[0], out[1]
+    holder, since, reason = line.split("|", 2)
+    assert (holder, reason) == (TRAINER, "weight update v4") and int(since) > 0
+    assert any(x.startswith(hold_id) and TRAINER in x and "weight update v4" in x for x in out[2:])
+
+
+def check_waits(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    text = "\n".join(out)
+    waited = next(line for line in out if line.startswith("waited"))
+    assert all(f"{s} " in waited and f"{s} -" not in waited for s in ("backlog", "exec", "done", "leased"))
+    assert f"! worker {SILENT} SILENT" in text and f"! admission HELD by {TRAINER}" in text
+
+
+#: Blocks whose state needs one more step first (run just before the block, in CHECKS order).
+SETUP: dict[str, Callable[[KnownState], None]] = {"holds": setup_holds}
+
 #: block id -> (the entry $E names, its check). Blocks run in this order: redis-cli first, the CLI
 #: (which changes the state) after.
 CHECKS: dict[str, tuple[int | None, Check]] = {
@@ -137,13 +183,21 @@ CHECKS: dict[str, tuple[int | None, Check]] = {
     "silent-workers": (None, check_silent_workers), "consumers": (None, check_consumers),
     "attempts": (None, check_attempts), "buffer-empty": (None, check_buffer_empty), "leases": (None, check_leases),
     "backlog": (None, check_backlog), "dlq": (None, check_dlq), "memory": (None, check_memory),
-    "config": (None, check_config), "cli-requeue": (6, check_cli_requeue),
-    "cli-dlq-requeue": (None, check_cli_dlq_requeue),
+    "config": (None, check_config), "stragglers": (None, check_stragglers), "at-risk": (None, check_at_risk),
+    "reaped": (None, check_reaped), "progress": (None, check_progress), "cli-requeue": (6, check_cli_requeue),
+    "cli-dlq-requeue": (None, check_cli_dlq_requeue), "holds": (None, check_holds), "waits": (None, check_waits),
 }
 
 
 def test_every_tested_block_has_a_check() -> None:
     assert set(blocks()) == set(CHECKS)
+
+
+def test_every_recipe_is_tested() -> None:
+    """A shell block in the guide is a recipe an operator will paste: each one is run above, except
+    the two that set the reader's own variables (``Q``/``E``, ``REDIS_URL``) before any recipe."""
+    untested = re.findall(r"^```sh\n(.*?)^```", DOC.read_text(), re.M | re.S)
+    assert len(untested) == 2 and untested[0].startswith("Q=") and untested[1].startswith("export REDIS_URL")
 
 
 def _redis_cli() -> str:
@@ -182,6 +236,8 @@ def test_the_guide_answers_its_questions(known_state: KnownState, shims: dict[st
     code = blocks()
     for name, (entry, check) in CHECKS.items():
         known_state.refresh()  # host-a must stay alive through the run, host-b silent
+        if name in SETUP:
+            SETUP[name](known_state)
         env = {**os.environ, **shims, "E": known_state.ids[entry] if entry is not None else "unset"}
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", code[name]], env=env, capture_output=True,
                               text=True, timeout=60)

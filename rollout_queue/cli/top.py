@@ -1,0 +1,159 @@
+"""`rollout-queue top`'s screen: what is urgent first, then the queue at a glance, in any terminal.
+
+An operator opens `top` during an incident, often in a small pane. So the frame is plain lines laid
+out for the terminal's exact size (no table borders): a header, then one line per urgent condition
+(a silent worker, an overdue lease, a held admission and by whom, a drain, a stalled trainer, an
+unreachable partition, dead letters), then states with their longest waits, rates and the policy
+line, then as many worker and lease rows as the height leaves, urgent rows first (silent workers,
+overdue leases) and a "... N more" line for the rest. Every line is cut to the width. Pure
+functions of a Snapshot: no Redis, no terminal here (status.py draws them).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from rollout_queue.cli.render import WAITING, _rate, duration, hold_text, sparkline, worker_status
+from rollout_queue.ops.escape import clean
+from rollout_queue.ops.view_models import LeaseView, Snapshot, WorkerView
+
+#: A trainer that has not committed for this long while completed groups wait is called stalled
+#: (the guide's alert uses the same 10 minutes).
+STALLED_MS = 600_000
+#: The `rates` keys (status.RATES labels) of groups in, completed and out, in that order.
+RATE_LABELS = ("in/s (submitted)", "completed/s", "out/s (committed)")
+#: State names short enough for two 80-column lines (groups per state, and the longest wait in each).
+SHORT = {"backlog": "backlog", "ready": "ready", "executing": "exec", "completed": "done", "leased": "leased"}
+#: The smallest frame laid out; a smaller terminal gets this many lines cut to its width.
+MIN_HEIGHT, MIN_WIDTH = 12, 40
+
+
+def _per_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def urgent_lines(snap: Snapshot) -> list[str]:
+    """One line per condition an operator must look at now, most urgent first (empty: all is well).
+    Whole-queue conditions (admission, partitions) come before per-row ones, and many silent
+    workers or overdue leases collapse into a count, so one cause never pushes the others away."""
+    out = [f"! partition {name} UNREACHABLE: its groups are left out below" for name in snap.unreachable]
+    if snap.drain.active:
+        out.append(f"! DRAINING ({snap.drain.reason or 'no reason given'}), {snap.drain.executing_groups} "
+                   "group(s) still executing")
+    out += [f"! admission HELD by {hold_text(h, snap.drain.server_ms)}" for h in snap.holds
+            if h.hold_id != "operator-drain"]
+    if snap.stats.active_holds and not snap.holds and not snap.drain.active:
+        out.append(f"! admission HELD by {snap.stats.active_holds} hold(s)")
+    silent = sorted((w for w in snap.workers if not w.alive), key=lambda w: -(w.silent_ms or 0))
+    lines = []
+    for w in silent:
+        what = "unregistered PEL consumer" if w.last_heartbeat_ms is None and not w.garbage else (
+            f"{worker_status(w)} for {duration(w.silent_ms)}")
+        lines.append(f"! worker {w.worker_id} {what}, holding {w.executing_groups} group(s)"
+                     + (f", oldest {duration(w.oldest_attempt_ms)}" if w.oldest_attempt_ms is not None else ""))
+    out += _collapsed(lines, "workers silent or unregistered")
+    overdue = [f"! lease {lv.lease_id} OVERDUE by {duration(-lv.remaining_ms)} ({lv.trainer}, {lv.groups} "
+               "group(s)): the reaper rolls it back" for lv in snap.leases
+               if lv.remaining_ms is not None and lv.remaining_ms < 0]
+    out += _collapsed(overdue, "leases overdue")
+    st = snap.stats
+    if st.completed and st.since_commit_ms is not None and st.since_commit_ms > STALLED_MS:
+        out.append(f"! trainer stalled? last commit {duration(st.since_commit_ms)} ago, {st.completed} "
+                   "completed group(s) waiting")
+    if st.dead:
+        out.append(f"! {st.dead} dead letter(s): rollout-queue dlq list")
+    return out
+
+
+def _collapsed(lines: list[str], what: str, keep: int = 3) -> list[str]:
+    """At most ``keep`` lines: the first ones, then a count of the rest."""
+    if len(lines) <= keep:
+        return lines
+    return lines[:keep - 1] + [f"! ... {len(lines) - keep + 1} more {what}"]
+
+
+def _worker_order(w: WorkerView) -> tuple[int, int]:
+    """Silent and unregistered first (longest silent first), then the oldest running attempt."""
+    return (0 if not w.alive else 1, -(w.silent_ms or 0) if not w.alive else -(w.oldest_attempt_ms or 0))
+
+
+def worker_lines(ws: Sequence[WorkerView], room: int) -> list[str]:
+    if room <= 0:
+        return []
+    rows = sorted(ws, key=_worker_order)
+    alive = sum(1 for w in ws if w.alive)
+    head = [f"workers: {alive} alive, {len(ws) - alive} not", f"  {'WORKER':<24} {'STATUS':<8} {'BEAT':>7} "
+            f"{'EXEC':>4} {'OLDEST':>7} {'GRP/S':>6} {'TOK/S':>7}"]
+    body = []
+    for w in rows:
+        p = w.progress
+        status = "GARBAGE" if w.garbage else worker_status(w)
+        body.append(f"  {w.worker_id:<24} {status:<8} {duration(w.silent_ms):>7} {w.executing_groups:>4} "
+                    f"{duration(w.oldest_attempt_ms):>7} {_rate(p.groups_per_s if p else None):>6} "
+                    f"{_rate(p.tokens_per_s if p else None):>7}")
+    return _fit(head, body, room)
+
+
+def lease_lines(ls: Sequence[LeaseView], room: int) -> list[str]:
+    if room <= 0:
+        return []
+    head = [f"leases: {len(ls)} active", f"  {'LEASE':<24} {'TRAINER':<16} {'GROUPS':>6} {'VER':>4} DEADLINE"]
+    body = []
+    for lv in sorted(ls, key=lambda x: (x.remaining_ms is None, x.remaining_ms or 0)):
+        left = "?" if lv.remaining_ms is None else (
+            f"in {duration(lv.remaining_ms)}" if lv.remaining_ms >= 0 else f"OVERDUE {duration(-lv.remaining_ms)}")
+        body.append(f"  {lv.lease_id:<24} {lv.trainer:<16} {lv.groups:>6} "
+                    f"{'?' if lv.version is None else lv.version:>4} {left}")
+    return _fit(head, body, room)
+
+
+def _fit(head: list[str], body: list[str], room: int) -> list[str]:
+    """The head and as many body rows as ``room`` lines hold, the rest counted in a last line."""
+    if not body:
+        return head[:1][:room]
+    if room < 2:
+        return head[:1]
+    fits = room - len(head)
+    if len(body) > fits:
+        shown = max(0, fits - 1)
+        return head + body[:shown] + [f"  ... {len(body) - shown} more"]
+    return head + body
+
+
+def top_lines(snap: Snapshot, rates: Mapping[str, float | None], spark: Sequence[float | None], queue: str,
+              width: int, height: int) -> list[str]:
+    """The whole frame: at most ``height`` lines of at most ``width`` characters."""
+    width, height = max(width, MIN_WIDTH), max(height, MIN_HEIGHT)
+    st = snap.stats
+    version = st.version if st.version_published else "none"
+    lines = [f"rollout-queue top  queue {queue}  policy v{version}  (Ctrl-C quits)"]
+    urgent = urgent_lines(snap)
+    counts = {"backlog": st.backlog, "ready": st.ready, "executing": st.executing_groups,
+              "completed": st.completed, "leased": st.leased}
+    in_s, done_s, out_s = (rates.get(label) for label in RATE_LABELS)
+    staleness = "-" if st.staleness_max is None else f"max {st.staleness_max} mean {st.staleness_mean:.2f}"
+    summary = [
+        "groups  " + " · ".join(f"{SHORT[s]} {counts[s]}" for s in WAITING),
+        "waited  " + " · ".join(f"{SHORT[s]} {duration(snap.oldest_ms(s))}" for s in WAITING),
+        f"settled committed {st.committed} · filtered {st.filtered} · dead {st.dead} · kept {st.kept}",
+        f"rates   in {_per_s(in_s)} · completed {_per_s(done_s)} · out {_per_s(out_s)} groups/s  {sparkline(spark)}",
+        f"policy  staleness {staleness} (versions) · last commit "
+        + ("never" if st.since_commit_ms is None else f"{duration(st.since_commit_ms)} ago"),
+    ]
+    if snap.partitions:
+        summary.append(f"parts   {len(snap.partitions)}: " + " · ".join(
+            f"{name} DOWN" if part is None else f"{name} {part.stats.executing_groups} exec {part.stats.completed} done"
+            for name, part in snap.partitions))
+    # Urgent lines come first and take at most half the screen (their count says if some are cut).
+    room_urgent = max(1, (height - len(lines) - len(summary)) // 2)
+    if len(urgent) > room_urgent:
+        urgent = urgent[:room_urgent - 1] + [f"! ... {len(urgent) - room_urgent + 1} more urgent lines"]
+    lines += urgent or ["ok: nothing urgent"]
+    lines += summary
+    room = height - len(lines)
+    overdue = any(x.remaining_ms is not None and x.remaining_ms < 0 for x in snap.leases)
+    # Leases get a fair share (all they need, up to a third of what is left), workers the rest.
+    lease_room = min(len(snap.leases) + 2 if snap.leases else 1, max(room // 3, 3 if overdue else 1))
+    lines += worker_lines(snap.workers, room - lease_room)
+    lines += lease_lines(snap.leases, height - len(lines))
+    return [clean(line)[:width] for line in lines[:height]]
