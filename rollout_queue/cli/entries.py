@@ -23,24 +23,41 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_workers(args: argparse.Namespace) -> int:
+def _listing(args: argparse.Namespace, flow: Callable[[Any], Any],
+             section: Callable[[Any, Any, bool], render.Section]) -> int:
+    """A read-only listing: the rows as JSON with --json, else one section, given the view, the rows
+    and whether the queue is partitioned (a partition column)."""
     view = open_view(args)
-    ws = view.run(partition_views.workers(view.layout))
+    rows = view.run(flow(view.layout))
     if args.json:
-        print_json(ws)
+        print_json(rows)
     else:
-        render.emit([render.workers_section(ws, limit=10_000, partitioned=view.layout.count > 1)])
+        render.emit([section(view, rows, view.layout.count > 1)])
     return EXIT_OK
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    return _listing(args, partition_views.workers,
+                    lambda _, ws, parted: render.workers_section(ws, limit=10_000, partitioned=parted))
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
-    view = open_view(args)
-    ls = view.run(partition_views.leases(view.layout))
-    if args.json:
-        print_json(ls)
-    else:
-        render.emit([render.leases_section(ls, limit=10_000, partitioned=view.layout.count > 1)])
-    return EXIT_OK
+    return _listing(args, partition_views.leases,
+                    lambda _, ls, parted: render.leases_section(ls, limit=10_000, partitioned=parted))
+
+
+def cmd_holds(args: argparse.Namespace) -> int:
+    """Who holds admission: each standing hold's holder, since when, why, and its deadline."""
+    return _listing(args, partition_views.holds, lambda view, hs, parted: render.holds_section(
+        hs, view.run(views.server_ms(view.layout.keys[0])), partitioned=parted))
+
+
+def cmd_reaped(args: argparse.Namespace) -> int:
+    """Workers the queue gave up on, newest first: when, why, what they held (the `reaped` stream)."""
+    if args.count < 1:
+        raise UsageError(f"--count must be >= 1, got {args.count}")
+    return _listing(args, lambda layout: partition_views.reaped(layout, args.count),
+                    lambda _, rs, parted: render.reaped_section(rs, partitioned=parted))
 
 
 def _bounded_listing(args: argparse.Namespace, option: str, key: str, flow: Callable[[Any, int], Any],
@@ -67,31 +84,6 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
 def cmd_at_risk(args: argparse.Namespace) -> int:
     """Entries that at most --within more counted failures send to the dead-letter queue."""
     return _bounded_listing(args, "within", "entries", partition_views.at_risk, render.at_risk_section)
-
-
-def cmd_holds(args: argparse.Namespace) -> int:
-    """Who holds admission: each standing hold's holder, since when, why, and its deadline."""
-    view = open_view(args)
-    hs = view.run(partition_views.holds(view.layout))
-    if args.json:
-        print_json(hs)
-    else:
-        now = view.run(views.server_ms(view.layout.keys[0]))
-        render.emit([render.holds_section(hs, now, partitioned=view.layout.count > 1)])
-    return EXIT_OK
-
-
-def cmd_reaped(args: argparse.Namespace) -> int:
-    """Workers the queue gave up on, newest first: when, why, what they held (the `reaped` stream)."""
-    if args.count < 1:
-        raise UsageError(f"--count must be >= 1, got {args.count}")
-    view = open_view(args)
-    rs = view.run(partition_views.reaped(view.layout, args.count))
-    if args.json:
-        print_json(rs)
-    else:
-        render.emit([render.reaped_section(rs, partitioned=view.layout.count > 1)])
-    return EXIT_OK
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
