@@ -300,3 +300,21 @@ def test_state_changing_commands_act_in_the_right_partition(server: LocalServer,
         s.q.close()
         for n in (name, *(f"{name}#{i}" for i in range(3))):
             _delete_queue_keys(server.url, n)
+
+
+def test_holds_and_reaped_read_every_partition(state: Partitioned, cli: Cli) -> None:
+    """A hold stands on every partition: `holds` lists it once per partition, naming each, with its
+    holder and reason; `reaped` reads every partition's stream (nobody was reaped here)."""
+    hold = state.q.hold(timeout_s=60, holder=TRAINER, reason="weight update v2")
+    try:
+        code, out, _ = cli(state.url, state.name, "holds", "--json")
+        rows = json.loads(out)
+        assert code == 0 and sorted(r["partition"] for r in rows) == sorted(state.q.partitions)
+        assert {(r["hold_id"], r["holder"], r["reason"]) for r in rows} == {(hold.hold_id, TRAINER, "weight update v2")}
+        code, out, _ = cli(state.url, state.name, "holds")
+        assert code == 0 and "partition" in out and TRAINER in out
+    finally:
+        hold.release()
+    assert json.loads(cli(state.url, state.name, "holds", "--json")[1]) == []
+    code, out, _ = cli(state.url, state.name, "reaped", "--json")
+    assert code == 0 and json.loads(out) == []
