@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from rollout_queue.ops import actions, partition_views, views
+from rollout_queue.ops import actions, partition_views
 from rollout_queue.cli import render
 from rollout_queue.cli.common import (EXIT_OK, UsageError, confirm, log_action, open_operated, open_view, print_json,
                                      print_line)
@@ -48,8 +48,7 @@ def cmd_leases(args: argparse.Namespace) -> int:
 
 def cmd_holds(args: argparse.Namespace) -> int:
     """Who holds admission: each standing hold's holder, since when, why, and its deadline."""
-    return _listing(args, partition_views.holds, lambda view, hs, parted: render.holds_section(
-        hs, view.run(views.server_ms(view.layout.keys[0])), partitioned=parted))
+    return _listing(args, partition_views.holds, lambda _, hs, parted: render.holds_section(hs, partitioned=parted))
 
 
 def cmd_reaped(args: argparse.Namespace) -> int:

@@ -125,22 +125,22 @@ def _admission(drain: DrainStatus, holds: int, who: Sequence[HoldView] = ()) -> 
         return f"DRAINING ({drain.reason or 'no reason given'}), ends in {ends}"
     if not holds:
         return "open"
-    named = "; ".join(hold_text(h, drain.server_ms) for h in who[:3]) + ("; ..." if len(who) > 3 else "")
+    named = "; ".join(hold_text(h) for h in who[:3]) + ("; ..." if len(who) > 3 else "")
     return f"HELD by {holds} admission hold(s)" + (f": {named}" if named else "")
 
 
-def hold_text(h: HoldView, now_ms: int) -> str:
+def hold_text(h: HoldView) -> str:
     """``trainer-0 for 3.2s (weight update), ends in 56s``: who, how long, why, until when."""
-    since = "" if h.since_ms is None else f" for {duration(now_ms - h.since_ms)}"
+    since = "" if h.held_ms is None else f" for {duration(h.held_ms)}"
     ends = "?" if h.remaining_ms is None else duration(h.remaining_ms)
     return f"{h.holder or 'unknown holder'}{since} ({h.reason or 'no reason given'}), ends in {ends}"
 
 
-def holds_section(hs: Sequence[HoldView], now_ms: int, partitioned: bool = False) -> Section:
+def holds_section(hs: Sequence[HoldView], partitioned: bool = False) -> Section:
     """Who holds admission: one row per standing hold (on a partitioned queue, per partition)."""
     cols = ("hold",) + (("partition",) if partitioned else ()) + ("holder", "held for", "reason", "ends in")
     rows = [(h.hold_id,) + ((h.partition,) if partitioned else ()) + (
-        h.holder or "?", "-" if h.since_ms is None else duration(now_ms - h.since_ms), h.reason,
+        h.holder or "?", "-" if h.held_ms is None else duration(h.held_ms), h.reason,
         "?" if h.remaining_ms is None else duration(h.remaining_ms)) for h in hs]
     return section(f"admission holds: {len(hs)} standing" + (" (admission closed)" if hs else " (admission open)"),
                    cols, rows)

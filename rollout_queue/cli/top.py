@@ -40,7 +40,7 @@ def urgent_lines(snap: Snapshot) -> list[str]:
     if snap.drain.active:
         out.append(f"! DRAINING ({snap.drain.reason or 'no reason given'}), {snap.drain.executing_groups} "
                    "group(s) still executing")
-    out += [f"! admission HELD by {hold_text(h, snap.drain.server_ms)}" for h in snap.holds
+    out += [f"! admission HELD by {hold_text(h)}" for h in snap.holds
             if h.hold_id != "operator-drain"]
     if snap.stats.active_holds and not snap.holds and not snap.drain.active:
         out.append(f"! admission HELD by {snap.stats.active_holds} hold(s)")

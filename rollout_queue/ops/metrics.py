@@ -126,10 +126,10 @@ def _gauges(snap: Snapshot, base: Base, workers: bool = True) -> Iterator[Metric
                  "waited there (backlog: since submission; ready: since requeued; executing: since reserved; "
                  "completed: since buffered; leased: since leased); 0 when the state is empty.",
                  (*names, "state"), (((*q, s), (snap.oldest_ms(s) or 0) / 1000) for s in WAITING))
-    held = [h.since_ms for h in snap.holds if h.since_ms is not None]
+    held = [h.held_ms for h in snap.holds if h.held_ms is not None]
     yield _gauge("rollout_queue_admission_held_seconds", "Seconds the oldest standing admission hold has been "
                  "held (0: admission open); `rollout-queue holds` names its holder and reason.", names,
-                 [(q, max(0, snap.drain.server_ms - min(held)) / 1000 if held else 0.0)])
+                 [(q, max(0, max(held)) / 1000 if held else 0.0)])
     progressed = [w for w in snap.workers if w.progress is not None]
     yield _counter("rollout_queue_worker_completed_groups", "Groups each worker reported completed since its "
                    "process started (its heartbeat's own count; rate() is its groups/s).", (*names, "worker"),

@@ -150,6 +150,7 @@ class HoldView:
     hold_id: str
     holder: str
     since_ms: int | None
+    held_ms: int | None  # how long it has stood when read
     reason: str
     deadline_ms: int | None
     remaining_ms: int | None

@@ -115,12 +115,18 @@ class Garbage:
 def server_ms(keys: QueueKeys) -> Flow[int]:
     """The queue clock (lua/include/now_ms.lua): the server's TIME minus the time it was down, the
     clock every score and deadline of the queue is written in. Garbage in the offset counts as 0."""
-    raw = p.parse_time((yield p.Command(("TIME",), route=keys["clock"])))  # the queue's node's clock
+    raw = yield from server_time(keys)
     offset = yield p.Command(("HGET", keys["clock"], "offset"))
     try:
         return raw - p.parse_count(offset, "HGET clock offset")
     except ProtocolError:
         return raw
+
+
+def server_time(keys: QueueKeys) -> Flow[int]:
+    """The server's own TIME in ms, on the queue's node: the clock stream IDs are written in (not the
+    queue clock, which leaves out downtime)."""
+    return p.parse_time((yield p.Command(("TIME",), route=keys["clock"])))
 
 
 def partition_count(name: str) -> Flow[int | None]:
@@ -211,8 +217,7 @@ def backlog_oldest(keys: QueueKeys) -> Flow[int | None]:
     first = p.parse_stream_entries((yield p.Command(("XRANGE", keys["src"], "(" + after, "+", "COUNT", 1))))
     if not first:
         return None
-    now = p.parse_time((yield p.Command(("TIME",), route=keys["clock"])))
-    return max(0, now - stream_id(first[0][0])[0])
+    return max(0, (yield from server_time(keys)) - stream_id(first[0][0])[0])
 
 
 def stragglers(keys: QueueKeys, count: int = 20, limit: int = PEL_LIMIT) -> Flow[tuple[list[AttemptView], bool]]:
@@ -348,8 +353,8 @@ def holds(keys: QueueKeys, limit: int = 100) -> Flow[list[HoldView]]:
             holder, _, rest = text(line).partition("|")
             when, _, reason = rest.partition("|")
             since = bad.number("hold since", when)
-        out.append(HoldView(hold_id, holder, since, reason, deadline, None if deadline is None else deadline - now,
-                            tuple(bad.notes)))
+        out.append(HoldView(hold_id, holder, since, None if since is None else now - since, reason, deadline,
+                            None if deadline is None else deadline - now, tuple(bad.notes)))
     return out
 
 
@@ -357,7 +362,7 @@ def reaped(keys: QueueKeys, count: int = 20) -> Flow[list[ReapedView]]:
     """The last ``count`` lines of the ``reaped`` stream, newest first: which workers the queue gave
     up on, when, and what they held (lua/include/reap_worker_entries.lua)."""
     yield from require_queue(keys)
-    now = p.parse_time((yield p.Command(("TIME",), route=keys["clock"])))
+    now = yield from server_time(keys)
     reply = yield p.Command(("XREVRANGE", keys["reaped"], "+", "-", "COUNT", count))
     out: list[ReapedView] = []
     for reaped_id, kv in p.parse_stream_entries(reply, "XREVRANGE reaped"):
