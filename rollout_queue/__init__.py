@@ -61,6 +61,7 @@ _WHERE = {
     "SourceGroup": "rollout_queue.core.models",
     "StaleReceipt": "rollout_queue.core.errors",
     "StateConflict": "rollout_queue.core.errors",
+    "Turn": "rollout_queue.core.models",
     "VersionRegression": "rollout_queue.core.errors",
     "Worker": "rollout_queue.api.worker",
 }
@@ -92,7 +93,7 @@ if TYPE_CHECKING:
     from rollout_queue.core.config import QueueConfig
     from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression
     from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
-    from rollout_queue.core.models import OwnedAttempt, Progress
+    from rollout_queue.core.models import OwnedAttempt, Progress, Turn
     from rollout_queue.core.policy import Durability, RetryPolicy
     from rollout_queue.api.fleet import FleetReserver as AsyncFleetReserver
     from rollout_queue.api.lease import Hold as AsyncHold

@@ -10,6 +10,11 @@ Completion blob, schema 1 (written when some id is negative or >= 2^24; also wha
     b"RQC1" | u32 LE header length | orjson header | int32 LE token ids | float32 LE logprobs
 header = {"v": <schema>, "s": [[slot, n_tokens, has_logprobs, reward|null, version, finish_reason,
                                 [versions...]], ...]}
+A trajectory's row has two more fields: [role, n, version, role, n, version, ...] (its turns as run
+lengths, role 1 for the model and 0 for an observation: the loss mask costs three small integers per
+turn, not a byte per token) and its metadata object or null. A single-turn sample's row stays 7 fields,
+so it costs exactly what it did before trajectories existed; a reader older than 9-field rows refuses
+them (readers first, as always).
 The magic and the header's "v" name the schema (and so the id width) twice; they must agree. The
 decoder reads both schemas, so blobs stored before an upgrade stay readable; readers (trainers) must be
 upgraded before writers (workers), since an older reader refuses RQC2. Logprobs stay float32 in both.
@@ -30,7 +35,7 @@ import orjson
 
 from rollout_queue.core.errors import CodecError, InvalidInput
 from rollout_queue.core.columns import SampleColumns
-from rollout_queue.core.models import CompletedGroup, Sample, SourceGroup
+from rollout_queue.core.models import MODEL, OBSERVATION, CompletedGroup, Sample, SourceGroup, Turn
 
 #: The schema of a reservation's stream fields (the ``v`` field that submit writes).
 SCHEMA_VERSION = 1
@@ -86,8 +91,11 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
     tokens = array("i")
     logprobs = array("f")
     for s in samples:
-        head.append([s.slot, len(s.token_ids), 1 if s.logprobs else 0, s.reward, s.version, s.finish_reason,
-                     list(s.versions)])
+        row = [s.slot, len(s.token_ids), 1 if s.logprobs else 0, s.reward, s.version, s.finish_reason,
+               list(s.versions)]
+        if s.turns or s.metadata is not None:
+            row += [[x for t in s.turns for x in (1 if t.trained else 0, t.n_tokens, t.version)], s.metadata]
+        head.append(row)
         tokens += array("i", s.token_ids)
         if s.logprobs:
             logprobs += array("f", s.logprobs)
@@ -152,17 +160,40 @@ def decode_columns(blob: bytes) -> SampleColumns:
     tokens, logprobs = _unpack(blob, start, width, n_tokens)
     try:
         # The columns check the logprob rule first, then each row's fields (as Sample would).
-        return SampleColumns(tokens, logprobs, *zip(*rows)) if rows else _EMPTY_COLUMNS
+        if not rows:
+            return _EMPTY_COLUMNS
+        if all(len(row) == 7 for row in rows):
+            return SampleColumns(tokens, logprobs, *zip(*rows))
+        turns = tuple(_turns(row[7]) if len(row) == 9 else () for row in rows)
+        metadata = tuple(row[8] if len(row) == 9 else None for row in rows)
+        return SampleColumns(tokens, logprobs, *zip(*(row[:7] for row in rows)), turns if any(turns) else (),
+                             metadata if any(m is not None for m in metadata) else ())
     except (TypeError, ValueError) as exc:  # a non-list versions; InvalidInput is a ValueError
         raise CodecError(f"bad sample in completion: {exc}") from exc
+
+
+_ROLE = {1: MODEL, 0: OBSERVATION}
+
+
+def _turns(flat: Any) -> tuple[Turn, ...]:
+    """A row's run-length turns ([role, n, version, ...]) as Turns; ValueError for any other shape."""
+    if type(flat) is not list or len(flat) % 3:
+        raise ValueError(f"turns must be a list of [role, n_tokens, version] triples, got {flat!r:.80}")
+    out = []
+    for i in range(0, len(flat), 3):
+        role = flat[i]
+        if type(role) is not int or role not in _ROLE:
+            raise ValueError(f"a turn's role must be 1 (model) or 0 (observation), got {role!r}")
+        out.append(Turn(_ROLE[role], flat[i + 1], flat[i + 2]))
+    return tuple(out)
 
 
 def _count(rows: list[Any]) -> tuple[int, int]:
     """(tokens, logprobs) the sample rows promise; CodecError for a row of the wrong shape."""
     n_tokens = n_logprobs = 0
     for row in rows:
-        if type(row) is not list or len(row) != 7:
-            raise CodecError(f"bad sample row {row!r}: expected a list of 7 fields")
+        if type(row) is not list or len(row) not in (7, 9):
+            raise CodecError(f"bad sample row {row!r:.200}: expected a list of 7 fields (9 for a trajectory)")
         count = row[1]
         if type(count) is not int or count < 0:
             raise CodecError(f"bad sample row {row!r}: token count must be an integer >= 0")

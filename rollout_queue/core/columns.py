@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from rollout_queue.core.errors import InvalidInput
-from rollout_queue.core.models import Sample, check_sample_fields, logprobs_ok
+from rollout_queue.core.models import Sample, Turn, check_sample_fields, check_trajectory, logprobs_ok
 
 _LITTLE = sys.byteorder == "little"
 #: The high byte of a float32 that is negative (sign bit set) and not NaN or infinite (its exponent is
@@ -36,7 +36,10 @@ class SampleColumns:
     them as read-only (a CompletedGroup caches its columns, and its samples are built from them).
     The other columns hold one value per sample, each Sample field of the same name: ``slots``,
     ``counts``, ``has_logprobs``, ``rewards``, ``versions`` (Sample.version), ``finish_reasons``,
-    ``version_lists`` (Sample.versions).
+    ``version_lists`` (Sample.versions); for trajectories, ``turn_lists`` (Sample.turns) and
+    ``metadata`` (Sample.metadata), each empty when no sample of the completion has any (the
+    single-turn case, which then costs nothing). ``loss_mask()`` is the per-token mask a trainer
+    multiplies its loss by, aligned with ``token_ids``.
 
     Checked on construction as Sample checks its values (logprobs <= 0 and not NaN over the whole
     array at C speed, then each sample's fields), so a malformed column set cannot exist and the
@@ -53,6 +56,8 @@ class SampleColumns:
     versions: tuple[int, ...]
     finish_reasons: tuple[str, ...]
     version_lists: tuple[tuple[int, ...], ...]
+    turn_lists: tuple[tuple[Turn, ...], ...] = ()
+    metadata: tuple[Any, ...] = ()
     offsets: tuple[int, ...] = field(init=False)
     logprob_offsets: tuple[int, ...] = field(init=False)
 
@@ -75,6 +80,19 @@ class SampleColumns:
                             ("finish_reasons", finish_reasons), ("version_lists", tuple(v for _, v in checked)),
                             ("offsets", offsets), ("logprob_offsets", logprob_offsets)):
             object.__setattr__(self, name, value)
+        if self.turn_lists or self.metadata:
+            self._check_trajectories(counts, versions)
+
+    def _check_trajectories(self, counts: tuple[int, ...], versions: tuple[int, ...]) -> None:
+        """Each sample's turns and metadata, by Sample's rule (an empty column: none has any)."""
+        n = len(counts)
+        turn_lists = tuple(self.turn_lists) or ((),) * n
+        metadata = tuple(self.metadata) or (None,) * n
+        if len(turn_lists) != n or len(metadata) != n:
+            raise InvalidInput("turn_lists and metadata need one value per sample (or none at all)")
+        checked = [check_trajectory(t, m, c, v) for t, m, c, v in zip(turn_lists, metadata, counts, versions)]
+        object.__setattr__(self, "turn_lists", tuple(t for t, _ in checked) if self.turn_lists else ())
+        object.__setattr__(self, "metadata", tuple(m for _, m in checked) if self.metadata else ())
 
     def _spans(self, counts: tuple[Any, ...], has_logprobs: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each sample's start in token_ids and in logprobs; InvalidInput unless the counts cover both exactly."""
@@ -100,20 +118,43 @@ class SampleColumns:
             ids += array("i", s.token_ids)
             if s.logprobs:
                 lps += array("f", s.logprobs)
+        turns = tuple(s.turns for s in samples) if any(s.turns for s in samples) else ()
+        metadata = tuple(s.metadata for s in samples) if any(s.metadata is not None for s in samples) else ()
         return cls(ids, lps, tuple(s.slot for s in samples), tuple(len(s.token_ids) for s in samples),
                    tuple(bool(s.logprobs) for s in samples), tuple(s.reward for s in samples),
                    tuple(s.version for s in samples), tuple(s.finish_reason for s in samples),
-                   tuple(s.versions for s in samples))
+                   tuple(s.versions for s in samples), turns, metadata)
+
+    @property
+    def multi_turn(self) -> bool:
+        """True when some sample is a trajectory (has turns)."""
+        return any(self.turn_lists)
+
+    def loss_mask(self) -> bytearray:
+        """One byte per token, aligned with ``token_ids``: 1 on the model's tokens, 0 on observations'
+        (``torch.frombuffer(cols.loss_mask(), dtype=torch.uint8)``). All ones for single-turn samples."""
+        if not self.turn_lists:
+            return bytearray(b"\x01") * len(self.token_ids)
+        parts = []
+        for count, turns in zip(self.counts, self.turn_lists):
+            if not turns:
+                parts.append(b"\x01" * count)
+            else:
+                parts += [(b"\x01" if t.trained else b"\x00") * t.n_tokens for t in turns]
+        return bytearray(b"".join(parts))
 
     def samples(self) -> tuple[Sample, ...]:
         """One Sample per sample, its ids and logprobs as tuples of Python ints and floats."""
         ids, lps = self.token_ids.tolist(), self.logprobs.tolist()
+        n = len(self.counts)
+        turn_lists = self.turn_lists or ((),) * n
+        metadata = self.metadata or (None,) * n
         return tuple(
             Sample._trusted(slot, tuple(ids[t:t + n]), tuple(lps[lp:lp + n]) if has else (), reward, version,
-                            finish, vs)
-            for slot, n, t, lp, has, reward, version, finish, vs in zip(
+                            finish, vs, turns, md)
+            for slot, n, t, lp, has, reward, version, finish, vs, turns, md in zip(
                 self.slots, self.counts, self.offsets, self.logprob_offsets, self.has_logprobs, self.rewards,
-                self.versions, self.finish_reasons, self.version_lists))
+                self.versions, self.finish_reasons, self.version_lists, turn_lists, metadata))
 
 
 def logprobs_ok_f32(values: "array[float]") -> bool:

@@ -354,6 +354,16 @@ class ScoringError(RolloutQueueError):
     """A reward or filter failed for this group; the attempt ends ``failed`` with this message."""
 
 
+class EnvironmentFailed(RolloutQueueError):
+    """A trajectory's environment raised, returned garbage or missed its step deadline; the attempt
+    ends ``failed`` with this message (counted toward max_attempts: it is the environment's fault)."""
+
+
+class TrajectoryAborted(RolloutQueueError):
+    """Inside a worker only: the queue's own reason (a weight update, a drain) ended a trajectory while
+    it waited on the engine or its environment; it settles aborted, never counted."""
+
+
 class WorkerFailed(RolloutQueueError, RuntimeError):
     """The worker stopped on a fatal error after returning its owned work (see ``__cause__``)."""
 

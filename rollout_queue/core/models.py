@@ -14,8 +14,11 @@ from array import array
 from dataclasses import FrozenInstanceError, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import orjson
+
 from rollout_queue.core.checks import check_int, check_items, check_json, check_number, describe
 from rollout_queue.core.errors import GroupTooLarge, InvalidInput
+from rollout_queue.core.histograms import SECOND_BUCKETS, TOKEN_BUCKETS, bucket_count
 
 if TYPE_CHECKING:
     from rollout_queue.core.columns import SampleColumns
@@ -151,10 +154,52 @@ class Reservation:
         return self.receipt.entry_id
 
 
+#: Turn roles: a model turn's tokens are trained (loss mask 1), an observation's are not (mask 0).
+MODEL, OBSERVATION = "model", "observation"
+_ROLES = (MODEL, OBSERVATION)
+#: Largest sample metadata record (tool calls, per-step rewards), as orjson bytes: it rides in the
+#: completion blob of every sample, so it stays a record, not a transcript.
+MAX_SAMPLE_METADATA = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One span of a trajectory's tokens, in order: the model's (``role="model"``, trained) or an
+    environment's observation (``role="observation"``, never trained). ``version`` is the policy
+    version a model turn was generated with (its oldest, if an update landed during it); 0 for an
+    observation."""
+
+    role: str
+    n_tokens: int
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        if self.role not in _ROLES:
+            raise InvalidInput(f"turn role must be {MODEL!r} or {OBSERVATION!r}, got {describe(self.role)}")
+        if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or not 0 <= self.n_tokens <= INT32_MAX:
+            raise InvalidInput(f"a turn's n_tokens must be an integer >= 0, got {describe(self.n_tokens)}")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or not 0 <= self.version < 2**21:
+            raise InvalidInput(f"a turn's version must be an integer in 0..2^21-1, got {describe(self.version)}")
+        if self.role == OBSERVATION and self.version:
+            raise InvalidInput("an observation turn has no policy version (give 0)")
+
+    @property
+    def trained(self) -> bool:
+        return self.role == MODEL
+
+
 @dataclass(frozen=True)
 class Sample:
     """One generated output for a parent slot. ``version`` is the oldest policy version the sample was
-    generated with; ``logprobs`` are the behaviour policy's logprobs of ``token_ids`` (may be empty)."""
+    generated with; ``logprobs`` are the behaviour policy's logprobs of ``token_ids`` (may be empty).
+
+    A multi-turn sample (a trajectory) also has ``turns``: the spans of ``token_ids`` in order, model
+    turns and environment observations, covering every token; its loss mask is 1 on the model's
+    tokens and 0 on the observations' (``loss_mask``), its logprobs are 0.0 on observation tokens,
+    and ``version`` is its oldest model turn's. ``metadata`` is a small JSON record (tool calls,
+    per-step rewards), at most MAX_SAMPLE_METADATA bytes. A single-turn sample has neither
+    (``turns == ()``: all of ``token_ids`` is one model turn) and costs nothing extra to store.
+    """
 
     slot: int
     token_ids: tuple[int, ...]
@@ -163,6 +208,8 @@ class Sample:
     version: int = 0
     finish_reason: str = "stop"
     versions: tuple[int, ...] = ()
+    turns: tuple[Turn, ...] = ()
+    metadata: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         ids = _int32_tuple(self.token_ids, "token_ids")
@@ -177,7 +224,8 @@ class Sample:
 
     @classmethod
     def _trusted(cls, slot: int, token_ids: tuple[int, ...], logprobs: tuple[float, ...], reward: float | None,
-                 version: int, finish_reason: str, versions: tuple[int, ...]) -> "Sample":
+                 version: int, finish_reason: str, versions: tuple[int, ...], turns: tuple[Turn, ...] = (),
+                 metadata: Mapping[str, Any] | None = None) -> "Sample":
         """A sample built from values SampleColumns has already checked, with no check of its own.
 
         For SampleColumns.samples only: the columns checked every value on construction (the
@@ -186,16 +234,68 @@ class Sample:
         """
         sample = cls.__new__(cls)
         for name, value in (("slot", slot), ("token_ids", token_ids), ("logprobs", logprobs), ("reward", reward),
-                            ("version", version), ("finish_reason", finish_reason), ("versions", versions)):
+                            ("version", version), ("finish_reason", finish_reason), ("versions", versions),
+                            ("turns", turns), ("metadata", metadata)):
             object.__setattr__(sample, name, value)
         return sample
 
     def _check_fields(self) -> None:
-        """Everything but the per-token values: slot, reward, version, finish reason, versions."""
+        """Everything but the per-token values: slot, reward, version, finish reason, versions, turns."""
         reward, versions = check_sample_fields(self.slot, self.reward, self.version, self.finish_reason,
                                                self.versions)
         object.__setattr__(self, "reward", reward)
         object.__setattr__(self, "versions", versions)
+        turns, metadata = check_trajectory(self.turns, self.metadata, len(self.token_ids), self.version)
+        object.__setattr__(self, "turns", turns)
+        object.__setattr__(self, "metadata", metadata)
+
+    @property
+    def loss_mask(self) -> tuple[int, ...]:
+        """1 for each token the trainer trains on (the model's), 0 for each observation token."""
+        if not self.turns:
+            return (1,) * len(self.token_ids)
+        return tuple(bit for t in self.turns for bit in ((1 if t.trained else 0),) * t.n_tokens)
+
+    @property
+    def model_tokens(self) -> int:
+        """How many of the tokens are the model's (the ones trained)."""
+        return sum(t.n_tokens for t in self.turns if t.trained) if self.turns else len(self.token_ids)
+
+
+def check_trajectory(turns: Any, metadata: Any, n_tokens: int,
+                     version: int) -> tuple[tuple[Turn, ...], Mapping[str, Any] | None]:
+    """Check a sample's turns and metadata against its token count and version; returns them as stored.
+
+    The turns must cover the tokens exactly, hold at least one model turn, and the oldest model turn
+    must be the sample's ``version`` (staleness is measured from it). One rule for Sample and
+    SampleColumns. Raises InvalidInput.
+    """
+    if type(turns) is not tuple:
+        turns = tuple(check_items(turns, Turn, "turns"))
+    elif any(type(t) is not Turn for t in turns):
+        raise InvalidInput("turns must be a sequence of Turn")
+    if turns:
+        covered = sum(t.n_tokens for t in turns)
+        if covered != n_tokens:
+            raise InvalidInput(f"the turns cover {covered} tokens, the sample has {n_tokens}")
+        model = [t.version for t in turns if t.trained]
+        if not model:
+            raise InvalidInput("a trajectory needs at least one model turn")
+        if min(model) != version:
+            raise InvalidInput(f"the sample's version {version} must be its oldest model turn's ({min(model)})")
+    if metadata is not None:
+        if not isinstance(metadata, Mapping):
+            raise InvalidInput(f"sample metadata must be a mapping, got {type(metadata).__name__}")
+        check_json(metadata, "sample metadata")
+        try:
+            size = len(orjson.dumps(metadata))
+        except TypeError as exc:
+            raise InvalidInput(f"sample metadata is not JSON-serialisable: {exc}") from exc
+        if size > MAX_SAMPLE_METADATA:
+            raise InvalidInput(f"sample metadata is {size} bytes of JSON, the limit is {MAX_SAMPLE_METADATA}: "
+                               "keep a record (tool names, per-step rewards), not a transcript")
+        metadata = dict(metadata)
+    return turns, metadata
 
 
 def check_sample_fields(slot: Any, reward: Any, version: Any, finish_reason: Any,

@@ -17,7 +17,9 @@ How the pieces map (docs/TRL.md):
    sampled prompts would not: a resumed TRL resamples from its checkpoint while groups already
    queued for later steps are still in flight.
 2. Generation. TRL's ``rollout_func`` returns the leased groups' tokens and the workers' behaviour
-   logprobs; ``worker_reward`` is a reward function that passes the workers' rewards through.
+   logprobs; ``worker_reward`` is a reward function that passes the workers' rewards through. A
+   lease holding multi-turn trajectories also returns their loss masks as ``env_mask``, which TRL
+   treats as its ``tool_mask``: observation tokens are attended to and never trained.
 3. Settlement. ``on_step_end`` commits the step's lease with ``step = global_step``; ``on_save``
    (after TRL wrote the checkpoint) lets the queue drop the data it covers; ``train()`` rolls the
    open lease back on any exception; a resumed ``train(resume_from_checkpoint=...)`` restores the
@@ -292,6 +294,8 @@ class QueueGRPOTrainer(GRPOTrainer):
                 out["worker_reward"].append(sample.reward)
                 out["policy_version"].append(sample.version)
                 out["queue_entry"].append(group.entry_id)
+        if any(s.turns for g in groups for s in g.samples):  # trajectories: TRL's tool_mask (0 on observations)
+            out["env_mask"] = [list(s.loss_mask) for g in groups for s in g.samples]
         if len(out["prompt_ids"]) != len(prompts):
             raise InvalidInput(f"the lease holds {len(out['prompt_ids'])} completions for {len(prompts)} prompts")
         return out

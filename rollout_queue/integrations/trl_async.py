@@ -69,7 +69,8 @@ __all__ = ["QueueRolloutWorker", "QueueWeightTransfer", "rollout_samples"]
 
 def rollout_samples(lease: Lease, group_ids: Iterator[int], *, scale_by_std: bool = True) -> list[RolloutSample]:
     """TRL's RolloutSamples of a lease: per sample ``input_ids`` = prompt + completion,
-    ``completion_mask`` 0 on the prompt, ``old_log_probs`` the behaviour logprobs (0 on the prompt),
+    ``completion_mask`` 0 on the prompt (and on a trajectory's observations), ``old_log_probs`` the behaviour
+    logprobs (0 on the prompt),
     the GRPO advantage within its group, the sample's policy version and one ``group_id`` per group."""
     out = []
     now = time.time()
@@ -88,7 +89,7 @@ def rollout_samples(lease: Lease, group_ids: Iterator[int], *, scale_by_std: boo
             logprobs = list(sample.logprobs) if sample.logprobs else [0.0] * len(sample.token_ids)
             out.append(RolloutSample(
                 prompt=group.group.prompt, completion="", input_ids=np.asarray(ids, dtype=np.int64),
-                completion_mask=np.asarray([0] * len(prompt) + [1] * len(sample.token_ids), dtype=np.int64),
+                completion_mask=np.asarray([0] * len(prompt) + list(sample.loss_mask), dtype=np.int64),
                 old_log_probs=np.asarray([0.0] * len(prompt) + logprobs, dtype=np.float32),
                 advantage=float(advantage), model_version=int(sample.version), group_id=gid,
                 metrics={"reward": float(sample.reward or 0.0)}, enqueued_at=now))

@@ -77,13 +77,17 @@ class PolicyBatch:
     """The tensors of one policy-gradient step over a lease (layout: the module's rule 2).
 
     S samples; ``T = prompt_width + R``. ``behaviour_logprobs`` is None when a sample came without
-    logprobs (then the loss treats the data as on-policy).
+    logprobs (then the loss treats the data as on-policy). A trajectory's response is everything after
+    its prompt, model turns and observations alike (the model attends to all of it); its loss mask
+    (``Sample.loss_mask``) is ``response_mask``, so only the model's tokens are trained, and its
+    staleness is its oldest model turn's.
     """
 
     input_ids: "torch.Tensor"                   # [S, T] long
     attention_mask: "torch.Tensor"              # [S, T] long, 0 on padding
     position_ids: "torch.Tensor"                # [S, T] long
-    response_mask: "torch.Tensor"               # [S, R] float, 1 on real response tokens
+    response_mask: "torch.Tensor"               # [S, R] float, 1 on tokens trained (the model's), 0 on
+                                                # padding and on a trajectory's observation tokens
     behaviour_logprobs: "torch.Tensor | None"   # [S, R] float, the generating policy's, 0 on padding
     rewards: "torch.Tensor"                     # [S] float
     advantages: "torch.Tensor"                  # [S] float, group-normalised
@@ -186,7 +190,7 @@ def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, int]:
     response_mask = torch.zeros((n, longest), dtype=torch.float32)
     behaviour = torch.zeros((n, longest), dtype=torch.float32)
     has_logprobs = all(cols.has_logprobs[s] or not cols.counts[s] for _, cols, s, _ in rows)
-    views: dict[int, tuple[Any, Any]] = {}  # group index -> (ids, logprobs) tensors sharing the columns' memory
+    views: dict[int, tuple[Any, Any, Any]] = {}  # group index -> (ids, logprobs, loss mask) tensors
     for i, (prompt, cols, s, gi) in enumerate(rows):
         k, m = len(prompt), cols.counts[s]
         input_ids[i, width - k:width] = torch.tensor(prompt, dtype=torch.long)
@@ -195,10 +199,14 @@ def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, int]:
             continue
         if gi not in views:  # frombuffer refuses an empty buffer: only a group with tokens gets here
             views[gi] = (torch.frombuffer(cols.token_ids, dtype=torch.int32),
-                         torch.frombuffer(cols.logprobs, dtype=torch.float32) if len(cols.logprobs) else None)
-        ids, lps = views[gi]
+                         torch.frombuffer(cols.logprobs, dtype=torch.float32) if len(cols.logprobs) else None,
+                         torch.frombuffer(cols.loss_mask(), dtype=torch.uint8) if cols.multi_turn else None)
+        ids, lps, loss_mask = views[gi]
         input_ids[i, width:width + m] = ids[cols.offsets[s]:cols.offsets[s] + m]
-        response_mask[i, :m] = 1.0
+        if loss_mask is None:
+            response_mask[i, :m] = 1.0
+        else:
+            response_mask[i, :m] = loss_mask[cols.offsets[s]:cols.offsets[s] + m]
         if has_logprobs:
             behaviour[i, :m] = lps[cols.logprob_offsets[s]:cols.logprob_offsets[s] + m]
     return input_ids, attention, response_mask, behaviour if has_logprobs else None, width

@@ -17,7 +17,7 @@ import asyncio
 import enum
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from rollout_queue import (
     AsyncWorker,
@@ -27,15 +27,38 @@ from rollout_queue import (
     Reservation,
     Sample,
     StaleReceipt,
+    Turn,
 )
+from rollout_queue.core.histograms import SECOND_BUCKETS, TOKEN_BUCKETS, bucket_index, empty_counts
 from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig
 from rollout_queue.workers.events import CompletionRefused, Observer, Settled, StaleSettlement
 from rollout_queue.workers.rewards import Generated, Scorer, ScoringError
 from rollout_queue.workers.served import ServedQueues, receipt_scope
 from rollout_queue.workers.verdicts import VERDICTS, Complete, Fail, Filter, Verdict
 
-#: An engine output and the policy versions its request ran under (in order, oldest first).
-Output = tuple[SampleOutput, tuple[int, ...]]
+@dataclass(frozen=True)
+class Output:
+    """What one parent slot produced: its tokens and behaviour logprobs, why it ended, the policy
+    versions its requests ran under, how long it took, and for a trajectory its turns (model turns
+    and observations), the environment's reward (the sum of its steps') and metadata record."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    seen: tuple[int, ...]
+    seconds: float = 0.0
+    turns: tuple[Turn, ...] = ()
+    reward: float | None = None
+    metadata: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, out: SampleOutput, seen: Sequence[int], seconds: float = 0.0) -> "Output":
+        """A single-turn sample: one engine output."""
+        return cls(out.token_ids, out.logprobs, out.finish_reason, tuple(seen), seconds)
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
 
 
 @dataclass
@@ -49,6 +72,14 @@ class RuntimeStats:
     reconciled: int = 0  # orphaned attempts handed back by reconcile.py
     samples: int = 0
     tokens: int = 0
+    # Every sample's length and duration, counted into the shared buckets (core/histograms.py): the
+    # heartbeat reports them, so operators see the long tail of trajectories.
+    sample_tokens: list[int] = field(default_factory=lambda: empty_counts(TOKEN_BUCKETS))
+    sample_seconds: list[int] = field(default_factory=lambda: empty_counts(SECOND_BUCKETS))
+
+    def record_sample(self, n_tokens: int, seconds: float) -> None:
+        self.sample_tokens[bucket_index(TOKEN_BUCKETS, n_tokens)] += 1
+        self.sample_seconds[bucket_index(SECOND_BUCKETS, seconds)] += 1
 
 
 class Phase(enum.Enum):
@@ -68,6 +99,7 @@ class Attempt:
     phase: Phase = Phase.WAITING
     abort_reason: str | None = None
     task: asyncio.Task[None] | None = None
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)  # set with abort_reason: ends environment waits
 
     @property
     def receipt(self) -> Receipt:
@@ -101,18 +133,21 @@ class Settler:
         """Reward, filter, then complete or filter; a reward or filter error fails the attempt."""
         group = a.reservation.group
         generated = [Generated(slot, self.decode(out.token_ids) if self.scorer.needs_text else "",
-                               out.token_ids, out.logprobs, out.finish_reason)
-                     for slot, (out, _) in enumerate(outputs)]
+                               out.token_ids, out.logprobs, out.finish_reason, out.turns)
+                     for slot, out in enumerate(outputs)]
         try:
             rewards = await self.scorer.score(group, generated)
-            samples = [to_sample(slot, out, seen, reward)
-                       for slot, ((out, seen), reward) in enumerate(zip(outputs, rewards))]
+            # The reward function, when there is one, scores trajectories too; else the environment's.
+            samples = [to_sample(slot, out, out.reward if reward is None else reward)
+                       for slot, (out, reward) in enumerate(zip(outputs, rewards))]
             reason = await self.scorer.check(group, samples)
         except ScoringError as exc:
             await self.settle(a, Fail(str(exc)))
             return
         self.stats.samples += len(samples)
         self.stats.tokens += sum(len(s.token_ids) for s in samples)
+        for out in outputs:
+            self.stats.record_sample(len(out.token_ids), out.seconds)
         await self.settle(a, Complete(tuple(samples)) if reason is None else Filter(reason))
 
     async def settle(self, a: Attempt, verdict: Verdict) -> None:
@@ -135,7 +170,8 @@ class Settler:
         self.emit(Settled(a.receipt, verdict, outcome))
 
 
-def to_sample(slot: int, out: SampleOutput, seen: tuple[int, ...], reward: float | None) -> Sample:
+def to_sample(slot: int, out: Output, reward: float | None) -> Sample:
     """``version`` is the oldest policy version the sample ran under; ``versions`` all of them."""
-    return Sample(slot=slot, token_ids=out.token_ids, logprobs=out.logprobs, reward=reward, version=min(seen),
-                  finish_reason=out.finish_reason, versions=tuple(sorted(set(seen))))
+    return Sample(slot=slot, token_ids=out.token_ids, logprobs=out.logprobs, reward=reward, version=min(out.seen),
+                  finish_reason=out.finish_reason, versions=tuple(sorted(set(out.seen))), turns=out.turns,
+                  metadata=out.metadata)

@@ -23,6 +23,8 @@ Examples::
     rollout-queue --url ... --queue ... worker -- --engine vllm --model /ckpt/policy
     python -m rollout_queue.workers --url redis+cluster://node-1:6379 --partitions 6 \
         --queue eval-a:3,eval-b:1 --engine vllm --model /ckpt/frozen      # two fixed-model queues, 3:1
+    python -m rollout_queue.workers --url ... --queue agents --engine vllm --model /ckpt/policy \
+        --env my_envs:CodeSandbox --max-turns 6 --trajectory-tokens 8192  # multi-turn trajectories
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from rollout_queue.core.errors import QueueNotFound
 from rollout_queue.ops import logs
 from rollout_queue.workers.engines.base import Engine, SamplingConfig, make_engine
 from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
+from rollout_queue.workers.environments import EnvironmentHost, load_environment
 from rollout_queue.workers.rewards import Scorer, load_function
+from rollout_queue.workers.trajectory import TrajectoryLimits
 from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 from rollout_queue.workers.served import ServedQueuesRefused
 
@@ -80,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("rewards")
     r.add_argument("--reward", default=None, help="module:function (or a built-in name, e.g. length_reward)")
     r.add_argument("--filter", default=None, help="module:function (or a built-in name, e.g. nonzero_std)")
+    e = p.add_argument_group("environments (multi-turn trajectories)")
+    e.add_argument("--env", default=None, metavar="MODULE:CLASS",
+                   help="run every sample as a trajectory against this environment (or a built-in: echo); "
+                        "its steps' rewards are the reward unless --reward is given")
+    e.add_argument("--max-turns", type=int, default=8, help="model turns per trajectory (default 8)")
+    e.add_argument("--trajectory-tokens", type=int, default=4096,
+                   help="token budget after the prompt, model and observation tokens together (default 4096; "
+                        "keep prompt + budget within the model's context)")
+    e.add_argument("--trajectory-timeout", type=float, default=600.0,
+                   help="seconds one trajectory may take; past it, it ends with the turns finished (default 600)")
+    e.add_argument("--env-step-timeout", type=float, default=30.0,
+                   help="seconds one environment call may take; past it, the attempt fails (default 30)")
     w = p.add_argument_group("lifecycle")
     w.add_argument("--weights-mode", choices=["abort", "continue", "keep-kv"], default="abort",
                    help="at a new policy version: abort in-flight requests, continue them (vLLM recomputes "
@@ -141,8 +157,12 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
         engine_options.setdefault("kv_on_update", "keep")  # the torch engine always keeps the KV
     engine = build_engine(args.engine, args.model, engine_options)
     durable = Durability(args.durable_replicas, args.durable_timeout_ms) if args.durable_replicas else None
+    environment = (None if args.env is None
+                   else EnvironmentHost(load_environment(args.env), step_timeout_s=args.env_step_timeout))
+    limits = TrajectoryLimits(args.max_turns, args.trajectory_tokens, args.trajectory_timeout)
     return WorkerRuntime(args.url, args.queue, engine, options, worker_id=args.worker_id, scorer=scorer,
-                         durability=durable, partitions=args.partitions, create=args.create)
+                         durability=durable, partitions=args.partitions, create=args.create,
+                         environment=environment, trajectory=limits)
 
 
 async def serve(runtime: WorkerRuntime) -> None:

@@ -13,22 +13,26 @@ It must not reserve, keep the set of attempts, or decide that the worker stops: 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 
+from rollout_queue.core.errors import EnvironmentFailed
 from rollout_queue.workers.attempt import Attempt, Output, Phase, Settler, sampling_for
-from rollout_queue.workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
+from rollout_queue.workers.engines.base import Engine, RequestFailed, SamplingConfig
+from rollout_queue.workers.trajectory import TrajectoryRunner
 from rollout_queue.workers.tasks import cancel
 from rollout_queue.workers.verdicts import Abort, Fail
 from rollout_queue.workers.versions import PolicyVersions
 
 
 class AttemptExecutor:
-    """Runs attempts on one engine; ``on_sample_done`` hears of every sample that ends, however."""
+    """Runs attempts on one engine; ``on_sample_done`` hears of every sample that ends, however.
+    With ``trajectories`` (the worker has an environment) each sample is a multi-turn trajectory."""
 
     def __init__(self, engine: Engine, sampling: SamplingConfig, versions: PolicyVersions, settler: Settler,
-                 on_sample_done: Callable[[Attempt], None]) -> None:
+                 on_sample_done: Callable[[Attempt], None], trajectories: TrajectoryRunner | None = None) -> None:
         self.engine, self.sampling, self.versions, self.settler = engine, sampling, versions, settler
-        self.on_sample_done = on_sample_done
+        self.on_sample_done, self.trajectories = on_sample_done, trajectories
 
     async def execute(self, a: Attempt) -> None:
         """Generate, then settle by receipt. Raises what the engine or the settlement cannot handle."""
@@ -39,8 +43,12 @@ class AttemptExecutor:
             a.phase = Phase.SETTLING
             await self.settler.settle(a, Fail(f"request failed: {exc}"))
             return
+        except EnvironmentFailed as exc:  # the environment's fault: counted, unless the queue aborted first
+            a.phase = Phase.SETTLING
+            await self.settler.settle(a, Abort(a.abort_reason) if a.abort_reason else Fail(str(exc)))
+            return
         a.phase = Phase.SETTLING
-        if a.abort_reason is None and any(out.finish_reason == "abort" for out, _ in outputs):
+        if a.abort_reason is None and any(out.aborted for out in outputs):
             a.abort_reason = "engine aborted a request"
         if a.abort_reason is not None:
             await self.settler.settle(a, Abort(a.abort_reason))
@@ -52,6 +60,7 @@ class AttemptExecutor:
         (the first reason given is kept)."""
         for a in attempts:
             a.abort_reason = a.abort_reason or reason
+            a.aborted.set()
         await asyncio.gather(*(self.engine.abort(rid) for a in attempts for rid in list(a.rids)))
 
     async def _generate(self, a: Attempt) -> list[Output]:
@@ -65,16 +74,25 @@ class AttemptExecutor:
             raise
 
     async def _sample(self, a: Attempt, slot: int, prompt: list[int]) -> Output:
+        params = sampling_for(self.sampling, a.reservation.group.source_id, slot)
+        try:
+            if self.trajectories is not None:
+                return await self.trajectories.run(a, slot, prompt, params)
+            return await self._single(a, slot, prompt, params)
+        finally:
+            self.on_sample_done(a)
+
+    async def _single(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig) -> Output:
+        """A single-turn sample: one engine request."""
         rid = a.request_id(slot)
         seen = self.versions.track(rid)
         a.rids.add(rid)
+        started = time.monotonic()
         try:
             if a.abort_reason is not None:
-                return SampleOutput((), (), "abort"), tuple(seen)
-            params = sampling_for(self.sampling, a.reservation.group.source_id, slot)
+                return Output((), (), "abort", tuple(seen))
             out = await self.engine.generate(rid, prompt, params)
-            return out, tuple(seen)
+            return Output.of(out, seen, time.monotonic() - started)
         finally:
             self.versions.untrack(rid)
             a.rids.discard(rid)
-            self.on_sample_done(a)

@@ -32,10 +32,10 @@ import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from rollout_queue.core.errors import ScoringError
-from rollout_queue import Sample, SourceGroup
+from rollout_queue import Sample, SourceGroup, Turn
 from rollout_queue.core.models import check_reason
 
 
@@ -48,6 +48,7 @@ class Generated:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str
+    turns: tuple[Turn, ...] = ()  # a trajectory's model turns and observations (text decodes them all)
 
 
 RewardFn = Callable[..., Any]
@@ -64,19 +65,23 @@ def is_group_reward(fn: RewardFn) -> bool:
     return getattr(fn, "reward_scope", "sample") == "group"
 
 
-def load_function(spec: str) -> Callable[..., Any]:
-    """Import ``module:function`` (or a built-in's bare name). Raises ValueError with what to fix."""
+def load_function(spec: str, *, builtins: str = __name__, names: Mapping[str, str] | None = None,
+                  kind: str = "function") -> Callable[..., Any]:
+    """Import ``module:attr``, or a built-in's bare name: an attribute of the module ``builtins``
+    (through ``names`` when given: bare name -> attribute). Rewards, filters and environments load
+    this way. Raises ValueError with what to fix."""
     module_name, sep, attr = spec.partition(":")
     if not sep:
-        module_name, attr = __name__, spec
+        module_name, attr = builtins, (spec if names is None else names.get(spec, spec))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import {module_name!r} for {spec!r}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        where = "a built-in" if not sep else f"a function in {module_name}"
-        raise ValueError(f"{spec!r} is not {where}; use module:function")
+        listed = f" ({', '.join(sorted(names))})" if names else ""
+        where = f"a built-in{listed}" if not sep else f"a {kind} in {module_name}"
+        raise ValueError(f"{spec!r} is not {where}; use module:{kind}")
     return fn  # type: ignore[no-any-return]
 
 

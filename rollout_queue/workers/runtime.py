@@ -59,7 +59,9 @@ from rollout_queue.workers.execution import AttemptExecutor
 from rollout_queue.workers.heartbeat import HeartbeatThread, VersionNotice
 from rollout_queue.workers.reconcile import Reconciler, RuntimeView, interval_for
 from rollout_queue.workers.options import WorkerFailed, WorkerOptions
+from rollout_queue.workers.environments import EnvironmentHost
 from rollout_queue.workers.rewards import Scorer
+from rollout_queue.workers.trajectory import TrajectoryLimits, TrajectoryRunner
 from rollout_queue.workers.scheduler import SubmissionScheduler
 from rollout_queue.workers.served import ServedQueues, ServedQueuesRefused, check_follower, parse_queue_spec
 from rollout_queue.workers.states import Lifecycle, RuntimeState
@@ -80,13 +82,16 @@ class WorkerRuntime:
     def __init__(self, url: str, queue: str | Mapping[str, float], engine: Engine,
                  options: WorkerOptions | None = None, *, worker_id: str | None = None, scorer: Scorer | None = None,
                  durability: Durability | None = None, on_event: Observer | None = None, partitions: int = 1,
-                 create: bool = True) -> None:
+                 create: bool = True, environment: EnvironmentHost | None = None,
+                 trajectory: TrajectoryLimits | None = None) -> None:
         """``queue``: a name, or several by weight (``"run-a:3,run-b:1"`` or a mapping; served.py:
         the policy versions follow the first). ``partitions``: the queues' partition count;
         ``create=False``: QueueNotFound for a missing queue instead of creating it (the shipped
         worker). ``durability``: durable mode for the worker's queue clients (the heartbeat
         threads' own clients stay plain: a lost beat only ages the worker). ``on_event``: called on
-        the loop with every event, after it is logged (events.py: it must be quick and must not raise)."""
+        the loop with every event, after it is logged (events.py: it must be quick and must not raise).
+        ``environment``: run every sample as a multi-turn trajectory against it, within ``trajectory``
+        limits (trajectory.py)."""
         self.weights = parse_queue_spec(queue)  # ValueError for a malformed spec, before anything starts
         self.queue_names = list(self.weights)
         self.url, self.queue_name, self.engine = url, ",".join(self.queue_names), engine
@@ -95,6 +100,7 @@ class WorkerRuntime:
         self.options = options or WorkerOptions()
         self.worker_id = worker_id or default_process_id()
         self.scorer = scorer or Scorer()
+        self.environment, self.trajectory = environment, trajectory
         self.stats = RuntimeStats()
         self._started = time.monotonic()
         self.scheduler: SubmissionScheduler | None = None
@@ -192,6 +198,8 @@ class WorkerRuntime:
             clean = self._fatal is None
         finally:
             self.scorer.close()
+            if self.environment is not None:
+                self.environment.close_pool()
             await self._close_engine()  # idempotent: _serve already closed it after deregistering
             # From CLOSING, or (engine or queue never opened) from STARTING or an early DRAINING.
             self._advance(S.STOPPED if clean else S.FAILED)
@@ -210,8 +218,10 @@ class WorkerRuntime:
                 raise WorkerFailed(f"engine failed to start: {exc}") from exc
             # Attempts of one queue finishing together complete in one complete_many (completions.py).
             settler = Settler(self._worker, self.scorer, self.engine.decode, self.stats, self._emit)
+            runner = (None if self.environment is None
+                      else TrajectoryRunner(self.engine, self.environment, self.versions, self.trajectory))
             self._executor = AttemptExecutor(self.engine, self.options.sampling, self.versions, settler,
-                                             self._sample_done)
+                                             self._sample_done, runner)
             await self._serve()
         finally:
             await self._worker.aclose()

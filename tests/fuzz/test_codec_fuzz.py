@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_queue import Sample
+from rollout_queue.core.models import MODEL, OBSERVATION, Turn
 from rollout_queue.core.codec import CodecError, decode_completion, encode_completion
 
 from .support import EXAMPLES
@@ -35,10 +36,34 @@ LOGPROB = st.one_of(st.floats(max_value=0.0, allow_nan=False, width=32), st.samp
 def samples(draw: st.DrawFn) -> Sample:
     ids = draw(st.lists(IDS, max_size=24))
     lps = tuple(map(_f32, draw(st.lists(LOGPROB, min_size=len(ids), max_size=len(ids))))) if draw(st.booleans()) else ()
+    version = draw(st.integers(0, 2**21 - 1))
+    turns, metadata = draw(trajectory(len(ids), version)) if draw(st.booleans()) else ((), None)
     return Sample(draw(st.integers(0, 65_535)), ids, lps,  # slots are < n <= 65536
                   draw(st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False))),
-                  draw(st.integers(0, 2**21 - 1)), draw(st.text(max_size=8).filter(_utf8)),
-                  tuple(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3))))
+                  version, draw(st.text(max_size=8).filter(_utf8)),
+                  tuple(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3))), turns, metadata)
+
+
+@st.composite
+def trajectory(draw: st.DrawFn, n_tokens: int, version: int) -> tuple[tuple[Turn, ...], dict | None]:
+    """Turns covering ``n_tokens`` (model turns at ``version`` or later, the first at ``version``) and
+    a metadata record or None."""
+    cuts = sorted(draw(st.lists(st.integers(0, n_tokens), max_size=4)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, n_tokens])]
+    roles = [draw(st.sampled_from([MODEL, OBSERVATION])) for _ in sizes]
+    roles[draw(st.integers(0, len(sizes) - 1))] = MODEL
+    turns = []
+    first = True
+    for role, size in zip(roles, sizes):
+        if role == MODEL:
+            turns.append(Turn(MODEL, size, version if first else draw(st.integers(version, 2**21 - 1))))
+            first = False
+        else:
+            turns.append(Turn(OBSERVATION, size))
+    metadata = draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=5).filter(_utf8),
+                                                        st.one_of(st.integers(-99, 99), st.text(max_size=5).filter(_utf8)),
+                                                        max_size=3)))
+    return tuple(turns), metadata
 
 
 def _utf8(text: str) -> bool:
@@ -68,7 +93,8 @@ def _decodes_or_codec_error(blob: bytes) -> None:
         return
     assert isinstance(out, tuple) and all(isinstance(s, Sample) for s in out)
     for s in out:  # what decoding built skipping per-token checks must pass them
-        assert Sample(s.slot, s.token_ids, s.logprobs, s.reward, s.version, s.finish_reason, s.versions) == s
+        assert Sample(s.slot, s.token_ids, s.logprobs, s.reward, s.version, s.finish_reason, s.versions, s.turns,
+                      s.metadata) == s
 
 
 @SETTINGS

@@ -225,3 +225,41 @@ def test_prime_rl_builds_its_real_training_sample() -> None:
     assert isinstance(s, types.TrainingSample)
     again = msgspec.msgpack.decode(msgspec.msgpack.encode(s), type=types.TrainingSample)
     assert again.token_ids == [5, 6, 7, 10, 11] and again.mask[-1] is True
+
+
+# -- trajectories (multi-turn samples) -----------------------------------------------------------
+
+
+def trajectory_group() -> CompletedGroup:
+    from rollout_queue import Turn
+
+    turns = (Turn("model", 2, 3), Turn("observation", 2), Turn("model", 1, 4))
+    samples = (Sample(0, (10, 11, 20, 21, 12), (-0.5, -0.25, 0.0, 0.0, -1.0), reward=1.0, version=3, versions=(3, 4),
+                      turns=turns, metadata={"step_rewards": [0.0, 1.0]}),
+               Sample(1, (13, 14), (-0.5, -0.5), reward=0.0, version=3))
+    return CompletedGroup("8-0", SourceGroup("q8", "use the tool", 2, {}, (5, 6)), samples, attempt=1, min_version=3)
+
+
+def test_every_converter_masks_a_trajectorys_observations() -> None:
+    (t, s) = flat(trajectory_group())
+    assert t.loss_mask == [1, 1, 0, 0, 1] and s.loss_mask == [1, 1]
+    assert t.token_versions == [3, 3, -1, -1, 4] and t.num_turns == 4 and s.num_turns == 2
+    assert t.metadata == {"step_rewards": [0.0, 1.0]}
+    verl = to_agent_loop_outputs(trajectory_group(), as_dicts=True)
+    check_fields("verl", verl)
+    assert verl[0]["response_mask"] == [1, 1, 0, 0, 1] and verl[0]["num_turns"] == 4
+    assert verl[0]["extra_fields"]["step_rewards"] == [0.0, 1.0] and verl[0]["extra_fields"]["queue_entry"] == "8-0"
+    slime = to_samples(trajectory_group(), as_dicts=True)
+    assert slime[0]["loss_mask"] == [1, 1, 0, 0, 1] and slime[0]["response_length"] == 5
+    prime = to_training_samples(trajectory_group(), as_dicts=True)
+    assert prime[0]["mask"] == [False, False, True, True, False, False, True]
+
+
+def test_areal_trajectory_masks_observations_and_marks_their_versions() -> None:
+    pytest.importorskip("torch")
+    from rollout_queue.integrations.convert.areal import to_areal_trajectory
+
+    t = to_areal_trajectory(trajectory_group())
+    assert t["loss_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 1]
+    assert t["versions"][0].tolist() == [-1, -1, 3, 3, -1, -1, 4]
+    assert t["logprobs"][0].tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0]

@@ -124,3 +124,19 @@ def test_worker_reward_passes_the_workers_rewards_through() -> None:
     assert worker_reward(["a", "b"], worker_reward=[0.5, None]) == [0.5, None]
     with pytest.raises(InvalidInput):
         worker_reward(["a"])
+
+
+def test_trajectories_reach_trls_tool_mask_so_observations_are_never_trained(tiny: Path, tmp_path: Path,
+                                                                             redis_url: str, queue_name: str) -> None:
+    """TRL's own generation path (``_generate``: rollout_func, then its env_mask handling) turns the
+    leased trajectories' loss masks into its ``tool_mask``, which its loss multiplies in."""
+    from rollout_queue import CompletedGroup, Sample, SourceGroup, Turn
+
+    trainer = make(tiny, tmp_path, redis_url, queue_name)
+    samples = [Sample(i, (10, 11, 12, 13, 14), (-0.5, -0.5, 0.0, 0.0, -0.25), reward=float(i), version=0,
+                      turns=(Turn("model", 2, 0), Turn("observation", 2), Turn("model", 1, 0))) for i in range(4)]
+    trainer._serving = [CompletedGroup("1-0", SourceGroup("t", "q0", 4, {}, (5, 6, 7)), samples, 1, 0)]
+    trainer.model.train()
+    prompt_ids, completion_ids, tool_mask, *_ = trainer._generate(["q0"] * 4)
+    assert completion_ids == [[10, 11, 12, 13, 14]] * 4 and prompt_ids == [[5, 6, 7]] * 4
+    assert tool_mask == [[1, 1, 0, 0, 1]] * 4

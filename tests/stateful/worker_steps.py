@@ -13,7 +13,7 @@ import pytest
 from hypothesis import event
 from hypothesis import strategies as st
 
-from rollout_queue import MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt
+from rollout_queue import MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt, Turn
 from rollout_queue.core import flows, protocol
 from rollout_queue.core.errors import GroupTooLarge
 
@@ -167,8 +167,11 @@ class WorkerSteps(Steps):
             for j in range(data.draw(st.integers(1, 2), label=f"outputs of slot {slot}")):
                 # Mostly the current policy; sometimes one or two versions behind (maybe stale).
                 version = max(0, v - data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="versions behind"))
+                # Some outputs are trajectories: a model turn, an observation, a model turn one version on.
+                turns = ((Turn("model", 1, version), Turn("observation", 1), Turn("model", 1, v))
+                         if data.draw(st.booleans(), label="trajectory") else ())
                 out.append(Sample(slot=slot, token_ids=(slot, j, 7), logprobs=LOGPROBS, reward=float(j),
-                                  version=version))
+                                  version=version, turns=turns, metadata={"steps": j} if turns else None))
         if shape == "bad_slot":
             out.append(Sample(slot=n, token_ids=(1,), logprobs=(-0.5,), version=v))
         if shape == "too_large":

@@ -74,7 +74,7 @@ class RuntimeThread:
             beat = self.runtime.heartbeat
             return (beat is not None and beat.ready.is_set()) or not self._thread.is_alive()
 
-        wait_until(started, 30, message="the runtime to start")
+        wait_until(started, 120, message="the runtime to start")  # vLLM on shared CPUs can take a minute
         return self
 
     def on_loop(self, fn: Any, *args: Any) -> None:

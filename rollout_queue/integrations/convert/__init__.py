@@ -46,8 +46,12 @@ class FlatSample:
     reward: float | None
     advantage: float                  # GRPO's, within the group (0 when a reward is missing)
     version: int                      # policy version of the sample
-    token_versions: list[int]         # per response token (the sample's version where none were sent)
+    token_versions: list[int]         # per response token (the sample's version where none were sent;
+                                      # a trajectory's: its model turn's, -1 on observation tokens)
     finish_reason: str
+    loss_mask: list[int]              # per response token: 1 trained (the model's), 0 an observation's
+    num_turns: int                    # messages as chat frameworks count them: the prompt + each turn
+    metadata: dict[str, Any]          # the sample's own record (tool calls, per-step rewards), {} if none
 
 
 def flat(group: CompletedGroup, tokenizer: Any = None, *, scale_by_std: bool = True) -> list[FlatSample]:
@@ -65,8 +69,12 @@ def flat(group: CompletedGroup, tokenizer: Any = None, *, scale_by_std: bool = T
     out = []
     for sample, advantage in zip(group.samples, advantages):
         m = len(sample.token_ids)
-        versions = list(sample.versions) if len(sample.versions) == m else [sample.version] * m
+        if sample.turns:
+            versions = [v for t in sample.turns for v in [t.version if t.trained else -1] * t.n_tokens]
+        else:
+            versions = list(sample.versions) if len(sample.versions) == m else [sample.version] * m
         out.append(FlatSample(group.entry_id, group.group.source_id, sample.slot, list(prompt),
                               list(sample.token_ids), list(sample.logprobs) if sample.logprobs else None,
-                              sample.reward, float(advantage), sample.version, versions, sample.finish_reason))
+                              sample.reward, float(advantage), sample.version, versions, sample.finish_reason,
+                              list(sample.loss_mask), 1 + max(1, len(sample.turns)), dict(sample.metadata or {})))
     return out

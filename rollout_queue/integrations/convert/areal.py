@@ -36,7 +36,7 @@ def to_areal_trajectory(group: CompletedGroup, tokenizer: Any = None) -> dict[st
     for i, s in enumerate(samples):
         p, m = len(s.prompt_ids), len(s.response_ids)
         out["input_ids"][i, :p + m] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.int32)
-        out["loss_mask"][i, p:p + m] = 1
+        out["loss_mask"][i, p:p + m] = torch.tensor(s.loss_mask, dtype=torch.int32)
         if s.logprobs is not None:
             out["logprobs"][i, p:p + m] = torch.tensor(s.logprobs, dtype=torch.float32)
         out["versions"][i, :p] = -1

@@ -27,7 +27,7 @@ def to_training_samples(group: CompletedGroup, tokenizer: Any = None, *, tempera
         p, m = len(s.prompt_ids), len(s.response_ids)
         rows.append({
             "token_ids": s.prompt_ids + s.response_ids,
-            "mask": [False] * p + [True] * m,
+            "mask": [False] * p + [bool(b) for b in s.loss_mask],
             "logprobs": [0.0] * p + (s.logprobs if s.logprobs is not None else [0.0] * m),
             "temperatures": [float(temperature)] * (p + m),
             "env_name": env,

@@ -39,7 +39,7 @@ def to_samples(group: CompletedGroup, tokenizer: Any = None, *, group_index: int
             "group_index": group_index, "index": first_index + i, "prompt": group.group.prompt,
             "tokens": s.prompt_ids + s.response_ids, "response_length": m,
             "response": tokenizer.decode(s.response_ids) if tokenizer is not None else "",
-            "reward": s.reward, "loss_mask": [1] * m, "rollout_log_probs": s.logprobs,
+            "reward": s.reward, "loss_mask": s.loss_mask, "rollout_log_probs": s.logprobs,
             "weight_versions": [str(s.version)], "status": _STATUS.get(s.finish_reason, "COMPLETED"),
             "metadata": {**dict(group.group.metadata), "queue_entry": s.entry_id, "source_id": s.source_id},
         })

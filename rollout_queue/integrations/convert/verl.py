@@ -2,9 +2,11 @@
 
 Read at verl-project/verl 1dda039b9c6311889a9c9a26040677e1254814f9
 (``verl/experimental/agent_loop/agent_loop.py``; PyPI verl 0.9.1 has the same fields plus
-``mm_processor_output``). ``response_mask`` is 1 on generated tokens (0 would mark tool tokens);
-``response_logprobs`` the behaviour logprobs; ``num_turns`` 2 as verl's single-turn loop counts a
-user and an assistant turn; the queue's bookkeeping rides in ``extra_fields``.
+``mm_processor_output``). ``response_mask`` is 1 on generated tokens and 0 on a trajectory's tool
+observations (verl's ToolAgentLoop marks them the same way); ``response_logprobs`` the behaviour
+logprobs; ``num_turns`` counts the prompt and each turn (2 for a single-turn sample, as verl's
+single-turn loop counts a user and an assistant turn); the queue's bookkeeping and the sample's own
+metadata ride in ``extra_fields``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ def to_agent_loop_outputs(group: CompletedGroup, tokenizer: Any = None, *, as_di
     rows = [{
         "prompt_ids": s.prompt_ids,
         "response_ids": s.response_ids,
-        "response_mask": [1] * len(s.response_ids),
+        "response_mask": s.loss_mask,
         "response_logprobs": s.logprobs,
         "reward_score": s.reward,
-        "num_turns": 2,
+        "num_turns": s.num_turns,
         "metrics": {},
-        "extra_fields": {"queue_entry": s.entry_id, "source_id": s.source_id, "slot": s.slot,
+        "extra_fields": {**s.metadata, "queue_entry": s.entry_id, "source_id": s.source_id, "slot": s.slot,
                          "policy_version": s.version, "finish_reason": s.finish_reason},
     } for s in flat(group, tokenizer)]
     cls = None if as_dicts else framework_class("AgentLoopOutput", "verl.experimental.agent_loop.agent_loop")

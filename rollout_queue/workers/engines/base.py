@@ -126,6 +126,10 @@ class Engine(Protocol):
         """Tokenize a prompt as the model expects it (BOS included when the model uses one)."""
         ...
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Tokenize text appended mid-sequence (an environment's observation): no BOS, no special tokens."""
+        ...
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Detokenize generated tokens, skipping special tokens (what a reward function sees)."""
         ...

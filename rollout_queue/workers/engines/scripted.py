@@ -109,6 +109,9 @@ class ScriptedEngine:
     def encode(self, prompt: str) -> list[int]:
         return [BOS, *(b + OFFSET for b in prompt.encode())]
 
+    def encode_continuation(self, text: str) -> list[int]:
+        return [b + OFFSET for b in text.encode()]
+
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t - OFFSET for t in token_ids if OFFSET <= t < OFFSET + 256).decode(errors="replace")
 

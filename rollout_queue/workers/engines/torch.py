@@ -104,6 +104,10 @@ class TorchEngine:
         ids: list[int] = self._require_tokenizer()(prompt)["input_ids"]
         return ids
 
+    def encode_continuation(self, text: str) -> list[int]:
+        ids: list[int] = self._require_tokenizer()(text, add_special_tokens=False)["input_ids"]
+        return ids
+
     def decode(self, token_ids: Sequence[int]) -> str:
         text: str = self._require_tokenizer().decode(list(token_ids), skip_special_tokens=True)
         return text

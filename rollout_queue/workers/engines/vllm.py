@@ -149,6 +149,10 @@ class VLLMEngine:
         ids: list[int] = self._require_tokenizer().encode(prompt)
         return ids
 
+    def encode_continuation(self, text: str) -> list[int]:
+        ids: list[int] = self._require_tokenizer().encode(text, add_special_tokens=False)
+        return ids
+
     def decode(self, token_ids: Sequence[int]) -> str:
         text: str = self._require_tokenizer().decode(list(token_ids), skip_special_tokens=True)
         return text

@@ -1,0 +1,224 @@
+"""One multi-turn trajectory: model turns on the engine, environment steps in between.
+
+Why apart from ``execution.py``: a single-turn sample is one engine request; a trajectory is a loop
+(generate a turn, hand it to the environment, append the observation, generate again) with limits
+of its own, and it reads best top to bottom in one place. ``AttemptExecutor`` runs one of these per
+parent slot when the worker has an environment (``--env``).
+
+Rules:
+1. Each model turn is its own engine request (``<slot request id>#<turn>``), continuing from the
+   prompt and everything so far; an observation is appended as tokens and never trained. The
+   sample's tokens are the concatenation, its turns the spans (core/models.py ``Turn``).
+2. Limits end a trajectory as data, not as an error: ``max_turns`` model turns without ``done``
+   ends it ``finish_reason="turns"``; the token budget (``max_tokens``, model and observation
+   tokens together; each turn is capped at what is left) ends it ``"length"``; the wall-clock
+   ``timeout_s`` ends it ``"deadline"`` with the turns finished so far, also in the middle of an
+   environment step (the trajectory's own deadline is not the environment's fault). Each is a
+   valid sample.
+3. Faults of the environment raise ``EnvironmentFailed`` (environments.py): the attempt fails and
+   the failure counts. The queue's own stops (``Attempt.aborted``: a weight update, a drain) end it
+   ``"abort"`` at once, also while an environment step is running, and never count.
+4. Each turn records the oldest policy version it ran under; the sample's ``version`` is the oldest
+   of them (staleness counts from the oldest model turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, TypeVar
+
+from rollout_queue.core.errors import EnvironmentFailed, InvalidInput, TrajectoryAborted
+from rollout_queue.core.models import MODEL, OBSERVATION, Turn, check_trajectory
+from rollout_queue.workers.attempt import Attempt, Output
+from rollout_queue.workers.engines.base import Engine, SamplingConfig
+from rollout_queue.workers.environments import EnvironmentHost, ModelTurn
+from rollout_queue.workers.tasks import cancel
+from rollout_queue.workers.versions import PolicyVersions
+
+T = TypeVar("T")
+_LATE: Any = object()  # what _until_aborted returns when the trajectory's deadline passed first
+
+
+@dataclass(frozen=True)
+class TrajectoryLimits:
+    """How far one trajectory may go (rule 2): model turns, tokens after the prompt, wall seconds."""
+
+    max_turns: int = 8
+    max_tokens: int = 4096
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
+            raise ValueError(f"max_turns must be an integer >= 1, got {self.max_turns!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"the trajectory token budget must be an integer >= 1, got {self.max_tokens!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"the trajectory timeout must be > 0 seconds, got {self.timeout_s!r}")
+
+
+class TrajectoryRunner:
+    """Runs trajectories for one worker (rules above)."""
+
+    def __init__(self, engine: Engine, host: EnvironmentHost, versions: PolicyVersions,
+                 limits: TrajectoryLimits | None = None) -> None:
+        self.engine, self.host, self.versions = engine, host, versions
+        self.limits = limits or TrajectoryLimits()
+
+    async def run(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig) -> Output:
+        """The trajectory of parent ``slot``; raises EnvironmentFailed, RequestFailed, EngineError."""
+        started = time.monotonic()
+        deadline = started + self.limits.timeout_s
+        t = _Trajectory()
+        env = await self._until_aborted(a, self.host.create())
+        try:
+            first = await self._until_aborted(a, self.host.reset(env, a.reservation.group, slot), deadline)
+            if first is _LATE:
+                return t.output("deadline", time.monotonic() - started, self.versions.loaded)
+            if first:
+                t.observe(self._tokens(first, self.limits.max_tokens), self.limits.max_tokens)
+            finish = "turns"
+            for index in range(self.limits.max_turns):
+                left = self.limits.max_tokens - len(t.token_ids)
+                if left <= 0:
+                    finish = "length"
+                    break
+                if time.monotonic() >= deadline:
+                    finish = "deadline"
+                    break
+                out, seen = await self._turn(a, slot, index, prompt + t.token_ids, _turn_params(params, index, left),
+                                             deadline)
+                if out is None:  # the deadline passed during the turn: what was finished stays
+                    finish = "deadline"
+                    break
+                t.model_turn(out.token_ids, out.logprobs, seen)
+                turn = ModelTurn(index, self.engine.decode(out.token_ids), tuple(out.token_ids), out.finish_reason)
+                step = await self._until_aborted(a, self.host.step(env, turn), deadline)
+                if step is _LATE:  # the trajectory's own deadline, not the environment's fault: truncate
+                    finish = "deadline"
+                    break
+                t.step(step.reward, step.info)
+                if step.done:
+                    finish = "stop"
+                    break
+                room = self.limits.max_tokens - len(t.token_ids)
+                if step.observation and t.observe(self._tokens(step.observation, room), self.limits.max_tokens):
+                    finish = "length"
+                    break
+        except TrajectoryAborted:
+            return Output((), (), "abort", t.seen or (self.versions.loaded,), time.monotonic() - started)
+        finally:
+            await self.host.close(env)
+        return t.output(finish, time.monotonic() - started, self.versions.loaded)
+
+    async def _turn(self, a: Attempt, slot: int, index: int, context: list[int], params: SamplingConfig,
+                    deadline: float) -> tuple[Any, tuple[int, ...]]:
+        """One model turn: (engine output, versions it ran under), or (None, ()) at the deadline."""
+        rid = f"{a.request_id(slot)}#{index}"
+        seen = self.versions.track(rid)
+        a.rids.add(rid)
+        try:
+            if a.abort_reason is not None:
+                raise TrajectoryAborted
+            try:
+                out = await asyncio.wait_for(self.engine.generate(rid, context, params),
+                                             max(0.0, deadline - time.monotonic()))
+            except TimeoutError:  # wait_for cancelled the request, which aborts it inside the engine
+                return None, ()
+            if out.finish_reason == "abort":
+                raise TrajectoryAborted
+            return out, tuple(seen)
+        finally:
+            self.versions.untrack(rid)
+            a.rids.discard(rid)
+
+    async def _until_aborted(self, a: Attempt, work: Awaitable[T], deadline: float | None = None) -> Any:
+        """``await work``, unless the attempt is aborted first (TrajectoryAborted) or ``deadline``
+        (monotonic) passes first (``_LATE``); either way the work is cancelled."""
+        if a.abort_reason is not None:
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise TrajectoryAborted
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(a.aborted.wait())
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            await asyncio.wait((task, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel([stop])
+        if not task.done():
+            await cancel([task])
+            if a.abort_reason is not None:
+                raise TrajectoryAborted
+            return _LATE
+        return task.result()
+
+    def _tokens(self, observation: str | tuple[int, ...], room: int) -> list[int]:
+        """An observation's tokens. Text far longer than the room left is cut before it is tokenized
+        (a token covers at least one character, 16 is generous), so a 100 MB tool output costs
+        what fits, not a tokenizer pass over all of it on the event loop."""
+        if isinstance(observation, str):
+            return list(self.engine.encode_continuation(observation[:16 * max(1, room) + 16]))
+        return list(observation[:max(0, room) + 1])
+
+
+class _Trajectory:
+    """The tokens, logprobs, turns, versions, step rewards and step records gathered so far."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.turns: list[Turn] = []
+        self.seen: tuple[int, ...] = ()
+        self.rewards: list[float] = []
+        self.infos: list[Any] = []
+
+    def model_turn(self, token_ids: tuple[int, ...], logprobs: tuple[float, ...], seen: tuple[int, ...]) -> None:
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+        self.turns.append(Turn(MODEL, len(token_ids), min(seen)))
+        self.seen += seen
+
+    def observe(self, token_ids: list[int], budget: int) -> bool:
+        """Append an observation, cut to the token budget; True when it was cut (the budget is spent)."""
+        room = budget - len(self.token_ids)
+        cut = len(token_ids) > room
+        token_ids = token_ids[:max(0, room)]
+        if token_ids:
+            self.token_ids += token_ids
+            self.logprobs += [0.0] * len(token_ids)
+            self.turns.append(Turn(OBSERVATION, len(token_ids)))
+        return cut
+
+    def step(self, reward: float, info: Any) -> None:
+        self.rewards.append(float(reward))
+        self.infos.append(None if info is None else dict(info))
+
+    def output(self, finish: str, seconds: float, loaded: int) -> Output:
+        """The sample so far. Raises EnvironmentFailed when the step rewards sum to no finite number."""
+        if not any(t.trained for t in self.turns):  # ended before any model turn: one empty one
+            self.turns.append(Turn(MODEL, 0, loaded))
+            self.seen += (loaded,)
+        reward = sum(self.rewards)
+        if not math.isfinite(reward):
+            raise EnvironmentFailed(f"the environment's step rewards sum to {reward}: rewards must stay finite")
+        metadata: dict[str, Any] = {"step_rewards": self.rewards}
+        if any(info is not None for info in self.infos):
+            metadata["steps"] = self.infos
+        try:
+            check_trajectory((), metadata, 0, 0)  # JSON, no NaN, within MAX_SAMPLE_METADATA
+        except InvalidInput:  # an info record too big or not JSON: the steps are dropped, the sample kept
+            metadata = {"step_rewards": self.rewards[:256], "steps_dropped": True}
+        return Output(tuple(self.token_ids), tuple(self.logprobs), finish, self.seen, seconds, tuple(self.turns),
+                      reward, metadata)
+
+
+def _turn_params(params: SamplingConfig, index: int, left: int) -> SamplingConfig:
+    """The slot's sampling with the turn's token cap, and (seeded) a seed of its own per turn."""
+    seed = params.seed
+    if seed is not None and index:
+        seed = int.from_bytes(hashlib.sha256(f"{seed}#{index}".encode()).digest()[:8], "big") & (2**63 - 1)
+    return replace(params, max_tokens=min(params.max_tokens, left), seed=seed)

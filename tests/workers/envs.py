@@ -1,0 +1,124 @@
+"""Environments for the trajectory tests, importable by worker subprocesses (``--env tests.workers.envs:...``).
+
+``ScriptedTool`` answers every model turn with the observation ``<o{i}>`` (reward 0.25) and ends the
+trajectory after ``metadata["turns"]`` model turns (default 3) with reward 1.0, so a test can
+predict every token of a trajectory from the scripted engine's text function ``turn_text``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from rollout_queue import SourceGroup
+from rollout_queue.workers.environments import ModelTurn, Step
+
+
+def turn_text(prompt: str, request_id: str) -> str:
+    """The scripted engine's model turn: ``m{k}.`` where k is how many observations it has seen."""
+    return f"m{prompt.count('<o')}."
+
+
+class ScriptedTool:
+    def __init__(self) -> None:
+        self.turns = 3
+        self.closed = False
+
+    def reset(self, group: SourceGroup, slot: int) -> None:
+        self.turns = int(group.metadata.get("turns", 3))
+
+    def step(self, turn: ModelTurn) -> Step:
+        if turn.index + 1 >= self.turns:
+            return Step(reward=1.0, done=True, info={"tool": "finish", "i": turn.index})
+        return Step(observation=f"<o{turn.index}>", reward=0.25, info={"tool": "probe", "i": turn.index})
+
+
+class AsyncScriptedTool(ScriptedTool):
+    """The same, with async methods (run on the event loop, not the pool)."""
+
+    async def reset(self, group: SourceGroup, slot: int) -> None:  # type: ignore[override]
+        super().reset(group, slot)
+
+    async def step(self, turn: ModelTurn) -> Step:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().step(turn)
+
+
+class NeverDone:
+    """Observes forever: only the worker's limits end its trajectories."""
+
+    def step(self, turn: ModelTurn) -> Step:
+        return Step(observation="<o>", reward=0.5)
+
+
+class Raising:
+    """A tool that breaks on prompts containing "boom" (the first step raises)."""
+
+    def reset(self, group: SourceGroup, slot: int) -> None:
+        self.boom = "boom" in group.prompt
+
+    def step(self, turn: ModelTurn) -> Step:
+        if self.boom:
+            raise RuntimeError("tool crashed")
+        return Step(reward=1.0, done=True)
+
+
+class HangingSync:
+    """A blocking tool call that never returns in time on prompts containing "hang"."""
+
+    def reset(self, group: SourceGroup, slot: int) -> None:
+        self.hang = "hang" in group.prompt
+
+    def step(self, turn: ModelTurn) -> Step:
+        if self.hang:
+            time.sleep(3)
+        return Step(reward=1.0, done=True)
+
+
+class HangingAsync:
+    """An async tool that never returns on prompts containing "hang"."""
+
+    def reset(self, group: SourceGroup, slot: int) -> None:
+        self.hang = "hang" in group.prompt
+
+    async def step(self, turn: ModelTurn) -> Step:
+        if self.hang:
+            await asyncio.Event().wait()
+        return Step(reward=1.0, done=True)
+
+
+class Garbage:
+    def step(self, turn: ModelTurn) -> Any:
+        return {"observation": "not a Step"}
+
+
+class SlowTool(ScriptedTool):
+    """ScriptedTool whose steps take 30 s (a worker is killed while they run)."""
+
+    async def step(self, turn: ModelTurn) -> Step:  # type: ignore[override]
+        await asyncio.sleep(30)
+        return super().step(turn)
+
+
+class Flood:
+    """One observation of 10 MB of text: the token budget must cut it, quickly."""
+
+    def step(self, turn: ModelTurn) -> Step:
+        return Step(observation="x" * 10_000_000, reward=0.5)
+
+
+class OddInfo:
+    """Step records that are not storable (a NaN, an object): the sample is kept, its steps dropped."""
+
+    def step(self, turn: ModelTurn) -> Step:
+        if turn.index == 0:
+            return Step(observation="<o0>", reward=0.5, info={"score": float("nan")})
+        return Step(reward=0.5, done=True, info={"obj": object()})
+
+
+class Overflow:
+    """Finite step rewards whose sum is not (two of 1e308)."""
+
+    def step(self, turn: ModelTurn) -> Step:
+        return Step(observation=None if turn.index else "<o0>", reward=1e308, done=turn.index == 1)

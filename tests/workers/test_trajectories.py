@@ -1,0 +1,260 @@
+"""Multi-turn trajectories through the worker runtime (scripted engine, scripted environments, real Redis).
+
+What is checked: every token of a trajectory (model turns from the engine, observations from the
+environment), its loss mask, logprobs (0 on observations) and turn boundaries; the environment's
+reward and step record; the limits (turns, token budget, wall clock) ending a trajectory as data;
+an environment that raises, hangs or returns garbage failing the attempt with its reason until the
+group is dead-lettered; the queue's own drain aborting a trajectory mid-step without counting; and
+a worker process SIGKILLed mid-trajectory, after which the group is trained exactly once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from rollout_queue import Sample, SourceGroup, Turn
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.scripted import OFFSET, ScriptedEngine
+from rollout_queue.workers.environments import EnvironmentHost, load_environment
+from rollout_queue.workers.rewards import Scorer
+from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
+from rollout_queue.workers.trajectory import TrajectoryLimits
+from tests.helpers import wait_until
+from tests.workers import envs
+from tests.workers.runtime_helpers import (
+    RuntimeThread,
+    open_queue,
+    pel_owners,
+    spawn_worker,
+    train,
+    worker_server,  # noqa: F401  # a fixture, used by name
+)
+
+
+@pytest.fixture
+def url(worker_server: LocalServer) -> str:  # noqa: F811  # the fixture above, by name
+    return worker_server.url
+
+
+@pytest.fixture
+def name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def start(url: str, name: str, env: Any, engine: ScriptedEngine | None = None, *, step_timeout_s: float = 5.0,
+          limits: TrajectoryLimits | None = None, scorer: Scorer | None = None, **options: Any) -> RuntimeThread:
+    opts = WorkerOptions(**{"block_ms": 200, "sampling": SamplingConfig(max_tokens=32), **options})
+    engine = engine or ScriptedEngine(text_fn=envs.turn_text)
+    return RuntimeThread(WorkerRuntime(url, name, engine, opts, worker_id=f"wk-{uuid.uuid4().hex[:6]}",
+                                       scorer=scorer, environment=EnvironmentHost(env, step_timeout_s=step_timeout_s),
+                                       trajectory=limits)).start()
+
+
+def ids(text: str) -> list[int]:
+    return [b + OFFSET for b in text.encode()]
+
+
+def logprob(token: int) -> float:
+    """The scripted engine's logprob of a token (ScriptedEngine._resolve)."""
+    return -0.1 - (token % 7) / 10
+
+
+def expected_trajectory(turns: int) -> tuple[list[int], list[int], list[Turn]]:
+    """(tokens, loss mask, turns) of a ScriptedTool trajectory of ``turns`` model turns."""
+    tokens: list[int] = []
+    mask: list[int] = []
+    spans: list[Turn] = []
+    for i in range(turns):
+        model = ids(f"m{i}.")
+        tokens += model
+        mask += [1] * len(model)
+        spans.append(Turn("model", len(model), 0))
+        if i + 1 < turns:
+            obs = ids(f"<o{i}>")
+            tokens += obs
+            mask += [0] * len(obs)
+            spans.append(Turn("observation", len(obs)))
+    return tokens, mask, spans
+
+
+def check_scripted(s: Sample, turns: int) -> None:
+    tokens, mask, spans = expected_trajectory(turns)
+    assert list(s.token_ids) == tokens
+    assert list(s.loss_mask) == mask
+    assert s.turns == tuple(spans)
+    assert list(s.logprobs) == pytest.approx([logprob(t) if m else 0.0 for t, m in zip(tokens, mask)], abs=1e-6)
+    assert s.reward == pytest.approx(0.25 * (turns - 1) + 1.0)
+    assert s.finish_reason == "stop" and s.version == 0
+    assert s.metadata is not None and s.metadata["step_rewards"] == [0.25] * (turns - 1) + [1.0]
+    assert [step["i"] for step in s.metadata["steps"]] == list(range(turns))
+
+
+@pytest.mark.parametrize("env", [envs.ScriptedTool, envs.AsyncScriptedTool])
+def test_trajectories_have_every_token_mask_logprob_and_turn_boundary(url: str, name: str, env: Any) -> None:
+    q = open_queue(url, name)
+    q.submit([SourceGroup("three", "Q three", 2, {"turns": 3}), SourceGroup("one", "Q one", 2, {"turns": 1})])
+    rt = start(url, name, env)
+    committed, trained = train(q, {"three", "one"})
+    assert rt.drain() is None
+    assert set(committed.values()) == {1}
+    by_id = {g.group.source_id: g for g in trained}
+    for s in by_id["three"].samples:
+        check_scripted(s, 3)
+    for s in by_id["one"].samples:
+        check_scripted(s, 1)
+    cols = by_id["three"].columns()  # the trainer's columnar view carries the same mask
+    assert list(cols.loss_mask()) == [b for s in by_id["three"].samples for b in s.loss_mask]
+
+
+def test_lease_batch_trains_only_the_model_tokens(url: str, name: str) -> None:
+    torch = pytest.importorskip("torch")
+    from rollout_queue.rl.trainer import lease_batch
+
+    q = open_queue(url, name)
+    q.submit([SourceGroup("three", "Q three", 2, {"turns": 3}, prompt_token_ids=(1, 5, 6))])
+    rt = start(url, name, envs.ScriptedTool)
+    wait_until(lambda: q.stats().completed == 1, 20, message="the trajectory group to complete")
+    assert rt.drain() is None
+    lease = q.lease(1, block_ms=1000)
+    assert lease is not None
+    with lease:
+        batch = lease_batch(lease)
+    tokens, mask, _ = expected_trajectory(3)
+    assert batch.response_ids[0].tolist() == tokens
+    assert batch.response_mask[0].tolist() == [float(m) for m in mask]
+    assert batch.num_response_tokens == 2 * sum(mask)
+    assert torch.all(batch.behaviour_logprobs[0][torch.tensor(mask) == 0] == 0)
+
+
+def test_limits_end_trajectories_as_data(url: str, name: str) -> None:
+    q = open_queue(url, name)
+    q.submit([SourceGroup("turns", "Q turns", 1)])
+    rt = start(url, name, envs.NeverDone, limits=TrajectoryLimits(max_turns=3))
+    _, (g,) = train(q, {"turns"})
+    assert rt.drain() is None
+    (s,) = g.samples
+    assert s.finish_reason == "turns" and [t.role for t in s.turns] == ["model", "observation"] * 3
+    assert s.reward == pytest.approx(1.5)
+
+    q.submit([SourceGroup("budget", "Q budget", 1)])
+    rt = start(url, name, envs.NeverDone, limits=TrajectoryLimits(max_turns=50, max_tokens=20))
+    _, (g,) = train(q, {"budget"})
+    assert rt.drain() is None
+    (s,) = g.samples
+    assert s.finish_reason == "length" and len(s.token_ids) == 20  # model turns and observations together
+
+    q.submit([SourceGroup("slow", "Q slow", 1)])
+    rt = start(url, name, envs.NeverDone, ScriptedEngine(text_fn=envs.turn_text, latency_s=0.3),
+               limits=TrajectoryLimits(max_turns=50, timeout_s=1.0))
+    _, (g,) = train(q, {"slow"})
+    assert rt.drain() is None
+    (s,) = g.samples
+    assert s.finish_reason == "deadline" and 1 <= sum(t.trained for t in s.turns) <= 4
+
+
+def test_the_trajectory_deadline_cuts_a_slow_step_without_blaming_the_environment(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("g", "hang forever", 1)])
+    rt = start(url, name, envs.HangingAsync, step_timeout_s=60, limits=TrajectoryLimits(timeout_s=1.0))
+    _, (g,) = train(q, {"g"})
+    assert rt.drain() is None
+    (s,) = g.samples
+    assert s.finish_reason == "deadline" and [t.role for t in s.turns] == ["model"] and s.reward == 0.0
+
+
+def test_oversized_observations_and_unstorable_step_records_keep_the_sample(url: str, name: str) -> None:
+    q = open_queue(url, name)
+    q.submit([SourceGroup("flood", "Q flood", 1)])
+    rt = start(url, name, envs.Flood, limits=TrajectoryLimits(max_tokens=64))
+    _, (g,) = train(q, {"flood"})
+    assert rt.drain() is None
+    (s,) = g.samples
+    assert s.finish_reason == "length" and len(s.token_ids) == 64 and s.turns[-1].role == "observation"
+
+    q.submit([SourceGroup("odd", "Q odd", 1)])
+    rt = start(url, name, envs.OddInfo)
+    _, (g,) = train(q, {"odd"})
+    assert rt.drain() is None
+    (s,) = g.samples
+    assert s.metadata == {"step_rewards": [0.5, 0.5], "steps_dropped": True} and s.reward == 1.0
+
+
+def test_step_rewards_that_sum_past_a_float_fail_the_attempt(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("big", "Q big", 1)])
+    rt = start(url, name, envs.Overflow)
+    wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
+    assert rt.drain() is None
+    (letter,) = q.dead_letters()
+    assert "step rewards sum to inf" in letter.history[-1]["r"]
+
+
+@pytest.mark.parametrize(("env", "prompt", "reason"), [
+    (envs.Raising, "boom", "environment step raised RuntimeError('tool crashed')"),
+    (envs.HangingSync, "hang", "environment step exceeded its 0.3 s deadline"),
+    (envs.HangingAsync, "hang", "environment step exceeded its 0.3 s deadline"),
+    (envs.Garbage, "garbage", "environment step returned dict, not a Step"),
+])
+def test_a_broken_environment_fails_the_attempt_with_its_reason_until_dead_lettered(
+        url: str, name: str, env: Any, prompt: str, reason: str) -> None:
+    q = open_queue(url, name, max_attempts=2)
+    q.submit([SourceGroup("bad", f"{prompt} here", 2), SourceGroup("ok", "fine", 2)])
+    rt = start(url, name, env, step_timeout_s=0.3)
+    if env is not envs.Garbage:  # Garbage breaks every trajectory
+        committed, _ = train(q, {"ok"})
+        assert committed == {"ok": 1}
+    wait_until(lambda: q.stats().dead == (2 if env is envs.Garbage else 1), 20, message="the dead letter")
+    assert rt.drain() is None
+    letter = next(d for d in q.dead_letters() if d.source_id == "bad")
+    assert letter.attempt == 2 and [h["t"] for h in letter.history] == ["failed", "failed"]
+    assert all(reason in h["r"] for h in letter.history), letter.history
+
+
+def test_a_drain_mid_step_aborts_the_trajectory_uncounted(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("g", "hang then finish", 1)])
+    rt = start(url, name, envs.HangingAsync, step_timeout_s=60, drain_timeout_s=0.3)
+    wait_until(lambda: q.stats().executing_groups == 1, 10, message="the trajectory to start")
+    wait_until(lambda: rt.runtime.engine.finished >= 1, 10, message="the first model turn to finish")
+    assert rt.drain() is None  # the drain deadline aborts the step in flight: within the 60 s step timeout
+    st = q.stats()
+    assert (st.ready, st.dead, st.terminals["aborted"]) == (1, 0, 1)  # max_attempts=1: an abort never counts
+    rt = start(url, name, envs.ScriptedTool)
+    committed, (g,) = train(q, {"g"})
+    assert rt.drain() is None
+    assert committed == {"g": 1} and g.attempt == 2 and g.samples[0].turns
+
+
+def test_a_worker_killed_mid_trajectory_is_reaped_and_the_group_trained_once(url: str, name: str) -> None:
+    q = open_queue(url, name, worker_timeout_s=0.5)
+    q.submit([SourceGroup(f"g{i}", f"Q {i}", 2) for i in range(3)])
+    proc = spawn_worker(url, name, "doomed", "--env", "tests.workers.envs:SlowTool")
+    try:
+        wait_until(lambda: q.stats().executing_groups == 3, 20, message="three trajectories in their first step")
+    finally:
+        proc.kill()
+    proc.communicate()
+    assert pel_owners(url, name).get("doomed") == 3
+    assert wait_until(lambda: q.reap().lost, 10, message="the reaper to requeue the dead worker's work") == 3
+    rt = start(url, name, envs.ScriptedTool)
+    committed, trained = train(q, {"g0", "g1", "g2"})
+    assert rt.drain() is None
+    assert set(committed.values()) == {1} and {g.attempt for g in trained} == {2}
+    for g in trained:
+        for s in g.samples:
+            check_scripted(s, 3)
+    st = q.stats()
+    assert (st.committed, st.dead, st.terminals["lost"]) == (3, 0, 3)
+
+
+def test_load_environment_names_what_to_fix() -> None:
+    assert load_environment("echo").__name__ == "Echo"
+    assert load_environment("tests.workers.envs:ScriptedTool") is envs.ScriptedTool
+    with pytest.raises(ValueError, match="not a built-in"):
+        load_environment("nope")
+    with pytest.raises(ValueError, match="cannot import"):
+        load_environment("no_such_module_xyz:Env")
