@@ -164,6 +164,31 @@ def _rate(per_s: float | None) -> str:
     return "-" if per_s is None else f"{per_s:.3g}"
 
 
+def edge_text(edge: float | None, edges: Sequence[float], seconds: bool = False) -> str:
+    """A quantile's bucket upper edge for people: ``512``, ``5.0s``; ``>32768`` above the last edge,
+    ``-`` with no samples."""
+    if edge is None:
+        return "-"
+    if math.isinf(edge):
+        return ">" + edge_text(float(edges[-1]), edges, seconds)
+    return duration(edge * 1000) if seconds else f"{edge:g}"
+
+
+def samples_rows(snap: Snapshot) -> list[tuple[str, int, str, str, str, str]]:
+    """(what, samples, p50, p90, p99, max) of sample lengths and durations."""
+    return [(what, d.count, *(edge_text(v, d.edges, secs) for v in (d.p50, d.p90, d.p99, d.max)))
+            for what, d, secs in (("tokens", snap.sample_tokens, False), ("seconds", snap.sample_seconds, True))]
+
+
+def samples_section(snap: Snapshot) -> Section:
+    """How long samples (trajectories) are and take: quantiles as bucket upper edges, over the
+    registered workers' counts since each started."""
+    workers = snap.sample_tokens.workers
+    return section(f"samples: lengths and durations reported by {workers} worker(s) since they started "
+                   "(quantiles are bucket upper edges)", ("", "samples", "p50", "p90", "p99", "max"),
+                   samples_rows(snap))
+
+
 def attempts_section(snap: Snapshot) -> Section:
     pel = snap.pel
     most = max(pel.attempts.values(), default=0)
@@ -276,7 +301,7 @@ def _deadline(lv: LeaseView) -> str:
 def snapshot_sections(snap: Snapshot) -> list[Section]:
     parted = bool(snap.partitions)
     return ([partitions_section(snap)] if parted else []) + [
-        states_section(snap), policy_section(snap), attempts_section(snap),
+        states_section(snap), policy_section(snap), attempts_section(snap), samples_section(snap),
         workers_section(snap.workers, partitioned=parted), leases_section(snap.leases, partitioned=parted)]
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import signal
 import sys
@@ -13,7 +14,7 @@ from collections import deque
 from typing import Any, Callable, Mapping
 
 from rollout_queue.ops import partition_views, views
-from rollout_queue.ops.view_models import Snapshot
+from rollout_queue.ops.view_models import SampleDistribution, Snapshot
 from rollout_queue.cli import render, top
 from rollout_queue.cli.common import EXIT_OK, UsageError, open_view, print_json, to_json
 
@@ -28,12 +29,25 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     out = {**to_json(snap.stats), "attempts": to_json(snap.pel.attempts), "pel_states": to_json(snap.pel.states),
            "pel_truncated": snap.pel.truncated, "buffer_staleness": list(snap.buffer_staleness),
            "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain),
-           "holds": to_json(snap.holds), "oldest_ms": {s: snap.oldest_ms(s) for s in render.WAITING}}
+           "holds": to_json(snap.holds), "oldest_ms": {s: snap.oldest_ms(s) for s in render.WAITING},
+           "samples": {"tokens": distribution_json(snap.sample_tokens),
+                       "seconds": distribution_json(snap.sample_seconds)}}
     if snap.partitions:
         out["partitions"] = [{"partition": name, "unreachable": True} if part is None else
                              {"partition": name, "unreachable": False, **snapshot_json(part)}
                              for name, part in snap.partitions]
     return out
+
+
+def distribution_json(d: SampleDistribution) -> dict[str, Any]:
+    """A sample distribution for `stats --json`: its count, the quantiles as bucket upper edges
+    (``"+Inf"`` above the last edge, as Prometheus' ``le``; null with no samples), and the buckets
+    themselves (``edges``, and ``counts`` with one more entry for above the last edge)."""
+    def edge(v: float | None) -> float | str | None:
+        return "+Inf" if v is not None and math.isinf(v) else v
+
+    return {"count": d.count, "workers": d.workers, "p50": edge(d.p50), "p90": edge(d.p90), "p99": edge(d.p99),
+            "max": edge(d.max), "edges": list(d.edges), "counts": list(d.counts)}
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from rollout_queue.cli.render import WAITING, _rate, duration, hold_text, sparkline, worker_status
+from rollout_queue.cli.render import WAITING, _rate, duration, edge_text, hold_text, sparkline, worker_status
 from rollout_queue.ops.escape import clean
-from rollout_queue.ops.view_models import LeaseView, Snapshot, WorkerView
+from rollout_queue.ops.view_models import LeaseView, SampleDistribution, Snapshot, WorkerView
 
 #: A trainer that has not committed for this long while completed groups wait is called stalled
 #: (the guide's alert uses the same 10 minutes).
@@ -63,6 +63,20 @@ def urgent_lines(snap: Snapshot) -> list[str]:
     if st.dead:
         out.append(f"! {st.dead} dead letter(s): rollout-queue dlq list")
     return out
+
+
+def samples_line(snap: Snapshot) -> str | None:
+    """``samples 1200 · tokens p50/90/99 512/2048/8192 · seconds 5.0s/20.0s/1m00s``: quantiles as
+    bucket upper edges, over the registered workers since they started; None before any sample."""
+    tokens, seconds = snap.sample_tokens, snap.sample_seconds
+    if not tokens.count and not seconds.count:
+        return None
+
+    def quantiles(d: SampleDistribution, secs: bool) -> str:
+        return "/".join(edge_text(v, d.edges, secs) for v in (d.p50, d.p90, d.p99))
+
+    return (f"samples {max(tokens.count, seconds.count)} · tokens p50/90/99 {quantiles(tokens, False)} · "
+            f"seconds {quantiles(seconds, True)}")
 
 
 def _collapsed(lines: list[str], what: str, keep: int = 3) -> list[str]:
@@ -150,6 +164,10 @@ def top_lines(snap: Snapshot, rates: Mapping[str, float | None], spark: Sequence
         urgent = urgent[:room_urgent - 1] + [f"! ... {len(urgent) - room_urgent + 1} more urgent lines"]
     lines += urgent or ["ok: nothing urgent"]
     lines += summary
+    # The samples line only where it leaves the worker and lease rows their room (it is no alarm).
+    samples = samples_line(snap)
+    if samples and height - len(lines) > 5:
+        lines.append(samples)
     room = height - len(lines)
     overdue = any(x.remaining_ms is not None and x.remaining_ms < 0 for x in snap.leases)
     # Leases get a fair share (all they need, up to a third of what is left), workers the rest.

@@ -401,15 +401,29 @@ class CompletedGroup:
 class Progress:
     """What a worker process says of itself in each heartbeat: groups completed and tokens generated
     since it started, and for how long it has run. Operators read rates from it (`rollout-queue
-    workers`, `top`, the exporter's per-worker counters): the queue stores the last one per worker."""
+    workers`, `top`, the exporter's per-worker counters): the queue stores the last one per worker.
+
+    ``sample_tokens`` and ``sample_seconds``: how many of its samples fell in each bucket of
+    core/histograms.py's TOKEN_BUCKETS and SECOND_BUCKETS (one count per edge plus one above the
+    last; not cumulative), since it started; ``()`` when it reports none. `rollout-queue stats` and
+    the exporter add them over the workers."""
 
     groups: int
     tokens: int
     uptime_ms: int
+    sample_tokens: tuple[int, ...] = ()
+    sample_seconds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("groups", "tokens", "uptime_ms"):
             check_int(getattr(self, name), f"progress {name}")
+        for name, edges in (("sample_tokens", TOKEN_BUCKETS), ("sample_seconds", SECOND_BUCKETS)):
+            items = check_items(getattr(self, name), object, f"progress {name}")
+            counts = tuple(check_int(c, f"progress {name}[{i}]") for i, c in enumerate(items))
+            if counts and len(counts) != bucket_count(edges):
+                raise InvalidInput(f"progress {name} must have {bucket_count(edges)} counts (one per bucket of "
+                                   f"core/histograms.py) or none, got {len(counts)}")
+            object.__setattr__(self, name, counts)
 
 
 @dataclass(frozen=True)

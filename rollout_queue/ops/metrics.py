@@ -19,13 +19,16 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from rollout_queue.core.errors import RolloutQueueError
+from rollout_queue.core.histograms import cumulative
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops import partition_views
-from rollout_queue.ops.view_models import STATES, WAITING, Snapshot, WorkerView, state_counts
+from rollout_queue.ops.view_models import STATES, WAITING, SampleDistribution, Snapshot, WorkerView, state_counts
 from rollout_queue.ops.views import QueueView
 
 log = logging.getLogger("rollout_queue.ops.metrics")
@@ -73,6 +76,18 @@ def _gauge_histogram(name: str, doc: str, base: Base, values: Sequence[float], b
     buckets.append(("+Inf", float(len(values))))
     family = GaugeHistogramMetricFamily(name, doc, labels=list(base[0]))
     family.add_metric(list(base[1]), buckets, gsum_value=float(sum(values)))
+    return family
+
+
+def _sample_histogram(name: str, doc: str, base: Base, dist: SampleDistribution) -> Metric:
+    """Workers' own sample counts (core/histograms.py's buckets) as a Prometheus histogram:
+    cumulative ``_bucket{le}`` and ``_count``; no ``_sum``, since workers count buckets, not totals."""
+    running = cumulative(dist.counts)
+    buckets = [(floatToGoString(e), float(n)) for e, n in zip(dist.edges, running)]
+    buckets.append(("+Inf", float(running[-1])))
+    family = HistogramMetricFamily(name, doc, labels=list(base[0]))
+    family.add_metric(list(base[1]), buckets, None)
+    family.samples.append(Sample(name + "_count", dict(zip(base[0], base[1])), float(running[-1])))
     return family
 
 
@@ -184,6 +199,14 @@ def _histograms(snap: Snapshot, base: Base) -> Iterator[Metric]:
     yield _gauge_histogram("rollout_queue_executing_attempt_age_seconds",
                            "Seconds since each executing attempt was reserved.", base,
                            [a / 1000 for a in snap.pel.executing_ages_ms], AGE_BUCKETS_S)
+    # Summed over the registered workers' own counts since each started: a worker that closes or is
+    # reaped takes its counts out of the sum (Prometheus reads the drop as a counter reset).
+    yield _sample_histogram("rollout_queue_sample_tokens", "Samples (trajectories) by length in tokens after "
+                            "the prompt, as the registered workers count them since each started.", base,
+                            snap.sample_tokens)
+    yield _sample_histogram("rollout_queue_sample_seconds", "Samples (trajectories) by duration in seconds, "
+                            "first request to end, as the registered workers count them since each started.", base,
+                            snap.sample_seconds)
 
 
 def _counters(st: Any, base: Base) -> Iterator[Metric]:

@@ -13,8 +13,10 @@ operator from seeing the rest. Text from Redis is kept as it is: renderers escap
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from rollout_queue.core.histograms import (SECOND_BUCKETS, TOKEN_BUCKETS, add_counts, bucket_count, max_edge,
+                                           quantile_edge)
 from rollout_queue.core.models import SourceGroup
 
 #: The hold id of `rollout-queue drain` (lua/drain.lua); client holds use random hex ids.
@@ -111,6 +113,10 @@ class WorkerProgress:
     tokens: int
     uptime_ms: int
     reported_ms: int
+    #: its samples per bucket of core/histograms.py's TOKEN_BUCKETS and SECOND_BUCKETS since its
+    #: process started (one count per edge plus one above the last); () when it reported none
+    sample_tokens: tuple[int, ...] = ()
+    sample_seconds: tuple[int, ...] = ()
 
     @property
     def groups_per_s(self) -> float | None:
@@ -119,6 +125,49 @@ class WorkerProgress:
     @property
     def tokens_per_s(self) -> float | None:
         return self.tokens * 1000 / self.uptime_ms if self.uptime_ms > 0 else None
+
+
+@dataclass(frozen=True)
+class SampleDistribution:
+    """Samples (trajectories) counted per bucket over a set of workers: their lengths in tokens or
+    their durations in seconds, each worker's counts since its process started, added. Quantiles
+    are bucket upper edges (``p90 == 2048``: at least 90% of the samples had at most 2048 tokens;
+    inf: above the last edge; None: no samples), as Prometheus' histogram_quantile reads buckets."""
+
+    edges: tuple[float, ...]
+    counts: tuple[int, ...]
+    #: how many workers' counts are in it (those that reported any)
+    workers: int = 0
+
+    @classmethod
+    def of(cls, edges: Sequence[float], lists: Sequence[Sequence[int]]) -> "SampleDistribution":
+        """The sum of ``lists`` (each one worker's counts; empty ones are workers that reported none)."""
+        reported = [c for c in lists if len(c) == bucket_count(edges)]
+        return cls(tuple(edges), add_counts(edges, reported), len(reported))
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def quantile(self, q: float) -> float | None:
+        return quantile_edge(self.edges, self.counts, q)
+
+    @property
+    def p50(self) -> float | None:
+        return self.quantile(0.5)
+
+    @property
+    def p90(self) -> float | None:
+        return self.quantile(0.9)
+
+    @property
+    def p99(self) -> float | None:
+        return self.quantile(0.99)
+
+    @property
+    def max(self) -> float | None:
+        """The upper edge of the highest bucket any sample is in."""
+        return max_edge(self.edges, self.counts)
 
 
 @dataclass(frozen=True)
@@ -276,6 +325,18 @@ class Snapshot:
         """How long the longest-waiting group of ``state`` (backlog, ready, completed, leased,
         executing) has waited, or None when none is in it."""
         return self.backlog_oldest_ms if state == "backlog" else self.pel.oldest_ms.get(state)
+
+    @property
+    def sample_tokens(self) -> SampleDistribution:
+        """Sample lengths (tokens after the prompt) over the registered workers' last heartbeats (a
+        worker leaves the sum when it closes or is reaped); on a partitioned queue the lead
+        partition holds each worker's report, so every worker counts once."""
+        return SampleDistribution.of(TOKEN_BUCKETS, [w.progress.sample_tokens for w in self.workers if w.progress])
+
+    @property
+    def sample_seconds(self) -> SampleDistribution:
+        """Sample durations (first request to end, seconds), as sample_tokens."""
+        return SampleDistribution.of(SECOND_BUCKETS, [w.progress.sample_seconds for w in self.workers if w.progress])
 
     @property
     def unreachable(self) -> tuple[str, ...]:

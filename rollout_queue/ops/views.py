@@ -31,6 +31,7 @@ from rollout_queue.core.codec import CodecError
 from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import ConfigMismatch, InvalidInput, NotFound, ProtocolError, QueueNotFound
 from rollout_queue.core.flows import Flow, T
+from rollout_queue.core.histograms import SECOND_BUCKETS, TOKEN_BUCKETS, bucket_count
 from rollout_queue.core.keys import KEY_SUFFIXES, QueueKeys
 from rollout_queue.core.models import DeadLetter, QueueStats, SourceGroup, check_entry_id
 from rollout_queue.core.policy import Durability, RetryPolicy
@@ -318,16 +319,32 @@ def workers(keys: QueueKeys, pel: PelSummary | None = None) -> Flow[list[WorkerV
 
 
 def _progress(raw: Any, bad: Garbage) -> WorkerProgress | None:
-    """A ``progress`` line ``groups|tokens|uptime_ms|reported_ms`` (heartbeat.lua), or None."""
+    """A ``progress`` line (heartbeat.lua), or None: ``groups|tokens|uptime_ms|reported_ms``, then
+    (from workers that count their samples) ``|sample_tokens|sample_seconds``, each comma-joined
+    counts or empty. Unreadable counts lose only their histogram (noted); the rest still reads."""
     if raw is None:
         return None
     parts = text(raw).split("|")
-    values = [number(v) for v in parts] if len(parts) == 4 else []
+    values = [number(v) for v in parts[:4]] if len(parts) in (4, 6) else []
     if len(values) != 4 or any(v is None or v < 0 for v in values):
         bad.note("progress", raw)
         return None
     groups, tokens, uptime, reported = values
-    return WorkerProgress(groups, tokens, uptime, reported)  # type: ignore[arg-type]
+    lengths, durations = ((_counts(parts[4], TOKEN_BUCKETS, "progress sample_tokens", bad),
+                           _counts(parts[5], SECOND_BUCKETS, "progress sample_seconds", bad))
+                          if len(parts) == 6 else ((), ()))
+    return WorkerProgress(groups, tokens, uptime, reported, lengths, durations)  # type: ignore[arg-type]
+
+
+def _counts(raw: str, edges: tuple[float, ...], name: str, bad: Garbage) -> tuple[int, ...]:
+    """A comma-joined count list over ``edges`` (one count per bucket), () when empty or garbage."""
+    if not raw:
+        return ()
+    values = [number(v) for v in raw.split(",")]
+    if len(values) != bucket_count(edges) or any(v is None or v < 0 for v in values):
+        bad.note(name, raw)
+        return ()
+    return tuple(values)  # type: ignore[arg-type]
 
 
 def holds(keys: QueueKeys, limit: int = 100) -> Flow[list[HoldView]]:

@@ -383,7 +383,8 @@ class WorkerRuntime:
     def _progress(self) -> Progress:
         """Read by the heartbeat thread at each beat (plain int reads of counters the loop writes)."""
         return Progress(self.stats.settled["completed"], self.stats.tokens,
-                        int((time.monotonic() - self._started) * 1000))
+                        int((time.monotonic() - self._started) * 1000),
+                        tuple(self.stats.sample_tokens), tuple(self.stats.sample_seconds))
 
     def _notice_threadsafe(self, notice: VersionNotice) -> None:
         loop = self._loop

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
+from rollout_queue import Progress, QueueConfig, RolloutQueue, Sample, SourceGroup
 from rollout_queue.devtools.local_cluster import LocalCluster
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.ops import acl, views
@@ -318,3 +318,31 @@ def test_holds_and_reaped_read_every_partition(state: Partitioned, cli: Cli) -> 
     assert json.loads(cli(state.url, state.name, "holds", "--json")[1]) == []
     code, out, _ = cli(state.url, state.name, "reaped", "--json")
     assert code == 0 and json.loads(out) == []
+
+
+def test_sample_histograms_count_each_worker_once_over_the_partitions(state: Partitioned, cli: Cli) -> None:
+    """A partitioned worker registers in every partition but reports its progress to the lead one
+    only: `stats` and the exporter's sum over the partitions count its samples once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    lengths, durations = (0, 3) + (0,) * 10 + (1,), (4,) + (0,) * 12
+    state.q.worker(WORKER).heartbeat(Progress(2, 100, 5000, lengths, durations))
+    code, out, err = cli(state.url, state.name, "stats", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["samples"]["tokens"]["counts"] == list(lengths) and doc["samples"]["tokens"]["workers"] == 1
+    assert (doc["samples"]["tokens"]["p50"], doc["samples"]["tokens"]["max"]) == (32, "+Inf")
+    assert doc["samples"]["seconds"]["count"] == 4 and doc["samples"]["seconds"]["p99"] == 0.25
+    parts = {p["partition"]: p["samples"]["tokens"]["count"] for p in doc["partitions"]}
+    assert parts == {name: (4 if i == 0 else 0) for i, name in enumerate(state.q.partitions)}
+    code, out, _ = cli(state.url, state.name, "stats")
+    assert code == 0 and "reported by 1 worker(s)" in out
+    code, out, err = cli(state.url, state.name, "metrics", "--once")
+    assert code == 0, err
+    counts = Counter()
+    for family in text_string_to_metric_families(out):
+        for s in family.samples:
+            if s.name in ("rollout_queue_sample_tokens_count", "rollout_queue_sample_seconds_count"):
+                assert s.labels["partition"] in state.q.partitions
+                counts[s.name] += s.value
+    assert counts == {"rollout_queue_sample_tokens_count": 4, "rollout_queue_sample_seconds_count": 4}

@@ -5,8 +5,9 @@ The known state (worker_timeout 0.5 s, max_attempts 2, max_staleness 2, policy v
   g0 dead (two counted failures), g1 committed, g2 leased by trainer-0, g3 completed (oldest sample
   version 2), g4 ready (failed once: "CUDA OOM"), g5 executing on host-a:gpu0 (alive once
   ``refresh()`` ran), g6 executing on host-b:gpu1 (silent), g7 and g8 in the backlog. host-a reports
-  progress (PROGRESS) in its heartbeats; host-z:gpu9 reported progress once, held nothing, went
-  silent and was reaped (one line in the ``reaped`` stream).
+  progress (PROGRESS, with its sample histograms) in its heartbeats; host-z:gpu9 reported progress
+  once (no histograms: an older worker's line), held nothing, went silent and was reaped (one line
+  in the ``reaped`` stream).
 Nothing in the fixture calls reserve or lease after host-b went silent (both reap opportunistically),
 so the state holds until a test changes it.
 """
@@ -28,8 +29,13 @@ from tests.helpers import wait_until
 
 CONFIG = QueueConfig(worker_timeout_s=0.5, max_attempts=2, max_staleness=2)
 ALIVE, SILENT, TRAINER, REAPED = "host-a:gpu0", "host-b:gpu1", "trainer-0", "host-z:gpu9"
-#: host-a's progress: 10 groups, 5,000 tokens in 20 s (0.5 groups/s, 250 tokens/s).
-PROGRESS = Progress(groups=10, tokens=5000, uptime_ms=20_000)
+#: host-a's 20 samples per bucket of core/histograms.py: by length (p50 256 tokens, p90 1024, p99 and
+#: max 4096) and by duration (p50 5 s, p90 20 s, p99 and max above the last edge, 600 s).
+SAMPLE_TOKENS = (0, 0, 2, 4, 6, 4, 2, 1, 1, 0, 0, 0, 0)
+SAMPLE_SECONDS = (0, 0, 0, 2, 8, 6, 2, 1, 0, 0, 0, 0, 1)
+#: host-a's progress: 10 groups, 5,000 tokens in 20 s (0.5 groups/s, 250 tokens/s), and its samples.
+PROGRESS = Progress(groups=10, tokens=5000, uptime_ms=20_000, sample_tokens=SAMPLE_TOKENS,
+                    sample_seconds=SAMPLE_SECONDS)
 
 
 def samples(n: int, version: int) -> list[Sample]:

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import InvalidInput, QueueConfig, Receipt, ScriptError, StaleReceipt
+from rollout_queue import InvalidInput, Progress, QueueConfig, Receipt, ScriptError, StaleReceipt
 from rollout_queue.cli import status
+from rollout_queue.core.histograms import SECOND_BUCKETS, TOKEN_BUCKETS
 from rollout_queue.devtools.local_server import pick_free_port
 from tests.helpers import wait_until
-from tests.ops.conftest import ALIVE, PROGRESS, REAPED, SILENT, TRAINER, Cli, KnownState, samples
+from tests.ops.conftest import (ALIVE, PROGRESS, REAPED, SAMPLE_SECONDS, SAMPLE_TOKENS, SILENT, TRAINER, Cli,
+                                KnownState, samples)
 
 
 def docs(text: str) -> list[Any]:
@@ -234,6 +236,48 @@ def test_stats_show_the_longest_wait_of_each_state(cli: Cli, shared_state: Known
                              ("backlog", "ready", "executing", "completed", "leased"))
     # The backlog's oldest entry (g7) was submitted before anything was handed out: the longest wait.
     assert oldest["backlog"] >= oldest["ready"]
+
+
+def test_stats_show_how_long_samples_are_and_take(cli: Cli, shared_state: KnownState) -> None:
+    """The sample histograms host-a's heartbeat carries, summed over the registered workers (host-b
+    reported none; reaped host-z's line had none and is gone): quantiles as bucket upper edges."""
+    shared_state.refresh()
+    code, out, _ = run(cli, shared_state, "stats", "--json")
+    samples = json.loads(out)["samples"]
+    assert code == 0
+    assert samples["tokens"] == {"count": 20, "workers": 1, "p50": 256, "p90": 1024, "p99": 4096, "max": 4096,
+                                 "edges": list(TOKEN_BUCKETS), "counts": list(SAMPLE_TOKENS)}
+    assert samples["seconds"] == {"count": 20, "workers": 1, "p50": 5, "p90": 20, "p99": "+Inf", "max": "+Inf",
+                                  "edges": list(SECOND_BUCKETS), "counts": list(SAMPLE_SECONDS)}
+    ws = {w["worker_id"]: w for w in json.loads(out)["workers"]}
+    assert ws[ALIVE]["progress"]["sample_tokens"] == list(SAMPLE_TOKENS)
+    assert ws[ALIVE]["progress"]["sample_seconds"] == list(SAMPLE_SECONDS)
+    code, out, _ = run(cli, shared_state, "stats")
+    table = out[out.index("== samples"):]
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:4]}
+    assert code == 0 and "reported by 1 worker(s)" in table.splitlines()[0]
+    assert rows == {"tokens": ["20", "256", "1024", "4096", "4096"], "seconds": ["20", "5.0s", "20.0s", ">10m00s",
+                                                                                   ">10m00s"]}
+    code, out, _ = run(cli, shared_state, "top", "--once")
+    assert code == 0 and "samples 20 · tokens p50/90/99 256/1024/4096 · seconds 5.0s/20.0s/>10m00s" in out
+    frame = docs(run(cli, shared_state, "top", "--once", "--json")[1])[0]
+    assert frame["samples"]["tokens"]["p90"] == 1024
+
+
+def test_a_worker_that_closes_takes_its_samples_out_of_the_sum(cli: Cli, known_state: KnownState) -> None:
+    st = known_state
+    st.q.worker("host-c:gpu2").heartbeat(Progress(1, 10, 1000, (1,) + (0,) * 12, (0,) * 12 + (3,)))
+    samples = json.loads(run(cli, st, "stats", "--json")[1])["samples"]
+    assert (samples["tokens"]["count"], samples["tokens"]["workers"], samples["tokens"]["counts"][0]) == (21, 2, 1)
+    assert samples["seconds"]["count"] == 23 and samples["seconds"]["p50"] == 10 and samples["seconds"]["p90"] == "+Inf"
+    st.q.worker("host-c:gpu2").close()
+    st.workers[ALIVE].close()
+    samples = json.loads(run(cli, st, "stats", "--json")[1])["samples"]
+    assert samples["tokens"] == {"count": 0, "workers": 0, "p50": None, "p90": None, "p99": None, "max": None,
+                                 "edges": list(TOKEN_BUCKETS), "counts": [0] * 13}
+    code, out, _ = run(cli, st, "stats")
+    assert code == 0 and "reported by 0 worker(s)" in out
+    assert "samples " not in run(cli, st, "top", "--once")[1]  # no line before any sample
 
 
 def test_top_prints_frames_with_rates(cli: Cli, shared_state: KnownState) -> None:

@@ -6,10 +6,13 @@ import urllib.request
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
+from rollout_queue import Progress
+from rollout_queue.core.histograms import SECOND_BUCKETS, TOKEN_BUCKETS
 from rollout_queue.ops import metrics
 from rollout_queue.ops.views import QueueView
-from tests.ops.conftest import ALIVE, PROGRESS, SILENT, Cli, KnownState
+from tests.ops.conftest import ALIVE, PROGRESS, SAMPLE_SECONDS, SAMPLE_TOKENS, SILENT, Cli, KnownState
 
 
 def samples_of(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -138,5 +141,37 @@ def test_per_worker_liveness_and_monotonic_commits_and_dead_letters(known_state:
         assert value(found, "rollout_queue_restored_total", queue=q) == 1
         assert value(found, "rollout_queue_commits_total", queue=q) == 2
         assert value(found, "rollout_queue_dead_letters_total", queue=q) == 1
+    finally:
+        view.close()
+
+
+def test_sample_lengths_and_durations_are_histograms_over_the_registered_workers(known_state: KnownState) -> None:
+    """host-a's counts (the only worker that reports any) as cumulative ``le`` buckets and a count, no
+    ``_sum`` (workers count buckets, not totals); a second worker adds to them, and a worker that
+    closes takes its counts out again."""
+    st, q = known_state, known_state.queue
+    view = QueueView.from_url(st.url, q)
+    try:
+        text = metrics.exposition(view)
+        types = {f.name: f.type for f in text_string_to_metric_families(text)}
+        assert types["rollout_queue_sample_tokens"] == types["rollout_queue_sample_seconds"] == "histogram"
+        found = samples_of(text)
+        for name, edges, counts in (("rollout_queue_sample_tokens", TOKEN_BUCKETS, SAMPLE_TOKENS),
+                                    ("rollout_queue_sample_seconds", SECOND_BUCKETS, SAMPLE_SECONDS)):
+            buckets = [value(found, f"{name}_bucket", queue=q, le=floatToGoString(e)) for e in edges]
+            assert buckets == [float(sum(counts[:i + 1])) for i in range(len(edges))], name
+            assert value(found, f"{name}_bucket", queue=q, le="+Inf") == value(found, f"{name}_count", queue=q) == 20
+            assert not any(n == f"{name}_sum" for n, _ in found), name
+        assert value(found, "rollout_queue_sample_tokens_bucket", queue=q, le="256.0") == 12
+        assert value(found, "rollout_queue_sample_seconds_bucket", queue=q, le="600.0") == 19  # one above 600 s
+        st.q.worker("host-c:gpu2").heartbeat(Progress(1, 10, 1000, (5,) + (0,) * 12, (0,) * 13))
+        found = samples_of(metrics.exposition(view))
+        assert value(found, "rollout_queue_sample_tokens_bucket", queue=q, le="16.0") == 5
+        assert value(found, "rollout_queue_sample_tokens_count", queue=q) == 25
+        assert value(found, "rollout_queue_sample_seconds_count", queue=q) == 20  # it reported all zeros
+        st.workers[ALIVE].close()
+        found = samples_of(metrics.exposition(view))
+        assert value(found, "rollout_queue_sample_tokens_count", queue=q) == 5
+        assert value(found, "rollout_queue_sample_seconds_bucket", queue=q, le="+Inf") == 0
     finally:
         view.close()

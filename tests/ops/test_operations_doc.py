@@ -20,7 +20,7 @@ import redis
 
 from rollout_queue.ops import acl
 from rollout_queue.devtools.local_server import LocalServer, available_servers
-from tests.ops.conftest import ALIVE, PROGRESS, REAPED, SILENT, TRAINER, KnownState
+from tests.ops.conftest import ALIVE, PROGRESS, REAPED, SAMPLE_SECONDS, SAMPLE_TOKENS, SILENT, TRAINER, KnownState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
 BLOCK = re.compile(r"^```sh tested=([\w-]+)\n(.*?)^```", re.M | re.S)
@@ -155,6 +155,15 @@ def check_progress(out: list[str], st: KnownState, r: redis.Redis) -> None:
     assert row[-2:] == ["0.5", "250"]
 
 
+def check_samples(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    lengths, durations = out[0].split("|")
+    assert lengths == ",".join(map(str, SAMPLE_TOKENS)) and durations == ",".join(map(str, SAMPLE_SECONDS))
+    assert out[1].startswith("== samples") and "reported by 1 worker(s)" in out[1]
+    assert out[2].split() == ["samples", "p50", "p90", "p99", "max"]
+    assert out[3].split() == ["tokens", "20", "256", "1024", "4096", "4096"]
+    assert out[4].split() == ["seconds", "20", "5.0s", "20.0s", ">10m00s", ">10m00s"]
+
+
 def setup_holds(st: KnownState) -> None:
     st.q.hold(timeout_s=120, holder=TRAINER, reason="weight update v4")
 
@@ -184,7 +193,8 @@ CHECKS: dict[str, tuple[int | None, Check]] = {
     "attempts": (None, check_attempts), "buffer-empty": (None, check_buffer_empty), "leases": (None, check_leases),
     "backlog": (None, check_backlog), "dlq": (None, check_dlq), "memory": (None, check_memory),
     "config": (None, check_config), "stragglers": (None, check_stragglers), "at-risk": (None, check_at_risk),
-    "reaped": (None, check_reaped), "progress": (None, check_progress), "cli-requeue": (6, check_cli_requeue),
+    "reaped": (None, check_reaped), "progress": (None, check_progress), "samples": (None, check_samples),
+    "cli-requeue": (6, check_cli_requeue),
     "cli-dlq-requeue": (None, check_cli_dlq_requeue), "holds": (None, check_holds), "waits": (None, check_waits),
 }
 

@@ -10,6 +10,7 @@ from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import check_choice, check_int, check_items
 from rollout_queue.core.codec import CodecError, encode_completion
 from rollout_queue.core.errors import PayloadTooLarge
+from rollout_queue.core.histograms import format_counts
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import (
     HeartbeatInfo,
@@ -167,9 +168,11 @@ def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
 
 def heartbeat(keys: QueueKeys, worker_id: str, progress: Progress | None = None) -> Flow[HeartbeatInfo]:
     """Liveness, the policy version to follow, and (when given) the worker's own progress."""
-    counts = ("", "", "") if progress is None else (progress.groups, progress.tokens, progress.uptime_ms)
+    counts = ("", "", "", "", "") if progress is None else (
+        progress.groups, progress.tokens, progress.uptime_ms,
+        format_counts(progress.sample_tokens), format_counts(progress.sample_seconds))
     reply = yield p.build(keys, "heartbeat", worker_id=check_worker_id(worker_id),
-                          **dict(zip(("groups", "tokens", "uptime_ms"), counts)))
+                          **dict(zip(("groups", "tokens", "uptime_ms", "sample_tokens", "sample_seconds"), counts)))
     return p.parse_heartbeat(reply)
 
 
