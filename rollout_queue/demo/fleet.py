@@ -128,7 +128,7 @@ class WorkerProcess:
 
 
 def start_workers(count: int, *, url: str, queue: str, engine: str, model_dir: Path, log_dir: Path,
-                  reward: str, max_tokens: int, weights_mode: str, cpus: frozenset[int] | None = None,
+                  reward: str | None, max_tokens: int, weights_mode: str, cpus: frozenset[int] | None = None,
                   extra: Sequence[str] = ()) -> list[WorkerProcess]:
     """``count`` worker processes on ``queue``, each generating with ``engine`` from ``model_dir``
     (on the CPUs ``cpus`` when given)."""
@@ -138,7 +138,8 @@ def start_workers(count: int, *, url: str, queue: str, engine: str, model_dir: P
         worker_id = f"demo-worker-{i + 1}"
         argv = [sys.executable, "-m", "rollout_queue.workers", "--url", url, "--queue", queue, "--engine", engine,
                 "--model", os.fspath(model_dir), "--worker-id", worker_id, "--max-tokens", str(max_tokens),
-                "--temperature", "1.0", "--reward", reward, "--weights-mode", weights_mode, "--block-ms", "250",
+                "--temperature", "1.0", *(["--reward", reward] if reward else []), "--weights-mode", weights_mode,
+                "--block-ms", "250",
                 "--drain-timeout", "5", *engine_args(engine), *extra]
         fleet.append(WorkerProcess(worker_id, argv, log_dir / f"{worker_id}.log", cpus).start())
     return fleet

@@ -69,6 +69,7 @@ class StepRecord:
     wait_s: float = 0.0      # waiting for a lease (the trainer idle: generation is behind)
     compute_s: float = 0.0   # tensors, forward, backward, optimizer step, commit
     publish_s: float = 0.0   # weights folder + hold + version (+ checkpoint)
+    metric: float | None = None  # the task's own per-sample metric (an environment's final "metric"), mean
 
 
 @dataclass
@@ -166,7 +167,7 @@ class GrpoTrainer:
         record = StepRecord(step, time.monotonic() - self.state.started_at, float(batch.rewards.mean()),
                             len(batch.entry_ids), batch.num_response_tokens, int(staleness.max()),
                             float(staleness.mean()), metrics["loss"], metrics["ratio_mean"], batch.entry_ids,
-                            wait_s, computed - began, time.monotonic() - computed)
+                            wait_s, computed - began, time.monotonic() - computed, _task_metric(lease.groups))
         with self.state.lock:
             self.state.records.append(record)
         if self.on_step:
@@ -216,3 +217,15 @@ def load_optimizer(optimizer: Any, folder: Path) -> None:
 
 
 __all__ = ["GrpoSettings", "GrpoTrainer", "StepRecord", "TrainerState", "load_optimizer", "save_optimizer"]
+
+
+def _task_metric(groups: Any) -> float | None:
+    """Mean over samples of the ``metric`` their environment recorded in its last step (None: none did)."""
+    values = []
+    for g in groups:
+        for s in g.samples:
+            steps = (s.metadata or {}).get("steps") or []
+            last = steps[-1] if steps else None
+            if isinstance(last, dict) and isinstance(last.get("metric"), (int, float)):
+                values.append(float(last["metric"]))
+    return sum(values) / len(values) if values else None

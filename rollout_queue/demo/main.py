@@ -16,7 +16,7 @@ from typing import Any
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.demo.fleet import vllm_available
 from rollout_queue.demo.run import DemoOptions, DemoRun, RunResult
-from rollout_queue.demo.task import TASK
+from rollout_queue.demo.task import demo_task
 
 ENGINE_NOTE = {
     "vllm": "vLLM (CPU build here): ~10-40 s and ~1 GiB per worker to start, then fast generation",
@@ -49,10 +49,10 @@ def build_model(run_dir: Path) -> Path:
     return build_tiny_model(run_dir / "tiny-model")
 
 
-def run_demo(*, url: str | None, engine: str, steps: int, batch_groups: int, n: int, max_tokens: int, lr: float,
-             max_staleness: int | None, kill_worker_after: float | None, compare: bool, target: float, seed: int,
-             keep: bool, console: Any) -> int:
-    """Run the demo; returns the exit status."""
+def run_demo(*, url: str | None, engine: str, steps: int | None, batch_groups: int, n: int, max_tokens: int | None,
+             lr: float, max_staleness: int | None, kill_worker_after: float | None, compare: bool,
+             target: float | None, seed: int, keep: bool, console: Any, task: str = "digits") -> int:
+    """Run the demo; returns the exit status. ``steps``, ``max_tokens`` and ``target`` None: the task's."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
         os.environ.setdefault(name, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -64,13 +64,17 @@ def run_demo(*, url: str | None, engine: str, steps: int, batch_groups: int, n: 
     try:
         url = url or server.url  # type: ignore[union-attr]
         chosen = choose_engine(engine)
-        console.print(f"[bold]task[/]: {TASK}")
+        spec = demo_task(task)
+        target = spec.target if target is None else target
+        steps = spec.steps if steps is None else steps
+        max_tokens = spec.max_tokens if max_tokens is None else max_tokens
+        console.print(f"[bold]task[/]: {spec.description}")
         console.print(f"[bold]engine[/]: {ENGINE_NOTE.get(chosen, chosen)}")
         console.print(f"[bold]redis[/]: {url} ({'private server, AOF on, stopped at exit' if server else 'given'})")
         model_dir = build_model(run_dir)
         base = DemoOptions(url=url, engine=chosen, model_dir=model_dir, run_dir=run_dir, steps=steps,
                            batch_groups=batch_groups, n=n, max_tokens=max_tokens, lr=lr, max_staleness=max_staleness,
-                           kill_worker_after=kill_worker_after, target=target, seed=seed)
+                           kill_worker_after=kill_worker_after, target=target, seed=seed, task=task)
         for options in plan_runs(base, compare):
             results.append(DemoRun(options, console).execute())
         for result in results:
@@ -114,6 +118,7 @@ def print_summary(console: Any, r: RunResult) -> None:
     rows = [
         ("reward at start (mean of first 3 steps)", f"{r.reward_at(False):.3f}"),
         ("reward at end (mean of last 3 steps)", f"{r.reward_at(True):.3f}"),
+        *_metric_rows(r),
         (f"steps / seconds to reward >= {o.target}",
          f"{reached.step} / {reached.elapsed_s:.1f}s" if reached else "not reached"),
         ("optimizer steps", f"{len(r.records)} of {o.steps}"),
@@ -136,6 +141,15 @@ def print_summary(console: Any, r: RunResult) -> None:
     for label, value in rows:
         table.add_row(label, value)
     console.print(table)
+
+
+def _metric_rows(r: RunResult) -> list[tuple[str, str]]:
+    """The task's own metric at start and end (tools: the secret rate, which needs the observation)."""
+    name = demo_task(r.options.task).metric
+    start, end = r.metric_at(False), r.metric_at(True)
+    if name is None or start is None or end is None:
+        return []
+    return [(f"{name} at start / end (mean of 3 steps)", f"{start:.3f} / {end:.3f}")]
 
 
 def print_comparison(console: Any, results: list[RunResult]) -> None:

@@ -26,7 +26,7 @@ from rollout_queue.demo.dashboard import Dashboard, Events
 from rollout_queue.demo.fleet import WorkerProcess, split_cpus, start_workers
 from rollout_queue.demo.grpo import GrpoSettings, GrpoTrainer, StepRecord, TrainerState
 from rollout_queue.demo.ledger import LedgerCheck, check_ledger
-from rollout_queue.demo.task import REWARD_SPEC, write_dataset
+from rollout_queue.demo.task import demo_task
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class DemoOptions:
     seed: int = 0
     worker_start_timeout_s: float = 300.0
     label: str = "async"
+    task: str = "digits"  # demo/task.py: digits, or tools (multi-turn trajectories against an environment)
     pin_cpus: bool = False  # --compare: trainer and workers on disjoint CPUs, like separate GPU pools
 
 
@@ -73,6 +74,12 @@ class RunResult:
     def reward_at(self, end: bool) -> float:
         window = self.rewards[-3:] if end else self.rewards[:3]
         return sum(window) / len(window) if window else 0.0
+
+    def metric_at(self, end: bool) -> float | None:
+        """The task's own metric (tools: the secret rate), mean of the first or last 3 steps."""
+        values = [r.metric for r in self.records if r.metric is not None]
+        window = values[-3:] if end else values[:3]
+        return sum(window) / len(window) if window else None
 
     @property
     def max_staleness_seen(self) -> int:
@@ -170,9 +177,11 @@ class DemoRun:
         o = self.o
         weights_mode = "abort" if o.max_staleness is None else "continue"
         split = self.split
+        task = demo_task(o.task)
         self.fleet.extend(start_workers(o.workers, url=o.url, queue=self.name, engine=o.engine, model_dir=o.model_dir,
-                                        log_dir=o.run_dir / self.name, reward=REWARD_SPEC, max_tokens=o.max_tokens,
-                                        weights_mode=weights_mode, cpus=split[1] if split else None))
+                                        log_dir=o.run_dir / self.name, reward=task.reward, max_tokens=o.max_tokens,
+                                        weights_mode=weights_mode, cpus=split[1] if split else None,
+                                        extra=task.worker_args(o.max_tokens)))
         pinned = f", workers on CPUs {sorted(split[1])}, trainer on {sorted(split[0])}" if split else ""
         self.events.add(f"started {o.workers} {o.engine} workers (weights mode {weights_mode}{pinned})")
 
@@ -187,9 +196,10 @@ class DemoRun:
         from transformers import AutoTokenizer
 
         o = self.o
-        path = write_dataset(o.run_dir / self.name / "prompts.jsonl", o.steps * o.batch_groups)
+        task = demo_task(o.task)
+        path = task.write_dataset(o.run_dir / self.name / "prompts.jsonl", o.steps * o.batch_groups, o.seed)
         plan = ProducePlan(name="demo", n=o.n, prompt_field="prompt", shuffle=True, seed=o.seed,
-                           metadata_fields=("id",))
+                           metadata_fields=task.metadata_fields)
         return load_records(path), plan, AutoTokenizer.from_pretrained(o.model_dir)
 
     def _produce(self, records: Any, plan: ProducePlan, tokenizer: Any) -> None:

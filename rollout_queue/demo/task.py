@@ -1,4 +1,6 @@
-"""The demo's task: teach a randomly initialised tiny model to answer in digits.
+"""The demo's tasks: ``digits`` (the default, below) and ``tools`` (multi-turn, tools_task.py).
+
+The ``digits`` task: teach a randomly initialised tiny model to answer in digits.
 
 Every prompt asks for a number; the reward of a sample is the share of its non-space characters
 that are digits (0.0 - 1.0). The tiny model's byte-level vocabulary has about 23 digit tokens out
@@ -12,8 +14,9 @@ so it must stay importable without torch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -46,3 +49,41 @@ def write_dataset(path: Path, count: int) -> Path:
         for i, prompt in enumerate(prompts(count)):
             f.write(orjson.dumps({"id": f"q{i}", "prompt": prompt}) + b"\n")
     return path
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """What the demo needs to know of a task: its dataset, what the workers run, and its defaults."""
+
+    name: str
+    description: str
+    write_dataset: Callable[[Path, int, int], Path]  # (path, count, seed) -> path
+    metadata_fields: tuple[str, ...]                # dataset columns kept in each group's metadata
+    reward: str | None                              # the workers' --reward (None: the environment's)
+    target: float                                   # the reward --compare measures time to
+    metric: str | None = None                       # name of the per-sample "metric" an environment records
+    env: str | None = None                          # the workers' --env
+    steps: int = 80                                 # default optimizer steps
+    max_tokens: int = 16                            # default tokens per model turn
+
+    def worker_args(self, max_tokens: int) -> list[str]:
+        """The task's worker options beyond the demo's own (a multi-turn task's environment and limits)."""
+        if self.env is None:
+            return []
+        return ["--env", self.env, "--max-turns", "2", "--trajectory-tokens", str(2 * max_tokens + 64)]
+
+
+def _tools() -> DemoTask:
+    from rollout_queue.demo import tools_task
+
+    return DemoTask("tools", tools_task.TASK, tools_task.write_dataset, ("id", "mode"), None, 0.8,
+                    tools_task.METRIC, tools_task.ENV_SPEC, steps=120, max_tokens=3)
+
+
+def demo_task(name: str) -> DemoTask:
+    """The task called ``name`` (``digits`` or ``tools``); ValueError for any other."""
+    if name == "digits":
+        return DemoTask("digits", TASK, lambda path, count, seed: write_dataset(path, count), ("id",), REWARD_SPEC, 0.8)
+    if name == "tools":
+        return _tools()
+    raise ValueError(f"unknown demo task {name!r}: choose digits or tools")
