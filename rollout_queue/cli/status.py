@@ -27,7 +27,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     partitioned queue the top level is the sum, and ``partitions`` lists each partition's own
     (``{"partition": name, "unreachable": true}`` for one that did not answer)."""
     out = {**to_json(snap.stats), "attempts": to_json(snap.pel.attempts), "pel_states": to_json(snap.pel.states),
-           "pel_truncated": snap.pel.truncated, "buffer_staleness": list(snap.buffer_staleness),
+           "pel_truncated": snap.pel.truncated, "buffer_staleness": [list(x) for x in snap.buffer_staleness],
            "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain),
            "holds": to_json(snap.holds), "oldest_ms": {s: snap.oldest_ms(s) for s in render.WAITING},
            "samples": {"tokens": distribution_json(snap.sample_tokens),

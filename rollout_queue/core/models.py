@@ -475,6 +475,9 @@ class QueueStats:
     #: count); None before the first commit. A growing value with groups completed means the trainer
     #: is stalled.
     since_commit_ms: int | None = None
+    #: The buffer by oldest sample version: (min_version, completed groups) pairs, oldest first
+    #: (stats.lua lists at most 64 distinct versions; newer groups are counted at the 65th).
+    buffer_versions: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

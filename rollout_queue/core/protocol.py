@@ -492,6 +492,17 @@ _STATS = ("meta", "server_ms", "length", "ready", "buffer", "workers_alive", "wo
           "dlq", "commits", "bufvers", "ledger_lines", "source_ids", "outages", "submitted")
 
 
+def _version_counts(items: Sequence[Any]) -> tuple[tuple[int, int], ...]:
+    """stats.lua's {v, count, ...}: (min version, buffered groups) pairs, oldest first. Strict: the
+    script writes only versions in 0..2^21-1 and counts >= 1 (ProtocolError for anything else)."""
+    if len(items) % 2:
+        raise ProtocolError(f"stats: buffer versions must come in (version, count) pairs, got {len(items)} items")
+    pairs = [(_int(items[i]), _int(items[i + 1])) for i in range(0, len(items), 2)]
+    if any(not (0 <= v < 2**21 and c >= 1) for v, c in pairs):
+        raise ProtocolError(f"stats: bad buffer version counts {pairs[:4]!r}")
+    return tuple(pairs)
+
+
 @_shaped
 def parse_stats(reply: Any) -> QueueStats:
     """stats: one consistent snapshot. Lenient on the meta hash (garbage written there by hand is
@@ -505,8 +516,9 @@ def parse_stats(reply: Any) -> QueueStats:
 
     published = "version" in meta
     ver = n("version")
-    versions = [int(v) for v in f["bufvers"] if 0 <= int(v) < 2**21]  # another bufver score is a ghost (by hand)
-    stale = [ver - v for v in versions] if published else []
+    buffered = _version_counts(f["bufvers"])
+    stale = [(ver - v, c) for v, c in buffered] if published else []
+    stale_groups = sum(c for _, c in stale)
     retained, kept = n("retained"), n("kept")
     evictions = {k: n(f"evicted_{k}") for k in ("stale", "overflow")}
     terminals = {k: n(k) for k in ("failed", "malformed", "aborted", "lost", "expired", "rolled_back")}
@@ -524,8 +536,9 @@ def parse_stats(reply: Any) -> QueueStats:
         committed=n("committed"), filtered=n("filtered"), dead=n("dead"), version=ver, version_published=published,
         submitted=f["submitted"], kept=kept, workers_alive=f["workers_alive"], workers_silent=f["workers_silent"],
         active_leases=f["leases"], active_holds=f["holds"],
-        staleness_max=max(stale) if stale else None,
-        staleness_mean=sum(stale) / len(stale) if stale else None,
+        staleness_max=max(s for s, _ in stale) if stale else None,
+        staleness_mean=sum(s * c for s, c in stale) / stale_groups if stale_groups else None,
+        buffer_versions=buffered,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
         ledger_lines=f["ledger_lines"], source_ids=f["source_ids"], outages=f["outages"],
         since_commit_ms=None if last_commit is None else max(0, f["server_ms"] - last_commit),

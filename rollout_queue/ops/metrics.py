@@ -71,11 +71,17 @@ def _counter(name: str, doc: str, labels: Sequence[str], rows: Iterable[tuple[Se
 
 
 def _gauge_histogram(name: str, doc: str, base: Base, values: Sequence[float], bounds: Sequence[float]) -> Metric:
-    """A histogram of values that exist now (buffered groups, PEL entries): cumulative buckets."""
-    buckets = [(floatToGoString(b), float(sum(1 for v in values if v <= b))) for b in bounds]
-    buckets.append(("+Inf", float(len(values))))
+    """A histogram of values that exist now (PEL entries): cumulative buckets."""
+    return _counted_histogram(name, doc, base, [(v, 1) for v in values], bounds)
+
+
+def _counted_histogram(name: str, doc: str, base: Base, counts: Sequence[tuple[float, int]],
+                       bounds: Sequence[float]) -> Metric:
+    """The same from (value, how many) pairs (the buffer's staleness, counted in Redis)."""
+    buckets = [(floatToGoString(b), float(sum(n for v, n in counts if v <= b))) for b in bounds]
+    buckets.append(("+Inf", float(sum(n for _, n in counts))))
     family = GaugeHistogramMetricFamily(name, doc, labels=list(base[0]))
-    family.add_metric(list(base[1]), buckets, gsum_value=float(sum(values)))
+    family.add_metric(list(base[1]), buckets, gsum_value=float(sum(v * n for v, n in counts)))
     return family
 
 
@@ -191,7 +197,7 @@ def _workers(rows: Sequence[WorkerView], base: Base) -> Metric:
 
 
 def _histograms(snap: Snapshot, base: Base) -> Iterator[Metric]:
-    yield _gauge_histogram("rollout_queue_buffer_staleness_versions", "Staleness (policy versions) of buffered groups.",
+    yield _counted_histogram("rollout_queue_buffer_staleness_versions", "Staleness (policy versions) of buffered groups.",
                            base, snap.buffer_staleness, STALENESS_BUCKETS)
     attempts = [float(k) for k, n in snap.pel.attempts.items() for _ in range(n)]
     yield _gauge_histogram("rollout_queue_pel_attempts", "Attempt number (delivery count) of PEL entries.",

@@ -90,8 +90,17 @@ def merge_snapshots(parts: Sequence[tuple[str, Snapshot | None]]) -> Snapshot:
     backlog = [s.backlog_oldest_ms for s in got if s.backlog_oldest_ms is not None]
     return Snapshot(stats, pel, tuple(w for s in got for w in s.workers), tuple(leases),
                     merge_drains([s.drain for s in got]),
-                    tuple(v for s in got for v in s.buffer_staleness), max(backlog, default=None),
+                    _sum_counts([s.buffer_staleness for s in got]), max(backlog, default=None),
                     tuple(h for s in got for h in s.holds), tuple(parts))
+
+
+def _sum_counts(parts: Sequence[Sequence[tuple[int, int]]]) -> tuple[tuple[int, int], ...]:
+    """(value, count) pairs of several partitions as one, summed per value."""
+    out: dict[int, int] = {}
+    for pairs in parts:
+        for value, n in pairs:
+            out[value] = out.get(value, 0) + n
+    return tuple(sorted(out.items()))
 
 
 def _most(maps: Sequence[Mapping[str, int]]) -> dict[str, int]:

@@ -313,7 +313,8 @@ class Snapshot:
     workers: tuple[WorkerView, ...]
     leases: tuple[LeaseView, ...]
     drain: DrainStatus
-    buffer_staleness: tuple[int, ...] = field(default=())
+    #: (staleness in policy versions, buffered groups) pairs, freshest first
+    buffer_staleness: tuple[tuple[int, int], ...] = field(default=())
     #: ms since the oldest backlog entry was submitted (server clock; None: no backlog)
     backlog_oldest_ms: int | None = None
     holds: tuple[HoldView, ...] = field(default=())

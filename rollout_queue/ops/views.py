@@ -266,17 +266,13 @@ def at_risk(keys: QueueKeys, within: int = 1, limit: int = PEL_LIMIT) -> Flow[tu
             return sorted(found, key=lambda c: (c.left, c.entry_id)), cursor != "0"
 
 
-def buffer_staleness(keys: QueueKeys) -> Flow[tuple[int, ...]]:
-    """Staleness of each buffered group (policy version - its oldest sample version); () before the
-    first published version, when staleness is unknown (DESIGN: Buffer and staleness)."""
-    version = number((yield p.Command(("HGET", keys["meta"], "version"))))
-    if version is None:
-        return ()  # unpublished (or garbage, which every script refuses: stats says so)
-    scores = _scored((yield p.Command(("ZRANGE", keys["bufver"], 0, -1, "WITHSCORES"))))
-    # bufver scores pack min_version * 2^32 + arrival (lua/include/buffer_score.lua); a score that is
-    # no such number (inf, written by hand) is a ghost the scripts drop: left out here.
-    packed = [number(score) for _, score in scores]
-    return tuple(max(0, version - v // 2**32) for v in packed if v is not None and v >= 0)
+def buffer_staleness(st: QueueStats) -> tuple[tuple[int, int], ...]:
+    """The buffer by staleness: (policy version - oldest sample version, groups) pairs, freshest
+    first, from the stats script's bounded per-version counts; () before the first published
+    version, when staleness is unknown (DESIGN: Buffer and staleness)."""
+    if not st.version_published:
+        return ()
+    return tuple(sorted((max(0, st.version - v), n) for v, n in st.buffer_versions))
 
 
 def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
@@ -286,7 +282,7 @@ def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
     ws = yield from workers(keys, pel)
     ls = yield from leases(keys)
     drain = yield from drain_status(keys)
-    return Snapshot(st, pel, tuple(ws), tuple(ls), drain, (yield from buffer_staleness(keys)),
+    return Snapshot(st, pel, tuple(ws), tuple(ls), drain, buffer_staleness(st),
                     backlog_oldest_ms=(yield from backlog_oldest(keys)), holds=tuple((yield from holds(keys))))
 
 

@@ -219,7 +219,7 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
         raise ValueError("no partition stats to aggregate")
     summed: dict[str, Any] = {}
     for f in fields(QueueStats):
-        if f.name in ("version", "staleness_max", "staleness_mean", "since_commit_ms"):
+        if f.name in ("version", "staleness_max", "staleness_mean", "since_commit_ms", "buffer_versions"):
             continue  # not sums: set below
         values = [getattr(s, f.name) for s in parts]
         if isinstance(values[0], bool):
@@ -236,6 +236,11 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
     summed["since_commit_ms"] = min(since) if since else None  # the latest commit on any partition
     summed["staleness_max"] = max(maxima) if maxima else None
     summed["staleness_mean"] = sum(m * n for m, n in weighted) / weight if weight else None
+    by_version: dict[int, int] = {}
+    for s in parts:
+        for v, n in s.buffer_versions:
+            by_version[v] = by_version.get(v, 0) + n
+    summed["buffer_versions"] = tuple(sorted(by_version.items()))
     # Config values in the counters: the split bounds are logical (the shares sum to them, and with a
     # partition unreachable only ``logical`` still knows them); the other fields are the same everywhere.
     shares = {k: v for k, v in parts[0].counters.items() if k in _CONFIG_FIELDS}

@@ -148,3 +148,30 @@ def test_a_submit_of_20k_groups_lets_other_calls_through(fresh_server: LocalServ
     assert q.stats().submitted == 20_000
     q.close()
     other.close()
+
+
+@pytest.mark.parametrize("distinct", [3, 100])
+def test_stats_counts_the_buffer_by_version_without_reading_it(fresh_server: LocalServer, distinct: int) -> None:
+    """stats over a 30k-group buffer: a first member and a ZCOUNT per distinct version (at most 64,
+    the newer rest counted at the 65th), never a read of the whole bufver set; the counts exact."""
+    q = RolloutQueue.from_url(fresh_server.url, "stats-big", QueueConfig(max_staleness=None))
+    q.publish_version(distinct - 1, "/w")
+    r = redis.Redis.from_url(fresh_server.url)
+    members = {f"9-{i}": (i % distinct) * 2**32 + i for i in range(30_000)}  # what buffer_score packs
+    for start in range(0, len(members), 5000):
+        r.zadd(q.keys["bufver"], dict(list(members.items())[start:start + 5000]))
+    st, cmds = monitored(fresh_server.url, q.stats)
+    reads = [c for c in cmds if "bufver" in " ".join(c)]
+    assert not any(c[0].strip('"').upper() in ("ZRANGE", "ZRANGEBYSCORE") and "LIMIT" not in " ".join(c).upper()
+                   for c in reads)
+    assert len(reads) <= 2 * 64 + 2
+    per = 30_000 // distinct
+    if distinct <= 64:
+        assert st.buffer_versions == tuple((v, per) for v in range(distinct))
+        assert st.staleness_max == distinct - 1 and st.staleness_mean == pytest.approx((distinct - 1) / 2)
+    else:  # 64 listed, the 36 newer versions counted together at version 64
+        assert st.buffer_versions[:64] == tuple((v, per) for v in range(64))
+        assert st.buffer_versions[64] == (64, 30_000 - 64 * per)
+        assert st.staleness_max == distinct - 1
+    r.close()
+    q.close()

@@ -49,7 +49,7 @@ def test_stats_json_counts_every_state(cli: Cli, shared_state: KnownState, resp:
     assert (s["backlog"], s["ready"], s["executing_groups"], s["completed"], s["leased"], s["committed"], s["dead"]) \
         == (2, 1, 2, 1, 1, 1, 1)
     assert s["executing_samples"] == 4 and s["retained"] == 5 and s["version"] == 3
-    assert s["staleness_max"] == 1 and s["buffer_staleness"] == [1]
+    assert s["staleness_max"] == 1 and s["buffer_staleness"] == [[1, 1]]  # (staleness, groups)
     assert s["attempts"] == {"1": 5} and s["pel_states"] == {"executing": 2, "ready": 1, "completed": 1, "leased": 1}
     assert s["terminals"]["failed"] == 3
     assert {w["worker_id"]: w["alive"] for w in s["workers"]} == {ALIVE: True, SILENT: False}

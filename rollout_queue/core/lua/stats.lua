@@ -18,20 +18,48 @@ ARGV:
   (none)
 Returns:
   {'ok', {meta name, value, ...}, server_ms, stream length, ready, buffer, workers alive, workers
-   silent, active leases, active holds, dlq length, commits length, buffer min versions {v, ...},
-   ledger lines, source_ids, outages seen by the queue clock, submitted}
+   silent, active leases, active holds, dlq length, commits length,
+   buffered groups per min version {v, count, ...} (oldest first), ledger lines, source_ids, outages
+   seen by the queue clock, submitted}
 Invariant:
-  none (read-only); counts come from one atomic script so they agree with each other.
+  none (read-only); counts come from one atomic script so they agree with each other. Bounded
+  whatever the queue's size: every call is O(1) or O(log N), and the buffer's versions are read one
+  distinct version at a time (a first member and a ZCOUNT each), at most MAX_VERSIONS of them; the
+  groups newer than the last one listed are counted at the version after it (only a buffer holding
+  more than MAX_VERSIONS distinct versions, max_staleness >= 64, has any).
 ]]
 -- @include now_ms
 -- @include load_config
+-- @include buffer_score
+local MAX_VERSIONS = 64
+
+-- {v, count, ...} of the buffered groups, oldest version first (see the invariant). A member whose
+-- score is no version (negative or beyond 2^21, written by hand) is a ghost: not counted.
+local function buffer_versions()
+  local out, low = {}, 0
+  for _ = 1, MAX_VERSIONS do
+    local first = redis.call('ZRANGEBYSCORE', K.bufver, fmt_score(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if #first == 0 then return out end
+    local v = score_min_version(first[2])
+    if not (v >= 0 and v < 2097152) then return out end
+    local high = (v + 1) * VERSION_SHIFT
+    out[#out + 1] = v
+    out[#out + 1] = redis.call('ZCOUNT', K.bufver, fmt_score(low), '(' .. fmt_score(high))
+    low = high
+  end
+  local rest = redis.call('ZCOUNT', K.bufver, fmt_score(low), '(' .. fmt_score(2097152 * VERSION_SHIFT))
+  if rest > 0 then
+    out[#out + 1] = score_min_version(low)
+    out[#out + 1] = rest
+  end
+  return out
+end
+
 local now = now_ms(true)
 local cfg = load_config()
 local due = due_now(cfg, now)
 local cutoff = due - cfg.worker_timeout_ms
-local versions = {}
-local scores = redis.call('ZRANGE', K.bufver, 0, -1, 'WITHSCORES')
-for i = 2, #scores, 2 do table.insert(versions, math.floor(tonumber(scores[i]) / 4294967296)) end
+local versions = buffer_versions()
 return {'ok', redis.call('HGETALL', K.meta), now, redis.call('XLEN', K.src), redis.call('ZCARD', K.ready),
   redis.call('ZCARD', K.buffer), redis.call('ZCOUNT', K.workers, cutoff, '+inf'),
   redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCOUNT', K.leases, 1, '+inf'),
