@@ -96,11 +96,13 @@ def run_processes(cluster: LocalCluster, tmp_path: Path, kill_master: bool) -> N
         wait_until(lambda: q.stats().submitted >= 12, 30, interval=0.05, message="the producer to get going")
         first.send_signal(signal.SIGKILL)  # mid-run: the restarted producer resumes from its partition cursors
         first.communicate()
-        wait_until(lambda: q.worker("w-doomed").owned(), 30, interval=0.05,  # read-only: the PELs
+        # Restarted before the doomed worker must hold work: on a loaded machine the steady worker can
+        # drain the first producer's 12 groups before the doomed one has started.
+        second = produce()
+        wait_until(lambda: q.worker("w-doomed").owned(), 60, interval=0.05,  # read-only: the PELs
                    message="the doomed worker to hold work")
         doomed.send_signal(signal.SIGKILL)  # the reaper requeues its work after worker_timeout_s
         doomed.communicate()
-        second = produce()
         if kill_master:
             wait_until(lambda: q.stats().committed >= 4, 30, interval=0.05, message="training to start")
             # a master the URL does not name: a process that (re)connects meanwhile finds the cluster
