@@ -85,14 +85,9 @@ class AttemptExecutor:
     async def _single(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig) -> Output:
         """A single-turn sample: one engine request."""
         rid = a.request_id(slot)
-        seen = self.versions.track(rid)
-        a.rids.add(rid)
         started = time.monotonic()
-        try:
+        with self.versions.request(rid, a.rids) as seen:
             if a.abort_reason is not None:
                 return Output((), (), "abort", tuple(seen))
             out = await self.engine.generate(rid, prompt, params)
             return Output.of(out, seen, time.monotonic() - started)
-        finally:
-            self.versions.untrack(rid)
-            a.rids.discard(rid)

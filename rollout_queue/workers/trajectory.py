@@ -36,7 +36,7 @@ from rollout_queue.core.models import MODEL, OBSERVATION, Turn, check_trajectory
 from rollout_queue.workers.attempt import Attempt, Output
 from rollout_queue.workers.engines.base import Engine, SamplingConfig
 from rollout_queue.workers.environments import EnvironmentHost, ModelTurn
-from rollout_queue.workers.tasks import cancel
+from rollout_queue.workers.tasks import cancel, wait_tasks
 from rollout_queue.workers.versions import PolicyVersions
 
 T = TypeVar("T")
@@ -118,9 +118,7 @@ class TrajectoryRunner:
                     deadline: float) -> tuple[Any, tuple[int, ...]]:
         """One model turn: (engine output, versions it ran under), or (None, ()) at the deadline."""
         rid = f"{a.request_id(slot)}#{index}"
-        seen = self.versions.track(rid)
-        a.rids.add(rid)
-        try:
+        with self.versions.request(rid, a.rids) as seen:
             if a.abort_reason is not None:
                 raise TrajectoryAborted
             try:
@@ -131,9 +129,6 @@ class TrajectoryRunner:
             if out.finish_reason == "abort":
                 raise TrajectoryAborted
             return out, tuple(seen)
-        finally:
-            self.versions.untrack(rid)
-            a.rids.discard(rid)
 
     async def _until_aborted(self, a: Attempt, work: Awaitable[T], deadline: float | None = None) -> Any:
         """``await work``, unless the attempt is aborted first (TrajectoryAborted) or ``deadline``
@@ -143,13 +138,8 @@ class TrajectoryRunner:
                 work.close()
             raise TrajectoryAborted
         task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(a.aborted.wait())
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            await asyncio.wait((task, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await cancel([stop])
-        if not task.done():
+        timeout = math.inf if deadline is None else max(0.0, deadline - time.monotonic())
+        if await wait_tasks([task], timeout, a.aborted):
             await cancel([task])
             if a.abort_reason is not None:
                 raise TrajectoryAborted

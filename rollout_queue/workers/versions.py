@@ -24,6 +24,8 @@ and the runtime decides (such a load leaves the engine's weights unknown, so it 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Awaitable, Callable, Literal
 
 from rollout_queue import HeartbeatInfo
@@ -80,6 +82,18 @@ class PolicyVersions:
 
     def untrack(self, request_id: str) -> None:
         del self._seen[request_id]
+
+    @contextmanager
+    def request(self, request_id: str, rids: set[str]) -> Iterator[list[int]]:
+        """One engine request of an attempt: its versions tracked and its id in ``rids`` (what an abort
+        aborts) while the block runs; yields the growing list of versions it ran under."""
+        seen = self.track(request_id)
+        rids.add(request_id)
+        try:
+            yield seen
+        finally:
+            self.untrack(request_id)
+            rids.discard(request_id)
 
     async def follow(self, abort_generating: Callable[[str], Awaitable[None]]) -> None:
         """Load every newer version noticed, until cancelled. Raises what a load raises."""
