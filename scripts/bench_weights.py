@@ -4,7 +4,8 @@ For each model size (a random-init Llama built locally, fp32), a trainer-side ``
 publishes versions into a private Redis and 1 or 2 torch-engine workers load each one
 (concurrently, as separate workers would) and generate a token on it. Per transport it prints:
 
-- ``publish s``: writing the version folder(s) and recording the version through a hold;
+- ``publish s``: writing the version folder(s) and recording the version through a hold (for
+  ``dist``: the push round, the record, then the fallback delta, which no worker waits for);
 - ``pause s``: the longest time a worker's engine could not step (its ``load_weights``);
 - ``to new s``: publish + the slowest worker's load + its first token on the new version;
 - ``x folder``: ``to new s`` over the folder transport's in the same run (lower is better).
@@ -12,6 +13,8 @@ publishes versions into a private Redis and 1 or 2 torch-engine workers load eac
 Each step changes a fraction of the tensors (``--changed``, default 0.25 and 1.0: a run that
 freezes most of the model, such as embeddings and early layers, and a full fine-tune). With
 every tensor changed, the delta transport writes a full version (its rule), so its ratio is ~1.
+``dist`` broadcasts over gloo (``WeightPush``, the queue as the rendezvous) to engines that join each
+round, as the worker's PushFollower does, and they apply the staged tensors once it is recorded.
 
     python scripts/bench_weights.py                  # tiny, 25M and 200M parameters (~3 min)
     python scripts/bench_weights.py --sizes tiny --workers 1
@@ -71,24 +74,40 @@ async def measure(model_dir: Path, transport: str, workers: int, fraction: float
     one = SamplingConfig(max_tokens=1, temperature=0)
     rows: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-weights-") as root:
-        publisher = WeightPublisher(queue, root, transport=transport)  # type: ignore[arg-type]
+        push = None
+        if transport == "dist":
+            from rollout_queue.weights.push import WeightPush
+
+            for i in range(workers):
+                queue.worker(f"bench-{i}").heartbeat()  # live: the round seals once all joined
+            push = WeightPush(queue, join_s=10, deadline_s=120, host="127.0.0.1")
+        publisher = WeightPublisher(queue, root, transport=transport, push=push)  # type: ignore[arg-type]
         try:
             for version in range(1, versions + 2):  # version 1 is full for every transport: not counted
                 perturb(model, fraction, version)
                 os.sync()  # outside the timing: every write starts with no dirty pages left by the last
                 began = time.perf_counter()
-                uri = publisher.publish(model, version)
-                published = time.perf_counter()
+                if transport == "dist":
+                    publishing = asyncio.create_task(asyncio.to_thread(publisher.publish, model, version))
+                    pauses = await asyncio.gather(*(
+                        pushed(queue, engine, f"bench-{i}", version, f"v{version}-{i}")
+                        for i, engine in enumerate(engines)))
+                    done = time.perf_counter()
+                    await publishing
+                    published = time.perf_counter()
+                else:
+                    uri = publisher.publish(model, version)
+                    published = time.perf_counter()
 
-                async def follow(engine: TorchEngine, tag: str) -> float:
-                    start = time.perf_counter()
-                    await engine.load_weights(uri)
-                    pause = time.perf_counter() - start
-                    await engine.generate(tag, [1, 2, 3], one)
-                    return pause
+                    async def follow(engine: TorchEngine, tag: str) -> float:
+                        start = time.perf_counter()
+                        await engine.load_weights(uri)
+                        pause = time.perf_counter() - start
+                        await engine.generate(tag, [1, 2, 3], one)
+                        return pause
 
-                pauses = await asyncio.gather(*(follow(e, f"v{version}-{i}") for i, e in enumerate(engines)))
-                done = time.perf_counter()
+                    pauses = await asyncio.gather(*(follow(e, f"v{version}-{i}") for i, e in enumerate(engines)))
+                    done = time.perf_counter()
                 assert publisher.last is not None
                 if version > 1:
                     rows.append({"publish_s": published - began, "pause_s": max(pauses), "to_new_s": done - began,
@@ -97,6 +116,25 @@ async def measure(model_dir: Path, transport: str, workers: int, fraction: float
             for engine in engines:
                 await engine.close()
     return {key: sorted(r[key] for r in rows)[len(rows) // 2] for key in rows[0]}
+
+
+async def pushed(queue: Any, engine: Any, worker_id: str, version: int, tag: str) -> float:
+    """One worker of the dist transport, as its PushFollower and PolicyVersions do it: join the
+    round, receive, wait for the version's record, apply the staged tensors, generate. Returns the
+    pause (the apply)."""
+    from rollout_queue.workers.engines.base import SamplingConfig
+
+    worker = queue.worker(worker_id)
+    while (ticket := await asyncio.to_thread(worker.join_push, 0, version - 1)) is None:
+        await asyncio.sleep(0.002)
+    await engine.receive_push(ticket)
+    while await asyncio.to_thread(lambda: queue.version) < version:  # the record's notice, in a worker
+        await asyncio.sleep(0.002)
+    start = time.perf_counter()
+    await engine.load_weights(ticket.uri)
+    pause = time.perf_counter() - start
+    await engine.generate(tag, [1, 2, 3], SamplingConfig(max_tokens=1, temperature=0))
+    return pause
 
 
 def main() -> None:

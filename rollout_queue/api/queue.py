@@ -27,7 +27,7 @@ from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.keys import QueueKeys
-from rollout_queue.core.models import DeadLetter, QueueStats, ReapReport, SourceGroup
+from rollout_queue.core.models import DeadLetter, PushSeal, QueueStats, ReapReport, SourceGroup
 from rollout_queue.core.policy import Durability, RetryPolicy
 from rollout_queue.drivers.cluster import connect, redis_options
 from rollout_queue.drivers.transport import Driver, driver_for
@@ -195,6 +195,24 @@ class RolloutQueue:
 
     def _hold(self, hold_id: str, timeout_s: float | None, holder: str, reason: str) -> Flow[Hold]:
         return Hold(self, hold_id, (yield from pf.hold_open(self.layout, hold_id, timeout_s, holder, reason)))
+
+    # -- rounds of a torch.distributed weights push (rollout_queue.weights.push drives them) --------
+    # They live on the first partition, whose versions channel every worker listens to.
+
+    def open_push(self, version: int, uri: str, addr: str, backend: str = "gloo", join_s: float = 2.0,
+                  deadline_s: float = 60.0) -> Result[int]:
+        """Open a round pushing ``version`` (to be recorded with ``uri``) from the rendezvous store at
+        ``addr``; returns its epoch. Workers may join for ``join_s``; the round ends by ``deadline_s``."""
+        return self.run(flows.push_open(self.layout.keys[0], version, uri, addr, backend, join_s, deadline_s))
+
+    def seal_push(self, epoch: int, expect: int = 0) -> Result[PushSeal | None | tuple[int, int]]:
+        """Fix round ``epoch``'s members once ``expect`` workers joined (0: every live worker) or its join
+        window passed; (joined, expected) while it is still joinable; None if it was superseded."""
+        return self.run(flows.push_seal(self.layout.keys[0], epoch, expect))
+
+    def close_push(self, epoch: int, outcome: str, acked: int, dropped: int) -> Result[bool]:
+        """Record how round ``epoch`` ended (done, partial, failed, empty)."""
+        return self.run(flows.push_close(self.layout.keys[0], epoch, outcome, acked, dropped))
 
     def checkpoint(self, step: int) -> Result[int]:
         """A model checkpoint covers ``step``: drop the data committed at or before it."""

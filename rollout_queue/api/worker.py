@@ -13,7 +13,7 @@ from rollout_queue.api.results import Result
 from rollout_queue.core import flows
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import HeartbeatInfo, Receipt, Reservation, Sample, check_worker_id
-from rollout_queue.core.models import OwnedAttempt, Progress
+from rollout_queue.core.models import OwnedAttempt, Progress, PushTicket
 from rollout_queue.core.protocol import CompletionOutcome
 from rollout_queue.scale import flows as pf
 from rollout_queue.scale.layout import Selector
@@ -81,6 +81,12 @@ class Worker:
         """Requeue all owned work (terminal 'aborted', or 'lost' after a fatal engine error) on every
         partition and deregister. Returns (requeued, dead-lettered)."""
         return self.queue.run(pf.close_worker(self.queue.layout, self.worker_id, terminal, reason))
+
+    def join_push(self, epoch: int = 0, newer_than: int = -1) -> Result[PushTicket | None]:
+        """Join round ``epoch`` of a weights push (0: whichever is joinable now) if its version is
+        newer than ``newer_than``; None if none is. A member must then receive (weights.push.receive):
+        the round waits for it until its deadline."""
+        return self.queue.run(flows.push_join(self.queue.layout.keys[0], self.worker_id, epoch, newer_than))
 
     def _keys(self, receipt: Receipt) -> QueueKeys:
         return pf.settle_keys(self.queue.layout, receipt, self.worker_id)

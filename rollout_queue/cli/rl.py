@@ -145,7 +145,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = GrpoSettings(steps=args.steps, batch_groups=args.batch_groups, lr=args.lr,
                             checkpoint_every=args.checkpoint_every, lease_timeout_s=args.lease_timeout,
                             threads=args.threads, device=args.device, trainer_id=args.trainer_id,
-                            weights_transport=args.weights_transport, weights_uri_base=args.weights_uri_base)
+                            weights_transport=args.weights_transport, weights_uri_base=args.weights_uri_base,
+                            weights_upload=args.weights_upload, push_backend=args.push_backend, push_join_s=args.push_join, push_deadline_s=args.push_deadline)
     trainer = GrpoTrainer(q, args.model, args.weights_dir, settings, checkpoint_dir=args.checkpoint_dir,
                           stop=_stop_on_signals(),
                           on_step=lambda r: log_action(args, "step", "train", step=r.step, reward=round(r.reward, 4),
@@ -223,10 +224,21 @@ def _add_train(sub: Any) -> None:
     p = sub.add_parser("train", help="run the GRPO trainer on the queue (docker-compose's trainer service)")
     p.add_argument("--model", required=True, help="initial policy: a save_pretrained folder")
     p.add_argument("--weights-dir", required=True, help="shared folder the workers load published weights from")
-    p.add_argument("--weights-transport", choices=("folder", "delta"), default="folder",
-                   help="folder: each version in full; delta: only the tensors that changed (a full one every 8)")
+    p.add_argument("--weights-transport", choices=("folder", "delta", "dist"), default="folder",
+                   help="folder: each version in full; delta: only the tensors that changed (a full one every 8); "
+                        "dist: pushed over torch.distributed to the workers that join, written as deltas too")
+    p.add_argument("--push-backend", choices=("gloo", "nccl"), default="gloo",
+                   help="dist: gloo (CPU tensors) or nccl (GPU tensors); workers reach this process at "
+                        "$ROLLOUT_PUSH_HOST (default: its host name)")
+    p.add_argument("--push-join", type=float, default=2.0, metavar="S",
+                   help="dist: seconds workers may join a round (it starts once every live worker joined)")
+    p.add_argument("--push-deadline", type=float, default=60.0, metavar="S",
+                   help="dist: the longest a round may take; a worker not done by then loads the folder")
     p.add_argument("--weights-uri-base", default=None, metavar="URI",
                    help="where workers fetch --weights-dir from (https://..., s3://...), for workers without shared storage")
+    p.add_argument("--weights-upload", action="store_true",
+                   help="copy every version to --weights-uri-base (an object store, credentials as fsspec/AWS "
+                        "variables) before recording it; without it, serve or sync --weights-dir there yourself")
     p.add_argument("--checkpoint-dir", default=None, help="model+optimizer checkpoints; resumes from the newest")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--steps", type=int, default=1000)

@@ -40,6 +40,8 @@ KEY_SUFFIXES: dict[str, str] = {
     "progress": "progress",
     "reaped": "reaped",
     "holders": "holders",
+    "push": "push",
+    "push_members": "push:members",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

@@ -438,6 +438,31 @@ class HeartbeatInfo:
 
 
 @dataclass(frozen=True)
+class PushTicket:
+    """A worker's place in one round of a weights push (push_join.lua): its rank (the trainer is 0),
+    the version pushed and the folder URI it will be recorded with, where to rendezvous, and how
+    long the round has left (ms, from the server's clock)."""
+
+    epoch: int
+    rank: int
+    version: int
+    uri: str
+    addr: str
+    backend: str
+    remaining_ms: int
+
+
+@dataclass(frozen=True)
+class PushSeal:
+    """The fixed membership of a sealed round (push_seal.lua): ``world`` counts the trainer (rank 0);
+    ``members`` maps each worker id to its rank."""
+
+    epoch: int
+    world: int
+    members: dict[str, int]
+
+
+@dataclass(frozen=True)
 class QueueStats:
     """One consistent snapshot of a queue (DESIGN: stats). Group counts by state, then totals."""
 

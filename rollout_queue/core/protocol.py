@@ -41,7 +41,7 @@ from rollout_queue.core.errors import (
     VersionRegression,
 )
 from rollout_queue.core.keys import QueueKeys
-from rollout_queue.core.models import (CompletedGroup, DeadLetter, HeartbeatInfo, OwnedAttempt, Produced, QueueStats,
+from rollout_queue.core.models import (PushSeal, PushTicket, CompletedGroup, DeadLetter, HeartbeatInfo, OwnedAttempt, Produced, QueueStats,
                                        Receipt, SourceGroup)
 from rollout_queue.core.scripts import SCRIPTS, Script
 
@@ -408,6 +408,46 @@ def parse_publish_version(reply: Any, version: int, hold_id: str) -> bool:
     """publish_version: True if the version was new, False for a replay of the current one."""
     word, _ = _fields("publish_version", reply, {"version": version, "hold_id": hold_id}, _word, _int)
     return _one_of("publish_version", word, ("published", "replay")) == "published"
+
+
+@_shaped
+def parse_push_open(reply: Any, version: int) -> int:
+    """push_open: the new round's epoch."""
+    return _fields("push_open", reply, {"version": version}, _int)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_push_join(reply: Any) -> PushTicket | None:
+    """push_join: the worker's ticket, or None when no round is joinable."""
+    status, r = check(reply, ("ok", "closed"), {})
+    if status == "closed":
+        return None
+    epoch, rank, version, uri, addr, backend, remaining = _fields(
+        "push_join", reply, {}, _int, _int, _int, _word, _word, _word, _int)
+    return PushTicket(epoch, rank, version, uri, addr, backend, remaining)
+
+
+@_shaped
+def parse_push_seal(reply: Any, epoch: int) -> PushSeal | None | tuple[int, int]:
+    """push_seal: the sealed round; (joined, expected) while it is still joinable; None when the
+    round was superseded."""
+    status, r = check(reply, ("ok", "waiting", "closed"), {"epoch": epoch})
+    if status == "closed":
+        return None
+    if status == "waiting":
+        return _int(r[1]), _int(r[2])
+    members = {k: _int(v) for k, v in pairs(r[2:]).items()}
+    world = _int(r[1])
+    if sorted(members.values()) != list(range(1, world)):
+        raise ProtocolError(f"push_seal: ranks {sorted(members.values())} are not 1..{world - 1}")
+    return PushSeal(epoch, world, members)
+
+
+@_shaped
+def parse_push_close(reply: Any, epoch: int) -> bool:
+    """push_close: True if recorded, False when the round was superseded."""
+    status, _ = check(reply, ("ok", "closed"), {"epoch": epoch})
+    return status == "ok"
 
 
 @_shaped

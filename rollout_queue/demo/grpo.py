@@ -48,8 +48,12 @@ class GrpoSettings:
     device: str = "cpu"
     seed: int = 0
     trainer_id: str = "grpo-trainer"
-    weights_transport: Transport = "folder"  # or "delta": only the tensors that changed
+    weights_transport: Transport = "folder"  # or "delta": only the tensors that changed; "dist": pushed
+    push_backend: str = "gloo"  # dist: gloo (CPU tensors) or nccl (GPU tensors)
+    push_join_s: float = 2.0  # dist: how long workers may join a round
+    push_deadline_s: float = 60.0  # dist: the longest a round may take
     weights_uri_base: str | None = None  # workers fetch weights_dir from there (HTTP(S), S3): no shared storage
+    weights_upload: bool = False  # copy every version to weights_uri_base (an object store) before recording it
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,15 @@ class GrpoTrainer:
 
         self.queue, self.settings = queue, settings
         self.weights_dir = Path(weights_dir)
+        push = None
+        if settings.weights_transport == "dist":
+            from rollout_queue.weights.push import WeightPush
+
+            push = WeightPush(queue, backend=settings.push_backend, join_s=settings.push_join_s,
+                              deadline_s=settings.push_deadline_s)
         self.publisher = WeightPublisher(queue, weights_dir, transport=settings.weights_transport,
-                                         uri_base=settings.weights_uri_base)
+                                         uri_base=settings.weights_uri_base, push=push,
+                                         upload=settings.weights_upload)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.stop = stop or threading.Event()
         self.state = state or TrainerState()

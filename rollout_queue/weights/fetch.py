@@ -1,4 +1,4 @@
-"""Versions fetched from a remote store: workers that share no filesystem with the trainer.
+"""Versions in a remote store: workers that share no filesystem with the trainer.
 
 A weights URI with a scheme other than ``file`` (``http://``, ``https://``, ``s3://``, ``gs://``, any
 protocol ``fsspec`` knows with its driver installed) names a version folder in a store the trainer
@@ -16,6 +16,12 @@ Rules:
 4. The cache keeps the newest ``keep`` versions per store folder, chains included.
 
 The cache root is ``$ROLLOUT_WEIGHTS_CACHE`` or ``~/.cache/rollout-queue/weights``.
+
+The trainer's side (``upload``, ``remove_remote``): a version folder is copied to the store before
+it is recorded, its manifest last, so a worker that finds a manifest finds every file it names;
+versions pruned locally are removed from the store too. Credentials and endpoints are fsspec's
+(for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` for a store that
+is not AWS), on the trainer and on every worker alike.
 """
 
 from __future__ import annotations
@@ -65,6 +71,43 @@ def localize(uri: str, cache: Path | None = None, *, keep: int = 4) -> Path:
             _fetch(fs, f"{parent}/{member}", manifest, store / member)
     prune_versions(store, keep)
     return store / name
+
+
+def _filesystem(uri: str) -> object:
+    try:
+        import fsspec
+    except ImportError as exc:  # pragma: no cover - fsspec comes with the workers extra
+        raise WeightsError(f"{uri}: a remote weights store needs fsspec (pip install 'rollout-queue[workers]')") from exc
+    try:
+        return fsspec.core.url_to_fs(uri)[0]
+    except (ImportError, ValueError) as exc:
+        raise WeightsError(f"{uri}: no fsspec driver for it ({exc})") from exc
+
+
+def upload(folder: Path, uri_base: str) -> str:
+    """Copy the version ``folder`` to ``<uri_base>/<its name>`` (files first, the manifest last);
+    returns that URI. Raises ``WeightsError`` when the store refuses or cannot be reached."""
+    fs = _filesystem(uri_base)
+    target = f"{uri_base.rstrip('/')}/{folder.name}"
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST_NAME)
+    try:
+        for path in files + [folder / MANIFEST_NAME]:
+            fs.put_file(os.fspath(path), f"{target}/{path.name}")  # type: ignore[attr-defined]
+    except Exception as exc:  # any driver's client error: the version is not there
+        raise WeightsError(f"{target}: upload failed ({type(exc).__name__}: {exc})") from exc
+    return target
+
+
+def remove_remote(uri_base: str, names: list[str]) -> None:
+    """Remove pruned version folders from the store (best effort: a folder left costs storage only)."""
+    if not names:
+        return
+    fs = _filesystem(uri_base)
+    for name in names:
+        try:
+            fs.rm(f"{uri_base.rstrip('/')}/{name}", recursive=True)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - gone already, or not ours to remove
+            continue
 
 
 def _manifest(fs: object, folder_uri: str) -> WeightManifest:

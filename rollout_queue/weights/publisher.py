@@ -8,7 +8,14 @@ yet (first publish, a restarted trainer), when the chain reached ``full_every`` 
 worker reads at most that many), or when more than ``max_delta_fraction`` of the bytes changed
 (a delta would save nothing).
 
-Memory: delta mode keeps one CPU copy of the saved tensors to compare against.
+``"dist"`` pushes every version over torch.distributed to the workers that join its round
+(``push.py``: gloo on CPUs, NCCL on GPUs, the queue as the rendezvous), and still writes it as a
+delta chain: the fallback for a worker that missed the round (dead, stalled, started late, or an
+engine that cannot receive pushes). When some worker received the push, the version is recorded
+first and written after, so those workers generate on it while the folder is written; when none
+did, it is written first (every worker then loads it from the folder).
+
+Memory: delta (and dist) mode keeps one CPU copy of the saved tensors to compare against.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rollout_queue.ops.logs import fields
+from rollout_queue.weights import fetch as remote
 from rollout_queue.weights.manifest import read_manifest
-from rollout_queue.weights.store import prune_versions, tensor_names, write_version
+from rollout_queue.weights.push import PushReport, WeightPush
+from rollout_queue.weights.store import prune_versions, tensor_names, version_folder, write_version
 
 if TYPE_CHECKING:
     import torch
@@ -31,13 +40,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rollout_queue.weights")
 
-Transport = Literal["folder", "delta"]
-TRANSPORTS: tuple[Transport, ...] = ("folder", "delta")
+Transport = Literal["folder", "delta", "dist"]
+TRANSPORTS: tuple[Transport, ...] = ("folder", "delta", "dist")
 
 
 @dataclass(frozen=True)
 class Published:
-    """What one ``publish`` wrote: its URI, its folder, full or delta, tensors and bytes written, seconds."""
+    """What one ``publish`` wrote: its URI, its folder, full or delta, tensors and bytes written, seconds;
+    and, for ``dist``, the push (who received it over torch.distributed)."""
 
     uri: str
     folder: str
@@ -45,6 +55,7 @@ class Published:
     tensors: int
     bytes: int
     write_s: float
+    push: PushReport | None = None
 
 
 class WeightPublisher:
@@ -52,12 +63,16 @@ class WeightPublisher:
 
     def __init__(self, queue: "RolloutQueue", root: str | os.PathLike[str], *, transport: Transport = "folder",
                  full_every: int = 8, max_delta_fraction: float = 0.5, keep: int = 4, wait_s: float = 0.0,
-                 hold_timeout_s: float = 60.0, digests: bool = True, uri_base: str | None = None) -> None:
+                 hold_timeout_s: float = 60.0, digests: bool = True, uri_base: str | None = None,
+                 push: WeightPush | None = None, upload: bool = False) -> None:
         """``digests``: record each file's sha256 in the manifest (needed by workers that fetch
         versions over HTTP(S) or from an object store; costs one read of the written bytes).
         ``uri_base``: where workers find ``root`` (``https://weights.internal/run-7``, ``s3://bucket/run-7``:
         a server or sync of the folder); each version is recorded as ``<uri_base>/<folder name>``
-        instead of its local path."""
+        instead of its local path. ``upload``: copy each version to ``uri_base`` (an object store,
+        through fsspec) before recording it, and remove pruned ones there too; without it, serve or
+        sync ``root`` there yourself. ``push``: the rounds of ``transport="dist"`` (default: a gloo
+        ``WeightPush`` with its defaults; pass one for NCCL, another join window or deadline)."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if full_every < 1:
@@ -68,7 +83,11 @@ class WeightPublisher:
         self.full_every, self.max_delta_fraction, self.keep = full_every, max_delta_fraction, keep
         self.wait_s, self.hold_timeout_s, self.digests = wait_s, hold_timeout_s, digests
         self.uri_base = uri_base.rstrip("/") if uri_base else None
+        if upload and not self.uri_base:
+            raise ValueError("upload=True needs uri_base: the store each version is copied to")
+        self.upload = upload
         self.last: Published | None = None
+        self.push = push if push is not None else (WeightPush(queue) if transport == "dist" else None)
         self._base: Path | None = None  # the folder the next delta builds on
         self._saved: dict[str, "torch.Tensor"] = {}  # name -> CPU copy of what _base rebuilds to
 
@@ -80,10 +99,33 @@ class WeightPublisher:
         stays on disk then (a later delta may build on it, pruning removes it).
         """
         began = time.perf_counter()
-        folder, kind, count = self._write(model, version)
+        if self.push is None:
+            folder, kind, count = self._write(model, version)
+            uri = self._uri(folder)
+            self._record(version, uri)
+        else:
+            folder = version_folder(self.root, version)
+            uri = self._uri(folder)
+            pushed = self.push.push(model.state_dict(), version, uri)
+            if pushed.acked:  # they generate on it while the fallback is written
+                self._record(version, uri)
+                _, kind, count = self._write(model, version, folder)
+            else:
+                _, kind, count = self._write(model, version, folder)
+                self._record(version, uri)
         written = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        uri = f"{self.uri_base}/{folder.name}" if self.uri_base else os.fspath(folder)
-        self.last = Published(uri, os.fspath(folder), kind, count, written, time.perf_counter() - began)
+        self.last = Published(uri, os.fspath(folder), kind, count, written, time.perf_counter() - began,
+                              None if self.push is None else self.push.last)
+        removed = prune_versions(self.root, self.keep)
+        if self.upload and removed:
+            assert self.uri_base is not None
+            remote.remove_remote(self.uri_base, [p.name for p in removed])
+        return uri
+
+    def _uri(self, folder: Path) -> str:
+        return f"{self.uri_base}/{folder.name}" if self.uri_base else os.fspath(folder)
+
+    def _record(self, version: int, uri: str) -> None:
         hold = self.queue.hold(timeout_s=self.hold_timeout_s)
         try:
             if self.wait_s > 0 and not hold.wait_terminal(self.wait_s):
@@ -91,11 +133,17 @@ class WeightPublisher:
             hold.record_weight_update(version, uri)
         finally:
             hold.release()
-        prune_versions(self.root, self.keep)
-        return uri
 
-    def _write(self, model: Any, version: int) -> tuple[Path, str, int]:
-        if self.transport == "delta" and self._base is not None:
+    def _write(self, model: Any, version: int, target: Path | None = None) -> tuple[Path, str, int]:
+        """Write the version (full or delta) and, with ``upload``, copy it to the store."""
+        folder, kind, count = self._write_local(model, version, target)
+        if self.upload:
+            assert self.uri_base is not None
+            remote.upload(folder, self.uri_base)
+        return folder, kind, count
+
+    def _write_local(self, model: Any, version: int, target: Path | None = None) -> tuple[Path, str, int]:
+        if self.transport in ("delta", "dist") and self._base is not None:
             state = model.state_dict()
             changed = {name: state[name] for name, old in self._saved.items() if not _equal(state[name], old)}
             changed_bytes = sum(t.numel() * t.element_size() for t in changed.values())
@@ -103,15 +151,16 @@ class WeightPublisher:
             manifest = read_manifest(self._base)
             if (manifest is not None and len(manifest.chain) < self.full_every
                     and changed_bytes <= self.max_delta_fraction * total_bytes):
-                folder = write_version(self.root, version, tensors=changed, base=self._base, digests=self.digests)
+                folder = write_version(self.root, version, tensors=changed, base=self._base, digests=self.digests,
+                                       target=target)
                 for name, tensor in changed.items():
                     self._saved[name].copy_(tensor.detach())
                 self._base = folder
                 return folder, "delta", len(changed)
-        folder = write_version(self.root, version, model=model, digests=self.digests)
+        folder = write_version(self.root, version, model=model, digests=self.digests, target=target)
         manifest = read_manifest(folder)
         assert manifest is not None
-        if self.transport == "delta":
+        if self.transport in ("delta", "dist"):
             self._remember(model, folder)
         return folder, "full", manifest.tensors
 

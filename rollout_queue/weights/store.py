@@ -68,16 +68,17 @@ def version_folder(root: Path, version: int) -> Path:
 
 def write_version(root: str | os.PathLike[str], version: int, *, model: Any = None,
                   tensors: Mapping[str, "torch.Tensor"] | None = None,
-                  base: Path | None = None, digests: bool = True) -> Path:
+                  base: Path | None = None, digests: bool = True, target: Path | None = None) -> Path:
     """Write version ``version`` under ``root``: a full folder of ``model``, or (``tensors`` and
     ``base``, a folder from ``weight_chain``'s last element) a delta of the changed ``tensors``.
     ``digests``: record each file's sha256 (read back from the page cache, ~1.7 GB/s here), which
-    workers fetching the version from a remote store need."""
+    workers fetching the version from a remote store need. ``target``: the folder to write (a name
+    ``version_folder`` gave earlier, announced before the write); default: ``version_folder``'s."""
     digests_on = digests
     if (model is None) == (tensors is None) or (tensors is not None and base is None):
         raise ValueError("write_version takes a model (full) or tensors and a base folder (delta)")
     root_path = Path(root).resolve()
-    target = version_folder(root_path, version)
+    target = target or version_folder(root_path, version)
 
     def fill(staging: Path) -> None:
         if model is not None:

@@ -69,6 +69,8 @@ class RuntimeStats:
     settled: dict[str, int] = field(default_factory=lambda: dict.fromkeys([v.counter for v in VERDICTS] + ["stale"], 0))
     weight_updates: int = 0
     weight_refusals: int = 0  # versions whose weights the engine refused (nothing applied)
+    pushes_received: int = 0  # versions received over torch.distributed (weights/push.py)
+    pushes_missed: int = 0  # rounds joined but not completed (the version then loads from its folder)
     reconciled: int = 0  # orphaned attempts handed back by reconcile.py
     samples: int = 0
     tokens: int = 0

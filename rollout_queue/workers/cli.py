@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--weights-mode", choices=["abort", "continue", "keep-kv"], default="abort",
                    help="at a new policy version: abort in-flight requests, continue them (vLLM recomputes "
                         "their KV), or continue over the KV already computed (keep-kv)")
+    w.add_argument("--no-weights-push", dest="weights_push", action="store_false",
+                   help="never join torch.distributed weight pushes: load every version from its folder")
     w.add_argument("--worker-id", default=None, help="default host:pid:nonce")
     w.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work after SIGTERM")
     w.add_argument("--heartbeat-interval", type=float, default=None, help="default worker_timeout_s / 4")
@@ -149,7 +151,8 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
     options = WorkerOptions(policy=args.policy, max_samples=args.max_samples, max_groups=args.max_groups,
                             sampling=sampling, weights_mode=args.weights_mode, drain_timeout_s=args.drain_timeout,
                             block_ms=args.block_ms, heartbeat_interval_s=args.heartbeat_interval,
-                            reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace)
+                            reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace,
+                            weights_push=args.weights_push)
     scorer = Scorer(load_function(args.reward) if args.reward else None,
                     load_function(args.filter) if args.filter else None)
     engine_options = parse_engine_args(args.engine_arg)

@@ -215,6 +215,28 @@ class WeightsUpdated(Event):
 
 
 @dataclass(frozen=True)
+class WeightsPushed(Event):
+    """A pushed version was received and staged; it is applied when the queue records it."""
+
+    version: int
+    epoch: int
+    rank: int
+    seconds: float
+    message: ClassVar[str] = "weights received by push"
+
+
+@dataclass(frozen=True)
+class PushMissed(Event):
+    """A push round this worker joined failed for it: the version will load from its folder."""
+
+    version: int
+    epoch: int
+    reason: str
+    message: ClassVar[str] = "weights push missed, the folder will be loaded"
+    level: ClassVar[int] = logging.WARNING
+
+
+@dataclass(frozen=True)
 class WeightsRefused(Event):
     """A version's weights were refused before anything was applied: the engine keeps generating
     on ``loaded`` (its samples say so) and the load is retried at the next notice or after a pause."""

@@ -9,7 +9,7 @@ loop is doing.
 It also reports what each heartbeat reply says (policy version, weights URI, admission hold) and,
 between beats, listens on the queue's versions channel (``rollout:{q}:versions``, payload
 ``<version>|<weights_uri>``) so a new policy version reaches the worker within milliseconds rather
-than at the next beat. Reports go to ``on_notice`` (called on this thread: hand them to the loop
+than at the next beat; rounds of a weights push are announced there too (``push|<epoch>|<version>``). Reports go to ``on_notice`` (called on this thread: hand them to the loop
 with ``call_soon_threadsafe``).
 
 Rules: it never settles or reserves anything; it stops (and sends nothing more) once ``stop()``
@@ -37,6 +37,14 @@ POLL_S = 0.2
 
 
 @dataclass(frozen=True)
+class PushNotice:
+    """A round of a weights push opened (``push|<epoch>|<version>`` on the versions channel)."""
+
+    epoch: int
+    version: int
+
+
+@dataclass(frozen=True)
 class VersionNotice:
     """What the worker learned: the policy version and where its weights are (None: unknown);
     ``held`` is None when the news came from pub/sub (which says nothing about holds)."""
@@ -51,7 +59,7 @@ class HeartbeatThread:
     """Heartbeats ``worker_id`` every ``interval_s`` on its own connection until ``stop()``."""
 
     def __init__(self, url: str, queue: str, worker_id: str, interval_s: float,
-                 on_notice: Callable[[VersionNotice], None], *, subscribe: bool = True, partitions: int = 1,
+                 on_notice: Callable[[VersionNotice | PushNotice], None], *, subscribe: bool = True, partitions: int = 1,
                  progress: Callable[[], Progress] | None = None) -> None:
         """``partitions``: the queue's partition count (a beat goes to every partition). ``progress``:
         read at each beat, the process's counts so far, stored for operators (`rollout-queue workers`)."""
@@ -150,9 +158,16 @@ class HeartbeatThread:
         return pubsub
 
 
-def parse_announcement(data: bytes | str) -> VersionNotice | None:
-    """``b"<version>|<weights_uri>"`` -> VersionNotice; None for anything else (logged)."""
+def parse_announcement(data: bytes | str) -> VersionNotice | PushNotice | None:
+    """``b"<version>|<weights_uri>"`` -> VersionNotice, ``b"push|<epoch>|<version>"`` -> PushNotice;
+    None for anything else (logged)."""
     text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+    if text.startswith("push|"):
+        _, epoch, pushed = (text.split("|") + ["", ""])[:3]
+        if epoch.isdigit() and pushed.isdigit():
+            return PushNotice(int(epoch), int(pushed))
+        log.warning("ignoring a malformed push announcement", extra=fields(payload=text[:200]))
+        return None
     version, sep, uri = text.partition("|")
     if not sep or not version.isdigit():
         log.warning("ignoring a malformed version announcement", extra=fields(payload=text[:200]))

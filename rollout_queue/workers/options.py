@@ -35,6 +35,8 @@ class WorkerOptions:
     heartbeat_interval_s: float | None = None  # None: worker_timeout_s / 4
     subscribe_versions: bool = True
     load_initial_weights: bool = True
+    #: join the rounds of torch.distributed weights pushes (weights/push.py) when the engine can receive them
+    weights_push: bool = True
     reconcile_interval_s: float | None = None
     reconcile_grace_s: float = DEFAULT_GRACE_S
 

@@ -56,7 +56,7 @@ from rollout_queue.workers.events import (
     log_event,
 )
 from rollout_queue.workers.execution import AttemptExecutor
-from rollout_queue.workers.heartbeat import HeartbeatThread, VersionNotice
+from rollout_queue.workers.heartbeat import HeartbeatThread, PushNotice, VersionNotice
 from rollout_queue.workers.reconcile import Reconciler, RuntimeView, interval_for
 from rollout_queue.workers.options import WorkerFailed, WorkerOptions
 from rollout_queue.workers.environments import EnvironmentHost
@@ -67,6 +67,7 @@ from rollout_queue.workers.served import ServedQueues, ServedQueuesRefused, chec
 from rollout_queue.workers.states import Lifecycle, RuntimeState
 from rollout_queue.workers.tasks import cancel, first_of, wait_tasks
 from rollout_queue.workers.verdicts import Abort
+from rollout_queue.workers.pushes import PushFollower
 from rollout_queue.workers.versions import PolicyVersions
 
 __all__ = ["WorkerFailed", "WorkerOptions", "WorkerRuntime"]  # the options live in options.py
@@ -107,6 +108,7 @@ class WorkerRuntime:
         self.heartbeat: HeartbeatThread | None = None  # the first queue's (the one whose versions count)
         self.heartbeats: list[HeartbeatThread] = []  # one per queue served
         self.versions = PolicyVersions(engine, self.options.weights_mode, self.stats, self._emit)
+        self.pushes: PushFollower | None = None  # set at start when the engine can receive pushes
         self._on_event = on_event
         self._lifecycle = Lifecycle()
         self._attempts: dict[Receipt, Attempt] = {}
@@ -231,6 +233,9 @@ class WorkerRuntime:
         tasks: list[asyncio.Task[None]] = []
         try:
             await self.versions.adopt(await self._worker.heartbeat(), load=self.options.load_initial_weights)
+            if self.options.weights_push and getattr(self.engine, "supports_push", False):
+                self.pushes = PushFollower(self.engine, self._worker.join_push, lambda: self.versions.loaded,
+                                           self.stats, self._emit)
             self.scheduler = self.options.scheduler(self.engine.max_concurrency)
             interval = self.options.heartbeat_interval_s or self._worker.worker_timeout_s / 4
             for name in self.queue_names:  # liveness on every queue; versions from the first only
@@ -247,6 +252,8 @@ class WorkerRuntime:
                 self._advance(S.RUNNING)
             tasks = [asyncio.create_task(self._guarded(self._reserve_loop())),
                      asyncio.create_task(self._guarded(self.versions.follow(self._abort_generating)))]
+            if self.pushes is not None:
+                tasks.append(asyncio.create_task(self._guarded(self.pushes.run()), name=f"pushes:{self.worker_id}"))
             reconciler = self._make_reconciler(self._worker.worker_timeout_s)
             if reconciler is not None:
                 tasks.append(asyncio.create_task(reconciler.run(), name=f"reconcile:{self.worker_id}"))
@@ -386,18 +393,24 @@ class WorkerRuntime:
                         int((time.monotonic() - self._started) * 1000),
                         tuple(self.stats.sample_tokens), tuple(self.stats.sample_seconds))
 
-    def _notice_threadsafe(self, notice: VersionNotice) -> None:
+    def _notice_threadsafe(self, notice: VersionNotice | PushNotice) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(self.versions.notice, notice)
+                if isinstance(notice, PushNotice):
+                    if self.pushes is not None:
+                        loop.call_soon_threadsafe(self.pushes.notice, notice)
+                else:
+                    loop.call_soon_threadsafe(self.versions.notice, notice)
             except RuntimeError:
                 return  # the loop closed between the check and the call: the worker is gone
 
-    def _follower_notice(self, name: str) -> Callable[[VersionNotice], None]:
+    def _follower_notice(self, name: str) -> Callable[[VersionNotice | PushNotice], None]:
         """A follower queue's heartbeat news: only checked (served.py), never followed."""
 
-        def on_notice(notice: VersionNotice) -> None:
+        def on_notice(notice: VersionNotice | PushNotice) -> None:
+            if isinstance(notice, PushNotice):
+                return  # not subscribed: a follower's beats carry versions only
             try:
                 check_follower(name, self.queue_names[0], notice)
             except ServedQueuesRefused as exc:

@@ -32,7 +32,7 @@ from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, HeartbeatI
 from rollout_queue.api.fleet import FleetReserver
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.keys import validate_queue_name
-from rollout_queue.core.models import OwnedAttempt
+from rollout_queue.core.models import OwnedAttempt, PushTicket
 from rollout_queue.workers.completions import BatchingWorker
 
 __all__ = ["ServedQueues", "ServedQueuesRefused", "ServedReceipt", "parse_queue_spec", "receipt_scope"]
@@ -179,6 +179,10 @@ class ServedQueues:
         for name in self.names[1:]:
             check_follower(name, self.lead, await self.workers[name].heartbeat())
         return lead
+
+    async def join_push(self, epoch: int, newer_than: int) -> PushTicket | None:
+        """Join a weights push round of the lead queue (whose versions the worker follows)."""
+        return await self.workers[self.lead].join_push(epoch, newer_than)
 
     async def owned(self, min_idle_ms: int = 0) -> list[OwnedAttempt]:
         if self.fleet is None:

@@ -94,3 +94,75 @@ def test_corrupt_short_and_missing_files_are_refused_and_nothing_is_cached(store
     assert not any(p.name.startswith("v") for p in cache.rglob("*"))  # no folder, no partial one
     with pytest.raises(WeightsError, match="did not answer|no manifest"):
         localize("http://127.0.0.1:9/v0000001", cache)  # nothing listens on port 9
+
+
+@pytest.fixture
+def s3_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A bucket on a local S3 server (moto's, speaking the S3 REST protocol over HTTP), reached the
+    way a worker reaches a real one: s3fs with the standard AWS variables. Yields its base URI."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server._server.server_port}"
+    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(name, value)
+    boto3.client("s3").create_bucket(Bucket="weights")
+    import fsspec
+
+    fsspec.config.conf.pop("s3", None)
+    try:
+        yield "s3://weights/run-7"
+    finally:
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
+
+
+def test_a_publisher_uploads_to_s3_and_a_worker_fetches_the_chain_back(s3_store: str, tmp_path: Path) -> None:
+    """The trainer's publisher copies every version to the bucket (manifest last) and removes the
+    ones it prunes; a worker with only the bucket's URI rebuilds each version, checked byte for byte."""
+    import boto3
+
+    from rollout_queue.weights import WeightPublisher
+
+    class Recorder:  # the queue side of publish: record_weight_update through a hold
+        name = "s3-test"
+        recorded: list[tuple[int, str]] = []
+
+        def hold(self, timeout_s: float) -> "Recorder":
+            return self
+
+        def record_weight_update(self, version: int, uri: str) -> None:
+            self.recorded.append((version, uri))
+
+        def release(self) -> None:
+            pass
+
+    queue = Recorder()
+    net = Net()
+    publisher = WeightPublisher(queue, tmp_path / "local", transport="delta", uri_base=s3_store, upload=True,  # type: ignore[arg-type]
+                                keep=2, full_every=2)
+    states = []
+    for version in range(1, 6):
+        with torch.no_grad():
+            net.b.weight.add_(version)
+        publisher.publish(net, version)
+        states.append({k: v.clone() for k, v in net.state_dict().items()})
+        uri = queue.recorded[-1][1]
+        assert uri == f"{s3_store}/v{version:07d}"
+        local = localize(uri, tmp_path / "cache")
+        state = read_chain_state(weight_chain(local))
+        assert all(torch.equal(state[k], v) for k, v in states[-1].items())
+    keys = {o["Key"].split("/")[1] for o in boto3.client("s3").list_objects_v2(Bucket="weights")["Contents"]}
+    assert keys == {p.name for p in (tmp_path / "local").iterdir()}  # pruned there as here
+    assert len(keys) < 5
+    # A corrupt object in the bucket: refused, nothing cached.
+    boto3.client("s3").put_object(Bucket="weights", Key="run-7/v0000005/model.safetensors", Body=b"garbage")
+    with pytest.raises(WeightsError):
+        localize(f"{s3_store}/v0000005", tmp_path / "cache2")
+    assert not any((tmp_path / "cache2").rglob("*.safetensors"))

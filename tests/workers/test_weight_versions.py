@@ -18,7 +18,7 @@ from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig  # n
 from rollout_queue.workers.engines.torch import TorchEngine  # noqa: E402
 from rollout_queue.workers.testing import LoopRunner  # noqa: E402
 from tests.workers.runtime_helpers import worker_server  # noqa: E402,F401  # a fixture, used by name
-from tests.weights.test_fetch import store  # noqa: E402,F401  # a fixture: a weights root served over HTTP
+from tests.weights.test_fetch import s3_store, store  # noqa: E402,F401  # fixtures: a weights root over HTTP, a bucket
 
 GREEDY = SamplingConfig(max_tokens=24, temperature=0)
 
@@ -132,13 +132,15 @@ def test_vllm_refuses_an_extension_that_cannot_load_versions(tiny_model: Path) -
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("storage", ["shared", "http"])
+@pytest.mark.parametrize("storage", ["shared", "http", "s3"])
 def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_model: Path, perturbed_model: Path,
                                                  tmp_path: Path, storage: str, request: pytest.FixtureRequest) -> None:
     """Through the shipped worker process (``python -m rollout_queue.workers --engine torch``): the
     trainer publishes a full version and then deltas of one layer; the groups generated after each
     carry its version, and their behaviour logprobs are those of the trainer's weights. ``http``:
-    the worker shares no folder with the trainer and fetches every version from an HTTP server."""
+    the worker shares no folder with the trainer and fetches every version from an HTTP server;
+    ``s3``: the trainer uploads every version to an S3 bucket (a local S3 server), the worker has
+    only the bucket's URI and the standard AWS variables."""
     import uuid
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -156,6 +158,9 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
     if storage == "http":
         root, base, _ = request.getfixturevalue("store")
         publisher = WeightPublisher(q, root, transport="delta", uri_base=base)
+    elif storage == "s3":
+        publisher = WeightPublisher(q, tmp_path / "weights", transport="delta",
+                                    uri_base=request.getfixturevalue("s3_store"), upload=True)
     else:
         publisher = WeightPublisher(q, tmp_path / "weights", transport="delta")
     publisher.publish(model, 1)
@@ -181,8 +186,9 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
                                                           torch.tensor(sample.token_ids)]
                 assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3
         assert kinds == ["delta", "delta"]
-        assert publisher.last is not None and publisher.last.uri.startswith("http" if storage == "http" else "/")
-        assert (tmp_path / "worker-cache").is_dir() == (storage == "http")
+        assert publisher.last is not None
+        assert publisher.last.uri.startswith({"http": "http", "s3": "s3://"}.get(storage, "/"))
+        assert (tmp_path / "worker-cache").is_dir() == (storage != "shared")
         wait_until(lambda: q.stats().committed == 4, 10)
     finally:
         worker.terminate()

@@ -16,7 +16,8 @@ One module per role:
 - ``hold``: admission holds;
 - ``reaper``: the reaper's pass (and prune, finish_interrupted);
 - ``owned``: what the PEL gives one worker (reconciliation);
-- ``producer``: the producer's cursor and its cursor-guarded enqueue.
+- ``producer``: the producer's cursor and its cursor-guarded enqueue;
+- ``push``: rounds of a torch.distributed weights push (open, join, seal, close).
 
 Every name is re-exported here: ``flows.reserve(...)`` and ``from rollout_queue.core.flows import X``
 work as they did when this was one module. Setting a name on the package (a test's
@@ -30,7 +31,7 @@ import sys
 import types
 from typing import Any
 
-from rollout_queue.core.flows import base, hold, owned, producer, queue, reaper, trainer, worker
+from rollout_queue.core.flows import base, hold, owned, producer, push, queue, reaper, trainer, worker
 from rollout_queue.core.flows.base import (
     BATCH,
     MAX_BLOCK_CHUNK_MS,
@@ -48,6 +49,7 @@ from rollout_queue.core.flows.hold import hold_open, hold_release, hold_wait
 from rollout_queue.core.flows.trainer import _hand_back, commit, extend, lease, rollback
 from rollout_queue.core.flows.owned import OWNED_LIMIT, PAGE, owned_attempts, owned_command
 from rollout_queue.core.flows.producer import check_producer_name, encode_groups, produce, read_cursor
+from rollout_queue.core.flows.push import push_close, push_join, push_open, push_seal
 from rollout_queue.core.flows.queue import (
     SUBMIT_BATCH,
     SUBMIT_BATCH_BYTES,
@@ -88,7 +90,7 @@ from rollout_queue.core.flows.worker import (
 )
 
 #: The role modules, in the order a name set on the package is passed on to them.
-ROLES = (base, queue, worker, trainer, hold, reaper, owned, producer)
+ROLES = (base, queue, worker, trainer, hold, reaper, owned, producer, push)
 
 __all__ = [
     "BATCH", "COMPLETE_BATCH", "COMPLETE_BATCH_BYTES", "MAX_BLOCK_CHUNK_MS", "MAX_NAME", "MAX_REAP_BUDGET",
@@ -97,7 +99,7 @@ __all__ = [
     "checkpoint", "close_worker", "commit", "complete", "complete_many", "dead_letters", "encode_groups",
     "encode_source", "extend", "fail", "filter_group", "finish_interrupted", "heartbeat", "hold_open",
     "hold_release", "hold_wait", "lease", "new_id", "open_queue", "owned_attempts", "owned_command",
-    "produce", "prune", "publish_version", "read_cursor", "reap", "reject", "requeue_dead_letter", "reserve",
+    "produce", "prune", "publish_version", "push_close", "push_join", "push_open", "push_seal", "read_cursor", "reap", "reject", "requeue_dead_letter", "reserve",
     "restore", "rollback", "stats", "submit", "version",
 ]
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 # The engine interface's errors, defined in core/errors.py with every other one and importable here.
 from rollout_queue.core.errors import EngineError, RequestFailed  # noqa: F401
+from rollout_queue.core.models import PushTicket
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort"})
@@ -159,6 +160,19 @@ class Engine(Protocol):
         keeps its weights and serves on. Raises ``EngineError`` on any other failure: the engine
         may then hold mixed weights, so it must not keep generating.
         """
+        ...
+
+    @property
+    def supports_push(self) -> bool:
+        """Whether ``receive_push`` can take part in a torch.distributed weights push."""
+        ...
+
+    async def receive_push(self, ticket: PushTicket) -> None:
+        """Take part in a weights push round (``rollout_queue.weights.push``) as ``ticket``'s rank and
+        stage what it receives, applying nothing: generation goes on meanwhile. The next
+        ``load_weights(ticket.uri)`` applies the staged tensors instead of reading the folder (a
+        later push replaces them). Raises ``WeightsError`` when the round fails: nothing is staged,
+        and the version still loads from its folder."""
         ...
 
     async def close(self) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rollout_queue.core.errors import WeightsError
+from rollout_queue.core.models import PushTicket
 from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
 
 BOS, EOS, OFFSET = 1, 2, 3
@@ -140,6 +141,13 @@ class ScriptedEngine:
         request = self._live.get(request_id)
         if request is not None and not request.future.done():
             self._resolve(request, "abort")
+
+    @property
+    def supports_push(self) -> bool:
+        return False  # it holds no tensors: its workers load every version by URI
+
+    async def receive_push(self, ticket: PushTicket) -> None:
+        raise WeightsError("the scripted engine holds no tensors to push into")
 
     async def load_weights(self, uri: str) -> None:
         self._check_usable()

@@ -33,8 +33,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_queue.core.errors import WeightsError
+from rollout_queue.core.models import PushTicket
 from rollout_queue.weights.fetch import localize
+from rollout_queue.weights.push import Staged, receive
 from rollout_queue.weights.store import read_chain_state, weight_chain
+from rollout_queue.workers.engines._push import PushStage
 from rollout_queue.workers.engines._decode import DecodeBatch, DecodeRequest
 from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
 
@@ -81,6 +84,7 @@ class TorchEngine:
         self._scheduler: asyncio.Task[None] | None = None
         self._failure: EngineError | None = None
         self._closed = False
+        self._push: PushStage[Staged] = PushStage()  # a pushed version not applied yet (receive_push)
         # The version chain the model's weights were last loaded from (None: the start-up model).
         self._chain: tuple[Path, ...] | None = None
 
@@ -157,14 +161,27 @@ class TorchEngine:
         weights it had). Raises ``EngineError`` when a copy failed: the weights are then mixed.
         """
         self._check_usable()
-        # A remote version is fetched (and checked) first, off the compute thread: generation goes on.
-        folder = await asyncio.to_thread(localize, uri)
+        staged = await self._push.take(uri)
         try:
+            if staged is not None:  # pushed already: nothing to read
+                await self._on_compute_thread(self._apply, staged.tensors, f"the push of {uri}")
+                return
+            # A remote version is fetched (and checked) first, off the compute thread: generation goes on.
+            folder = await asyncio.to_thread(localize, uri)
             await self._on_compute_thread(self._load_weights, folder)
         except WeightsError:
             raise  # refused before the first copy: the old weights are intact
         except Exception as exc:  # the runtime cannot know which weights generate next
             raise EngineError(f"could not load weights from {uri!r}: {exc}") from exc
+
+    @property
+    def supports_push(self) -> bool:
+        return True
+
+    async def receive_push(self, ticket: PushTicket) -> None:
+        """Receive a push round's tensors on a thread of their own (generation goes on) and stage them."""
+        self._check_usable()
+        await self._push.receive(ticket.uri, asyncio.to_thread(receive, ticket, device=self._device))
 
     async def close(self) -> None:
         if self._closed:
@@ -307,6 +324,14 @@ class TorchEngine:
             state = read_chain_state(chain, since=self._chain if incremental else None)
         except Exception as exc:  # unreadable file, bad safetensors header: nothing copied yet
             raise WeightsError(f"could not load weights from {folder}: {exc}") from exc
+        self._apply(state, str(folder), incremental=incremental, chain=chain)
+
+    def _apply(self, state: dict[str, torch.Tensor], source: str, *, incremental: bool = False,
+               chain: tuple[Path, ...] | None = None) -> None:
+        """Copy ``state`` into the model once every name and shape is checked (``incremental``: a
+        delta over the chain loaded last, so only its tensors are expected). ``chain``: the folders
+        it rebuilds (None: not from folders, e.g. a push; the next delta then reads its whole chain)."""
+        folder = source
         target = self._model.state_dict()
         # Tied parameters (e.g. lm_head = embed_tokens) share storage: loading one loads both.
         storages: dict[int, set[str]] = {}

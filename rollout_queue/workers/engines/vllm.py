@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,8 +37,10 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from rollout_queue.core.errors import WeightsError
+from rollout_queue.core.models import PushTicket
 from rollout_queue.weights.fetch import localize
 from rollout_queue.weights.store import weight_chain
+from rollout_queue.workers.engines._push import PushStage
 from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
 
 # On CPU vLLM sizes the KV cache from NUMA node 0 only unless told; an explicit budget is both
@@ -45,6 +48,8 @@ from rollout_queue.workers.engines.base import EngineError, FinishReason, Reques
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
 
 _RELOAD_EXTENSION = "rollout_queue.workers.engines.vllm_weights.ChainReload"
+#: How often a push being received in vLLM's worker process is polled.
+PUSH_POLL_S = 0.05
 
 # vLLM's finish reasons -> ours. "repetition" is vLLM's optional repetition detector ending the
 # sample, a stop condition like any other; "error" is handled separately (request-level failure).
@@ -86,6 +91,7 @@ class VLLMEngine:
             raise ValueError(f"kv_on_update must be 'recompute' or 'keep', got {kv_on_update!r}")
         self._keep_kv = kv_on_update == "keep"
         self._loads = 0  # weight loads so far: the prefix-cache salt of new requests in keep mode
+        self._push: PushStage[bool] = PushStage()  # a pushed version staged in vLLM's worker (receive_push)
         on_cpu = current_platform.is_cpu()
         if kv_cache_memory_bytes is None and on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
@@ -205,19 +211,26 @@ class VLLMEngine:
         workers may then hold a mix of old and new tensors, so the engine must not keep generating.
         """
         engine = self._require_engine()
-        try:
-            # Checked here so that a wrong path never reaches the workers (a failed reload there
-            # can leave some tensors replaced); the engine is untouched, but not on the policy.
-            # A remote version is fetched (and checked) first, in a thread: generation goes on.
-            chain = [str(folder) for folder in await asyncio.to_thread(lambda: weight_chain(localize(uri)))]
-        except WeightsError as exc:
-            raise WeightsError(f"could not load weights from {uri!r}: {exc}") from exc
+        staged = bool(await self._push.take(uri))
+        if staged:  # received by push: the tensors wait beside the model
+            rpc, args = "rq_push_apply", (uri,)
+        else:
+            try:
+                # Checked here so that a wrong path never reaches the workers (a failed reload there
+                # can leave some tensors replaced); the engine is untouched, but not on the policy.
+                # A remote version is fetched (and checked) first, in a thread: generation goes on.
+                chain = [str(folder) for folder in await asyncio.to_thread(lambda: weight_chain(localize(uri)))]
+            except WeightsError as exc:
+                raise WeightsError(f"could not load weights from {uri!r}: {exc}") from exc
+            rpc, args = "rq_reload_chain", (chain,)
         try:
             # keep: in-flight requests stay queued, nothing is scheduled until resume, so no step
             # ever runs new weights against KV blocks cached by the old ones.
             await engine.pause_generation(mode="keep", clear_cache=False)
             try:
-                await engine.collective_rpc("rq_reload_chain", args=(chain,))
+                loaded = await engine.collective_rpc(rpc, args=args)
+                if staged and any(n < 0 for n in loaded):
+                    raise EngineError(f"the push of {uri!r} was not staged in every vLLM worker")
                 self._loads += 1  # keep mode: requests from now on start on a fresh cache salt
                 # recompute: blocks held by in-flight requests hold old-weight KV too; they are
                 # preempted and recomputed on the new weights.
@@ -229,6 +242,31 @@ class VLLMEngine:
             raise
         except Exception as exc:  # any failure leaves the workers' weights unknown
             raise EngineError(f"vLLM could not load weights from {uri!r}: {exc}") from exc
+
+    @property
+    def supports_push(self) -> bool:
+        return True
+
+    async def receive_push(self, ticket: PushTicket) -> None:
+        """Receive a push round in vLLM's worker process (a thread beside the model: the engine keeps
+        stepping) and stage it there. One vLLM worker process takes the ticket's rank, so a
+        tensor-parallel engine (several worker processes) loads its versions from folders."""
+        engine = self._require_engine()
+
+        async def receiving() -> bool:
+            started = await engine.collective_rpc("rq_push_begin", args=(dataclasses.asdict(ticket),))
+            if started != ["pending"]:
+                raise WeightsError(f"push round {ticket.epoch}: {started} (a push reaches one vLLM worker "
+                                   "process: a tensor-parallel engine loads its versions from their folders)")
+            while True:
+                status = (await engine.collective_rpc("rq_push_status"))[0]
+                if status == "ok":
+                    return True
+                if status != "pending":
+                    raise WeightsError(f"push round {ticket.epoch}: {status}")
+                await asyncio.sleep(PUSH_POLL_S)
+
+        await self._push.receive(ticket.uri, receiving())
 
     async def close(self) -> None:
         """Abort what is in flight (each ``generate`` returns "abort") and shut vLLM down."""

@@ -8,12 +8,18 @@ mixes it into the worker, so ``collective_rpc("rq_reload_chain", args=(folders,)
 Every tensor of the model is handed to ``reload_weights``, the newest folder of the chain that
 holds it winning: vLLM's in-place reload processes whole layers (CPU kernels repack weights after
 loading), so a delta is applied as a full reload whose unchanged tensors come from the page cache.
+Pushed versions (``rollout_queue.weights.push``) are received here too, beside the model: in a
+thread of the worker process (``rq_push_begin``), so the engine keeps stepping while the tensors
+arrive, polled with ``rq_push_status``, applied by ``rq_push_apply`` with the same
+``reload_weights`` once the version is recorded. Only the ticket (a dict) and status strings cross
+the process boundary.
 This module must not import vLLM at module level beyond what the worker already has loaded.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,3 +55,48 @@ class ChainReload:
 
         self.model_runner.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
         return len(newest)
+
+    # -- pushed versions ---------------------------------------------------------------------
+
+    def _rq_push(self) -> dict[str, Any]:
+        state = self.__dict__.get("_rq_push_state")
+        if state is None:
+            state = self.__dict__["_rq_push_state"] = {"status": "none", "staged": None}
+        return state
+
+    def rq_push_begin(self, ticket: dict[str, Any]) -> str:
+        """Start receiving the round of ``ticket`` (a PushTicket's fields) in a thread; 'pending'."""
+        from rollout_queue.core.models import PushTicket
+        from rollout_queue.weights.push import receive
+
+        state = self._rq_push()
+        if state["status"] == "pending":
+            return "failed: a push is being received already"
+        parsed = PushTicket(**ticket)
+        state.update(status="pending", staged=None)
+        device = getattr(self, "device", None)
+
+        def run() -> None:
+            try:
+                staged = receive(parsed, device=device)
+            except Exception as exc:  # noqa: BLE001 - reported through rq_push_status
+                state.update(status=f"failed: {exc}", staged=None)
+                return
+            state.update(status="ok", staged=staged)
+
+        threading.Thread(target=run, name=f"rq-push-{parsed.epoch}", daemon=True).start()
+        return "pending"
+
+    def rq_push_status(self) -> str:
+        """'pending', 'ok' (staged), 'none', or 'failed: why'."""
+        return str(self._rq_push()["status"])
+
+    def rq_push_apply(self, uri: str) -> int:
+        """Reload the model from the staged push of ``uri``; the number of tensors loaded (-1: none staged)."""
+        state = self._rq_push()
+        staged = state["staged"]
+        state.update(status="none", staged=None)
+        if staged is None or staged.uri != uri:
+            return -1
+        self.model_runner.reload_weights(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
+        return len(staged.tensors)

@@ -1,0 +1,352 @@
+"""Weights pushed over torch.distributed (gloo here), the queue as the rendezvous (weights/push.py).
+
+Rounds first, between a trainer and members on threads (every dtype arrives bit for bit; a member
+that joined and never takes part costs the round its deadline, not the trainer's run; the retry
+round reaches the live members that missed it); then through the shipped worker processes: two
+torch workers receive every version by push and generate exactly what the trainer's weights
+give, a worker stopped or killed mid-push is dropped, catches up from the folder, and a worker
+started mid-run joins the next round.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rollout_queue import RolloutQueue  # noqa: E402
+from rollout_queue.core.errors import VersionRegression, WeightsError  # noqa: E402
+from rollout_queue.core.models import PushTicket  # noqa: E402
+from rollout_queue.weights.push import ALIGN, PushPlan, WeightPush, make_plan, receive  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
+from tests.workers.runtime_helpers import open_queue, worker_server  # noqa: E402,F401  # a fixture, used by name
+
+STATE = {
+    "f32": torch.randn(33, 7),
+    "bf16": torch.randn(5, 3, dtype=torch.bfloat16),
+    "f16": torch.randn(11, dtype=torch.float16),
+    "i64": torch.arange(9, dtype=torch.int64),
+    "u8": torch.randint(0, 255, (13,), dtype=torch.uint8),
+    "scalar": torch.tensor(2.5),
+    "empty": torch.empty(0, 4),
+    "nan": torch.tensor([float("nan"), 1.0]),
+}
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return set(a) == set(b) and all(
+        a[n].dtype == b[n].dtype and a[n].shape == b[n].shape
+        and torch.equal(a[n].reshape(-1).view(torch.uint8), b[n].reshape(-1).view(torch.uint8)) for n in a)
+
+
+def member(q: RolloutQueue, worker_id: str, out: dict[str, Any], newer_than: int = -1, take_part: bool = True) -> threading.Thread:
+    """A worker thread: heartbeats, joins each joinable round until one delivers (as the worker's
+    PushFollower does), or, not ``take_part``, joins one and never shows up: a member stopped
+    mid-push. ``out[worker_id]``: what it staged, its ticket, or its last error."""
+    w = q.worker(worker_id)
+    w.heartbeat()
+
+    def run() -> None:
+        deadline, joined = time.monotonic() + 30, 0
+        while time.monotonic() < deadline:
+            ticket = w.join_push(0, newer_than)
+            if ticket is None or ticket.epoch <= joined:
+                time.sleep(0.01)
+                continue
+            joined = ticket.epoch
+            if not take_part:
+                out[worker_id] = ticket
+                return
+            try:
+                out[worker_id] = receive(ticket)
+                return
+            except WeightsError as exc:
+                out[worker_id] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def queue(worker_server: Any) -> RolloutQueue:  # noqa: F811  # the fixture, by name
+    return open_queue(worker_server.url, f"push-{uuid.uuid4().hex[:8]}", worker_timeout_s=30)
+
+
+def test_the_plan_packs_every_dtype_aligned_and_reads_back() -> None:
+    plan = make_plan(STATE, world=3, bucket_bytes=256)
+    assert PushPlan.from_json(plan.to_json()) == plan
+    assert all(e.offset % ALIGN == 0 and e.offset + e.nbytes <= plan.buckets[e.bucket] for e in plan.tensors)
+    assert len(plan.buckets) > 1  # 256 bytes per bucket split the 924-byte f32 tensor off
+    with pytest.raises(WeightsError):
+        PushPlan.from_json(b'{"world": 2}')
+
+
+def test_a_round_delivers_every_dtype_bit_for_bit_to_every_member(queue: RolloutQueue) -> None:
+    push = WeightPush(queue, join_s=5, deadline_s=20, host="127.0.0.1", bucket_bytes=512)
+    got: dict[str, Any] = {}
+    threads = [member(queue, f"w{i}", got) for i in (1, 2)]
+    report = push.push(STATE, 1, "/weights/v0000001")
+    for t in threads:
+        t.join(10)
+    assert sorted(report.acked) == ["w1", "w2"] and not report.dropped
+    assert len(report.rounds) == 1 and report.rounds[0].outcome == "done"
+    for worker_id in ("w1", "w2"):
+        staged = got[worker_id]
+        assert staged.version == 1 and staged.uri == "/weights/v0000001"
+        assert same(staged.tensors, STATE)
+    record = queue.client.hgetall(queue.keys["push"])
+    assert record[b"state"] == b"done" and record[b"acked"] == b"2" and record[b"world"] == b"3"
+    # Sealed on the second join, not at the end of the 5 s window.
+    assert report.seconds < 4
+
+
+def test_a_member_that_never_takes_part_costs_its_round_and_the_retry_reaches_the_rest(queue: RolloutQueue) -> None:
+    """w2 joins and stops (SIGSTOP, in effect): the first round cannot even form its group, so it
+    fails for w1 too at its deadline; the retry round, joined by w1 alone, delivers; the trainer
+    was never held past the deadlines."""
+    push = WeightPush(queue, join_s=2, deadline_s=4, host="127.0.0.1")
+    got: dict[str, Any] = {}
+    stalled = member(queue, "w2", got, take_part=False)
+    live = member(queue, "w1", got)
+    began = time.monotonic()
+    report = push.push(STATE, 1, "/weights/v0000001")
+    took = time.monotonic() - began
+    live.join(10)
+    stalled.join(10)
+    assert isinstance(got["w2"], PushTicket) and got["w2"].epoch == report.rounds[0].epoch
+    assert [r.outcome for r in report.rounds] == ["failed", "done"]
+    assert report.acked == ("w1",) and report.dropped == ("w2",)
+    assert not isinstance(got["w1"], Exception) and same(got["w1"].tensors, STATE)  # from the retry
+    assert took < 4 + 4 + 2  # two round deadlines and a little
+
+
+def test_rounds_refuse_what_they_must(queue: RolloutQueue) -> None:
+    queue.publish_version(5)
+    push = WeightPush(queue, join_s=0.2, deadline_s=2, host="127.0.0.1")
+    with pytest.raises(VersionRegression):
+        push.push(STATE, 5, "/weights/v5")
+    # Nobody joins: the round is empty and ends with its join window.
+    report = push.push(STATE, 6, "/weights/v6")
+    assert report.rounds[0].outcome == "empty" and not report.acked
+    w = queue.worker("late")
+    assert w.join_push(0) is None  # the round was closed
+    epoch = queue.open_push(7, "/weights/v7", push.addr, "gloo", 5, 10)
+    assert w.join_push(epoch, newer_than=7) is None  # a version the worker holds is not joined
+    ticket = w.join_push(0, newer_than=6)
+    assert ticket is not None and ticket.rank == 1 and ticket.epoch == epoch
+    assert w.join_push(epoch, newer_than=6) == ticket or w.join_push(epoch, newer_than=6).rank == 1
+    queue.open_push(8, "/weights/v8", push.addr, "gloo", 5, 10)  # supersedes the round
+    assert queue.seal_push(epoch) is None
+    assert w.join_push(epoch) is None
+
+
+def test_a_member_gives_up_at_the_round_deadline_when_the_trainer_is_gone(queue: RolloutQueue) -> None:
+    """A ticket whose trainer never sends a plan: receive raises WeightsError by the deadline."""
+    push = WeightPush(queue, join_s=1, deadline_s=1.5, host="127.0.0.1")
+    epoch = queue.open_push(1, "/w/v1", push.addr, "gloo", 1, 1.5)
+    ticket = queue.worker("w").join_push(epoch)
+    assert ticket is not None
+    began = time.monotonic()
+    with pytest.raises(WeightsError, match="push round"):
+        receive(ticket)
+    assert time.monotonic() - began < 5
+
+
+# -- into the engines ------------------------------------------------------------------------------
+
+
+def push_in_thread(push: WeightPush, state: dict[str, Any], version: int, uri: str) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.setdefault("report", push.push(state, version, uri)), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def wait_ticket(w: Any, newer_than: int = -1) -> PushTicket:
+    box: list[PushTicket] = []
+    wait_until(lambda: bool(box.append(t) if (t := w.join_push(0, newer_than)) else False) or bool(box), 20,
+               interval=0.01, message="a joinable push round")
+    return box[0]
+
+
+def make_engine(kind: str, model: Path) -> Any:
+    if kind == "torch":
+        from rollout_queue.workers.engines.torch import TorchEngine
+
+        return TorchEngine(str(model))
+    pytest.importorskip("vllm")
+    from rollout_queue.workers.engines.vllm import VLLMEngine
+
+    # The default multiprocess mode: the push is received in vLLM's own worker process.
+    return VLLMEngine(str(model), multiprocessing=True, max_model_len=1024, max_num_seqs=8,
+                      kv_cache_memory_bytes=64 * 2**20)
+
+
+@pytest.mark.parametrize("kind", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_an_engine_generates_after_a_push_exactly_what_it_does_after_a_folder_reload(
+        kind: str, queue: RolloutQueue, runner: Any, tiny_model: Path, perturbed_model: Path,
+        long_prompt: list[int], tmp_path: Path) -> None:
+    """The perturbed model's weights pushed into an engine serving the tiny model, then the same
+    weights reloaded from their folder: the greedy tokens agree, over prompts longer than one KV
+    block. The push's URI names no folder, so it can only have come from the staged tensors."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout_queue.weights import write_version
+    from rollout_queue.workers.engines.base import SamplingConfig
+
+    greedy = SamplingConfig(max_tokens=24, temperature=0)
+    prompts = [long_prompt, long_prompt[:150]]
+    new = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32)
+    folder = write_version(tmp_path, 2, model=new)
+    engine = make_engine(kind, tiny_model)
+
+    async def generate(tag: str) -> list[list[int]]:
+        import asyncio
+
+        outs = await asyncio.gather(*(engine.generate(f"{tag}-{i}", p, greedy) for i, p in enumerate(prompts)))
+        return [o.token_ids for o in outs]
+
+    runner.run(engine.start(), timeout=300)
+    try:
+        before = runner.run(generate("before"), timeout=300)
+        w = queue.worker(f"engine-{kind}")
+        w.heartbeat()
+        push = WeightPush(queue, join_s=10, deadline_s=60, host="127.0.0.1", expect=1)
+        thread, out = push_in_thread(push, dict(new.state_dict()), 2, str(tmp_path / "nowhere"))
+        ticket = wait_ticket(w)
+        runner.run(engine.receive_push(ticket), timeout=120)
+        thread.join(60)
+        assert out["report"].acked == (f"engine-{kind}",)
+        assert runner.run(generate("staged"), timeout=300) == before  # staged, not applied
+        runner.run(engine.load_weights(str(tmp_path / "nowhere")), timeout=300)
+        pushed = runner.run(generate("pushed"), timeout=300)
+        runner.run(engine.load_weights(str(tiny_model)), timeout=300)
+        assert runner.run(generate("back"), timeout=300) == before
+        runner.run(engine.load_weights(str(folder)), timeout=300)
+        reloaded = runner.run(generate("reloaded"), timeout=300)
+        assert pushed == reloaded and pushed != before
+        # Nothing staged any more: the same URI now means its folder, which does not exist.
+        with pytest.raises(WeightsError):
+            runner.run(engine.load_weights(str(tmp_path / "nowhere")), timeout=300)
+    finally:
+        runner.run(engine.close(), timeout=120)
+
+
+# -- through the shipped worker processes ----------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_worker_processes_take_pushes_and_a_stopped_or_killed_member_only_misses_its_round(
+        worker_server: Any, tiny_model: Path, perturbed_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    """``python -m rollout_queue.workers --engine torch`` twice, the trainer publishing with
+    ``transport="dist"``. Every version's samples carry it and its behaviour logprobs are the
+    trainer's weights'. v3: worker b is SIGSTOPped after joining the round; v4: SIGKILLed after
+    joining. Each time the trainer's publish ends within its round deadlines, a gets the version
+    by push, b catches up from the folder (after SIGCONT, or restarted), and a worker started
+    mid-run joins the next round."""
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout_queue.core.keys import QueueKeys
+    from rollout_queue.weights import WeightPublisher
+    from tests.workers.runtime_helpers import registered_workers, spawn_worker, submit, train
+
+    url = worker_server.url
+    name = f"wp-{uuid.uuid4().hex[:8]}"
+    q = open_queue(url, name, max_staleness=0)
+    members_key, push_key = QueueKeys(name)["push_members"], QueueKeys(name)["push"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32).state_dict()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    push = WeightPush(q, join_s=3, deadline_s=8, host="127.0.0.1")
+    publisher = WeightPublisher(q, tmp_path / "weights", transport="dist", push=push)
+    publisher.publish(model, 1)  # nobody to push to: written, then recorded
+    assert publisher.last is not None and publisher.last.push is not None and not publisher.last.push.acked
+    args = ("--engine", "torch", "--model", str(tiny_model), "--max-tokens", "6", "--reward", "length_reward",
+            "--seed", "3", "--heartbeat-interval", "0.5")
+    workers = {w: spawn_worker(url, name, w, *args) for w in ("a", "b")}
+    layers = iter(["model.layers.1.", "model.layers.0.", "model.embed_tokens.", "lm_head.", "model.norm."])
+
+    def generates(version: int, tag: str) -> None:
+        submit(q, 2, n=2, prefix=tag, target_len=4)
+        _, trained = train(q, {f"{tag}-0", f"{tag}-1"}, timeout=120)
+        for group in trained:
+            assert {s.version for s in group.samples} == {version}, tag
+            sample = group.samples[0]
+            ids = tokenizer(group.group.prompt)["input_ids"]
+            with torch.no_grad():
+                logits = model(torch.tensor([ids + list(sample.token_ids)])).logits[0, len(ids) - 1:-1]
+            expected = torch.log_softmax(logits, -1)[torch.arange(len(sample.token_ids)), torch.tensor(sample.token_ids)]
+            assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3, tag
+
+    def publish(version: int, fault: signal.Signals | None = None, victim: str = "b") -> tuple[float, Any]:
+        """Publish the next version; with ``fault``, send it to ``victim`` once it joined the round."""
+        layer = next(layers)
+        model.load_state_dict({**model.state_dict(), **{k: v for k, v in new.items() if k.startswith(layer)}})
+        push.expect = 3 if fault else 0  # a fault: keep the window open until it is sent
+        began = time.monotonic()
+        thread = threading.Thread(target=publisher.publish, args=(model, version), daemon=True)
+        thread.start()
+        if fault:
+            wait_until(lambda: q.client.hget(push_key, "version") == str(version).encode()
+                       and q.client.hexists(members_key, victim), 20, interval=0.005, message=f"{victim} joined")
+            os.kill(workers[victim].pid, fault)
+        thread.join(60)
+        assert not thread.is_alive()
+        assert publisher.last is not None and publisher.last.push is not None
+        return time.monotonic() - began, publisher.last.push
+
+    def pause(worker: str) -> None:
+        os.kill(workers[worker].pid, signal.SIGSTOP)
+
+    def resume(worker: str) -> None:
+        os.kill(workers[worker].pid, signal.SIGCONT)
+
+    try:
+        wait_until(lambda: set(registered_workers(url, name)) >= {"a", "b"}, 120, message="both workers up")
+        took, report = publish(2)
+        assert sorted(report.acked) == ["a", "b"] and len(report.rounds) == 1 and took < 3, report
+        generates(2, "v2")
+
+        took, report = publish(3, signal.SIGSTOP)  # b stopped mid-push
+        assert report.acked == ("a",) and report.dropped == ("b",), report
+        assert took < 3 + 8 + 3 + 5  # join window, the failed round's deadline, the retry's window
+        generates(3, "v3a")  # a, by push (b is stopped)
+        resume("b")
+        pause("a")
+        generates(3, "v3b")  # b, from the folder
+        resume("a")
+
+        took, report = publish(4, signal.SIGKILL)  # b killed mid-push
+        assert report.acked == ("a",) and "b" in report.dropped, report
+        assert took < 3 + 8 + 3 + 5
+        workers["b"].communicate(timeout=30)
+        workers["c"] = spawn_worker(url, name, "c", *args)  # started mid-run: adopts v4 from its folder
+        wait_until(lambda: "c" in registered_workers(url, name), 120, message="c up")
+        pause("a")
+        generates(4, "v4c")
+        resume("a")
+
+        took, report = publish(5)  # c joins its first round
+        assert sorted(report.acked) == ["a", "c"], report
+        generates(5, "v5")
+        record = q.client.hgetall(push_key)
+        assert record[b"state"] in (b"done", b"partial") and int(record[b"acked"]) == 2
+    finally:
+        for proc in workers.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        errors = {w: proc.communicate(timeout=60)[1] for w, proc in workers.items()}
+    for w in ("a", "c"):
+        assert workers[w].returncode == 0, errors.get(w, "")[-3000:]
+        assert "weights received by push" in errors[w]
