@@ -26,6 +26,7 @@ from rollout_queue.ops.view_models import (
     EntryView,
     HoldView,
     LeaseView,
+    PushView,
     ReapedView,
     Snapshot,
     WorkerView,
@@ -113,10 +114,19 @@ def policy_section(snap: Snapshot) -> Section:
             ("buffer staleness", staleness),
             ("admission", _admission(drain, st.active_holds, snap.holds)),
             ("last commit", "none yet" if st.since_commit_ms is None else f"{duration(st.since_commit_ms)} ago")]
+    if snap.push is not None:
+        rows.append(("last weights push", _push(snap.push)))
     rows += [(f"evicted ({k})", v) for k, v in sorted(st.evictions.items())]
     rows += [(f"attempts ended {k}", v) for k, v in sorted(st.terminals.items())]
     rows += [(f"filtered ({k})", v) for k, v in sorted(st.filtered_by_reason.items())]
     return section("policy, staleness, evictions", ("", "value"), rows)
+
+
+def _push(push: PushView) -> str:
+    members = "" if push.world is None else f", {push.acked or 0} of {max(0, push.world - 1)} members received it"
+    dropped = f", {push.dropped} dropped (they load the folder)" if push.dropped else ""
+    ago = "" if push.age_ms is None else f", {duration(push.age_ms)} ago"
+    return f"round {push.epoch} of version {push.version}: {push.state}{members}{dropped}{ago}"
 
 
 def _admission(drain: DrainStatus, holds: int, who: Sequence[HoldView] = ()) -> str:

@@ -29,7 +29,8 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
     out = {**to_json(snap.stats), "attempts": to_json(snap.pel.attempts), "pel_states": to_json(snap.pel.states),
            "pel_truncated": snap.pel.truncated, "buffer_staleness": [list(x) for x in snap.buffer_staleness],
            "workers": to_json(snap.workers), "leases": to_json(snap.leases), "drain": to_json(snap.drain),
-           "holds": to_json(snap.holds), "oldest_ms": {s: snap.oldest_ms(s) for s in render.WAITING},
+           "holds": to_json(snap.holds), "push": to_json(snap.push),
+           "oldest_ms": {s: snap.oldest_ms(s) for s in render.WAITING},
            "samples": {"tokens": distribution_json(snap.sample_tokens),
                        "seconds": distribution_json(snap.sample_seconds)}}
     if snap.partitions:

@@ -91,7 +91,8 @@ def merge_snapshots(parts: Sequence[tuple[str, Snapshot | None]]) -> Snapshot:
     return Snapshot(stats, pel, tuple(w for s in got for w in s.workers), tuple(leases),
                     merge_drains([s.drain for s in got]),
                     _sum_counts([s.buffer_staleness for s in got]), max(backlog, default=None),
-                    tuple(h for s in got for h in s.holds), tuple(parts))
+                    tuple(h for s in got for h in s.holds), push=got[0].push if got else None,
+                    partitions=tuple(parts))
 
 
 def _sum_counts(parts: Sequence[Sequence[tuple[int, int]]]) -> tuple[tuple[int, int], ...]:

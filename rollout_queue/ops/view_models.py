@@ -192,6 +192,22 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
+class PushView:
+    """The last round of a torch.distributed weights push (push_open.lua's ``push`` hash): its epoch,
+    the version pushed, its state (open, sealed, done, partial, failed, empty), the world (the
+    trainer counts), the members that received it and those dropped, and how long ago it opened."""
+
+    epoch: int
+    version: int | None
+    state: str
+    world: int | None
+    acked: int | None
+    dropped: int | None
+    age_ms: int | None
+    garbage: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class HoldView:
     """An admission hold that stands now: who opened it, since when and why (hold_open.lua's
     ``holders`` line; the drain's from meta), and its deadline. Times are queue-clock ms."""
@@ -318,6 +334,8 @@ class Snapshot:
     #: ms since the oldest backlog entry was submitted (server clock; None: no backlog)
     backlog_oldest_ms: int | None = None
     holds: tuple[HoldView, ...] = field(default=())
+    #: the last weights push round (on the lead partition of a partitioned queue); None: never pushed
+    push: PushView | None = None
     #: a partitioned queue's partitions, each (name, its own snapshot or None when it did not answer);
     #: the fields above are then their sum (merge_snapshots). Empty for a plain queue.
     partitions: tuple[tuple[str, "Snapshot | None"], ...] = field(default=())

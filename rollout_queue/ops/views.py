@@ -46,6 +46,7 @@ from rollout_queue.ops.view_models import (
     DrainStatus,
     EntryView,
     HoldView,
+    PushView,
     LeaseView,
     PelSummary,
     ReapedView,
@@ -283,7 +284,22 @@ def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
     ls = yield from leases(keys)
     drain = yield from drain_status(keys)
     return Snapshot(st, pel, tuple(ws), tuple(ls), drain, buffer_staleness(st),
-                    backlog_oldest_ms=(yield from backlog_oldest(keys)), holds=tuple((yield from holds(keys))))
+                    backlog_oldest_ms=(yield from backlog_oldest(keys)), holds=tuple((yield from holds(keys))),
+                    push=(yield from push_round(keys)))
+
+
+def push_round(keys: QueueKeys) -> Flow[PushView | None]:
+    """The last round of a weights push (weights/push.py), or None when this queue never had one."""
+    raw = _flat((yield p.Command(("HGETALL", keys["push"]))))
+    if not raw:
+        return None
+    now = yield from server_ms(keys)
+    bad = Garbage()
+    opened = bad.number("push opened_ms", raw.get("opened_ms"))
+    return PushView(bad.number("push epoch", raw.get("epoch")) or 0, bad.number("push version", raw.get("version")),
+                    text(raw.get("state", "")), bad.number("push world", raw.get("world")),
+                    bad.number("push acked", raw.get("acked")), bad.number("push dropped", raw.get("dropped")),
+                    None if opened is None else now - opened, tuple(bad.notes))
 
 
 def workers(keys: QueueKeys, pel: PelSummary | None = None) -> Flow[list[WorkerView]]:

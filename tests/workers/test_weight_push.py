@@ -350,3 +350,23 @@ def test_worker_processes_take_pushes_and_a_stopped_or_killed_member_only_misses
     for w in ("a", "c"):
         assert workers[w].returncode == 0, errors.get(w, "")[-3000:]
         assert "weights received by push" in errors[w]
+
+
+def test_operators_see_the_last_round_in_stats(queue: RolloutQueue) -> None:
+    """`rollout-queue stats` (text and --json) says how the last push went."""
+    from rollout_queue.cli.render import policy_section
+    from rollout_queue.cli.status import snapshot_json
+    from rollout_queue.ops.views import snapshot
+
+    assert queue.run(snapshot(queue.keys)).push is None
+    push = WeightPush(queue, join_s=5, deadline_s=20, host="127.0.0.1")
+    got: dict[str, Any] = {}
+    thread = member(queue, "w1", got)
+    push.push(STATE, 3, "/weights/v0000003")
+    thread.join(10)
+    snap = queue.run(snapshot(queue.keys))
+    assert snap.push is not None and (snap.push.version, snap.push.state, snap.push.acked, snap.push.world) == (
+        3, "done", 1, 2)
+    rows = dict(policy_section(snap).rows)
+    assert rows["last weights push"].startswith("round 1 of version 3: done, 1 of 1 members received it")
+    assert snapshot_json(snap)["push"]["state"] == "done"
