@@ -146,7 +146,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                             checkpoint_every=args.checkpoint_every, lease_timeout_s=args.lease_timeout,
                             threads=args.threads, device=args.device, trainer_id=args.trainer_id,
                             weights_transport=args.weights_transport, weights_uri_base=args.weights_uri_base,
-                            weights_upload=args.weights_upload, push_backend=args.push_backend, push_join_s=args.push_join, push_deadline_s=args.push_deadline)
+                            weights_upload=args.weights_upload, push_backend=args.push_backend,
+                            lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, push_join_s=args.push_join, push_deadline_s=args.push_deadline)
     trainer = GrpoTrainer(q, args.model, args.weights_dir, settings, checkpoint_dir=args.checkpoint_dir,
                           stop=_stop_on_signals(),
                           on_step=lambda r: log_action(args, "step", "train", step=r.step, reward=round(r.reward, 4),
@@ -227,6 +228,10 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--weights-transport", choices=("folder", "delta", "dist"), default="folder",
                    help="folder: each version in full; delta: only the tensors that changed (a full one every 8); "
                         "dist: pushed over torch.distributed to the workers that join, written as deltas too")
+    p.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help="train a LoRA adapter of rank R (peft) and publish adapters, not models; vLLM workers "
+                        "need --engine-arg enable_lora=true --engine-arg max_lora_rank=R (default 0: full fine-tune)")
+    p.add_argument("--lora-alpha", type=float, default=None, help="the adapter's alpha (default 2 x rank)")
     p.add_argument("--push-backend", choices=("gloo", "nccl"), default="gloo",
                    help="dist: gloo (CPU tensors) or nccl (GPU tensors); workers reach this process at "
                         "$ROLLOUT_PUSH_HOST (default: its host name)")

@@ -49,6 +49,8 @@ class GrpoSettings:
     seed: int = 0
     trainer_id: str = "grpo-trainer"
     weights_transport: Transport = "folder"  # or "delta": only the tensors that changed; "dist": pushed
+    lora_rank: int = 0  # > 0: train a LoRA adapter of this rank on the attention projections, publish adapters
+    lora_alpha: float | None = None  # None: 2 * lora_rank
     push_backend: str = "gloo"  # dist: gloo (CPU tensors) or nccl (GPU tensors)
     push_join_s: float = 2.0  # dist: how long workers may join a round
     push_deadline_s: float = 60.0  # dist: the longest a round may take
@@ -86,6 +88,18 @@ class TrainerState:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def lora_model(model: Any, rank: int, alpha: float | None = None) -> Any:
+    """``model`` with a LoRA adapter on its attention projections (peft): only the adapter trains, and
+    ``WeightPublisher`` publishes only the adapter (workers apply it over the base they serve)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise RuntimeError("training a LoRA adapter needs peft: pip install peft") from exc
+    config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=0.0,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    return get_peft_model(model, config)
+
+
 class GrpoTrainer:
     """Runs ``settings.steps`` GRPO steps on ``queue``, publishing weights under ``weights_dir``."""
 
@@ -115,8 +129,10 @@ class GrpoTrainer:
         torch.set_num_threads(max(1, settings.threads))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(settings.device)
+        if settings.lora_rank > 0:
+            self.model = lora_model(self.model, settings.lora_rank, settings.lora_alpha)
         self.model.train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
+        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=settings.lr)
         self.step = self._resume()
         # Policy versions only grow: a trainer resumed from checkpoint k continues after the last
         # version it published before it stopped (fresh runs: version == step).

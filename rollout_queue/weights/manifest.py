@@ -9,8 +9,11 @@ Format (``rollout-queue-weights/1``)::
 - ``kind`` ``full``: every tensor of the model (a ``save_pretrained`` folder); ``chain`` is the
   folder itself. ``delta``: only the tensors that differ from version ``base``; ``chain`` lists
   the folders to apply in order, a full one first and this one last (siblings, by name, so a
-  weights root can be moved or mounted elsewhere).
-- ``files``: each safetensors file and its size: a reader refuses a truncated file.
+  weights root can be moved or mounted elsewhere). ``lora``: a LoRA adapter (peft's
+  ``save_pretrained`` of a ``PeftModel``: ``adapter_config.json`` and its tensors) over the base
+  model the workers serve; its own chain, like a full version (``lora.py``).
+- ``files``: each safetensors file (and a LoRA's ``adapter_config.json``) and its size: a reader
+  refuses a truncated file.
 - ``sha256``: each file's digest (written by default): what a worker that fetches the version from
   an HTTP(S) or object store checks every byte against (``fetch.py``) before anything is applied.
 
@@ -32,7 +35,9 @@ from rollout_queue.core.errors import WeightsError
 
 FORMAT = "rollout-queue-weights/1"
 MANIFEST_NAME = "manifest.json"
-Kind = Literal["full", "delta"]
+Kind = Literal["full", "delta", "lora"]
+#: Files a version may hold besides safetensors: a LoRA adapter's config (vLLM and peft read it).
+CONFIG_FILES = ("adapter_config.json",)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -58,13 +63,13 @@ class WeightManifest:
             if raw.get("format") != FORMAT:
                 raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT!r}")
             kind = raw["kind"]
-            if kind not in ("full", "delta"):
+            if kind not in ("full", "delta", "lora"):
                 raise ValueError(f"kind {kind!r}")
             chain = tuple(str(n) for n in raw["chain"])
             if not chain or any("/" in n or n in ("", ".", "..") for n in chain):
                 raise ValueError(f"chain {list(chain)!r}")
             files = {str(k): int(v) for k, v in raw["files"].items()}
-            if any("/" in name or not name.endswith(".safetensors") for name in files):
+            if any("/" in name or not (name.endswith(".safetensors") or name in CONFIG_FILES) for name in files):
                 raise ValueError(f"files {sorted(files)!r}")
             digests = {str(k): str(v) for k, v in (raw.get("sha256") or {}).items()}
             if set(digests) - set(files) or any(not _HEX64.match(v) for v in digests.values()):
@@ -74,8 +79,8 @@ class WeightManifest:
                            int(raw.get("tensors", 0)), digests)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WeightsError(f"{where}: not a valid weights manifest ({exc})") from exc
-        if (kind == "full") != (len(chain) == 1) or (kind == "delta") == (manifest.base is None):
-            raise WeightsError(f"{where}: a full version is its own chain, a delta names its base and chain")
+        if (kind != "delta") != (len(chain) == 1) or (kind == "delta") == (manifest.base is None):
+            raise WeightsError(f"{where}: a full or LoRA version is its own chain, a delta names its base and chain")
         return manifest
 
 

@@ -15,6 +15,9 @@ engine that cannot receive pushes). When some worker received the push, the vers
 first and written after, so those workers generate on it while the folder is written; when none
 did, it is written first (every worker then loads it from the folder).
 
+A ``PeftModel`` (a run that trains a LoRA adapter) is published as its adapter, whole each time
+(``lora.py``: a few MB; workers apply it over the base model they serve).
+
 Memory: delta (and dist) mode keeps one CPU copy of the saved tensors to compare against.
 """
 
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rollout_queue.ops.logs import fields
 from rollout_queue.weights import fetch as remote
+from rollout_queue.weights.lora import is_peft_model
 from rollout_queue.weights.manifest import read_manifest
 from rollout_queue.weights.push import PushReport, WeightPush
 from rollout_queue.weights.store import prune_versions, tensor_names, version_folder, write_version
@@ -99,6 +103,9 @@ class WeightPublisher:
         stays on disk then (a later delta may build on it, pruning removes it).
         """
         began = time.perf_counter()
+        if is_peft_model(model) and self.push is not None:
+            raise ValueError("a LoRA run publishes its adapter as a folder (a few MB): use transport='folder'; "
+                             "'dist' pushes whole models")
         if self.push is None:
             folder, kind, count = self._write(model, version)
             uri = self._uri(folder)
@@ -143,7 +150,8 @@ class WeightPublisher:
         return folder, kind, count
 
     def _write_local(self, model: Any, version: int, target: Path | None = None) -> tuple[Path, str, int]:
-        if self.transport in ("delta", "dist") and self._base is not None:
+        adapter = is_peft_model(model)  # its own save_pretrained writes the adapter: always whole
+        if self.transport in ("delta", "dist") and self._base is not None and not adapter:
             state = model.state_dict()
             changed = {name: state[name] for name, old in self._saved.items() if not _equal(state[name], old)}
             changed_bytes = sum(t.numel() * t.element_size() for t in changed.values())
@@ -160,7 +168,7 @@ class WeightPublisher:
         folder = write_version(self.root, version, model=model, digests=self.digests, target=target)
         manifest = read_manifest(folder)
         assert manifest is not None
-        if self.transport in ("delta", "dist"):
+        if self.transport in ("delta", "dist") and not adapter:
             self._remember(model, folder)
         return folder, "full", manifest.tensors
 

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import torch
 
 DELTA_FILE = "model.safetensors"
+#: What peft's save_pretrained of a PeftModel writes beside its tensors: the folder is a LoRA adapter.
+ADAPTER_CONFIG = "adapter_config.json"
 _VERSION_FOLDER = re.compile(r"^v\d{7,}(-[0-9a-f]+)?$")
 
 
@@ -95,9 +97,12 @@ def write_version(root: str | os.PathLike[str], version: int, *, model: Any = No
         files = {p.name: p.stat().st_size for p in sorted(staging.glob("*.safetensors"))}
         if model is not None:
             count = sum(len(_tensor_names(staging / name)) for name in files)
+        adapter = model is not None and (staging / ADAPTER_CONFIG).exists()  # a PeftModel saves its adapter
+        if adapter:
+            files[ADAPTER_CONFIG] = (staging / ADAPTER_CONFIG).stat().st_size
         digests = {name: file_sha256(staging / name) for name in files} if digests_on else {}
-        manifest = WeightManifest(version, "full" if model is not None else "delta", chain, files,
-                                  base_version, count, digests)
+        kind = "lora" if adapter else "full" if model is not None else "delta"
+        manifest = WeightManifest(version, kind, chain, files, base_version, count, digests)
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
 
     return atomic_folder(target, fill)
@@ -136,7 +141,9 @@ def weight_chain(uri: str | os.PathLike[str]) -> tuple[Path, ...]:
         found = manifest if member == folder else read_manifest(member) if member.is_dir() else None
         if found is None:
             raise WeightsError(f"{folder}: the folder {member.name!r} of its chain is missing (pruned?)")
-        if (previous is None) != (found.kind == "full") or (previous is not None and found.base != previous.version):
+        if found.kind == "lora" and len(chain) > 1:
+            raise WeightsError(f"{folder}: a LoRA adapter ({member.name!r}) is a version of its own, never part of a chain")
+        if (previous is None) != (found.kind != "delta") or (previous is not None and found.base != previous.version):
             raise WeightsError(f"{folder}: {member.name!r} does not follow version "
                                f"{previous.version if previous else None} in the chain")
         for name, size in found.files.items():

@@ -112,9 +112,10 @@ class PolicyVersions:
         try:
             if self.mode == "abort":
                 await abort_generating(f"weight update to version {version}")
+            moved: bool | None = True
             if uri:
                 try:
-                    await self.engine.load_weights(uri)
+                    moved = await self.engine.load_weights(uri)
                 except WeightsError as exc:  # nothing applied: serve on the loaded version
                     self.refused = True
                     self.stats.weight_refusals += 1
@@ -123,8 +124,9 @@ class PolicyVersions:
             else:
                 self.emit(AdoptedWithoutWeights(version))
             self.loaded, self.refused = version, False
-            for seen in self._seen.values():  # requests in flight ran under this version too
-                seen.append(version)
+            if moved is not False:  # requests in flight ran under this version too (not LoRA's in vLLM)
+                for seen in self._seen.values():
+                    seen.append(version)
             self.stats.weight_updates += 1
             self.emit(WeightsUpdated(version, uri, self.mode))
         finally:

@@ -150,9 +150,13 @@ class Engine(Protocol):
         """End a request early. Idempotent; unknown or already finished ids are ignored."""
         ...
 
-    async def load_weights(self, uri: str) -> None:
-        """Replace the policy weights with those in ``uri``: a version folder (full, or a delta
-        whose manifest names its chain; ``rollout_queue.weights``) or any ``save_pretrained`` folder.
+    async def load_weights(self, uri: str) -> bool | None:
+        """Replace the policy weights with those in ``uri``: a version folder (full, a delta whose
+        manifest names its chain, or a LoRA adapter over the served base model;
+        ``rollout_queue.weights``) or any ``save_pretrained`` folder.
+
+        Returns False when requests in flight finish on the weights they started with (vLLM keeps
+        each request on its LoRA adapter), True or None when they go on under the new weights.
 
         Every request started after this returns uses the new weights, including requests whose
         prompt shares a cached prefix with earlier ones. Raises ``WeightsError`` when the version

@@ -149,7 +149,7 @@ class ScriptedEngine:
     async def receive_push(self, ticket: PushTicket) -> None:
         raise WeightsError("the scripted engine holds no tensors to push into")
 
-    async def load_weights(self, uri: str) -> None:
+    async def load_weights(self, uri: str) -> bool:
         self._check_usable()
         if self.fatal_on_load:
             self._die(EngineError(f"scripted fatal error loading weights from {uri!r}"))
@@ -160,6 +160,7 @@ class ScriptedEngine:
             await asyncio.sleep(self.load_latency_s)
         self.weights_uri = uri
         self.loads.append(uri)
+        return True
 
     async def close(self) -> None:
         if self._closed:

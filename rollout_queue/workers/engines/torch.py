@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollout_queue.core.errors import WeightsError
 from rollout_queue.core.models import PushTicket
 from rollout_queue.weights.fetch import localize
+from rollout_queue.weights.lora import is_adapter, merged_weights, read_adapter
 from rollout_queue.weights.push import Staged, receive
 from rollout_queue.weights.store import read_chain_state, weight_chain
 from rollout_queue.workers.engines._push import PushStage
@@ -85,6 +86,8 @@ class TorchEngine:
         self._failure: EngineError | None = None
         self._closed = False
         self._push: PushStage[Staged] = PushStage()  # a pushed version not applied yet (receive_push)
+        # LoRA versions: the base value of every weight an adapter targeted (lora.py)
+        self._lora_base: dict[str, torch.Tensor] = {}
         # The version chain the model's weights were last loaded from (None: the start-up model).
         self._chain: tuple[Path, ...] | None = None
 
@@ -151,7 +154,7 @@ class TorchEngine:
         self._aborting.add(request_id)
         self._wakeup.set()
 
-    async def load_weights(self, uri: str) -> None:
+    async def load_weights(self, uri: str) -> bool:
         """Copy the tensors of the version folder ``uri`` into the model, between two steps.
 
         ``uri`` may be a full folder or a delta (``rollout_queue.weights``): a delta on the chain
@@ -165,10 +168,11 @@ class TorchEngine:
         try:
             if staged is not None:  # pushed already: nothing to read
                 await self._on_compute_thread(self._apply, staged.tensors, f"the push of {uri}")
-                return
+                return True
             # A remote version is fetched (and checked) first, off the compute thread: generation goes on.
             folder = await asyncio.to_thread(localize, uri)
             await self._on_compute_thread(self._load_weights, folder)
+            return True  # requests in flight go on under the new weights (point 5)
         except WeightsError:
             raise  # refused before the first copy: the old weights are intact
         except Exception as exc:  # the runtime cannot know which weights generate next
@@ -317,7 +321,10 @@ class TorchEngine:
         )
 
     def _load_weights(self, folder: Path) -> None:
+        if is_adapter(folder):
+            return self._load_adapter(folder)
         chain = weight_chain(folder)
+        self._lora_base = {}  # a full or delta version is the new base of any later adapter
         # A delta on the chain already applied: read and copy only the folders after it.
         incremental = self._chain is not None and chain[:len(self._chain)] == self._chain
         try:
@@ -325,6 +332,18 @@ class TorchEngine:
         except Exception as exc:  # unreadable file, bad safetensors header: nothing copied yet
             raise WeightsError(f"could not load weights from {folder}: {exc}") from exc
         self._apply(state, str(folder), incremental=incremental, chain=chain)
+
+    def _load_adapter(self, folder: Path) -> None:
+        """A LoRA version, merged: each weight it targets becomes base + scaling * B @ A, and a weight
+        an earlier adapter targeted but this one does not goes back to its base."""
+        target = self._model.state_dict()
+        pairs = read_adapter(folder)
+        base = {**{n: target[n].detach().clone() for n in pairs if n in target and n not in self._lora_base},
+                **self._lora_base}
+        merged = merged_weights(folder, base)  # refuses an adapter that does not fit, nothing copied yet
+        restore = {n: w for n, w in base.items() if n not in merged}
+        self._apply({**restore, **merged}, str(folder), incremental=True, chain=None)
+        self._lora_base = base
 
     def _apply(self, state: dict[str, torch.Tensor], source: str, *, incremental: bool = False,
                chain: tuple[Path, ...] | None = None) -> None:

@@ -25,12 +25,15 @@ import contextlib
 import dataclasses
 import importlib
 import os
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -39,6 +42,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from rollout_queue.core.errors import WeightsError
 from rollout_queue.core.models import PushTicket
 from rollout_queue.weights.fetch import localize
+from rollout_queue.weights.lora import adapter_config, is_adapter, scaling
 from rollout_queue.weights.store import weight_chain
 from rollout_queue.workers.engines._push import PushStage
 from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
@@ -59,6 +63,34 @@ _FINISH_REASONS: dict[str, FinishReason] = {
     "abort": "abort",
     "repetition": "stop",
 }
+
+
+class ResidentAdapters:
+    """The LoRA versions loaded into vLLM: the current one (what new requests start on), the older
+    ones still resident, and how many requests in flight use each (``users``, by adapter id)."""
+
+    def __init__(self) -> None:
+        self.current: LoRARequest | None = None
+        self.resident: list[LoRARequest] = []
+        self.users: Counter[int] = Counter()
+        self._ids = 0
+
+    def next(self, folder: Path) -> LoRARequest:
+        self._ids += 1
+        return LoRARequest(lora_name=f"{folder.name}#{self._ids}", lora_int_id=self._ids, lora_path=os.fspath(folder))
+
+    def adopt(self, request: LoRARequest) -> None:
+        self.current = request
+        self.resident.append(request)
+
+    def evictable(self, keep: int) -> list[LoRARequest]:
+        """Oldest first, the adapters past the newest ``keep`` that no request in flight uses."""
+        idle = [r for r in self.resident[:-1] if self.users[r.lora_int_id] == 0]
+        return idle[:max(0, len(self.resident) - max(1, keep))]
+
+    def forget(self, request: LoRARequest) -> None:
+        self.resident.remove(request)
+        self.users.pop(request.lora_int_id, None)
 
 
 class VLLMEngine:
@@ -92,6 +124,7 @@ class VLLMEngine:
         self._keep_kv = kv_on_update == "keep"
         self._loads = 0  # weight loads so far: the prefix-cache salt of new requests in keep mode
         self._push: PushStage[bool] = PushStage()  # a pushed version staged in vLLM's worker (receive_push)
+        self._lora = ResidentAdapters()  # LoRA versions: the newest serves new requests
         on_cpu = current_platform.is_cpu()
         if kv_cache_memory_bytes is None and on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
@@ -177,8 +210,13 @@ class VLLMEngine:
             if request_id in self._abort_requested:
                 return SampleOutput(token_ids=(), logprobs=(), finish_reason="abort")
             final = None
-            async for output in engine.generate(prompt, _sampling_params(params), request_id):
-                final = output
+            lora = self._lora.current  # the adapter this request starts on, kept resident until it ends
+            self._lora.users[lora.lora_int_id if lora else 0] += 1
+            try:
+                async for output in engine.generate(prompt, _sampling_params(params), request_id, lora_request=lora):
+                    final = output
+            finally:
+                self._lora.users[lora.lora_int_id if lora else 0] -= 1
         except (VLLMValidationError, EngineGenerateError) as exc:
             raise RequestFailed(f"vLLM refused request {request_id!r}: {exc}") from exc
         except EngineDeadError as exc:
@@ -202,13 +240,15 @@ class VLLMEngine:
         self._abort_requested.add(request_id)
         await self._engine.abort(request_id)
 
-    async def load_weights(self, uri: str) -> None:
+    async def load_weights(self, uri: str) -> bool:
         """Reload weights from the version folder ``uri`` (full, or a delta with its chain; see
-        ``rollout_queue.weights``) into every vLLM worker.
+        ``rollout_queue.weights``) into every vLLM worker, or load a LoRA adapter version.
 
-        Raises ``WeightsError`` when the version's chain is refused before vLLM is touched (the
-        engine keeps serving its weights), ``EngineError`` when the reload itself failed: the
-        workers may then hold a mix of old and new tensors, so the engine must not keep generating.
+        Returns whether requests in flight now run on the new weights: True for a reload (rule 3),
+        False for an adapter (each request keeps the adapter it started on). Raises
+        ``WeightsError`` when the version is refused before vLLM is touched (the engine keeps
+        serving its weights), ``EngineError`` when the reload itself failed: the workers may then
+        hold a mix of old and new tensors, so the engine must not keep generating.
         """
         engine = self._require_engine()
         staged = bool(await self._push.take(uri))
@@ -216,13 +256,19 @@ class VLLMEngine:
             rpc, args = "rq_push_apply", (uri,)
         else:
             try:
+                # A remote version is fetched (and checked) first, in a thread: generation goes on.
+                folder = await asyncio.to_thread(localize, uri)
+                if is_adapter(folder):
+                    return await self._load_adapter(engine, folder)
                 # Checked here so that a wrong path never reaches the workers (a failed reload there
                 # can leave some tensors replaced); the engine is untouched, but not on the policy.
-                # A remote version is fetched (and checked) first, in a thread: generation goes on.
-                chain = [str(folder) for folder in await asyncio.to_thread(lambda: weight_chain(localize(uri)))]
+                chain = [str(f) for f in await asyncio.to_thread(weight_chain, folder)]
             except WeightsError as exc:
                 raise WeightsError(f"could not load weights from {uri!r}: {exc}") from exc
             rpc, args = "rq_reload_chain", (chain,)
+        if self._lora.current is not None:
+            raise WeightsError(f"{uri!r} is a full version, but this engine serves LoRA adapters over its base "
+                               "model: a run publishes one kind")
         try:
             # keep: in-flight requests stay queued, nothing is scheduled until resume, so no step
             # ever runs new weights against KV blocks cached by the old ones.
@@ -242,6 +288,29 @@ class VLLMEngine:
             raise
         except Exception as exc:  # any failure leaves the workers' weights unknown
             raise EngineError(f"vLLM could not load weights from {uri!r}: {exc}") from exc
+        return True
+
+    async def _load_adapter(self, engine: AsyncLLM, folder: Path) -> bool:
+        """A LoRA version: new requests start on it; requests in flight finish on theirs (so False:
+        they did not move). Adapters no request uses are removed beyond vLLM's ``max_loras``."""
+        uri = os.fspath(folder)
+        if not self._args.enable_lora:
+            raise WeightsError(f"{uri!r} is a LoRA adapter: start the worker with --engine-arg enable_lora=true "
+                               "(and max_lora_rank >= its rank, max_loras = max_staleness + 1)")
+        scaling(adapter_config(folder), folder)  # refuses what is not plain LoRA, before vLLM sees it
+        request = self._lora.next(folder)
+        try:
+            if not await engine.add_lora(request):
+                raise WeightsError(f"vLLM refused the LoRA adapter {uri!r}")
+        except WeightsError:
+            raise
+        except Exception as exc:  # a rank above max_lora_rank, unsupported target modules: nothing applied
+            raise WeightsError(f"vLLM could not load the LoRA adapter {uri!r}: {exc}") from exc
+        self._lora.adopt(request)
+        for stale in self._lora.evictable(self._args.max_loras):
+            await engine.remove_lora(stale.lora_int_id)
+            self._lora.forget(stale)
+        return False
 
     @property
     def supports_push(self) -> bool:
