@@ -5,7 +5,6 @@ LoRA run trained through the queue, each published adapter version generating it
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
