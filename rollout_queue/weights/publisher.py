@@ -95,9 +95,11 @@ class WeightPublisher:
         self._base: Path | None = None  # the folder the next delta builds on
         self._saved: dict[str, "torch.Tensor"] = {}  # name -> CPU copy of what _base rebuilds to
 
-    def publish(self, model: Any, version: int) -> str:
+    def publish(self, model: Any, version: int, *, push: bool = True) -> str:
         """Write ``version`` of ``model`` and record it; returns its URI (the folder's path, or its
-        name under ``uri_base``).
+        name under ``uri_base``). ``push=False``: this update skips the push round of ``dist``
+        (the trainer chooses per update: a version every worker may load from storage anyway, say
+        right after a checkpoint restore).
 
         Raises VersionRegression / HoldLost as ``publish_weights`` documents; the folder written
         stays on disk then (a later delta may build on it, pruning removes it).
@@ -106,7 +108,7 @@ class WeightPublisher:
         if is_peft_model(model) and self.push is not None:
             raise ValueError("a LoRA run publishes its adapter as a folder (a few MB): use transport='folder'; "
                              "'dist' pushes whole models")
-        if self.push is None:
+        if self.push is None or not push:
             folder, kind, count = self._write(model, version)
             uri = self._uri(folder)
             self._record(version, uri)
@@ -122,7 +124,7 @@ class WeightPublisher:
                 self._record(version, uri)
         written = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
         self.last = Published(uri, os.fspath(folder), kind, count, written, time.perf_counter() - began,
-                              None if self.push is None else self.push.last)
+                              self.push.last if self.push is not None and push else None)
         removed = prune_versions(self.root, self.keep)
         if self.upload and removed:
             assert self.uri_base is not None

@@ -341,6 +341,13 @@ def test_worker_processes_take_pushes_and_a_stopped_or_killed_member_only_misses
         generates(5, "v5")
         record = q.client.hgetall(push_key)
         assert record[b"state"] in (b"done", b"partial") and int(record[b"acked"]) == 2
+
+        layer = next(layers)  # the trainer chooses per update: v6 goes by folder only
+        model.load_state_dict({**model.state_dict(), **{k: v for k, v in new.items() if k.startswith(layer)}})
+        publisher.publish(model, 6, push=False)
+        assert publisher.last is not None and publisher.last.push is None
+        assert int(q.client.hget(push_key, "epoch")) == int(record[b"epoch"])  # no round opened
+        generates(6, "v6")
     finally:
         for proc in workers.values():
             if proc.poll() is None:
@@ -370,3 +377,68 @@ def test_operators_see_the_last_round_in_stats(queue: RolloutQueue) -> None:
     rows = dict(policy_section(snap).rows)
     assert rows["last weights push"].startswith("round 1 of version 3: done, 1 of 1 members received it")
     assert snapshot_json(snap)["push"]["state"] == "done"
+
+
+@pytest.mark.vllm
+def test_one_round_reaches_two_vllm_and_two_torch_engines_and_each_then_generates_the_folder_s_tokens(
+        queue: RolloutQueue, runner: Any, tiny_model: Path, perturbed_model: Path, long_prompt: list[int],
+        tmp_path: Path) -> None:
+    """The issue's bar: one push from the trainer to two vLLM engines (each in its own worker
+    process, vLLM's default mode) and two torch engines in one round of world 5; each engine's
+    greedy tokens after the push equal its tokens after a folder reload of the same weights, over
+    prompts longer than one KV block, and all four engines agree."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from rollout_queue.weights import write_version
+    from rollout_queue.workers.engines.base import SamplingConfig
+
+    greedy = SamplingConfig(max_tokens=24, temperature=0)
+    prompts = [long_prompt, long_prompt[:150]]
+    new = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32)
+    folder = write_version(tmp_path, 2, model=new)
+    engines = {"vllm-1": make_engine("vllm", tiny_model), "vllm-2": make_engine("vllm", tiny_model),
+               "torch-1": make_engine("torch", tiny_model), "torch-2": make_engine("torch", tiny_model)}
+
+    async def generate(engine: Any, tag: str) -> list[list[int]]:
+        outs = await asyncio.gather(*(engine.generate(f"{tag}-{i}", p, greedy) for i, p in enumerate(prompts)))
+        return [o.token_ids for o in outs]
+
+    async def everyone(step: Any) -> dict[str, Any]:
+        return dict(zip(engines, await asyncio.gather(*(step(name, e) for name, e in engines.items()))))
+
+    for engine in engines.values():
+        runner.run(engine.start(), timeout=300)
+    try:
+        handles = {name: queue.worker(name) for name in engines}
+        for w in handles.values():
+            w.heartbeat()
+        push = WeightPush(queue, join_s=20, deadline_s=120, host="127.0.0.1")
+        thread, out = push_in_thread(push, dict(new.state_dict()), 2, str(tmp_path / "pushed"))
+
+        async def join_and_receive(name: str, engine: Any) -> None:
+            ticket = await asyncio.to_thread(wait_ticket, handles[name])
+            await engine.receive_push(ticket)
+
+        runner.run(everyone(join_and_receive), timeout=180)
+        thread.join(120)
+        report = out["report"]
+        assert sorted(report.acked) == sorted(engines) and report.rounds[0].members.keys() == engines.keys()
+        assert len(report.rounds) == 1 and max(report.rounds[0].members.values()) == 4  # world 5
+
+        async def pushed(name: str, engine: Any) -> list[list[int]]:
+            await engine.load_weights(str(tmp_path / "pushed"))  # no such folder: only the staged tensors
+            return await generate(engine, "pushed")
+
+        async def reloaded(name: str, engine: Any) -> list[list[int]]:
+            await engine.load_weights(str(folder))
+            return await generate(engine, "reloaded")
+
+        after_push = runner.run(everyone(pushed), timeout=300)
+        after_reload = runner.run(everyone(reloaded), timeout=300)
+    finally:
+        for engine in engines.values():
+            runner.run(engine.close(), timeout=120)
+    assert after_push == after_reload
+    assert len({str(tokens) for tokens in after_push.values()}) == 1  # vLLM and torch agree (fp32)
