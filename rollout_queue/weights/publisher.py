@@ -113,7 +113,7 @@ class WeightPublisher:
             uri = self._uri(folder)
             self._record(version, uri)
         else:
-            folder = version_folder(self.root, version)
+            folder = version_folder(self.root, version, unique=True)
             uri = self._uri(folder)
             pushed = self.push.push(model.state_dict(), version, uri)
             if pushed.acked:  # they generate on it while the fallback is written

@@ -61,6 +61,8 @@ BUCKET_BYTES = 64 * 2**20
 ALIGN = 16
 #: How often the trainer asks whether the join window may close.
 SEAL_POLL_S = 0.01
+#: How long the trainer waits for acks after its broadcast failed (members that had everything ack at once).
+ACK_AFTER_FAILURE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,10 @@ class WeightPush:
         finally:
             if group is not None and error is not None:
                 _close_group(group)
-        acked = _acks(scope, sealed.members, deadline - self.clock())
+        # After a failure only members that had everything before it can still ack: wait briefly,
+        # not to the deadline (a SIGKILLed member breaks the collective at once; retry sooner).
+        left = deadline - self.clock()
+        acked = _acks(scope, sealed.members, left if error is None else min(left, ACK_AFTER_FAILURE_S))
         if group is not None and error is None:
             _close_group(group)
         scope.set("plan", b"")  # the round is over (and the store, alive as long as the trainer, stays small)

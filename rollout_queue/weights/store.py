@@ -62,10 +62,12 @@ def save_model(model: Any, folder: Path) -> None:
                   os.fspath(folder / DELTA_FILE))
 
 
-def version_folder(root: Path, version: int) -> Path:
-    """``root/v0000007``; a fresh suffixed name when a failed earlier attempt left that one."""
+def version_folder(root: Path, version: int, *, unique: bool = False) -> Path:
+    """``root/v0000007``; a fresh suffixed name when a failed earlier attempt left that one, or
+    always with ``unique`` (a pushed version: its URI is announced before the folder exists, so a
+    restarted trainer's same version must not share the URI of one a worker may have staged)."""
     folder = root / f"v{version:07d}"
-    return folder if not folder.exists() else root / f"v{version:07d}-{secrets.token_hex(4)}"
+    return folder if not folder.exists() and not unique else root / f"v{version:07d}-{secrets.token_hex(4)}"
 
 
 def write_version(root: str | os.PathLike[str], version: int, *, model: Any = None,
