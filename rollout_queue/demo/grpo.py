@@ -76,6 +76,9 @@ class StepRecord:
     compute_s: float = 0.0   # tensors, forward, backward, optimizer step, commit
     publish_s: float = 0.0   # weights folder + hold + version (+ checkpoint)
     metric: float | None = None  # the task's own per-sample metric (an environment's final "metric"), mean
+    #: s from publishing the newest version to this lease, when it is the first to bring samples
+    #: generated (at least partly) on that version; None otherwise
+    version_lag_s: float | None = None
 
 
 @dataclass
@@ -137,6 +140,7 @@ class GrpoTrainer:
         # Policy versions only grow: a trainer resumed from checkpoint k continues after the last
         # version it published before it stopped (fresh runs: version == step).
         self.version = queue.version
+        self._published_at: dict[int, float] = {}  # version -> when published, until its first samples arrive
 
     def _resume(self) -> int:
         """Load the newest checkpoint, if any, and requeue what was committed after it."""
@@ -175,6 +179,7 @@ class GrpoTrainer:
 
         step = self.step + 1
         began = time.monotonic()
+        lag = self._version_lag(lease, began)
         with training_step(lease, step=step if self.checkpoint_dir else None):
             batch = lease_batch(lease, tokenizer=self.tokenizer, pad_token_id=self.tokenizer.pad_token_id or 0,
                                 device=self.settings.device)
@@ -187,6 +192,7 @@ class GrpoTrainer:
         computed = time.monotonic()
         self.version += 1
         self.publisher.publish(self.model, self.version)
+        self._published_at[self.version] = time.monotonic()
         if self.checkpoint_dir and (step % self.settings.checkpoint_every == 0 or step == self.settings.steps):
             save_checkpoint(self.queue, step, self._save)
         staleness = batch.staleness.float()
@@ -194,11 +200,21 @@ class GrpoTrainer:
         record = StepRecord(step, time.monotonic() - self.state.started_at, float(batch.rewards.mean()),
                             len(batch.entry_ids), batch.num_response_tokens, int(staleness.max()),
                             float(staleness.mean()), metrics["loss"], metrics["ratio_mean"], batch.entry_ids,
-                            wait_s, computed - began, time.monotonic() - computed, _task_metric(lease.groups))
+                            wait_s, computed - began, time.monotonic() - computed, _task_metric(lease.groups), lag)
         with self.state.lock:
             self.state.records.append(record)
         if self.on_step:
             self.on_step(record)
+
+    def _version_lag(self, lease: Any, now: float) -> float | None:
+        """Publish-to-lease time of the newest version, for the first lease with samples on it."""
+        newest = max((v for g in lease.groups for s in g.samples for v in (s.versions or (s.version,))), default=None)
+        if newest is None or newest not in self._published_at:
+            return None
+        lag = now - self._published_at[newest]
+        for version in [v for v in self._published_at if v <= newest]:  # older ones are no news any more
+            del self._published_at[version]
+        return lag
 
     def _save(self, step: int) -> None:
         """Model + optimizer as one folder, written aside and renamed (a crash leaves the last one)."""
