@@ -442,3 +442,13 @@ def test_one_round_reaches_two_vllm_and_two_torch_engines_and_each_then_generate
             runner.run(engine.close(), timeout=120)
     assert after_push == after_reload
     assert len({str(tokens) for tokens in after_push.values()}) == 1  # vLLM and torch agree (fp32)
+
+
+def test_announcements_on_the_versions_channel_are_told_apart() -> None:
+    from rollout_queue.workers.heartbeat import PushNotice, VersionNotice, parse_announcement
+
+    assert parse_announcement(b"push|7|12") == PushNotice(7, 12)
+    assert parse_announcement(b"12|/w/v0000012") == VersionNotice(12, "/w/v0000012")
+    assert parse_announcement("12|") == VersionNotice(12, None)
+    for garbage in (b"push|x|1", b"push|1", b"push", b"nope", b"|x", "\u00e9|x"):
+        assert parse_announcement(garbage) is None
