@@ -150,3 +150,63 @@ def test_a_process_started_while_the_urls_node_is_down_exits_3_not_an_internal_e
         assert "cannot reach" in done.stderr and "internal error" not in done.stderr
     finally:
         private_cluster.restart(0)
+
+
+def test_the_shipped_trainer_and_torch_workers_train_on_a_cluster_with_pushed_weights(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: Any) -> None:
+    """``rollout-queue train`` itself (the GRPO trainer, a real tiny model) creates a P = 6 queue on
+    the 3-master cluster and trains 3 steps from two torch workers and ``rollout-queue produce``,
+    every version pushed over torch.distributed with the rendezvous on the cluster; the workers
+    take every push and exit 0 on SIGTERM."""
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from rollout_queue.workers.tiny_model import build_tiny_model
+
+    monkeypatch.setenv("ROLLOUT_PUSH_HOST", "127.0.0.1")
+    model = str(build_tiny_model(tmp_path / "tiny"))
+    url, name = cluster.url, spread_name(cluster, P)
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b"".join(orjson.dumps({"question": f"what is {i} + {i}?"}) + b"\n" for i in range(36)))
+    common = ["--url", url, "--queue", name, "--partitions", str(P)]
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*argv: str) -> subprocess.Popen[str]:
+        procs.append(spawn(*argv))
+        return procs[-1]
+
+    try:
+        trainer = start("-m", "rollout_queue", *common, "train", "--model", model, "--weights-dir",
+                        str(tmp_path / "weights"), "--steps", "3", "--batch-groups", str(P), "--lr", "1e-3",
+                        "--threads", "1", "--weights-transport", "dist", "--push-join", "10")
+        def created() -> Any:
+            if trainer.poll() is not None:
+                raise AssertionError(f"the trainer exited {trainer.returncode}: {trainer.communicate()[1][-3000:]}")
+            return opened(url, name)
+
+        q = wait_until(created, 120, interval=0.1, message="the trainer to create the queue")
+        workers = [start("-m", "rollout_queue.workers", *common, "--engine", "torch", "--model", model,
+                         "--worker-id", f"tw-{i}", "--max-tokens", "6", "--block-ms", "200",
+                         "--reward", "rollout_queue.demo.task:digit_reward") for i in (1, 2)]
+        producer = start("-m", "rollout_queue", *common, "produce", str(dataset), "--prompt-field", "question",
+                         "--n", "2", "--batch-size", "6", "--max-backlog", "18", "--no-progress")
+        code, _, err = finish(trainer, 240)
+        assert code == 0, err[-3000:]
+        assert q.version == 3 and q.stats().committed >= 3 * P
+        producer.send_signal(signal.SIGTERM)
+        finish(producer)
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+            code, _, err = finish(proc, 60)
+            assert code == 0, err[-3000:]
+            assert err.count("weights received by push") >= 2, err[-3000:]  # v1 may have been before it was up
+        push = q.client.hgetall(q.layout.keys[0]["push"])
+        assert push[b"version"] == b"3" and push[b"state"] == b"done" and push[b"acked"] == b"2"
+        q.close()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        delete_queue(cluster, name)
