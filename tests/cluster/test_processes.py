@@ -48,6 +48,15 @@ def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str
     return proc.returncode, out, err
 
 
+def clean_up(procs: list[subprocess.Popen[str]], cluster: LocalCluster, name: str) -> None:
+    """Kill what a test left running and delete its queue."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    delete_queue(cluster, name)
+
+
 def opened(url: str, name: str) -> Any:
     try:
         return RolloutQueue.from_url(url, name, partitions=P, create=False)
@@ -130,11 +139,7 @@ def run_processes(cluster: LocalCluster, tmp_path: Path, kill_master: bool) -> N
         assert sum(cursors) == GROUPS and all(cursors)  # each partition's cursor counts its own groups
         q.close()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        delete_queue(cluster, name)
+        clean_up(procs, cluster, name)
 
 
 
@@ -189,10 +194,14 @@ def test_the_shipped_trainer_and_torch_workers_train_on_a_cluster_with_pushed_we
         workers = [start("-m", "rollout_queue.workers", *common, "--engine", "torch", "--model", model,
                          "--worker-id", f"tw-{i}", "--max-tokens", "6", "--block-ms", "200",
                          "--reward", "rollout_queue.demo.task:digit_reward") for i in (1, 2)]
+        # No data before both workers are up: every version's round then expects and reaches both.
+        wait_until(lambda: q.client.zcard(q.layout.keys[0]["workers"]) == 2, 120, interval=0.1,
+                   message="both workers up")
         producer = start("-m", "rollout_queue", *common, "produce", str(dataset), "--prompt-field", "question",
                          "--n", "2", "--batch-size", "6", "--max-backlog", "18", "--no-progress")
-        code, _, err = finish(trainer, 240)
-        assert code == 0, err[-3000:]
+        code, _, trainer_err = finish(trainer, 240)
+        assert code == 0, trainer_err[-3000:]
+        rounds = [line for line in trainer_err.splitlines() if "weights push round" in line]
         assert q.version == 3 and q.stats().committed >= 3 * P
         producer.send_signal(signal.SIGTERM)
         finish(producer)
@@ -200,13 +209,9 @@ def test_the_shipped_trainer_and_torch_workers_train_on_a_cluster_with_pushed_we
             proc.send_signal(signal.SIGTERM)
             code, _, err = finish(proc, 60)
             assert code == 0, err[-3000:]
-            assert err.count("weights received by push") >= 2, err[-3000:]  # v1 may have been before it was up
+            assert err.count("weights received by push") == 3, (err[-3000:], rounds)
         push = q.client.hgetall(q.layout.keys[0]["push"])
         assert push[b"version"] == b"3" and push[b"state"] == b"done" and push[b"acked"] == b"2"
         q.close()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        delete_queue(cluster, name)
+        clean_up(procs, cluster, name)
