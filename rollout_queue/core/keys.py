@@ -39,6 +39,7 @@ KEY_SUFFIXES: dict[str, str] = {
     "intake": "intake",
     "progress": "progress",
     "reaped": "reaped",
+    "retired": "retired",
     "holders": "holders",
     "push": "push",
     "push_members": "push:members",

@@ -708,10 +708,9 @@ class ReapScan:
     expired_leases: tuple[bytes, ...]
     expired_holds: tuple[bytes, ...]
     stale: int
-    orphans: tuple[bytes, ...]
     prune_due: bool
     interrupted: bool
-    empty: tuple[bytes, ...]
+    retired: tuple[bytes, ...]
 
 
 def _names(value: Any) -> tuple[bytes, ...]:
@@ -720,7 +719,13 @@ def _names(value: Any) -> tuple[bytes, ...]:
 
 @_shaped
 def parse_reap_scan(reply: Any) -> ReapScan:
-    return ReapScan(*_fields("reap_scan", reply, {}, _names, _names, _names, _int, _names, _flag, _flag, _names))
+    return ReapScan(*_fields("reap_scan", reply, {}, _names, _names, _names, _int, _flag, _flag, _names))
+
+
+@_shaped
+def parse_sweep_owners(reply: Any) -> tuple[tuple[bytes, ...], bool]:
+    """sweep_owners: (orphan consumer names among the entries looked at, wrapped to the PEL's start)."""
+    return _fields("sweep_owners", reply, {}, _names, _flag)  # type: ignore[return-value]
 
 
 @_shaped

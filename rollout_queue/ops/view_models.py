@@ -186,7 +186,7 @@ class WorkerView:
     #: the partition (queue name) this registration is in: a partitioned worker has one per partition
     partition: str = ""
     #: ms since the worker's oldest executing attempt was reserved (None: it executes nothing). Unlike
-    #: ``idle_ms`` (XINFO's, reset by any reserve or settlement) this grows only while one attempt runs.
+    #: ``idle_ms`` (ms since its newest attempt was reserved) this grows only while one attempt runs.
     oldest_attempt_ms: int | None = None
     progress: WorkerProgress | None = None
 
@@ -304,6 +304,10 @@ class PelSummary:
     oldest_ms: Mapping[str, int] = field(default_factory=dict)
     #: worker -> ms since its oldest executing attempt was reserved
     oldest_by_worker: Mapping[str, int] = field(default_factory=dict)
+    #: PEL owner (worker, @ready, @done, @lease:<id>) -> entries it holds among those read
+    pending_by_owner: Mapping[str, int] = field(default_factory=dict)
+    #: PEL owner -> ms since its newest entry was handed to it (a worker: its latest reserve)
+    newest_by_owner: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ from rollout_queue.ops.view_models import (
 Clock = Callable[[], float]
 #: Most PEL entries a summary reads (XPENDING pages of PAGE): bounded work on a huge queue.
 PEL_LIMIT = 10_000
+#: Registered workers read per command by the workers view.
+WORKERS_PAGE = 256
 PAGE = 1000
 #: How far back `inspect` looks for an entry's dead letter.
 DLQ_SCAN = 1000
@@ -193,6 +195,8 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
     ages: list[int] = []
     oldest: dict[str, int] = {}
     by_worker: dict[str, int] = {}
+    held: dict[str, int] = {}
+    newest: dict[str, int] = {}
     start, seen = "-", 0
     while seen < limit:
         want = min(PAGE, limit - seen)
@@ -202,14 +206,16 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
             attempts[row.deliveries] = attempts.get(row.deliveries, 0) + 1
             states[state] = states.get(state, 0) + 1
             oldest[state] = max(oldest.get(state, 0), row.idle_ms)
+            held[row.consumer] = held.get(row.consumer, 0) + 1
+            newest[row.consumer] = min(newest.get(row.consumer, row.idle_ms), row.idle_ms)
             if state == "executing":
                 ages.append(row.idle_ms)
                 by_worker[row.consumer] = max(by_worker.get(row.consumer, 0), row.idle_ms)
         seen += len(page)
         if len(page) < want:
-            return PelSummary(attempts, states, tuple(ages), seen, False, oldest, by_worker)
+            return PelSummary(attempts, states, tuple(ages), seen, False, oldest, by_worker, held, newest)
         start = "(" + page[-1].entry_id
-    return PelSummary(attempts, states, tuple(ages), seen, True, oldest, by_worker)
+    return PelSummary(attempts, states, tuple(ages), seen, True, oldest, by_worker, held, newest)
 
 
 def backlog_oldest(keys: QueueKeys) -> Flow[int | None]:
@@ -305,27 +311,34 @@ def push_round(keys: QueueKeys) -> Flow[PushView | None]:
 def workers(keys: QueueKeys, pel: PelSummary | None = None) -> Flow[list[WorkerView]]:
     """Registered workers with their last heartbeat, the age of their oldest executing attempt and
     their last reported progress, plus PEL consumers nobody registered (orphans). ``pel``: a summary
-    already read (the snapshot's), else one is read here."""
+    already read (the snapshot's), else one is read here; what each worker holds is counted from it
+    (exact unless it was truncated). Every command reads at most WORKERS_PAGE members, so the view
+    never holds Redis for longer as the fleet grows (XINFO CONSUMERS, which lists every consumer in
+    one reply, is not used: issue 17)."""
     cfg = yield from config(keys)
     now = yield from server_ms(keys)
     pel = pel or (yield from pel_summary(keys))
-    beats = _scored((yield p.Command(("ZRANGE", keys["workers"], 0, -1, "WITHSCORES"))))
-    consumers = yield p.Command(("XINFO", "CONSUMERS", keys["src"], "rollout"))
-    held = {text(c["name"]): (int(c["pending"]), int(c["idle"])) for c in map(_flat, consumers)}
-    reports = _flat((yield p.Command(("HGETALL", keys["progress"]))))
+    held = dict(pel.pending_by_owner)
     timeout_ms = int(cfg.worker_timeout_s * 1000)
     out = []
-    for wid, score in beats:
-        bad = Garbage()
-        seen = bad.number("heartbeat score", score)
-        pending, idle = held.pop(wid, (0, None))
-        silent = None if seen is None else now - seen
-        progress = _progress(reports.get(wid), bad)
-        out.append(WorkerView(wid, seen, silent, silent is not None and silent <= timeout_ms, pending, idle,
-                              tuple(bad.notes), oldest_attempt_ms=pel.oldest_by_worker.get(wid), progress=progress))
-    for name, (pending, idle) in held.items():
+    start = 0
+    while True:
+        beats = _scored((yield p.Command(("ZRANGE", keys["workers"], start, start + WORKERS_PAGE - 1, "WITHSCORES"))))
+        lines = (yield p.Command(("HMGET", keys["progress"], *(w for w, _ in beats)))) if beats else []
+        for (wid, score), line in zip(beats, lines):
+            bad = Garbage()
+            seen = bad.number("heartbeat score", score)
+            silent = None if seen is None else now - seen
+            progress = _progress(line, bad)
+            out.append(WorkerView(wid, seen, silent, silent is not None and silent <= timeout_ms, held.pop(wid, 0),
+                                  pel.newest_by_owner.get(wid), tuple(bad.notes),
+                                  oldest_attempt_ms=pel.oldest_by_worker.get(wid), progress=progress))
+        if len(beats) < WORKERS_PAGE:
+            break
+        start += WORKERS_PAGE
+    for name, pending in held.items():
         if not name.startswith("@") and pending:
-            out.append(WorkerView(name, None, None, False, pending, idle,
+            out.append(WorkerView(name, None, None, False, pending, pel.newest_by_owner.get(name),
                                   oldest_attempt_ms=pel.oldest_by_worker.get(name)))
     return out
 

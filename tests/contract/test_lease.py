@@ -42,7 +42,7 @@ def test_header_matches_builder() -> None:
     check_header(
         "lease",
         ["src", "meta", "ready", "buffer", "bufver", "results", "workers", "reserves", "leases", "holds",
-         "history", "ledger", "dlq", "wake_work", "wake_done", "progress", "reaped"],
+         "history", "ledger", "dlq", "wake_work", "wake_done", "progress", "reaped", "retired"],
         ["lease_id", "token", "trainer_id", "groups", "partial", "timeout_ms"],
     )
 

@@ -42,7 +42,7 @@ LOST_REASON = "worker silent past worker_timeout"
 def test_header_matches_builder() -> None:
     check_header("reap_worker",
                  ["src", "meta", "ready", "workers", "reserves", "history", "ledger", "dlq", "wake_work", "progress",
-                  "reaped"],
+                  "reaped", "retired"],
                  ["worker_id", "count"])
 
 
@@ -311,3 +311,58 @@ def test_a_batch_boundary_exactly_at_batch(open_queue, raw, queue_name) -> None:
     s = q.stats()
     assert (s.executing_groups, s.executing_samples, s.ready, s.retained) == (0, 0, len(ids), len(ids))
     assert s.terminals["lost"] == len(ids)
+
+
+def test_a_closed_workers_consumer_is_found_through_retired_and_deleted(open_queue, raw, queue_name) -> None:
+    # close() leaves the consumer (the worker role may not delete it) and marks it retired; one reap
+    # deletes it and the mark, without listing the group's consumers.
+    q = open_queue(FAST)
+    submit(q, 1)
+    w = q.worker("w-closing")
+    reserve_all(w, 1)
+    w.close()
+    k = keys(queue_name)
+    assert "w-closing" in _consumers(raw, queue_name)
+    assert raw.zscore(k["retired"], "w-closing") is not None
+    report = q.reap()
+    assert (report.lost, report.orphans) == (0, 0)
+    assert "w-closing" not in _consumers(raw, queue_name)
+    assert raw.zcard(k["retired"]) == 0
+
+
+def test_a_retired_id_registered_again_keeps_its_consumer(open_queue, raw, queue_name) -> None:
+    # A worker id that closed and came back (same host:gpu) is alive: the reaper only drops the mark.
+    q = open_queue(FAST)
+    submit(q, 2)
+    w = q.worker("w-back")
+    reserve_all(w, 1)
+    w.close()
+    again = q.worker("w-back")
+    [res] = again.reserve(1)
+    q.reap()
+    k = keys(queue_name)
+    assert raw.zcard(k["retired"]) == 0
+    assert "w-back" in _consumers(raw, queue_name)
+    assert owners(raw, queue_name, [res.entry_id]) == ["w-back"]
+
+
+def test_an_orphan_behind_a_pel_longer_than_one_sweep_is_found_within_the_passes_the_sweep_needs(
+        open_queue, raw, queue_name) -> None:
+    # The owners sweep reads OWNERS_BATCH PEL entries a pass from a cursor: an orphan whose entries
+    # sit past the first batch is found within ceil(PEL / batch) passes, and never sooner than its
+    # entries come up (no pass lists every consumer).
+    from rollout_queue.core.flows import reaper
+
+    q = open_queue(QueueConfig(worker_timeout_s=60, max_executing_samples=10**6))
+    batch = reaper.OWNERS_BATCH
+    submit(q, 2 * batch + 2, n=1)
+    reserve_all(q.worker("w-live"), 2 * batch)
+    raw.xreadgroup("rollout", "ghost", {keys(queue_name)["src"]: ">"}, count=2)
+    found, passes = 0, 0
+    while not found:
+        passes += 1
+        assert passes <= 3, "the sweep must reach every PEL entry within ceil(PEL / batch) passes"
+        found = q.reap().orphans
+    assert passes == 3  # 2 * batch live entries come first
+    assert "ghost" not in _consumers(raw, queue_name)
+    assert q.stats().ready == 2

@@ -28,13 +28,13 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     ``budget``: entries per script call, 1..MAX_REAP_BUDGET."""
     budget = check_int(budget, "budget", 1, MAX_REAP_BUDGET)
     scan = p.parse_reap_scan((yield p.build(keys, "reap_scan", count=budget)))
+    orphans, _ = p.parse_sweep_owners((yield p.build(keys, "sweep_owners", count=OWNERS_BATCH)))
     report = ReapReport()
     # Names go back to the scripts as the raw bytes Redis gave: a name that is not UTF-8 (garbage
     # written by hand) is then reaped like any other instead of failing the whole pass.
-    orphans = list(scan.orphans)
     for worker in list(scan.silent) + [o for o in orphans if not o.startswith(b"@lease:")]:
         report += yield from _reap_worker(keys, worker, orphan=worker in orphans, budget=budget)
-    for worker in scan.empty:  # closed or reaped inline: only the consumer is left
+    for worker in scan.retired:  # closed or reaped inline: only the consumer may be left
         yield from _reap_worker(keys, worker, orphan=False, budget=budget)
     for lease_id in list(scan.expired_leases) + [o[7:] for o in orphans if o.startswith(b"@lease:")]:
         while True:
@@ -63,6 +63,11 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
     report += ReapReport(reindexed=p.parse_reindex(reply))
     return report
 
+
+#: PEL entries whose owners one reap pass checks (sweep_owners.lua): a PEL of at most this many is
+#: swept whole every pass; a larger one in PEL / OWNERS_BATCH passes, each a fraction of a ms of
+#: script whatever the number of consumers (XINFO CONSUMERS, which lists them all, is not used).
+OWNERS_BATCH = 256
 
 #: PEL entries one reap pass checks against their index (reindex.lua): ~0.1 ms of script a call, so a
 #: queue of 100k owned entries is swept every ~400 passes (minutes at the reaper's 1 s interval).

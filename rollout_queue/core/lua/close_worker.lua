@@ -11,6 +11,7 @@ KEYS:
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   progress   worker id -> its last reported counts (deleted with the registration)
+  retired    worker ids deregistered while their consumer may remain, by when
 ARGV:
   worker_id  the worker
   terminal   'aborted' (drain, clean close: not counted) or 'lost' (fatal engine error: counted)
@@ -23,7 +24,8 @@ Invariant:
   ready (or dead at max_attempts): a worker never holds work it is not executing. The first call
   marks the close (reserves: closing|terminal|reason) and makes the worker due at once, so a caller
   that dies between batches leaves the rest to the reaper under the same terminal. The consumer
-  itself is deleted by the reaper (the worker role has no XGROUP DELCONSUMER).
+  itself is deleted by the reaper (the worker role has no XGROUP DELCONSUMER), which finds it in
+  `retired`.
 ]]
 -- @include bug
 -- @include now_ms
@@ -47,6 +49,7 @@ if #entries < tonumber(A.count) then
   redis.call('ZREM', K.workers, worker)
   redis.call('HDEL', K.reserves, worker)
   redis.call('HDEL', K.progress, worker)
+  redis.call('ZADD', K.retired, now, worker)  -- its consumer is left for the reaper to delete
   done = 1
 end
 return {'ok', requeued, dead, done}

@@ -18,6 +18,7 @@ KEYS:
   wake_done  wake stream for blocked trainers
   progress   worker id -> reported counts (a reaped worker's is deleted)
   reaped     capped stream of reaped workers
+  retired    worker ids deregistered while their consumer may remain, by when
   The lease record rollout:{q}:lease:<lease_id> (a hash) is built from meta's prefix (same hash tag).
 ARGV:
   lease_id    string, chosen by the client (a retry with the same id and token replays the answer)

@@ -1,7 +1,6 @@
 --[[
 reap_scan: read-only: what the reaper should look at now (it changes nothing itself).
 KEYS:
-  src        the reservations stream
   meta       config, policy version
   workers    worker ids by last heartbeat
   leases     lease ids by deadline
@@ -9,16 +8,18 @@ KEYS:
   bufver     completed entry IDs by (min_version, arrival)
   settled    settle times of settled groups (entry ID -> source_id), for prune
   kept       committed entry IDs kept for restore, scored by step
+  retired    worker ids deregistered while their consumer may remain, by when
 ARGV:
   count      at most this many ids of each kind
 Returns:
   {'ok', {silent worker ids}, {expired lease ids}, {expired hold ids}, stale groups,
-   {orphan consumers: PEL consumers with pending entries that are neither registered workers nor
-    active leases}, prune due 0|1 (groups settled longer ago than settled_retention_s),
+   prune due 0|1 (groups settled longer ago than settled_retention_s),
    interrupted 0|1 (a restore unfinished, or kept entries a recorded checkpoint covers),
-   {empty consumers: unregistered worker consumers that own nothing, for reap_worker to delete}}
+   {retired worker ids: consumers that may be left, for reap_worker to delete}}
 Invariant:
-  none; every id it returns is re-checked by the transition script that acts on it.
+  none; every id it returns is re-checked by the transition script that acts on it. O(count log N)
+  whatever the number of consumers, entries or leases: PEL consumers nobody registered (orphans)
+  are found by sweep_owners, a bounded cursor over the PEL, not here.
 ]]
 -- @include now_ms
 -- @include load_config
@@ -42,25 +43,11 @@ local stale = 0
 if floor then
   stale = redis.call('ZCOUNT', K.bufver, '-inf', '(' .. fmt_score(buffer_version_score(floor, 0)))
 end
-local orphans, empty = {}, {}
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', K.src, 'rollout')) do
-  local name, pending = nil, 0
-  for i = 1, #c, 2 do
-    if c[i] == 'name' then name = c[i + 1] end
-    if c[i] == 'pending' then pending = tonumber(c[i + 1]) end
-  end
-  if pending > 0 and #orphans < count and name ~= '@ready' and name ~= '@done' then
-    if string.sub(name, 1, 7) == '@lease:' then
-      if not redis.call('ZSCORE', K.leases, string.sub(name, 8)) then table.insert(orphans, name) end
-    elseif not redis.call('ZSCORE', K.workers, name) then
-      table.insert(orphans, name)
-    end
-  elseif pending == 0 and #empty < count and string.sub(name, 1, 1) ~= '@' and name ~= ''
-      and not redis.call('ZSCORE', K.workers, name) then
-    -- A worker that closed, or was reaped inline by reserve (whose role may not delete consumers).
-    table.insert(empty, name)
-  end
-end
+-- Consumers left behind by a close or an inline reaping (their registration ended, the worker role may
+-- not delete consumers): an index read, not XINFO CONSUMERS, so the scan costs the same whatever the
+-- fleet's size (issue 17). A name registered again is passed on too: reap_worker finds it alive and
+-- only drops its retired mark.
+local empty = redis.call('ZRANGE', K.retired, 0, count - 1)
 local prune_due = 0
 if cfg.settled_retention_ms then
   local head = redis.call('XRANGE', K.settled, '-', tostring(stream_ms() - cfg.settled_retention_ms), 'COUNT', 1)
@@ -71,4 +58,4 @@ if redis.call('HEXISTS', K.meta, 'restoring') == 1
     or (cfg.checkpoint and redis.call('ZCOUNT', K.kept, '-inf', cfg.checkpoint) > 0) then
   interrupted = 1
 end
-return {'ok', silent, expired, holds, stale, orphans, prune_due, interrupted, empty}
+return {'ok', silent, expired, holds, stale, prune_due, interrupted, empty}

@@ -12,13 +12,14 @@ KEYS:
   wake_work  wake stream for blocked reservers
   progress   worker id -> its last reported counts (deleted with the registration)
   reaped     capped stream: one line per reaping call (who, last heartbeat, what it held)
+  retired    worker ids deregistered while their consumer may remain, by when
 ARGV:
   worker_id  the worker (a registered one, or a PEL consumer with no registration at all, pending
              entries or none: its consumer is deleted once it owns nothing)
   count      at most this many entries per call
 Returns:
   {'ok', requeued, dead_lettered, done 0|1}   call again until done = 1
-  {'alive', last_heartbeat_ms}                nothing written
+  {'alive', last_heartbeat_ms}                nothing written but the worker's retired mark
 Invariant:
   a worker is reaped only when the server clock says it has been silent past worker_timeout, judged
   inside this script, so a heartbeat that lands first always saves it.
@@ -32,7 +33,13 @@ local cfg = load_config()
 local worker = A.worker_id
 if worker == '' or string.sub(worker, 1, 1) == '@' then bug('bad worker id') end
 local seen = tonumber(redis.call('ZSCORE', K.workers, worker))
-if seen and seen >= due_now(cfg, now) - cfg.worker_timeout_ms then return {'alive', seen} end
+if seen and seen >= due_now(cfg, now) - cfg.worker_timeout_ms then
+  redis.call('ZREM', K.retired, worker)  -- registered again: its consumer is in use
+  return {'alive', seen}
+end
 local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now, silent_counted(cfg, seen))
-if done then redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker) end
+if done then
+  redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker)
+  redis.call('ZREM', K.retired, worker)
+end
 return {'ok', requeued, dead, done and 1 or 0}

@@ -16,6 +16,7 @@ KEYS:
   wake_work  wake stream for blocked reservers
   progress   worker id -> reported counts (a reaped worker's is deleted)
   reaped     capped stream of reaped workers
+  retired    worker ids deregistered while their consumer may remain, by when
 ARGV:
   worker_id   string, the PEL consumer name; may not start with @
   max_groups  count, at most this many groups

@@ -6,10 +6,10 @@
 reap_worker_entries: executing -> ready (terminal lost, counted) for up to `budget` entries of a worker
 the caller has found silent past worker_timeout (or one whose close() was cut short: then with
 that close's terminal and reason); deregisters it once it owns nothing. Returns (requeued, dead,
-done). Its consumer in the group is left for the reaper (reap_worker.lua) to delete: the worker ACL
-role, whose reserve reaps inline, gets no XGROUP DELCONSUMER (issue 12 item 10).
+done). Its consumer in the group is left for the reaper (reap_worker.lua) to delete, marked in
+`retired` so the reaper finds it without listing every consumer: the worker ACL role, whose reserve reaps inline, gets no XGROUP DELCONSUMER (issue 12 item 10).
 Uses: K.src, K.meta, K.ready, K.history, K.dlq, K.ledger, K.workers, K.reserves, K.wake_work,
-K.progress, K.reaped.
+K.progress, K.reaped, K.retired.
 Why: bounded work per call keeps every script short even when a worker held thousands of entries;
 the batch is ended at once (end_attempts), so a call costs a few commands plus one entry read per
 entry and one dead letter per entry that dies.
@@ -41,6 +41,7 @@ local function reap_worker_entries(worker, budget, cfg, now, counted)
     redis.call('ZREM', K.workers, worker)
     redis.call('HDEL', K.reserves, worker)
     redis.call('HDEL', K.progress, worker)
+    redis.call('ZADD', K.retired, now, worker)  -- for reap_worker to delete its consumer
   end
   -- A consumer left behind by a clean close owns nothing and is registered nowhere: deleting it
   -- (reap_worker) is housekeeping, not a death, and is not recorded.
