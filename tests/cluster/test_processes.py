@@ -100,7 +100,10 @@ def run_processes(cluster: LocalCluster, tmp_path: Path, kill_master: bool) -> N
         trainer = start("-m", "tests.cluster.trainer_process", url, name, str(P), str(GROUPS))
         q = wait_until(lambda: opened(url, name), 30, interval=0.1, message="the trainer to create the queue")
         reaper = start("-m", "rollout_queue", *common, "reaper", "--interval", "0.3")
-        doomed, steady = worker("w-doomed", "0.3"), worker("w-steady", "0.02")
+        # The doomed worker never finishes a sample: whatever the PEL shows it holding is still executing
+        # when it is killed (with a short latency it could complete between the look and the kill, and
+        # nothing would be lost for the reaper to bring back).
+        doomed, steady = worker("w-doomed", "60"), worker("w-steady", "0.02")
         first = produce()
         wait_until(lambda: q.stats().submitted >= 12, 30, interval=0.05, message="the producer to get going")
         first.send_signal(signal.SIGKILL)  # mid-run: the restarted producer resumes from its partition cursors
