@@ -313,14 +313,19 @@ def test_a_batch_boundary_exactly_at_batch(open_queue, raw, queue_name) -> None:
     assert s.terminals["lost"] == len(ids)
 
 
+def _closed(q, worker_id: str, groups: int):
+    """A queue with ``groups`` submitted, one of them reserved by a worker that then closed."""
+    submit(q, groups)
+    w = q.worker(worker_id)
+    reserve_all(w, 1)
+    w.close()
+    return q
+
+
 def test_a_closed_workers_consumer_is_found_through_retired_and_deleted(open_queue, raw, queue_name) -> None:
     # close() leaves the consumer (the worker role may not delete it) and marks it retired; one reap
     # deletes it and the mark, without listing the group's consumers.
-    q = open_queue(FAST)
-    submit(q, 1)
-    w = q.worker("w-closing")
-    reserve_all(w, 1)
-    w.close()
+    q = _closed(open_queue(FAST), "w-closing", 1)
     k = keys(queue_name)
     assert "w-closing" in _consumers(raw, queue_name)
     assert raw.zscore(k["retired"], "w-closing") is not None
@@ -332,11 +337,7 @@ def test_a_closed_workers_consumer_is_found_through_retired_and_deleted(open_que
 
 def test_a_retired_id_registered_again_keeps_its_consumer(open_queue, raw, queue_name) -> None:
     # A worker id that closed and came back (same host:gpu) is alive: the reaper only drops the mark.
-    q = open_queue(FAST)
-    submit(q, 2)
-    w = q.worker("w-back")
-    reserve_all(w, 1)
-    w.close()
+    q = _closed(open_queue(FAST), "w-back", 2)
     again = q.worker("w-back")
     [res] = again.reserve(1)
     q.reap()
