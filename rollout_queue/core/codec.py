@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
+from rollout_queue.core.checks import packer
 from rollout_queue.core.errors import CodecError, InvalidInput
 from rollout_queue.core.columns import SampleColumns
 from rollout_queue.core.models import MODEL, OBSERVATION, CompletedGroup, Sample, SourceGroup, Turn
@@ -83,27 +84,24 @@ def decode_group(fields: Mapping[bytes, bytes]) -> SourceGroup:
 def encode_completion(samples: Sequence[Sample]) -> bytes:
     """One blob for all samples of a completion: schema 2 (3-byte ids) when every id is in 0..2^24-1.
 
-    Packs each sample's ids with one array('i') constructor (C speed; a per-sample extend iterates in
-    Python's slow path), then, for schema 2, drops the high byte of every little-endian int32 with three
-    strided byte copies: ~7 us per 8 x 512 group.
+    Packs each sample's ids and logprobs with one ``struct`` call each (``_pack``, checks.packer:
+    ~2.5 us per 512 values, against ~6.5 us for ``array(code, tuple)``), then, for schema 2, drops the high byte of every
+    little-endian int32 with three strided byte copies. ~55 us per 8 x 512 group with logprobs.
     """
     head = []
-    tokens = array("i")
-    logprobs = array("f")
+    tokens: list[bytes] = []
+    logprobs: list[bytes] = []
     for s in samples:
         row = [s.slot, len(s.token_ids), 1 if s.logprobs else 0, s.reward, s.version, s.finish_reason,
                list(s.versions)]
         if s.turns or s.metadata is not None:
             row += [[x for t in s.turns for x in (1 if t.trained else 0, t.n_tokens, t.version)], s.metadata]
         head.append(row)
-        tokens += array("i", s.token_ids)
+        tokens.append(_pack("i", s.token_ids))
         if s.logprobs:
-            logprobs += array("f", s.logprobs)
-    if not _LITTLE:
-        tokens.byteswap()
-        logprobs.byteswap()
-    wide = tokens.tobytes()
-    n = len(tokens)
+            logprobs.append(_pack("f", s.logprobs))
+    wide = b"".join(tokens)
+    n = len(wide) // 4
     if wide[3::4].count(0) == n:  # every high byte is 0: all ids are in 0..2^24-1
         magic, schema = b"RQC2", COMPLETION_SCHEMA
         packed = bytearray(3 * n)
@@ -114,7 +112,21 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
     else:
         magic, schema, ids = b"RQC1", COMPLETION_SCHEMA_WIDE, wide
     header = orjson.dumps({"v": schema, "s": head})
-    return b"".join((magic, _HEAD.pack(len(header)), header, ids, logprobs.tobytes()))
+    return b"".join((magic, _HEAD.pack(len(header)), header, ids, *logprobs))
+
+
+def _pack(code: str, values: Sequence[Any]) -> bytes:
+    """``values`` as little-endian int32 (``code`` "i") or float32 ("f") bytes, whatever the host's
+    byte order. A Sample's values are already checked (int32 ids, logprobs <= 0 and not NaN); the one
+    value struct refuses that array accepts is a finite logprob below float32's range, which array
+    rounds to -inf as the codec always stored it, so that rare case goes through array."""
+    try:
+        return packer(code, len(values)).pack(*values)
+    except (OverflowError, struct.error):
+        packed = array(code, values)
+        if not _LITTLE:
+            packed.byteswap()
+        return packed.tobytes()
 
 
 def decode_completion(blob: bytes) -> tuple[Sample, ...]:

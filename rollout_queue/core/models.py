@@ -10,13 +10,15 @@ import dataclasses
 
 import math
 import re
+import struct
 from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from rollout_queue.core.checks import check_int, check_items, check_json, check_number, describe
+from rollout_queue.core.checks import check_int, check_items, check_json, check_number, describe, packer
 from rollout_queue.core.errors import GroupTooLarge, InvalidInput
 from rollout_queue.core.histograms import SECOND_BUCKETS, TOKEN_BUCKETS, bucket_count
 
@@ -647,8 +649,9 @@ def _int32_tuple(values: Any, what: str) -> tuple[int, ...]:
 
 
 def _check_int32s(values: Sequence[int], what: str) -> None:
-    # array('i') checks type and range in C: a per-element Python loop costs milliseconds per group.
+    # struct checks type and range in C (a per-element Python loop costs milliseconds per group), and
+    # faster than array('i', values) does.
     try:
-        array("i", values)
-    except (TypeError, OverflowError) as exc:
+        packer("i", len(values)).pack(*values)
+    except (TypeError, OverflowError, struct.error) as exc:
         raise InvalidInput(f"{what} must be int32 integers: {exc}") from exc

@@ -16,7 +16,8 @@ import functools
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
