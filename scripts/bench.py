@@ -11,7 +11,8 @@ team's target with met/missed) and writes the JSON.
     python scripts/bench.py --quick               # small sizes, ~1 minute
     python scripts/bench.py --scenarios calls,bytes --json out.json
 
-Scenarios (issue 9): lifecycle, raw, peers, calls, latency, bytes, reaper, scheduler. Absolute
+Scenarios (issue 9): lifecycle, raw, peers, calls, latency, bytes, reaper, scheduler; and depth
+(issue 17: every transition's server time as the backlog, buffer, fleet and leases grow). Absolute
 numbers depend on the machine and on whatever else runs on it; ratios measured in the same run
 (lifecycle / raw, ours / peers) are what to compare across machines. Targets are goals, not
 assertions: the exit code is non-zero only when a scenario fails to run.
@@ -35,13 +36,14 @@ import redis
 # `python scripts/bench.py` puts scripts/ first on sys.path, so the bench_* modules beside this
 # file import as top-level modules (and spawned children inherit that path).
 from bench_common import BIG, summarise
+from bench_depth import QUICK_DEPTH, DepthSizes, run_depth
 from bench_lifecycle import run_bytes, run_latency, run_lifecycle, run_raw, run_transitions
 from bench_peers import PEERS, installed, run_peers
 from bench_reaper import run_reaper
 from bench_scheduler import EngineModel, run_scheduler
 from rollout_queue.devtools.local_server import LocalServer
 
-SCENARIOS = ("lifecycle", "raw", "peers", "calls", "latency", "bytes", "reaper", "scheduler")
+SCENARIOS = ("lifecycle", "raw", "peers", "calls", "latency", "bytes", "reaper", "scheduler", "depth")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -59,11 +61,12 @@ class Sizes:
     reaper_workers: int = 100
     scheduler_groups: int = 256
     engine: EngineModel = EngineModel(slots=256, token_s=0.0005)
+    depth: DepthSizes = DepthSizes()
 
 
 QUICK = Sizes(repeats=2, lifecycle_groups=300, raw_groups=1000, peer_jobs=400, calls_groups=200,
               latency_samples=40, bytes_groups=32, reaper_entries=5000, reaper_workers=10, scheduler_groups=32,
-              engine=EngineModel(slots=64, token_s=0.0002))
+              engine=EngineModel(slots=64, token_s=0.0002), depth=QUICK_DEPTH)
 
 # (metric, label, unit, op, target); op None: context only. Judged on the median of the repeats.
 TARGETS: list[tuple[str, str, str, str | None, float | None]] = [
@@ -117,6 +120,14 @@ TARGETS: list[tuple[str, str, str, str | None, float | None]] = [
     ("sample_util", "8 engine slot utilisation, sample policy", "busy/ideal", ">=", 0.95),
     ("sim_group_util", "8 simulated best, group policy", "busy/ideal", None, None),
     ("sim_sample_util", "8 simulated best, sample policy", "busy/ideal", None, None),
+    ("depth_worst_ratio", "9 depth: worst largest/smallest, any transition", "ratio", "<=", 2.0),
+    ("depth_backlog_worst_ratio", "9   backlog (groups waiting)", "ratio", None, None),
+    ("depth_buffer_worst_ratio", "9   buffer (completed groups)", "ratio", None, None),
+    ("depth_workers_worst_ratio", "9   workers (consumers with work)", "ratio", None, None),
+    ("depth_leases_worst_ratio", "9   active leases", "ratio", None, None),
+    ("depth_sweep_max_us", "9 depth: reaper PEL sweeps, largest median call", "us", "<=", 1000.0),
+    ("depth_longest_script_ms", "9 depth: longest script call, any size", "ms", "<=", 5.0),
+    ("depth_snapshot_longest_command_ms", "9 depth: stats snapshot, longest command", "ms", "<=", 2.0),
 ]
 
 
@@ -149,6 +160,7 @@ def scenario_runners(url: str, sizes: Sizes) -> dict[str, Callable[[dict[str, fl
         "bytes": lambda _: run_bytes(url, BIG, sizes.bytes_groups),
         "reaper": lambda _: run_reaper(url, sizes.reaper_entries, sizes.reaper_workers),
         "scheduler": lambda _: run_scheduler(url, sizes.engine, sizes.scheduler_groups),
+        "depth": lambda _: run_depth(url, sizes.depth),
     }
 
 
@@ -277,10 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scenario {name} failed: {message}")
     report = {"command": command.strip(), "quick": args.quick, "sizes": asdict(sizes), "environment": env,
               "scenarios": scenarios, "targets": rows, "errors": errors}
-    if out_path.exists():  # scripts/cluster_bench.py owns the `cluster` section: keep it
+    if out_path.exists():  # the other benchmarks own their sections (cluster, engine, ...): keep them
         previous = orjson.loads(out_path.read_bytes())
-        if "cluster" in previous:
-            report["cluster"] = previous["cluster"]
+        report.update({k: v for k, v in previous.items() if k not in report})
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     print(f"\nwrote {out_path} ({env['wall_s']:.0f}s)")

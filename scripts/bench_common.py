@@ -13,11 +13,27 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import redis
 
 from rollout_queue import Sample, SourceGroup
+
+#: The results file the docs' tables are generated from (scripts/bench_tables.py).
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results.json"
+
+
+def store_section(path: Path, name: str, result: Mapping[str, Any]) -> None:
+    """Replace one section of the results file, keeping every other: scripts/bench.py writes the
+    scenarios, each other benchmark (cluster, engine, overlap, weights, trl) its own section."""
+    import json
+
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report[name] = result
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+
 
 #: Commands the bench itself sends to read the server (never part of a queue's cost).
 INSTRUMENTATION = ("info", "config", "slowlog", "memory", "flushall", "ping", "client", "hello", "select",

@@ -62,8 +62,11 @@ def _setup(q: RolloutQueue, entries: int, workers: int) -> None:
                 h.heartbeat()
             last_beat = time.monotonic()
     big = q.worker("w-lease")
-    for res in big.reserve(max_groups=LEASE_GROUPS):
-        big.complete(res.receipt, [Sample(0, (1, 2, 3), (-0.1, -0.2, -0.3), 1.0, 0)])
+    done = 0
+    while done < LEASE_GROUPS:  # reserve grants at most 64 groups a call
+        got = big.reserve(max_groups=min(64, LEASE_GROUPS - done))
+        big.complete_many([(res.receipt, [Sample(0, (1, 2, 3), (-0.1, -0.2, -0.3), 1.0, 0)]) for res in got])
+        done += len(got)
     lease = q.lease(LEASE_GROUPS, timeout_s=WORKER_TIMEOUT_S)
     assert lease is not None and len(lease) == LEASE_GROUPS
 

@@ -45,6 +45,9 @@ from typing import Any, Callable
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import RESULTS, store_section  # noqa: E402
 
 from rollout_queue import PartitionedQueue, QueueConfig, RolloutQueue, Sample, SourceGroup
 from rollout_queue.devtools.local_cluster import LocalCluster
@@ -275,15 +278,9 @@ def with_servers(kind: str, fn: Callable[[LocalServer, LocalCluster], Any]) -> A
         single.cleanup(graceful=False)
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results.json"
-
-
 def store(path: Path, result: dict[str, Any]) -> None:
     """Replace the ``cluster`` section of the results file, keeping every other section."""
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report["cluster"] = result
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    store_section(path, "cluster", result)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from rollout_queue.devtools.local_server import available_servers
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = ("raw", "calls", "latency", "bytes")
+SCENARIOS = ("raw", "calls", "latency", "bytes", "depth")
 EXPECTED = {
     "raw": {"raw_groups_per_s", "raw_redis_cpu_us_per_group", "raw_commands_per_group"},
     "calls": {"round_trips_per_group", "commands_per_group", "evalsha_per_group", "complete_commands_per_group",
@@ -22,6 +22,8 @@ EXPECTED = {
               "reserve_commands_per_group"},
     "latency": {"lease_p50_ms", "lease_p99_ms", "reserve_p50_ms", "reserve_p99_ms", "complete_p50_ms"},
     "bytes": {"bytes_per_token", "payload_bytes_per_token"},
+    "depth": {"depth_worst_ratio", "depth_backlog_worst_ratio", "depth_workers_worst_ratio", "depth_sweep_max_us",
+              "depth_longest_script_ms", "depth_snapshot_longest_command_ms"},
 }
 
 
@@ -47,7 +49,8 @@ def test_quick_subset_writes_the_documented_json(tmp_path: Path) -> None:
         for key in keys:
             assert set(summary[key]) >= {"median", "min", "max", "runs"}
     by_metric = {row["metric"]: row for row in report["targets"]}
-    for metric in ("round_trips_per_group", "commands_per_group", "lease_p99_ms", "bytes_per_token"):
+    for metric in ("round_trips_per_group", "commands_per_group", "lease_p99_ms", "bytes_per_token",
+                   "depth_worst_ratio", "depth_longest_script_ms"):
         row = by_metric[metric]
         assert row["op"] in ("<=", ">=") and isinstance(row["met"], bool)
     # The table printed on stdout carries the same verdicts.
