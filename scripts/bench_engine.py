@@ -1,0 +1,310 @@
+"""Engine throughput kept (issue 17 item 1, P6): bare engine against the same engine behind the queue.
+
+Same model (a local tiny Llama), same prompts, same sampling (temperature 1, ``max_tokens``, a
+seed per sample), same engine settings, in one run:
+
+- ``bare``: the engine alone in one process, every request submitted at once. For vLLM that is
+  ``AsyncLLM`` itself (the ``AsyncEngineArgs`` the worker's ``VLLMEngine`` builds); for torch,
+  ``TorchEngine`` with every sample's ``generate`` awaited together.
+- ``queue``: the shipped processes: a private Redis, ``rollout-queue worker`` (one process, its
+  default sample policy), the producer submitting every group up front, a trainer leasing and
+  committing as groups arrive, and a reaper.
+- ``queue+weights``: the same, while the trainer publishes a new weights version (folder
+  transport, the same tensors) every ``--publish-every`` seconds, each reloaded by the worker
+  between engine steps (``--weights-mode continue``). vLLM recomputes the KV of every request in
+  flight on the new weights (``kv_on_update="recompute"``, the default: rule 3).
+- ``queue+weights+keep`` (vLLM): the same with ``kv_on_update="keep"`` (PipelineRL's choice: in-flight
+  requests go on over their old KV), which separates the reload's cost from the recompute's.
+
+Throughput is generated tokens per second at steady state: the tokens done after the moment 10% of
+all generated tokens were, over the time from that moment to the last one done (bare: a request's
+end; queue: its group's lease by the trainer, which can only be later), so engine start-up and the
+first wave are outside it. Many more samples than engine slots, so the window holds many waves. ``x bare`` is the arm's rate over the bare one's; the target is >= 0.97.
+
+    python scripts/bench_engine.py                          # torch and vllm, ~4 min on 2 cores
+    python scripts/bench_engine.py --engines torch --groups 64
+    python scripts/bench_engine.py --json out.json
+
+Each arm runs in its own process (``--arm``), so no engine shares an interpreter with another.
+A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = ("bare", "queue", "queue+weights", "queue+weights+keep")
+#: vLLM alone can keep in-flight KV across an update (VLLMEngine kv_on_update="keep"); the torch engine
+#: recomputes nothing to begin with (its rows keep their cache), so the arm would repeat queue+weights.
+ENGINE_ARMS = {"torch": ARMS[:3], "vllm": ARMS}
+TARGET = 0.97
+
+
+def prompts(groups: int) -> list[str]:
+    return [f"Question {i}: what comes after {i * 7 % 97}? Answer:" for i in range(groups)]
+
+
+def steady_rate(events: list[tuple[float, int]]) -> tuple[float, float, int]:
+    """(tokens/s after the first 10% of tokens were done, that window in s, tokens in all) from
+    (time done, tokens) events: the tokens done after the moment 10% were, over the time from that
+    moment to the last event. The first 10% hold engine start-up and the first wave."""
+    events = sorted(events)
+    total = sum(n for _, n in events)
+    done, t0, after = 0, None, 0
+    for t, n in events:
+        if t0 is None:
+            done += n
+            if done >= 0.1 * total:
+                t0 = t
+        elif t > t0:
+            after += n
+    if t0 is None or events[-1][0] <= t0:
+        return float("nan"), 0.0, total
+    return after / (events[-1][0] - t0), events[-1][0] - t0, total
+
+
+# -- the arms (each in its own process) ------------------------------------------------------------
+
+
+def engine_settings(engine: str, model: str, slots: int, seed: int) -> dict[str, Any]:
+    """The engine options both arms use; the queue arm passes them as --engine-arg."""
+    if engine == "vllm":
+        # A token budget no recompute burst can exceed: vLLM 0.32's CPU build kills its EngineCore
+        # when it discards a seeded request's sample after a partial (chunked) prefill (it rewinds the
+        # request's generator, and a CPU torch.Generator has no offset: "CPU Generator does not use
+        # offset"). After a weight reload every running request is recomputed at once, prompt plus
+        # generated tokens, which with the default budget is chunked. GPU generators have offsets.
+        return {"max_num_seqs": slots, "seed": seed, "engine_args": {"max_num_batched_tokens": slots * 256}}
+    return {"max_batch_size": slots, "seed": seed}
+
+
+def arm_bare(engine: str, model: str, groups: int, n: int, max_tokens: int, slots: int) -> list[tuple[float, int]]:
+    from rollout_queue.workers.engines.base import SamplingConfig
+
+    settings = engine_settings(engine, model, slots, 0)
+
+    async def main() -> list[tuple[float, int]]:
+        if engine == "vllm":
+            from vllm.sampling_params import RequestOutputKind, SamplingParams
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            from rollout_queue.workers.engines.vllm import VLLMEngine
+
+            # The very AsyncEngineArgs the worker's engine would start vLLM with; vLLM itself runs them.
+            args = VLLMEngine(model, **settings)._args
+            llm = AsyncLLM.from_engine_args(args)
+            tok = llm.get_tokenizer()
+
+            async def one(rid: str, ids: list[int], seed: int) -> tuple[float, int]:
+                params = SamplingParams(n=1, max_tokens=max_tokens, temperature=1.0, top_p=1.0, seed=seed,
+                                        logprobs=1, output_kind=RequestOutputKind.FINAL_ONLY)
+                final = None
+                async for out in llm.generate({"prompt_token_ids": ids}, params, rid):
+                    final = out
+                assert final is not None
+                return time.perf_counter(), len(final.outputs[0].token_ids)
+
+            encode = tok.encode
+        else:
+            from rollout_queue.workers.engines.torch import TorchEngine
+
+            llm = TorchEngine(model, **settings)
+            await llm.start()
+
+            async def one(rid: str, ids: list[int], seed: int) -> tuple[float, int]:
+                out = await llm.generate(rid, ids, SamplingConfig(max_tokens=max_tokens, seed=seed))
+                return time.perf_counter(), len(out.token_ids)
+
+            encode = llm.encode
+        jobs = []
+        for g, text in enumerate(prompts(groups)):
+            ids = encode(text)
+            for s in range(n):
+                jobs.append(one(f"g{g}-s{s}", ids, g * n + s))
+        events = await asyncio.gather(*jobs)
+        if engine == "vllm":
+            llm.shutdown()
+        else:
+            await llm.close()
+        return list(events)
+
+    return asyncio.run(main())
+
+
+def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slots: int,
+              publish_every: float | None, keep_kv: bool = False) -> tuple[list[tuple[float, int]], dict[str, Any]]:
+    import torch
+
+    from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
+    from rollout_queue.devtools.local_server import LocalServer
+    from rollout_queue.ops.reaper import run_reaper
+
+    events: list[tuple[float, int]] = []
+    info: dict[str, Any] = {"versions": 0}
+    with LocalServer("redis") as server, tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+        name = "bench-engine"
+        cfg = QueueConfig(max_completed_groups=10 * groups, max_retained_groups=10 * groups)
+        q = RolloutQueue.from_url(server.url, name, cfg)
+        q.submit([SourceGroup(f"g{i}", text, n) for i, text in enumerate(prompts(groups))])
+        cmd = [sys.executable, "-m", "rollout_queue.workers", "--url", server.url, "--queue", name,
+               "--engine", engine, "--model", model, "--max-tokens", str(max_tokens), "--temperature", "1.0",
+               "--seed", "0", "--weights-mode", "continue", "--worker-id", "bench-w0"]
+        extra = {"kv_on_update": "keep"} if keep_kv else {}
+        for key, value in {**engine_settings(engine, model, slots, 0), **extra}.items():
+            cmd += ["--engine-arg", f"{key}={json.dumps(value)}"]
+        # The worker's log goes to a file (a pipe nobody reads would fill and stall it), kept for a look.
+        log_path = Path(tempfile.gettempdir()) / f"bench-engine-{engine}-{os.getpid()}-worker.log"
+        log = log_path.open("w")
+        worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        stop = threading.Event()
+        reaper = threading.Thread(target=run_reaper, args=(RolloutQueue.from_url(server.url, name),),
+                                  kwargs={"interval_s": 1.0, "stop": stop}, daemon=True)
+        reaper.start()
+        publisher = None
+        if publish_every:
+            from transformers import AutoModelForCausalLM
+
+            from rollout_queue.weights.publisher import WeightPublisher
+
+            policy = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+            pub = WeightPublisher(RolloutQueue.from_url(server.url, name), Path(tmp) / "weights")
+
+            def publishing() -> None:
+                version = 0
+                while not stop.wait(publish_every):
+                    version += 1
+                    pub.publish(policy, version)
+                    info["versions"] = version
+
+            publisher = threading.Thread(target=publishing, daemon=True)
+        committed = 0
+        try:
+            while committed < groups:
+                if worker.poll() is not None:
+                    raise RuntimeError(f"the worker exited {worker.returncode} (its log: {log_path}): "
+                                       f"{log_path.read_text()[-3000:]}")
+                if publisher is not None and publisher.ident is None and events:
+                    publisher.start()  # start publishing once generation runs (start-up excluded)
+                lease = q.lease(min(8, groups - committed), block_ms=1000, partial=True)
+                if lease is None:
+                    continue
+                now = time.perf_counter()
+                for group in lease.groups:
+                    events.append((now, sum(len(s.token_ids) for s in group.samples)))
+                lease.commit()
+                committed += len(lease.groups)
+        finally:
+            stop.set()
+            worker.terminate()
+            try:
+                worker.wait(60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+            reaper.join(10)
+            if publisher is not None and publisher.is_alive():
+                publisher.join(60)
+            log.close()
+        info["committed"], info["worker_log"] = committed, str(log_path)
+        q.close()
+    return events, info
+
+
+# -- the driver -------------------------------------------------------------------------------------
+
+
+def run_arm(arm: str, engine: str, model: Path, a: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, __file__, "--arm", arm, "--engines", engine, "--model", str(model), "--groups",
+           str(a.groups), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--slots", str(a.slots),
+           "--publish-every", str(a.publish_every), "--json", out]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"arm {arm} ({engine}) failed: {proc.stderr[-4000:]}")
+    got = json.loads(Path(out).read_text())
+    os.unlink(out)
+    rate, window, total = steady_rate([tuple(e) for e in got["events"]])
+    return {"arm": arm, "engine": engine, "tokens_per_s": rate, "window_s": window, "tokens": total,
+            "wall_s": time.perf_counter() - t, **got.get("info", {})}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--engines", default="torch,vllm")
+    ap.add_argument("--groups", type=int, default=256)
+    ap.add_argument("--n", type=int, default=8, help="samples per group")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=32, help="max_num_seqs (vLLM) / max_batch_size (torch)")
+    ap.add_argument("--publish-every", type=float, default=2.0, help="seconds between versions, queue+weights")
+    ap.add_argument("--model", default=None, help="a model folder (default: a tiny Llama built here)")
+    ap.add_argument("--arm", choices=ARMS, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument("--results", default=None,
+                    help="replace the `engine` section of this results file (benchmarks/results.json: "
+                         "the tables of docs/PERFORMANCE.md are generated from it)")
+    a = ap.parse_args(argv)
+    if a.arm:  # one arm, in this process
+        engine = a.engines
+        if a.arm == "bare":
+            events, info = arm_bare(engine, a.model, a.groups, a.n, a.max_tokens, a.slots), {}
+        else:
+            events, info = arm_queue(engine, a.model, a.groups, a.n, a.max_tokens, a.slots,
+                                     a.publish_every if a.arm.startswith("queue+weights") else None,
+                                     keep_kv=a.arm == "queue+weights+keep")
+        Path(a.json).write_text(json.dumps({"events": events, "info": info}))
+        return 0
+
+    from rollout_queue.workers.tiny_model import build_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="bench-engine-model-") as tmp:
+        model = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny", max_position_embeddings=512)
+        rows = []
+        load = os.getloadavg()[0]
+        print(f"{'engine':7} {'arm':19} {'tokens':>7} {'window s':>8} {'tokens/s':>9} {'x bare':>7} {'versions':>8}",
+              flush=True)
+        for engine in a.engines.split(","):
+            bare = None
+            for arm in ENGINE_ARMS[engine]:
+                row = run_arm(arm, engine, model, a)
+                bare = bare or row["tokens_per_s"]
+                row["x_bare"] = row["tokens_per_s"] / bare
+                rows.append(row)
+                print(f"{engine:7} {arm:19} {row['tokens']:>7} {row['window_s']:>8.2f} {row['tokens_per_s']:>9.0f} "
+                      f"{row['x_bare']:>7.3f} {row.get('versions', 0):>8}", flush=True)
+    env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
+           "groups": a.groups, "n": a.n, "max_tokens": a.max_tokens, "slots": a.slots,
+           "publish_every_s": a.publish_every, "target": TARGET}
+    print(f"target: queue >= {TARGET:.2f} x bare; load average {env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f}, "
+          f"{env['cpus']} CPUs")
+    section = {"command": "python scripts/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d"), "environment": env, "rows": rows}
+    if a.json:
+        Path(a.json).write_text(json.dumps(section, indent=2))
+    if a.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_common import store_section
+
+        store_section(Path(a.results), "engine", section)
+        print(f"wrote the engine section of {a.results}; now run python scripts/bench_tables.py")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
