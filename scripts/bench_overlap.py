@@ -14,6 +14,7 @@ per cell, over the steps after the first (start-up excluded):
 
     python scripts/bench_overlap.py                      # 24 steps per cell, 1,2,4 workers (~10 min on 2 cores)
     python scripts/bench_overlap.py --workers 2 --steps 12
+    python scripts/bench_overlap.py --results benchmarks/results.json   # the table of docs/PERFORMANCE.md
 
 On a 2-core machine the workers share one core whatever their number, so more workers add
 concurrency, not compute: read the async/on-policy ratio, not the absolute times.
@@ -27,7 +28,9 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,6 +43,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--batch-groups", type=int, default=4)
     p.add_argument("--staleness", type=int, default=2, help="the async cells' max_staleness")
+    p.add_argument("--results", type=Path, default=None,
+                   help="replace the `overlap` section of this results file (benchmarks/results.json: the "
+                        "table of docs/PERFORMANCE.md is generated from it by scripts/bench_tables.py)")
     a = p.parse_args()
     from rich.console import Console
 
@@ -47,6 +53,8 @@ def main() -> None:
     from rollout_queue.devtools.local_server import LocalServer
     from rollout_queue.workers.tiny_model import build_tiny_model
 
+    rows: list[dict[str, Any]] = []
+    load = os.getloadavg()[0]
     server = LocalServer("redis").start()
     quiet = Console(file=io.StringIO(), force_terminal=False)
     try:
@@ -62,7 +70,9 @@ def main() -> None:
                                           workers=workers, label=f"{label}-{workers}", pin_cpus=True)
                     result = DemoRun(options, quiet).execute()
                     if result.error or not result.ledger or not result.ledger.ok:
-                        print(f"{workers:>7} {label:<12} failed: {result.error or 'ledger check failed'}", flush=True)
+                        error = result.error or "ledger check failed"
+                        print(f"{workers:>7} {label:<12} failed: {error}", flush=True)
+                        rows.append({"workers": workers, "mode": label, "error": str(error)})
                         continue
                     steady = result.records[1:]
                     span = steady[-1].elapsed_s - result.records[0].elapsed_s
@@ -73,9 +83,22 @@ def main() -> None:
                     base = base or per_step
                     print(f"{workers:>7} {label:<12} {len(result.records):>5} {per_step:>7.3f} {idle:>5.0%} "
                           f"{lag:>6.2f} {result.reward_at(True):>10.3f} {per_step / base:>11.2f}", flush=True)
+                    rows.append({"workers": workers, "mode": label, "steps": len(result.records),
+                                 "s_per_step": per_step, "idle": idle, "lag_s": lag,
+                                 "reward_end": result.reward_at(True), "x_on_policy": per_step / base})
     finally:
         server.stop()
-    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
+    env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
+           "python": sys.version.split()[0], "steps": a.steps, "batch_groups": a.batch_groups,
+           "staleness": a.staleness}
+    print(f"load average {env['loadavg_end']:.2f}, {env['cpus']} CPUs, python {env['python']}")
+    if a.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_common import store_section
+
+        store_section(a.results, "overlap", {"command": "python scripts/bench_overlap.py " + " ".join(sys.argv[1:]),
+                                             "date": time.strftime("%Y-%m-%d"), "environment": env, "rows": rows})
+        print(f"wrote the overlap section of {a.results}; now run python scripts/bench_tables.py")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 
 A region is the text between ``<!-- bench:NAME -->`` and ``<!-- /bench -->`` in one of DOCS; NAME
 picks its renderer (RENDERERS below). ``scripts/bench.py`` writes the scenarios and targets of
-results.json, ``scripts/cluster_bench.py`` its ``cluster`` section; after either, run this script
-and commit the docs with the results. ``tests/docs/test_docs.py`` runs ``--check``.
+results.json, ``scripts/cluster_bench.py`` its ``cluster`` section, and bench_engine, bench_trl,
+bench_overlap and bench_weights (with ``--results benchmarks/results.json``) theirs; after any of
+them, run this script and commit the docs with the results. ``tests/docs/test_docs.py`` runs ``--check``.
 
 Standard library only: the check runs in the default test suite without Redis.
 """
@@ -135,6 +136,123 @@ def render_costs(results: dict[str, Any]) -> str:
     return table(["cost (µs)", "median", "min - max"], "lrr", rows)
 
 
+DEPTH_OPS = ("submit", "reserve", "complete", "lease", "commit", "stats", "reap_scan", "sweep_owners", "reindex")
+
+
+def render_depth(results: dict[str, Any]) -> str:
+    """Scenario 9: each transition's median server µs per call at the smallest and largest size of
+    each dimension (medians of the repeats) and their ratio; the snapshot's longest command."""
+    s = summary(results)
+    sizes = results["sizes"].get("depth", {})
+    rows = []
+    for dim in ("backlog", "buffer", "workers", "leases"):
+        if not sizes.get(dim) or f"depth_{dim}_worst_ratio" not in s:
+            continue
+        small, large = min(sizes[dim]), max(sizes[dim])
+        cells = [f"{small:,} -> {large:,}"]
+        for op in DEPTH_OPS + ("snapshot_longest",):
+            stem = f"depth_{dim}_{op}" if op != "snapshot_longest" else f"depth_{dim}_snapshot_longest"
+            key = "_longest_us_" if op == "snapshot_longest" else "_us_"
+            stem = f"depth_{dim}_snapshot" if op == "snapshot_longest" else stem
+            a, b = s.get(f"{stem}{key}{small}"), s.get(f"{stem}{key}{large}")
+            if a is None or b is None:
+                cells.append("n/a")
+            else:
+                a, b = a["median"], b["median"]
+                cells.append(f"{fmt(a)} -> {fmt(b)}" + ("" if op == "snapshot_longest" else f" ({b / max(a, 1.0):.2f}x)"))
+        rows.append([dim] + cells)
+    return table(["dimension", "size"] + [f"`{op}`" for op in DEPTH_OPS] + ["snapshot, longest command"],
+                 "ll" + "r" * (len(DEPTH_OPS) + 1), rows)
+
+
+# -- the sections of the other benchmarks (one each) -----------------------------------------------
+
+
+def section(results: dict[str, Any], name: str, script: str) -> dict[str, Any]:
+    if name not in results:
+        raise SystemExit(f"benchmarks/results.json has no `{name}` section: run {script} --results "
+                         "benchmarks/results.json")
+    return results[name]
+
+
+def ran(s: dict[str, Any]) -> str:
+    """The line under a table that says which command made it, when, and how loaded the machine was."""
+    env = s["environment"]
+    return (f"`{s['command'].strip()}` ({s['date']}): {env['cpus']} CPUs, load average {env['loadavg_start']:.2f} "
+            f"at the start and {env['loadavg_end']:.2f} at the end.\n\n")
+
+
+# -- scripts/bench_engine.py ----------------------------------------------------------------------
+
+
+def render_engine(results: dict[str, Any]) -> str:
+    e = section(results, "engine", "scripts/bench_engine.py")
+    env = e["environment"]
+    head = ran(e) + (f"{env['groups']} groups x {env['n']} samples x {env['max_tokens']} tokens, {env['slots']} "
+                     f"engine slots, a version every {env['publish_every_s']:g} s in `queue+weights`.\n\n")
+    rows = []
+    for r in e["rows"]:
+        judged = r["arm"] != "bare"
+        target = "" if not judged else f">= {env['target']:.2f} " + ("**met**" if r["x_bare"] >= env["target"] else "**missed**")
+        rows.append([r["engine"], r["arm"], f"{r['tokens']:,}", fmt(r["window_s"]), fmt(r["tokens_per_s"]),
+                     f"{r['x_bare']:.3f}", str(r.get("versions", 0)), target])
+    return head + table(["engine", "arm", "tokens", "window s", "tokens/s", "x bare", "versions", "target"],
+                        "llrrrrrl", rows)
+
+
+# -- scripts/bench_trl.py -------------------------------------------------------------------------
+
+
+def render_trl(results: dict[str, Any]) -> str:
+    s = section(results, "trl", "scripts/bench_trl.py")
+    env = s["environment"]
+    names = {"trl_alone": "TRL alone", "trl_queue": f"TRL + queue, {env['workers']} workers"}
+    rows = []
+    for key, r in s["arms"].items():
+        hit = r.get("steps_to_target")
+        rows.append([names.get(key, key), fmt(r["wall_s"]), fmt(r["train_runtime_s"]),
+                     fmt(r["train_runtime_s"] / env["steps"]), f"{r['reward_first5']:.3f}",
+                     f"{r['reward_last5']:.3f}", str(hit) if hit else "never"])
+    last = env["steps"]
+    return ran(s) + table(["arm", "wall s", "trainer s (sum of step_time)", "s/step", "reward, steps 1-5",
+                           f"reward, steps {last - 4}-{last}", f"steps to 3-step mean >= {env['target']:g}"],
+                          "lrrrrrr", rows)
+
+
+# -- scripts/bench_overlap.py ---------------------------------------------------------------------
+
+
+def render_overlap(results: dict[str, Any]) -> str:
+    s = section(results, "overlap", "scripts/bench_overlap.py")
+    rows = []
+    for r in s["rows"]:
+        if "error" in r:
+            rows.append([str(r["workers"]), r["mode"], "failed: " + r["error"], "", "", "", "", ""])
+            continue
+        rows.append([str(r["workers"]), r["mode"], str(r["steps"]), f"{r['s_per_step']:.3f}", f"{r['idle']:.0%}",
+                     fmt(r["lag_s"]), f"{r['reward_end']:.3f}", f"{r['x_on_policy']:.2f}"])
+    env = s["environment"]
+    return (ran(s) + f"{env['steps']} steps per cell, {env['batch_groups']} groups per step, async cells "
+            f"`max_staleness={env['staleness']}`.\n\n"
+            + table(["workers", "mode", "steps", "s/step", "trainer idle", "lag s", "reward end", "x on-policy"],
+                    "rlrrrrrr", rows))
+
+
+# -- scripts/bench_weights.py ---------------------------------------------------------------------
+
+
+def render_weights(results: dict[str, Any]) -> str:
+    s = section(results, "weights", "scripts/bench_weights.py")
+    env = s["environment"]
+    rows = [[f"{r['size']} ({r['params_m']:.1f}M)", str(r["workers"]), f"{r['changed']:.2f}", r["transport"],
+             f"{r['mb_written']:.1f}", f"{r['publish_s']:.3f}", f"{r['pause_s']:.3f}", f"{r['to_new_s']:.3f}",
+             f"{r['x_folder']:.2f}"] for r in s["rows"]]
+    return (ran(s) + f"Median of {env['versions']} versions per cell, torch {env['torch']}, "
+            f"{env['threads']} torch thread(s).\n\n"
+            + table(["size", "workers", "changed", "transport", "MB written", "publish s", "pause s", "to new s",
+                     "x folder"], "lrrlrrrrr", rows))
+
+
 # -- scripts/cluster_bench.py ---------------------------------------------------------------------
 
 
@@ -225,6 +343,11 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "figures": render_figures,
     "transitions": render_transitions,
     "costs": render_costs,
+    "depth": render_depth,
+    "engine": render_engine,
+    "trl": render_trl,
+    "overlap": render_overlap,
+    "weights": render_weights,
     "cluster-environment": render_cluster_environment,
     "cluster": render_cluster,
     "cluster-ratios": render_cluster_ratios,

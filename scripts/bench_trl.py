@@ -11,6 +11,7 @@ queue arm measures overlap of generation and training on one machine, not a GPU 
 
     python scripts/bench_trl.py                  # 40 steps, 2 workers (~3-4 minutes on 2 cores)
     python scripts/bench_trl.py --steps 80 --target 0.5 --json trl.json
+    python scripts/bench_trl.py --results benchmarks/results.json   # the table of docs/PERFORMANCE.md
 """
 
 from __future__ import annotations
@@ -89,7 +90,11 @@ def main() -> None:
     p.add_argument("--weights-mode", default="continue", choices=["abort", "continue"],
                    help="the workers' --weights-mode: finish or abort in-flight groups on a weight update")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--results", type=Path, default=None,
+                   help="replace the `trl` section of this results file (benchmarks/results.json: the "
+                        "table of docs/PERFORMANCE.md is generated from it by scripts/bench_tables.py)")
     a = p.parse_args()
+    load = os.getloadavg()[0]
 
     from rollout_queue.devtools.local_server import LocalServer
     from rollout_queue.workers.tiny_model import build_tiny_model
@@ -132,6 +137,17 @@ def main() -> None:
     if a.json:
         a.json.write_text(json.dumps({"steps": a.steps, "groups": a.groups, "workers": a.workers,
                                       "target": a.target, **results}, indent=1))
+    if a.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_common import store_section
+
+        env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
+               "python": sys.version.split()[0], "steps": a.steps, "groups": a.groups, "workers": a.workers,
+               "target": a.target, "threads": a.threads, "weights_mode": a.weights_mode}
+        store_section(a.results, "trl", {"command": "python scripts/bench_trl.py " + " ".join(sys.argv[1:]),
+                                         "date": time.strftime("%Y-%m-%d"), "environment": env,
+                                         "arms": results})
+        print(f"wrote the trl section of {a.results}; now run python scripts/bench_tables.py")
 
 
 if __name__ == "__main__":

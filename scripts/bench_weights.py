@@ -144,6 +144,9 @@ def main() -> None:
     p.add_argument("--changed", default="0.25,1.0", help="fractions of tensors changed per step")
     p.add_argument("--versions", type=int, default=5, help="versions timed per cell (the median is shown)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--results", type=Path, default=None,
+                   help="replace the `weights` section of this results file (benchmarks/results.json: the "
+                        "table of docs/PERFORMANCE.md is generated from it by scripts/bench_tables.py)")
     a = p.parse_args()
     import torch
 
@@ -152,6 +155,8 @@ def main() -> None:
     from rollout_queue.workers.tiny_model import build_tiny_model
 
     torch.set_num_threads(a.threads)
+    rows: list[dict[str, Any]] = []
+    load = os.getloadavg()[0]
     server = LocalServer("redis").start()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-weights-models-") as models:
@@ -169,10 +174,23 @@ def main() -> None:
                             print(f"{size:<6} {params:>6.1f}M {workers:>7} {fraction:>7.2f} {transport:<9} "
                                   f"{r['bytes'] / 1e6:>10.1f} {r['publish_s']:>9.3f} {r['pause_s']:>8.3f} "
                                   f"{r['to_new_s']:>8.3f} {r['to_new_s'] / base:>8.2f}", flush=True)
+                            rows.append({"size": size, "params_m": params, "workers": workers, "changed": fraction,
+                                         "transport": transport, "mb_written": r["bytes"] / 1e6,
+                                         "publish_s": r["publish_s"], "pause_s": r["pause_s"],
+                                         "to_new_s": r["to_new_s"], "x_folder": r["to_new_s"] / base})
     finally:
         server.stop()
-    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"python {sys.version.split()[0]}")
+    env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
+           "torch": torch.__version__, "python": sys.version.split()[0], "versions": a.versions,
+           "threads": a.threads}
+    print(f"load average {env['loadavg_end']:.2f}, {env['cpus']} CPUs, torch {env['torch']}, python {env['python']}")
+    if a.results:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_common import store_section
+
+        store_section(a.results, "weights", {"command": "python scripts/bench_weights.py " + " ".join(sys.argv[1:]),
+                                             "date": time.strftime("%Y-%m-%d"), "environment": env, "rows": rows})
+        print(f"wrote the weights section of {a.results}; now run python scripts/bench_tables.py")
 
 
 if __name__ == "__main__":
