@@ -9,8 +9,10 @@ targets; those live in the scenario modules and in bench.py.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,22 @@ from rollout_queue import Sample, SourceGroup
 
 #: The results file the docs' tables are generated from (scripts/bench_tables.py).
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results.json"
+
+
+def run_environment(loadavg_start: float, **settings: Any) -> dict[str, Any]:
+    """What a stored run says about the machine (CPUs, load average at its start and now, Python)
+    and about its own settings; the tables print it under each one."""
+    return {"cpus": os.cpu_count(), "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg()[0],
+            "python": sys.version.split()[0], **settings}
+
+
+def store_run(path: Path, name: str, environment: Mapping[str, Any], **body: Any) -> None:
+    """Store a benchmark run as section ``name`` of the results file: the command that made it (this
+    script and its arguments), the date, ``environment`` (run_environment) and ``body``."""
+    command = " ".join(["python", f"scripts/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    store_section(path, name, {"command": command, "date": time.strftime("%Y-%m-%d"),
+                               "environment": dict(environment), **body})
+    print(f"wrote the {name} section of {path}; now run python scripts/bench_tables.py")
 
 
 def store_section(path: Path, name: str, result: Mapping[str, Any]) -> None:

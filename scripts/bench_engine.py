@@ -288,21 +288,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"{engine:7} {arm:19} {row['tokens']:>7} {row['window_s']:>8.2f} {row['tokens_per_s']:>9.0f} "
                       f"{row['x_bare']:>7.3f} {row.get('versions', 0):>8}", flush=True)
-    env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
-           "groups": a.groups, "n": a.n, "max_tokens": a.max_tokens, "slots": a.slots,
-           "publish_every_s": a.publish_every, "target": TARGET}
+    from bench_common import run_environment, store_run
+
+    env = run_environment(load, groups=a.groups, n=a.n, max_tokens=a.max_tokens, slots=a.slots,
+                          publish_every_s=a.publish_every, target=TARGET)
     print(f"target: queue >= {TARGET:.2f} x bare; load average {env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f}, "
           f"{env['cpus']} CPUs")
-    section = {"command": "python scripts/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d"), "environment": env, "rows": rows}
     if a.json:
-        Path(a.json).write_text(json.dumps(section, indent=2))
+        Path(a.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=2))
     if a.results:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_common import store_section
-
-        store_section(Path(a.results), "engine", section)
-        print(f"wrote the engine section of {a.results}; now run python scripts/bench_tables.py")
+        store_run(Path(a.results), "engine", env, rows=rows)
     return 0
 
 

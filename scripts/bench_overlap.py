@@ -26,9 +26,7 @@ import argparse
 import io
 import os
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -88,17 +86,12 @@ def main() -> None:
                                  "reward_end": result.reward_at(True), "x_on_policy": per_step / base})
     finally:
         server.stop()
-    env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
-           "python": sys.version.split()[0], "steps": a.steps, "batch_groups": a.batch_groups,
-           "staleness": a.staleness}
+    from bench_common import run_environment, store_run
+
+    env = run_environment(load, steps=a.steps, batch_groups=a.batch_groups, staleness=a.staleness)
     print(f"load average {env['loadavg_end']:.2f}, {env['cpus']} CPUs, python {env['python']}")
     if a.results:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_common import store_section
-
-        store_section(a.results, "overlap", {"command": "python scripts/bench_overlap.py " + " ".join(sys.argv[1:]),
-                                             "date": time.strftime("%Y-%m-%d"), "environment": env, "rows": rows})
-        print(f"wrote the overlap section of {a.results}; now run python scripts/bench_tables.py")
+        store_run(a.results, "overlap", env, rows=rows)
 
 
 if __name__ == "__main__":

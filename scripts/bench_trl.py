@@ -138,16 +138,11 @@ def main() -> None:
         a.json.write_text(json.dumps({"steps": a.steps, "groups": a.groups, "workers": a.workers,
                                       "target": a.target, **results}, indent=1))
     if a.results:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_common import store_section
+        from bench_common import run_environment, store_run
 
-        env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
-               "python": sys.version.split()[0], "steps": a.steps, "groups": a.groups, "workers": a.workers,
-               "target": a.target, "threads": a.threads, "weights_mode": a.weights_mode}
-        store_section(a.results, "trl", {"command": "python scripts/bench_trl.py " + " ".join(sys.argv[1:]),
-                                         "date": time.strftime("%Y-%m-%d"), "environment": env,
-                                         "arms": results})
-        print(f"wrote the trl section of {a.results}; now run python scripts/bench_tables.py")
+        env = run_environment(load, steps=a.steps, groups=a.groups, workers=a.workers, target=a.target,
+                              threads=a.threads, weights_mode=a.weights_mode)
+        store_run(a.results, "trl", env, arms=results)
 
 
 if __name__ == "__main__":

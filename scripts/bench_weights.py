@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -180,17 +179,12 @@ def main() -> None:
                                          "to_new_s": r["to_new_s"], "x_folder": r["to_new_s"] / base})
     finally:
         server.stop()
-    env = {"cpus": os.cpu_count(), "loadavg_start": load, "loadavg_end": os.getloadavg()[0],
-           "torch": torch.__version__, "python": sys.version.split()[0], "versions": a.versions,
-           "threads": a.threads}
+    from bench_common import run_environment, store_run
+
+    env = run_environment(load, torch=torch.__version__, versions=a.versions, threads=a.threads)
     print(f"load average {env['loadavg_end']:.2f}, {env['cpus']} CPUs, torch {env['torch']}, python {env['python']}")
     if a.results:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_common import store_section
-
-        store_section(a.results, "weights", {"command": "python scripts/bench_weights.py " + " ".join(sys.argv[1:]),
-                                             "date": time.strftime("%Y-%m-%d"), "environment": env, "rows": rows})
-        print(f"wrote the weights section of {a.results}; now run python scripts/bench_tables.py")
+        store_run(a.results, "weights", env, rows=rows)
 
 
 if __name__ == "__main__":
