@@ -7,8 +7,8 @@ seed per sample), same engine settings, in one run:
   ``AsyncLLM`` itself (the ``AsyncEngineArgs`` the worker's ``VLLMEngine`` builds); for torch,
   ``TorchEngine`` with every sample's ``generate`` awaited together.
 - ``queue``: the shipped processes: a private Redis, ``rollout-queue worker`` (one process, its
-  default sample policy), the producer submitting every group up front, a trainer leasing and
-  committing as groups arrive, and a reaper.
+  default sample policy), every group submitted up front (``submit``, what ``rollout-queue
+  produce`` calls), a trainer leasing and committing as groups arrive, and a reaper.
 - ``queue+weights``: the same, while the trainer publishes a new weights version (folder
   transport, the same tensors) every ``--publish-every`` seconds, each reloaded by the worker
   between engine steps (``--weights-mode continue``). vLLM recomputes the KV of every request in
@@ -19,9 +19,10 @@ seed per sample), same engine settings, in one run:
 Throughput is generated tokens per second at steady state: the tokens done after the moment 10% of
 all generated tokens were, over the time from that moment to the last one done (bare: a request's
 end; queue: its group's lease by the trainer, which can only be later), so engine start-up and the
-first wave are outside it. Many more samples than engine slots, so the window holds many waves. ``x bare`` is the arm's rate over the bare one's; the target is >= 0.97.
+first wave are outside it. Many more samples than engine slots, so the window holds many waves.
+``x bare`` is the arm's rate over the bare one's; the target is >= 0.97.
 
-    python scripts/bench_engine.py                          # torch and vllm, ~4 min on 2 cores
+    python scripts/bench_engine.py                          # torch and vllm, ~6 min on 2 cores
     python scripts/bench_engine.py --engines torch --groups 64
     python scripts/bench_engine.py --json out.json
 
