@@ -106,7 +106,7 @@ class RolloutQueue:
         """Connect and open (or create) queue ``name``. A ``redis+cluster://`` URL (or ``cluster=True``)
         connects to a Redis Cluster (drivers/cluster.py); ``partitions`` spreads the queue over its nodes.
         Raises ConfigMismatch if ``config`` (or the partition count) differs from the stored one."""
-        client = connect(url, redis_options(redis_kwargs), cluster, asyncio=cls.asyncio)
+        client = connect(url, redis_options(redis_kwargs, asyncio=cls.asyncio), cluster, asyncio=cls.asyncio)
         return cls._open_on(client, name, config, partitions, retry, time.monotonic, durability, create)
 
     def run(self, flow: Flow[T]) -> Result[T]:

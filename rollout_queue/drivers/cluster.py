@@ -21,6 +21,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from redis.backoff import NoBackoff
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.retry import Retry
 
 #: cluster scheme -> the scheme redis-py expects for the same server
@@ -42,10 +43,13 @@ def split_url(url: str, cluster: bool | None = None) -> tuple[str, bool]:
     return url, bool(cluster) or by_scheme
 
 
-def redis_options(options: dict[str, Any]) -> dict[str, Any]:
+def redis_options(options: dict[str, Any], *, asyncio: bool = False) -> dict[str, Any]:
     """Connection defaults: no silent retries inside redis-py (the transport decides what is safe to
-    resend), and a socket timeout above the longest blocking wait."""
-    return {"retry": Retry(NoBackoff(), 0), "socket_timeout": 10.0, "socket_connect_timeout": 5.0, **options}
+    resend), and a socket timeout above the longest blocking wait. ``asyncio``: the options of a
+    redis.asyncio client, whose retry must be redis.asyncio's (redis-py >= 7 converts a sync one with
+    a UserWarning on stderr, which breaks a process's JSON log lines)."""
+    retry = (AsyncRetry if asyncio else Retry)(NoBackoff(), 0)
+    return {"retry": retry, "socket_timeout": 10.0, "socket_connect_timeout": 5.0, **options}
 
 
 def connect(url: str, options: dict[str, Any], cluster: bool | None = None, *, asyncio: bool = False) -> Any:

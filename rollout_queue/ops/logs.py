@@ -46,7 +46,9 @@ class HumanFormatter(logging.Formatter):
 
 
 def configure(json_logs: bool = False, level: int | str = logging.INFO) -> None:
-    """Install one stderr handler on the root logger (idempotent)."""
+    """Install one stderr handler on the root logger (idempotent), and route Python warnings
+    (a library's DeprecationWarning, UserWarning, ...) through it as records of ``py.warnings``, so
+    that with ``json_logs`` every line a process writes to stderr is one JSON object."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_rollout_queue", False):
@@ -56,6 +58,7 @@ def configure(json_logs: bool = False, level: int | str = logging.INFO) -> None:
     handler._rollout_queue = True  # type: ignore[attr-defined]  # marks our handler for idempotence
     root.addHandler(handler)
     root.setLevel(level)
+    logging.captureWarnings(True)
 
 
 def fields(**values: Any) -> dict[str, Any]:
