@@ -21,7 +21,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence
 
 from rollout_queue.core.errors import InvalidInput, NotFound, OutcomeUnknown, PartitionsUnreachable
 from rollout_queue.core.flows import Flow, T
@@ -31,9 +31,7 @@ from rollout_queue.ops import views
 from rollout_queue.ops.view_models import (AtRiskView, AttemptView, DrainStatus, EntryView, HoldView, LeaseView,
                                            PelSummary, ReapedView, Snapshot, WorkerView)
 from rollout_queue.scale.flows import each, guarded
-from rollout_queue.scale.layout import Layout, sum_stats
-
-K = TypeVar("K")
+from rollout_queue.scale.layout import Layout, sum_maps, sum_stats
 
 
 def _all(layout: Layout, what: str, make: Callable[[QueueKeys], Flow[T]]) -> Flow[list[T]]:
@@ -77,10 +75,10 @@ def merge_snapshots(parts: Sequence[tuple[str, Snapshot | None]]) -> Snapshot:
     if not got:
         raise PartitionsUnreachable("stats", (), tuple(name for name, _ in parts))
     stats = sum_stats([s.stats for s in got], len(parts) - len(got))
-    pel = PelSummary(_summed([s.pel.attempts for s in got]), _summed([s.pel.states for s in got]), tuple(a for s in got for a in s.pel.executing_ages_ms),
+    pel = PelSummary(sum_maps([s.pel.attempts for s in got]), sum_maps([s.pel.states for s in got]), tuple(a for s in got for a in s.pel.executing_ages_ms),
                      sum(s.pel.sampled for s in got), any(s.pel.truncated for s in got),
                      _most([s.pel.oldest_ms for s in got]), _most([s.pel.oldest_by_worker for s in got]),
-                     _summed([s.pel.pending_by_owner for s in got]), _least([s.pel.newest_by_owner for s in got]))
+                     sum_maps([s.pel.pending_by_owner for s in got]), _least([s.pel.newest_by_owner for s in got]))
     leases = sorted((x for s in got for x in s.leases),
                     key=lambda x: (x.deadline_ms is None, x.deadline_ms or 0, x.partition))
     backlog = [s.backlog_oldest_ms for s in got if s.backlog_oldest_ms is not None]
@@ -106,15 +104,6 @@ def _most(maps: Sequence[Mapping[str, int]]) -> dict[str, int]:
     for m in maps:
         for k, v in m.items():
             out[k] = max(out.get(k, 0), v)
-    return out
-
-
-def _summed(maps: Sequence[Mapping[K, int]]) -> dict[K, int]:
-    """Per key, the sum over the partitions (entries by attempt, by state, by PEL owner)."""
-    out: dict[K, int] = {}
-    for m in maps:
-        for k, v in m.items():
-            out[k] = out.get(k, 0) + v
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 from rollout_queue.core.checks import check_int
 from rollout_queue.core.config import QueueConfig
@@ -200,10 +200,12 @@ def _bucket(estimate: int | None) -> int:
 
 
 _CONFIG_FIELDS = frozenset(QueueConfig().to_meta())
+K = TypeVar("K")
 
 
-def _sum_maps(maps: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
+def sum_maps(maps: Iterable[Mapping[K, int]]) -> dict[K, int]:
+    """Per key, the sum over the partitions' maps (counters, entries by state or by PEL owner)."""
+    out: dict[K, int] = {}
     for m in maps:
         for k, v in m.items():
             out[k] = out.get(k, 0) + v
@@ -227,7 +229,7 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
         elif isinstance(values[0], int):
             summed[f.name] = sum(values)
         else:
-            summed[f.name] = _sum_maps(values)
+            summed[f.name] = sum_maps(values)
     maxima = [s.staleness_max for s in parts if s.staleness_max is not None]
     weighted = [(s.staleness_mean, s.completed) for s in parts if s.staleness_mean is not None]
     weight = sum(n for _, n in weighted)
