@@ -30,12 +30,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import orjson
 import redis
 
 # `python scripts/bench.py` puts scripts/ first on sys.path, so the bench_* modules beside this
 # file import as top-level modules (and spawned children inherit that path).
-from bench_common import BIG, summarise
+from bench_common import BIG, store_sections, summarise
 from bench_depth import QUICK_DEPTH, DepthSizes, run_depth
 from bench_lifecycle import run_bytes, run_latency, run_lifecycle, run_raw, run_transitions
 from bench_peers import PEERS, installed, run_peers
@@ -289,11 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scenario {name} failed: {message}")
     report = {"command": command.strip(), "quick": args.quick, "sizes": asdict(sizes), "environment": env,
               "scenarios": scenarios, "targets": rows, "errors": errors}
-    if out_path.exists():  # the other benchmarks own their sections (cluster, engine, ...): keep them
-        previous = orjson.loads(out_path.read_bytes())
-        report.update({k: v for k, v in previous.items() if k not in report})
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    store_sections(out_path, report)  # the other benchmarks own their sections (cluster, engine, ...)
     print(f"\nwrote {out_path} ({env['wall_s']:.0f}s)")
     return 1 if errors else 0
 

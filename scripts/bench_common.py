@@ -43,14 +43,19 @@ def store_run(path: Path, name: str, environment: Mapping[str, Any], **body: Any
 
 
 def store_section(path: Path, name: str, result: Mapping[str, Any]) -> None:
-    """Replace one section of the results file, keeping every other: scripts/bench.py writes the
-    scenarios, each other benchmark (cluster, engine, overlap, weights, trl) its own section."""
-    import json
+    """Replace one section of the results file, keeping every other (store_sections)."""
+    store_sections(path, {name: result})
 
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report[name] = result
+
+def store_sections(path: Path, sections: Mapping[str, Any]) -> None:
+    """Replace these top-level sections of the results file, keeping every other: scripts/bench.py
+    writes the scenarios, each other benchmark (cluster, engine, overlap, weights, trl) its own."""
+    import orjson
+
+    report = orjson.loads(path.read_bytes()) if path.exists() else {}
+    report.update(sections)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
 
 #: Commands the bench itself sends to read the server (never part of a queue's cost).

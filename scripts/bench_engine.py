@@ -49,7 +49,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("bare", "queue", "queue+weights", "queue+weights+keep")
 #: vLLM alone can keep in-flight KV across an update (VLLMEngine kv_on_update="keep"); the torch engine
 #: recomputes nothing to begin with (its rows keep their cache), so the arm would repeat queue+weights.
@@ -83,7 +82,7 @@ def steady_rate(events: list[tuple[float, int]]) -> tuple[float, float, int]:
 # -- the arms (each in its own process) ------------------------------------------------------------
 
 
-def engine_settings(engine: str, model: str, slots: int, seed: int) -> dict[str, Any]:
+def engine_settings(engine: str, slots: int, seed: int) -> dict[str, Any]:
     """The engine options both arms use; the queue arm passes them as --engine-arg."""
     if engine == "vllm":
         # A token budget no recompute burst can exceed: vLLM 0.32's CPU build kills its EngineCore
@@ -98,7 +97,7 @@ def engine_settings(engine: str, model: str, slots: int, seed: int) -> dict[str,
 def arm_bare(engine: str, model: str, groups: int, n: int, max_tokens: int, slots: int) -> list[tuple[float, int]]:
     from rollout_queue.workers.engines.base import SamplingConfig
 
-    settings = engine_settings(engine, model, slots, 0)
+    settings = engine_settings(engine, slots, 0)
 
     async def main() -> list[tuple[float, int]]:
         if engine == "vllm":
@@ -167,7 +166,7 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
                "--engine", engine, "--model", model, "--max-tokens", str(max_tokens), "--temperature", "1.0",
                "--seed", "0", "--weights-mode", "continue", "--worker-id", "bench-w0"]
         extra = {"kv_on_update": "keep"} if keep_kv else {}
-        for key, value in {**engine_settings(engine, model, slots, 0), **extra}.items():
+        for key, value in {**engine_settings(engine, slots, 0), **extra}.items():
             cmd += ["--engine-arg", f"{key}={json.dumps(value)}"]
         # The worker's log goes to a file (a pipe nobody reads would fill and stall it), kept for a look.
         log_path = Path(tempfile.gettempdir()) / f"bench-engine-{engine}-{os.getpid()}-worker.log"

@@ -150,16 +150,15 @@ def render_depth(results: dict[str, Any]) -> str:
             continue
         small, large = min(sizes[dim]), max(sizes[dim])
         cells = [f"{small:,} -> {large:,}"]
-        for op in DEPTH_OPS + ("snapshot_longest",):
-            stem = f"depth_{dim}_{op}" if op != "snapshot_longest" else f"depth_{dim}_snapshot_longest"
-            key = "_longest_us_" if op == "snapshot_longest" else "_us_"
-            stem = f"depth_{dim}_snapshot" if op == "snapshot_longest" else stem
-            a, b = s.get(f"{stem}{key}{small}"), s.get(f"{stem}{key}{large}")
+        for op in DEPTH_OPS + ("snapshot",):
+            # a transition's median call (µs) and its ratio; the snapshot's longest command (µs)
+            key = f"depth_{dim}_{op}_longest_us_" if op == "snapshot" else f"depth_{dim}_{op}_us_"
+            a, b = s.get(f"{key}{small}"), s.get(f"{key}{large}")
             if a is None or b is None:
                 cells.append("n/a")
             else:
                 a, b = a["median"], b["median"]
-                cells.append(f"{fmt(a)} -> {fmt(b)}" + ("" if op == "snapshot_longest" else f" ({b / max(a, 1.0):.2f}x)"))
+                cells.append(f"{fmt(a)} -> {fmt(b)}" + ("" if op == "snapshot" else f" ({b / max(a, 1.0):.2f}x)"))
         rows.append([dim] + cells)
     return table(["dimension", "size"] + [f"`{op}`" for op in DEPTH_OPS] + ["snapshot, longest command"],
                  "ll" + "r" * (len(DEPTH_OPS) + 1), rows)
@@ -168,10 +167,11 @@ def render_depth(results: dict[str, Any]) -> str:
 # -- the sections of the other benchmarks (one each) -----------------------------------------------
 
 
-def section(results: dict[str, Any], name: str, script: str) -> dict[str, Any]:
+def section(results: dict[str, Any], name: str, script: str,
+            args: str = " --results benchmarks/results.json") -> dict[str, Any]:
+    """Section ``name`` of the results, or exit saying which command writes it."""
     if name not in results:
-        raise SystemExit(f"benchmarks/results.json has no `{name}` section: run {script} --results "
-                         "benchmarks/results.json")
+        raise SystemExit(f"benchmarks/results.json has no `{name}` section: run {script}{args}")
     return results[name]
 
 
@@ -257,9 +257,7 @@ def render_weights(results: dict[str, Any]) -> str:
 
 
 def cluster(results: dict[str, Any]) -> dict[str, Any]:
-    if "cluster" not in results:
-        raise SystemExit("benchmarks/results.json has no `cluster` section: run scripts/cluster_bench.py")
-    return results["cluster"]
+    return section(results, "cluster", "scripts/cluster_bench.py", args="")
 
 
 def render_cluster_environment(results: dict[str, Any]) -> str:

@@ -75,8 +75,8 @@ def merge_snapshots(parts: Sequence[tuple[str, Snapshot | None]]) -> Snapshot:
     if not got:
         raise PartitionsUnreachable("stats", (), tuple(name for name, _ in parts))
     stats = sum_stats([s.stats for s in got], len(parts) - len(got))
-    pel = PelSummary(sum_maps([s.pel.attempts for s in got]), sum_maps([s.pel.states for s in got]), tuple(a for s in got for a in s.pel.executing_ages_ms),
-                     sum(s.pel.sampled for s in got), any(s.pel.truncated for s in got),
+    pel = PelSummary(sum_maps([s.pel.attempts for s in got]), sum_maps([s.pel.states for s in got]),
+                     tuple(a for s in got for a in s.pel.executing_ages_ms), sum(s.pel.sampled for s in got), any(s.pel.truncated for s in got),
                      _most([s.pel.oldest_ms for s in got]), _most([s.pel.oldest_by_worker for s in got]),
                      sum_maps([s.pel.pending_by_owner for s in got]), _least([s.pel.newest_by_owner for s in got]))
     leases = sorted((x for s in got for x in s.leases),
