@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lease-batch", type=int, default=8, help="groups per lease")
     p.add_argument("--train-ms", type=float, default=200.0, help="the trainer's step time (uniform up to)")
     p.add_argument("--gen-ms", type=float, default=30.0, help="the test engine's time per group (uniform up to)")
+    p.add_argument("--submit-rate", type=float, default=0.0,
+                   help="groups submitted per second at most, so the run lasts on a fast machine (0: no pace)")
     p.add_argument("--cli-reaper", action="store_true", help="reapers as `python -m rollout_queue reaper`")
     p.add_argument("--log-dir", default=None, help="keep the logs here (default: temp dir, removed on success)")
     p.add_argument("--keep-logs", action="store_true")
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         outage_factor=(lo, hi), progress_slack_s=a.progress_slack,
         fault_interval_s=a.fault_interval, weights=weights, deadline_s=a.deadline, settle_s=a.settle,
         worker_timeout_s=a.worker_timeout, lease_timeout_s=a.lease_timeout, lease_batch=a.lease_batch,
-        train_ms=a.train_ms, gen_ms=a.gen_ms, cli_reaper=a.cli_reaper, log_dir=a.log_dir)
+        train_ms=a.train_ms, gen_ms=a.gen_ms, submit_rate=a.submit_rate, cli_reaper=a.cli_reaper, log_dir=a.log_dir)
     result = harness.run(cfg, keep_logs=a.keep_logs)
     summary = result.summary()
     if a.json:

@@ -28,8 +28,10 @@ def _kind() -> str | None:
 def test_short_chaos_run_loses_nothing_and_trains_nothing_twice(tmp_path) -> None:
     # Long outages twice as likely as by default, so a run of this length meets a clean stop and a kill.
     weights = {**DEFAULT_WEIGHTS, "redis_outage": 1.5}
+    # Paced at 25 groups/s, submission spans >= 44 s on any machine: a fast one settled the unpaced
+    # run in ~24 s with only 19 faults (CI), a loaded one takes ~60 s with ~90.
     cfg = RunConfig(groups=1100, seed=20240611, kind=_kind(), fault_interval_s=0.35, deadline_s=170.0,
-                    settle_s=50.0, lease_batch=16, train_ms=100.0, weights=weights, log_dir=str(tmp_path / "chaos"))
+                    submit_rate=25.0, settle_s=50.0, lease_batch=16, train_ms=100.0, weights=weights, log_dir=str(tmp_path / "chaos"))
     result = run(cfg)
     summary = result.summary()
     print(summary)  # the figures land in the test log (pytest -s or on failure)

@@ -139,7 +139,9 @@ def _guarded(log: OpLog, body: Callable[[], None]) -> int:
 
 def run_producer(args: argparse.Namespace) -> int:
     """Submit groups 0..N-1 in batches, keeping the backlog short so submission spans the run.
-    A restarted producer submits from 0 again: submit is idempotent by source_id."""
+    A restarted producer submits from 0 again: submit is idempotent by source_id. With ``--rate``,
+    group j is submitted no earlier than ``--start-t`` + j / rate (wall clock, so a restarted
+    producer catches up to where the pace stands instead of pacing from 0 again)."""
     log = OpLog(args.log, "producer")
     stop = _stop_event()
 
@@ -149,6 +151,10 @@ def run_producer(args: argparse.Namespace) -> int:
         sizes = parse_sizes(args.sizes)
         i = 0
         while i < args.groups and not stop.is_set():
+            due = args.start_t + i / args.rate - time.time() if args.rate > 0 else 0.0
+            if due > 0:
+                stop.wait(min(due, 0.5))
+                continue
             if q.stats().backlog >= args.backlog:
                 stop.wait(0.05)
                 continue
@@ -445,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=8, help="producer: groups per submit; trainer: per lease")
     parser.add_argument("--backlog", type=int, default=128, help="producer: submit while the backlog is shorter")
     parser.add_argument("--poison-every", type=int, default=0, help="every k-th prompt fails in the test engine")
+    parser.add_argument("--rate", type=float, default=0.0, help="producer: groups per second at most (0: no pace)")
+    parser.add_argument("--start-t", type=float, default=0.0, help="producer: the wall-clock time the pace counts from")
     parser.add_argument("--sizes", default="", help="producer: the n of each group is drawn from these (1,2,8)")
     parser.add_argument("--max-samples", type=int, default=0, help="worker: slots per reserve (0: no cap)")
     parser.add_argument("--overcommit", type=int, choices=[0, 1], default=0,
