@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from rollout_queue.core.errors import InvalidInput
-from rollout_queue.core.models import Sample, Turn, check_sample_fields, check_trajectory, logprobs_ok
+from rollout_queue.core.models import Sample, Turn, check_sample_columns, check_trajectory, logprobs_ok
 
 _LITTLE = sys.byteorder == "little"
 #: The high byte of a float32 that is negative (sign bit set) and not NaN or infinite (its exponent is
@@ -74,10 +74,10 @@ class SampleColumns:
         offsets, logprob_offsets = self._spans(counts, has_logprobs)
         if not logprobs_ok_f32(self.logprobs):
             raise InvalidInput("logprobs must be <= 0 and not NaN")
-        checked = [check_sample_fields(*f) for f in zip(slots, rewards, versions, finish_reasons, version_lists)]
+        checked_rewards, checked_lists = check_sample_columns(slots, rewards, versions, finish_reasons, version_lists)
         for name, value in (("slots", slots), ("counts", counts), ("has_logprobs", tuple(map(bool, has_logprobs))),
-                            ("rewards", tuple(r for r, _ in checked)), ("versions", versions),
-                            ("finish_reasons", finish_reasons), ("version_lists", tuple(v for _, v in checked)),
+                            ("rewards", checked_rewards), ("versions", versions),
+                            ("finish_reasons", finish_reasons), ("version_lists", checked_lists),
                             ("offsets", offsets), ("logprob_offsets", logprob_offsets)):
             object.__setattr__(self, name, value)
         if self.turn_lists or self.metadata:

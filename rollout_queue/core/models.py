@@ -321,6 +321,40 @@ def check_sample_fields(slot: Any, reward: Any, version: Any, finish_reason: Any
     return reward, vs
 
 
+_INT_ONLY = {int}
+_REWARD_TYPES = {float, type(None)}
+_VERSION_LIST_TYPES = {list, tuple}
+
+
+def check_sample_columns(slots: tuple[Any, ...], rewards: tuple[Any, ...], versions: tuple[Any, ...],
+                         finish_reasons: tuple[Any, ...],
+                         version_lists: tuple[Any, ...]) -> tuple[tuple[float | None, ...], tuple[tuple[int, ...], ...]]:
+    """check_sample_fields over whole columns (one value per sample each): (rewards, version lists).
+
+    The common case (what the codec decodes: exact ints, floats or None, short UTF-8 strings, lists of
+    int32s) is checked a column at a time in C (~1 us for 8 samples against ~8 for one call per
+    sample, on every leased group); anything else goes through check_sample_fields sample by sample,
+    so the accepted values and every error are exactly its own. Raises InvalidInput.
+    """
+    try:
+        fast = (set(map(type, slots)) <= _INT_ONLY and set(map(type, versions)) <= _INT_ONLY
+                and set(map(type, rewards)) <= _REWARD_TYPES and set(map(type, finish_reasons)) <= {str}
+                and set(map(type, version_lists)) <= _VERSION_LIST_TYPES)
+        if fast and slots:
+            fast = (0 <= min(slots) and max(slots) <= MAX_SLOT and 0 <= min(versions) and max(versions) < 2**21
+                    and max(map(len, finish_reasons)) <= 32
+                    and math.isfinite(math.fsum(r for r in rewards if r is not None)))
+            "".join(finish_reasons).encode("utf-8")
+            flat = [v for vs in version_lists for v in vs]
+            packer("i", len(flat)).pack(*flat)  # type and int32 range of every version, in C
+    except (TypeError, ValueError, OverflowError, struct.error):  # UnicodeEncodeError is a ValueError
+        fast = False
+    if fast:
+        return tuple(rewards), tuple(map(tuple, version_lists))
+    checked = [check_sample_fields(*f) for f in zip(slots, rewards, versions, finish_reasons, version_lists)]
+    return tuple(r for r, _ in checked), tuple(v for _, v in checked)
+
+
 class CompletedGroup:
     """A completed group inside a lease: the pristine group and its samples.
 
