@@ -15,6 +15,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
+# Prometheus and promtool: the deployment tests scrape the shipped exporter with the shipped scrape config
+# and run every dashboard query against it (tests/ops/test_deploy.py); without them those tests skip.
+if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing Debian's prometheus for the deployment tests" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+    >/dev/null 2>&1 || echo "setup: prometheus unavailable; the deployment tests that run it will skip" >&2
+fi
+
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q -e '.[dev,workers,trl]'
 # The S3 weights tests: s3fs at the fsspec version just resolved (it pins fsspec exactly) and moto's
