@@ -2,7 +2,8 @@
 
 Every key of a queue shares the hash tag ``{<queue>}`` so that each script touches one Redis Cluster
 slot. Nothing else in the package builds a key string; Lua scripts receive these through KEYS (the
-lease and hold records are built inside scripts from the ``meta`` key's prefix, same tag).
+lease and hold records and the completion payloads are built inside scripts from the ``meta`` key's
+prefix, same tag: lua/include/payloads.lua spells the payload key as ``payload`` does here).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ KEY_SUFFIXES: dict[str, str] = {
     "ready": "ready",
     "buffer": "buffer",
     "bufver": "bufver",
-    "results": "results",
     "workers": "workers",
     "reserves": "reserves",
     "leases": "leases",
@@ -77,6 +77,12 @@ class QueueKeys:
     def lease(self, lease_id: str) -> str:
         """The hash of one lease (built the same way inside the scripts)."""
         return f"{self.prefix}lease:{lease_id}"
+
+    def payload(self, entry_id: str, attempt: int) -> str:
+        """The completion payload of one attempt: a string the worker writes in the same MULTI as the
+        complete / complete_many script that adopts it (lua/include/payloads.lua), kept while the
+        group is buffered or leased, deleted when it is committed, evicted or requeued."""
+        return f"{self.prefix}payload:{entry_id}:{attempt}"
 
     def hold(self, hold_id: str) -> str:
         """The snapshot set of one admission hold."""

@@ -52,12 +52,18 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Call:
-    """One script invocation. ``idempotent``: safe to send again after a lost connection."""
+    """One script invocation. ``idempotent``: safe to send again after a lost connection.
+
+    ``stage``: (key, bytes) pairs the transport SETs (NX) in the same MULTI as the script, just before it
+    (a completion's payloads: lua/include/payloads.lua), so large values reach Redis once, as keys,
+    never through ARGV into Lua; MULTI makes the SETs and the script one step that a dying client
+    cannot cut in two."""
 
     script: Script
     keys: tuple[str, ...]
     args: tuple[Arg, ...]
     idempotent: bool = True
+    stage: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,9 @@ class Command:
 Op = Call | Command
 
 
-def build(keys: QueueKeys, name: str, *, idempotent: bool = True, **argv: Any) -> Call:
-    """A call of script ``name``; ``argv`` must name exactly the header's ARGV entries."""
+def build(keys: QueueKeys, name: str, *, idempotent: bool = True, stage: tuple[tuple[str, bytes], ...] = (),
+          **argv: Any) -> Call:
+    """A call of script ``name``; ``argv`` must name exactly the header's ARGV entries. ``stage``: see Call."""
     script = SCRIPTS[name]
     fixed = [a for a in script.argv if not a.startswith("*")]
     expected = set(fixed) | ({script.variadic} if script.variadic else set())
@@ -84,7 +91,7 @@ def build(keys: QueueKeys, name: str, *, idempotent: bool = True, **argv: Any) -
     args: list[Arg] = [argv[n] for n in fixed]
     if script.variadic:
         args.extend(argv[script.variadic])
-    return Call(script, tuple(keys[r] for r in script.keys), tuple(args), idempotent)
+    return Call(script, tuple(keys[r] for r in script.keys), tuple(args), idempotent, stage)
 
 
 def s(value: Any) -> str:
@@ -265,9 +272,10 @@ def parse_lease(reply: Any, lease_id: str, groups: int = 0) -> LeaseReply:
 
 
 def read_lease_payloads(keys: QueueKeys, reply: LeaseReply) -> Command:
-    """One HMGET of a granted lease's completion payloads, in member order (a plain read: the members
-    are owned by the lease until it is committed, rolled back or expires). Needs >= 1 member."""
-    return Command(("HMGET", keys["results"], *(m.entry_id for m in reply.members)))
+    """One MGET of a granted lease's completion payloads (each member's payload key, named by its
+    entry and attempt), in member order (a plain read: the members are owned by the lease until it is
+    committed, rolled back or expires). Needs >= 1 member."""
+    return Command(("MGET", *(keys.payload(m.entry_id, m.attempt) for m in reply.members)))
 
 
 @_shaped

@@ -25,7 +25,7 @@ from rollout_queue.core.keys import KEY_SUFFIXES
 READ_ONLY_SCRIPTS = frozenset({"stats", "reap_scan"})
 
 #: Version of the data layout the scripts keep in Redis. Bump when a key's meaning changes.
-DATA_LAYOUT = 2
+DATA_LAYOUT = 3
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
 _SECTION = re.compile(r"^(KEYS|READS|ARGV|Returns|Invariant):\s*$")

@@ -70,7 +70,7 @@ AsyncClient = Union[redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster]
 READ_COMMANDS = frozenset({
     "XREAD", "XRANGE", "XREVRANGE", "XPENDING", "XINFO", "XLEN",
     "HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "HSTRLEN", "HKEYS",
-    "GET", "EXISTS", "TYPE", "TTL", "PTTL", "SCAN",
+    "GET", "MGET", "STRLEN", "EXISTS", "TYPE", "TTL", "PTTL", "SCAN",
     "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZSCORE", "ZMSCORE",
     "TIME", "PING", "MEMORY", "OBJECT",
 })
@@ -182,13 +182,43 @@ def _companions(op: Call) -> tuple[str, ...]:
     return tuple(SCRIPTS[name].source for name in sorted(READ_ONLY_SCRIPTS) if name != op.script.name)
 
 
-def _request(op: Op) -> tuple[Any, ...]:
+def _request(op: Op) -> tuple[tuple[Any, ...], ...]:
+    """The commands that carry ``op``: the command itself, or a script call; a Call with a ``stage``
+    goes as MULTI, one SET NX per staged value, the EVALSHA, EXEC (one atomic step: _unwrap reads
+    it). NX: a value already there is the one the script adopted before (this call resent after a
+    lost reply), and it must not be replaced (lua/include/payloads.lua)."""
     if isinstance(op, Command):
-        return op.args
+        return (op.args,)
     # A read-only script goes as EVALSHA_RO: Redis then checks its declared keys as read-only, so the
     # operator role, which may only read (%R~, acl.py), can run it; a write in it would be refused.
     verb = "EVALSHA_RO" if op.script.name in READ_ONLY_SCRIPTS else "EVALSHA"
-    return (verb, op.script.sha, len(op.keys), *op.keys, *op.args)
+    call = (verb, op.script.sha, len(op.keys), *op.keys, *op.args)
+    if not op.stage:
+        return (call,)
+    return (("MULTI",), *(("SET", key, value, "NX") for key, value in op.stage), call, ("EXEC",))
+
+
+def _unwrap(op: Op, out: "_Outcome") -> "_Outcome":
+    """The outcome of a staged Call as if it were a plain one: its first reply is the script's (or
+    what stopped the transaction), the rest (a WAIT's) follow. EXEC's reply is the transaction's:
+    a list whose last element is the script's reply; EXECABORT when Redis refused a queued command
+    (nothing ran): then the refusal itself is the reply (NOPERM, OOM, READONLY...), so the policy
+    judges it as it judges any reply. A reply that never came (the connection broke before EXEC was
+    answered) leaves the outcome "maybe ran": EXEC may have run."""
+    if not isinstance(op, Call) or not op.stage:
+        return out
+    n = len(op.stage) + 3  # MULTI, the SETs, the EVALSHA, EXEC
+    if len(out.replies) < n:
+        return _Outcome([], out.error if out.error is not None else ConnectionError("EXEC was not answered"))
+    done = out.replies[n - 1]
+    if isinstance(done, list) and done:
+        staged_failed = [x for x in done[:-1] if isinstance(x, BaseException)]
+        reply = staged_failed[0] if staged_failed and not isinstance(done[-1], BaseException) else done[-1]
+    else:
+        queued = [x for x in out.replies[:n - 1] if isinstance(x, BaseException)]
+        reply = queued[0] if queued else (done if isinstance(done, BaseException) else
+                                          ResponseError(f"EXEC answered {done!r}"))
+    return _Outcome([reply, *out.replies[n:]], out.error)
 
 
 def _policy(op: Op, retry: RetryPolicy, durability: Durability | None, clock: Callable[[], float]) -> Policy:
@@ -202,21 +232,22 @@ def _policy(op: Op, retry: RetryPolicy, durability: Durability | None, clock: Ca
     tail: tuple[tuple[Any, ...], ...] = (("WAIT", wait.replicas, wait.timeout_ms),) if wait else ()
     start, tries, maybe_ran = clock(), 0, False
     while True:
-        out: _Outcome = yield _Send((request,) + tail)
+        out: _Outcome = _unwrap(op, (yield _Send(request + tail)))
         if isinstance(op, Call) and out.replies and isinstance(out.replies[0], NoScriptError):
             # A restarted (or flushed) server forgot the script: load it on this connection (on a
             # cluster, the node that refused) and send again, once. The read-only scripts are loaded
             # with it: the read-only operator role may not load scripts (ACL), so the first other
             # client back after a restart loads them for it.
+            # A staged call's SETs ran in the refused transaction: sent again, they write the same bytes.
             loads = tuple(("SCRIPT", "LOAD", source) for source in (op.script.source,) + _companions(op))
-            out = yield _Send(loads + (request,) + tail, fresh=False)
+            out = yield _Send(loads + request + tail, fresh=False)
             if out.replies and isinstance(out.replies[0], ResponseError):
                 raise ScriptError(
                     f"{_name(op)}: the server does not have this script loaded (it restarted or its script "
                     f"cache was flushed) and this client may not load it: {out.replies[0]}. Any other role "
                     "(worker, trainer, reaper) loads the read-only scripts when it next calls; retry then."
                 ) from out.replies[0]
-            out = _Outcome(out.replies[len(loads):], out.error) if out.replies else out
+            out = _unwrap(op, _Outcome(out.replies[len(loads):], out.error) if out.replies else out)
         if out.replies:
             reply = out.replies[0]
             code = refusal(reply) if isinstance(reply, BaseException) else None

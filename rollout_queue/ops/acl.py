@@ -3,9 +3,10 @@
 Owns deriving each role's rules from the script library itself, so that they follow the Lua as it
 changes: which scripts a role may run (EVALSHA allow-listed by SHA1, with Redis's ``+cmd|first-arg``
 rule), which commands those scripts call (a script runs with its caller's permissions), which keys
-they declare or build (``lease:*``), plus the plain commands a role's client sends outside scripts
-(blocking XREAD on a wake stream, HGET of the version, the trainer's HMGET of the payloads it leased,
-SUBSCRIBE to the versions channel).
+they declare or build (``lease:*``, ``payload:*``), plus the plain commands a role's client sends
+outside scripts (blocking XREAD on a wake stream, HGET of the version, the worker's MULTI / SET / EXEC
+that stages a completion's payload around its complete call, the trainer's MGET of the payloads it
+leased, SUBSCRIBE to the versions channel).
 It does no I/O; ``rollout-queue acl`` prints or applies the rules.
 
 What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", says it for people):
@@ -67,6 +68,7 @@ READ_COMMANDS = (
     "zrange", "zrangebyscore", "zrevrange", "zscore", "zcard", "zcount", "hget", "hgetall", "hmget", "hlen",
     "hstrlen", "hexists", "hkeys", "hscan", "exists", "type", "ttl", "pttl", "memory|usage", "object|encoding",
     "get",  # the partition-count record (views.partition_count): read to find a logical queue's partitions
+    "strlen", "mget",  # a completion payload's size (inspect) and the payloads themselves
 )
 
 
@@ -76,7 +78,9 @@ class Role:
     roles ``raw_keys``; ``all_keys`` grants the queue's whole prefix instead of the keys listed;
     ``read_keys`` are key roles it may only read (``%R~``), whatever its scripts' commands;
     ``read_only``: no write command at all, and no SCRIPT LOAD (its scripts are loaded for it by the
-    first other client after a restart: transport._companions)."""
+    first other client after a restart: transport._companions); ``selectors``: (command, key pattern
+    under the queue's prefix) pairs granted only on those keys, as a Redis 7 selector
+    ``(+cmd ~pattern)``: a raw command that must not reach the role's other keys."""
 
     name: str
     summary: str
@@ -87,6 +91,7 @@ class Role:
     all_keys: bool = False
     read_only: bool = False
     read_keys: tuple[str, ...] = ()
+    selectors: tuple[tuple[str, str], ...] = ()
 
 
 _OPEN = ("open",)
@@ -96,12 +101,15 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("worker", "reserves, completes, fails, aborts, filters; heartbeats",
          _OPEN + ("reserve", "complete", "complete_many", "fail", "abort", "filter", "reject", "heartbeat",
                   "close_worker", "push_join"),
-         ("hget", "xread", "subscribe"), ("meta", "wake_work"), versions_channel=True),
+         # MULTI, SET, EXEC: a completion's payloads are staged in its call's transaction; SET only on
+         # payload:* (a selector), so it cannot overwrite meta or the stream with a string.
+         ("hget", "xread", "subscribe", "multi", "exec"), ("meta", "wake_work"), versions_channel=True,
+         selectors=(("set", "payload:*"),)),
     Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
          _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
                   "publish_version", "checkpoint", "restore", "stats",
                   "push_open", "push_seal", "push_close"),
-         ("hget", "hmget", "xread"), ("meta", "results", "wake_work", "wake_done"), versions_channel=True),
+         ("hget", "hmget", "mget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True),
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",
                   "finish_interrupted", "reindex", "sweep_owners")),
@@ -135,10 +143,13 @@ def script_commands(script: Script) -> set[str]:
 
 
 def script_keys(script: Script, keys: QueueKeys) -> set[str]:
-    """Key patterns of a script: its declared KEYS and the lease records and clock it builds (same hash tag)."""
+    """Key patterns of a script: its declared KEYS and the lease records, payloads and clock it builds
+    (same hash tag)."""
     out = {keys[role] for role in script.keys + script.reads}
     if "'lease:'" in script.source:
         out.add(keys.lease("*"))
+    if "'payload:'" in script.source:
+        out.add(keys.prefix + "payload:*")
     if "'clock'" in script.source:
         out.add(keys["clock"])
     return out
@@ -153,7 +164,8 @@ class RoleRules:
     rules: tuple[str, ...]
 
     def setuser(self) -> str:
-        """``ACL SETUSER ...`` as typed at the redis-cli prompt (no token needs quoting there)."""
+        """``ACL SETUSER ...`` as typed at the redis-cli prompt (no token needs quoting there: a
+        selector ``(+cmd ~pattern)`` split at its space is merged back by Redis)."""
         return " ".join(("ACL", "SETUSER", self.user) + self.rules)
 
     def aclfile(self) -> str:
@@ -212,6 +224,7 @@ def role_rules(queue: str, role: str, password: str | None = None,
         channels.append("&" + keys.versions_channel)
     if partitions > 1:
         key_rules.append("%R~" + record)  # the logical name's record (its own prefix is no partition)
+    key_rules += [f"(+{cmd} ~{QueueKeys(name).prefix}{pattern})" for name in names for cmd, pattern in spec.selectors]
     rules = head + key_rules + (channels if spec.versions_channel or "publish" in commands else [])
     rules += ["+" + c for c in sorted(commands)] + [
         f"+{'evalsha_ro' if s.name in READ_ONLY_SCRIPTS else 'evalsha'}|{s.sha}" for s in scripts]

@@ -552,7 +552,7 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     failures, history = _history(raw_history, bad)
     fields = p.raw_fields(src[0][1]) if src else {}
     state = entry_state(owner) if owner else (yield from _unowned_state(keys, entry_id, bool(src), ledger))
-    more = yield from _details(keys, entry_id, state, owner or "", int(cfg.worker_timeout_s * 1000), bad)
+    more = yield from _details(keys, entry_id, state, owner or "", count, int(cfg.worker_timeout_s * 1000), bad)
     if "history" in more:  # a dead letter carries the attempts it died with: those are the truth
         failures, history = more.pop("counted_failures"), more.pop("history")
     group = (decode_fields(fields) if fields else None) or more.pop("group", None)
@@ -565,10 +565,11 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
         **{k: v for k, v in more.items() if k != "group"})
 
 
-def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, timeout_ms: int,
+def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, attempt: int, timeout_ms: int,
              bad: Garbage) -> Flow[dict[str, Any]]:
-    """What only one state has: the worker's heartbeat, the buffered version, the lease, the dead
-    letter (with the attempts it carries)."""
+    """What only one state has: the worker's heartbeat, the buffered version and payload size (the
+    payload key of the attempt, its PEL delivery count), the lease, the dead letter (with the
+    attempts it carries)."""
     if state == "executing":
         beat = bad.number("heartbeat score", (yield p.Command(("ZSCORE", keys["workers"], owner))))
         now = yield from server_ms(keys)
@@ -576,7 +577,7 @@ def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, timeout_ms:
                 "worker_alive": beat is not None and now - beat <= timeout_ms}
     if state == "completed":
         score = bad.number("buffer version score", (yield p.Command(("ZSCORE", keys["bufver"], entry_id))))
-        size = p.parse_count((yield p.Command(("HSTRLEN", keys["results"], entry_id))), "HSTRLEN results")
+        size = p.parse_count((yield p.Command(("STRLEN", keys.payload(entry_id, attempt)))), "STRLEN payload")
         return {"min_version": None if score is None else score // 2**32, "completion_bytes": size}
     if state == "leased":
         lease_id = owner[len("@lease:"):]

@@ -119,6 +119,13 @@ def history(raw: redis.Redis, queue_name: str, entry_id: str) -> list[dict[str, 
     return list(orjson.loads(blob)["h"]) if blob else []
 
 
+def payload_keys(raw: redis.Redis, queue_name: str, entry_id: str | None = None) -> set[str]:
+    """Every completion payload key of the queue (rollout:{q}:payload:<entry ID>:<attempt>), or only
+    those of one entry (any attempt)."""
+    match = keys(queue_name).prefix + "payload:" + (f"{entry_id}:*" if entry_id else "*")
+    return {_s(k) for k in raw.scan_iter(match=match, count=1000)}
+
+
 def execute(q: Any, op: Any) -> Any:
     """Run one protocol Call/Command through the queue's own transport (sync or async)."""
     result = q.driver.execute(op)

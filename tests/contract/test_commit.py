@@ -19,6 +19,7 @@ from tests.contract.lifecycle import (
     ledger,
     meta,
     owners,
+    payload_keys,
     pel,
     stream_ids,
     wait_past,
@@ -26,7 +27,7 @@ from tests.contract.lifecycle import (
 
 
 def test_header_matches_builder() -> None:
-    check_header("commit", ["src", "meta", "results", "leases", "ledger", "commits", "kept", "wake_work",
+    check_header("commit", ["src", "meta", "leases", "ledger", "commits", "kept", "wake_work",
                            "settled"],
                  ["lease_id", "token", "step"])
 
@@ -39,13 +40,16 @@ def test_commit_settles_every_member(open_queue, raw, queue_name) -> None:
     q = open_queue()
     ids = fill_buffer(q, 3)
     lease = q.lease(2, trainer_id="trainer-a")
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, 1) for e in ids}  # kept while leased
     commit_id = lease.commit()
     members = ids[:2]
-    # XACK + XDEL: not pending, not in the stream; the completion payload is gone.
+    # XACK + XDEL: not pending, not in the stream; the completion payload is gone (no key of any
+    # attempt of a member; the unleased group keeps its own).
     assert set(pel(raw, queue_name)) == {ids[2]}
     assert stream_ids(raw, queue_name) == [ids[2]]
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(ids[2], 1)}
     for entry_id in members:
-        assert not raw.hexists(keys(queue_name)["results"], entry_id)
+        assert payload_keys(raw, queue_name, entry_id) == set()
         assert ledger(raw, queue_name, entry_id) == f"s|committed|1|w-fill|{lease.lease_id}|"
     # One commits line naming the lease, the trainer, the entry IDs and the step.
     [(line_id, _)] = raw.xrange(keys(queue_name)["commits"])

@@ -1,11 +1,13 @@
 """Contract of complete.lua: executing -> completed: the attempt's samples enter the buffer.
 
 Header outcomes: {'ok', 'buffered' | 'replay' | 'evicted_self', evicted}, {'stale_receipt', ...}
-(nothing written), {'payload_too_large', ...} (nothing written, still executing) and
-{'malformed', detail, 'ready' | 'dead'}. DESIGN rule 1 (exact receipts), rule 3 (every output names
-a parent slot, every slot has one; one-to-many is fine), rule 4 (malformed counts toward
-max_attempts; overflow does not) and the overflow victim: the stalest of buffered + arriving, ties
-to the earliest arrival.
+(nothing written), {'payload_too_large', ...} (nothing kept, still executing) and
+{'malformed', detail, 'ready' | 'dead'}. The payload, staged by the worker in the call's MULTI at
+rollout:{q}:payload:<entry ID>:<attempt>, is kept exactly while that attempt is buffered (or leased):
+every refusal and eviction deletes it, a replay of a live completion keeps it byte-identical.
+DESIGN rule 1 (exact receipts), rule 3 (every output names a parent slot, every slot has one;
+one-to-many is fine), rule 4 (malformed counts toward max_attempts; overflow does not) and the
+overflow victim: the stalest of buffered + arriving, ties to the earliest arrival.
 """
 
 from __future__ import annotations
@@ -15,20 +17,24 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import MalformedCompletion, PayloadTooLarge, QueueConfig, Sample, StaleReceipt
+from rollout_queue import MalformedCompletion, PayloadTooLarge, QueueConfig, Sample, ScriptError, StaleReceipt
 from rollout_queue.core.codec import decode_completion, encode_completion
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import (
+    attempt_of,
     buffer_ids,
     call,
+    call_complete,
     counter,
     group,
     history,
     keys,
     ledger,
+    payload_keys,
     pel,
     ready_ids,
     samples,
+    stored_payload,
 )
 from tests.helpers import wait_until
 
@@ -53,8 +59,9 @@ def test_completion_is_buffered_and_owned_by_done(open_queue, raw: redis.Redis, 
     assert pel(raw, queue_name) == {eid: ("@done", 1)}
     assert buffer_ids(raw, queue_name) == [eid]
     assert raw.zscore(keys(queue_name)["bufver"], eid) is not None
-    stored = raw.hget(keys(queue_name)["results"], eid)
+    stored = raw.get(keys(queue_name).payload(eid, 1))  # the attempt's payload key, as the worker staged it
     assert stored == encode_completion(out) and decode_completion(stored) == tuple(out)
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(eid, 1)}
     assert ledger(raw, queue_name, eid) == "a|1|w1|completed"
     assert raw.xlen(keys(queue_name)["wake_done"]) == 1
     stats = q.stats()
@@ -66,7 +73,7 @@ def test_many_outputs_per_slot_are_valid(open_queue, raw: redis.Redis, queue_nam
     w, res = _reserve_one(q, n=2)
     out = [Sample(0, (1,)), Sample(0, (2, 3)), Sample(1, (4,)), Sample(0, ())]
     assert w.complete(res.receipt, out) == "buffered"
-    assert decode_completion(raw.hget(keys(queue_name)["results"], res.entry_id)) == tuple(out)
+    assert decode_completion(stored_payload(raw, queue_name, res.entry_id)) == tuple(out)
     lease = q.lease(1)
     assert lease.groups[0].samples == tuple(out)
 
@@ -83,7 +90,8 @@ def test_a_malformed_completion_requeues_the_group_and_counts(open_queue, raw: r
     eid = res.entry_id
     assert pel(raw, queue_name) == {eid: ("@ready", 1)}  # still owned: by the queue, not the worker
     assert ready_ids(raw, queue_name) == [eid]
-    assert buffer_ids(raw, queue_name) == [] and raw.hget(keys(queue_name)["results"], eid) is None
+    # The staged payload of the refused attempt is deleted with it: no payload key of the entry is left.
+    assert buffer_ids(raw, queue_name) == [] and payload_keys(raw, queue_name, eid) == set()
     assert history(raw, queue_name, eid)["f"] == 1
     assert ledger(raw, queue_name, eid) == "a|1|w1|malformed"
     stats = q.stats()
@@ -153,10 +161,11 @@ def test_a_payload_over_the_limit_leaves_the_attempt_executing(open_queue, raw: 
     assert (info.value.size, info.value.limit) == (len(encode_completion(big)), 600)
     assert snapshot(raw, queue_name) == before
     # The script refuses it too, for a client that skips its own check.
-    reply = call(q, "complete", entry_id=res.entry_id, attempt=1, worker_id="w1", payload=encode_completion(big),
-                 min_version=0, slots="0,1")
+    # It was staged at the attempt's payload key and is deleted with the refusal: nothing kept.
+    reply = call_complete(q, res.entry_id, 1, "w1", encode_completion(big))
     assert reply == ["payload_too_large", len(encode_completion(big)), 600]
     assert snapshot(raw, queue_name) == before
+    assert payload_keys(raw, queue_name) == set()
     assert pel(raw, queue_name) == {res.entry_id: ("w1", 1)}
     assert w.complete(res.receipt, samples(2)) == "buffered"  # the attempt is still the worker's
 
@@ -171,6 +180,76 @@ def test_completing_twice_with_the_same_receipt_is_a_replay(open_queue, raw: red
     assert counter(raw, queue_name, "completed_total") == 1
     q.lease(1).commit()
     assert w.complete(res.receipt, samples(2)) == "replay"  # still the same answer once trained
+    assert payload_keys(raw, queue_name) == set()  # and its staged payload is not kept
+
+
+def test_a_replay_keeps_the_live_payload_and_one_after_commit_leaves_none(open_queue, raw: redis.Redis,
+                                                                         queue_name: str) -> None:
+    """The resent call stages the same bytes at the same attempt's key: while the completion is
+    buffered or leased under that attempt the key is the live payload and stays, byte-identical;
+    once the group is committed (or otherwise gone) the replay's staged copy is deleted."""
+    q = open_queue(CFG)
+    w, res = _reserve_one(q)
+    out = samples(2, version=0)
+    original = encode_completion(out)
+    eid, key = res.entry_id, keys(queue_name).payload(res.entry_id, 1)
+    assert w.complete(res.receipt, out) == "buffered"
+    assert payload_keys(raw, queue_name) == {key} and raw.get(key) == original
+    assert call_complete(q, eid, 1, "w1", original) == ["ok", b"replay", b""]  # buffered: the live payload
+    assert payload_keys(raw, queue_name) == {key} and raw.get(key) == original
+    lease = q.lease(1)
+    assert w.complete(res.receipt, out) == "replay"  # leased under the same attempt: still the live one
+    assert payload_keys(raw, queue_name) == {key} and raw.get(key) == original
+    assert lease.groups[0].samples == tuple(out)
+    lease.commit()
+    assert payload_keys(raw, queue_name) == set()
+    before = snapshot(raw, queue_name)
+    assert call_complete(q, eid, 1, "w1", original) == ["ok", b"replay", b""]
+    assert w.complete(res.receipt, out) == "replay"
+    assert payload_keys(raw, queue_name) == set() and snapshot(raw, queue_name) == before
+
+
+def test_a_stale_receipt_leaves_no_payload_of_its_attempt(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    """A stale worker's staged payload is deleted by the refusal, and, named by its own attempt,
+    never lands on the payload of the attempt that replaced it."""
+    q = open_queue(CFG.replace(worker_timeout_s=0.2))
+    w, res = _reserve_one(q)
+    eid = res.entry_id
+    # Attempt 2 was never granted: refused while attempt 1 is still executing.
+    assert call_complete(q, eid, 2, "w1", encode_completion(samples(2)))[0] == "stale_receipt"
+    assert payload_keys(raw, queue_name) == set()
+    _reap_until_lost(q)
+    with pytest.raises(StaleReceipt):
+        w.complete(res.receipt, samples(2))  # requeued to @ready: stale
+    assert payload_keys(raw, queue_name) == set()
+    w2 = q.worker("w2")
+    [again] = w2.reserve(1)
+    assert (again.entry_id, again.receipt.attempt) == (eid, 2)
+    live = samples(2, version=1)
+    assert w2.complete(again.receipt, live) == "buffered"
+    with pytest.raises(StaleReceipt) as info:
+        w.complete(res.receipt, samples(2, version=0, tokens=3))  # attempt 1, now @done at attempt 2
+    assert (info.value.owner, info.value.delivery_count) == ("@done", 2)
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(eid, 2)}
+    assert stored_payload(raw, queue_name, eid) == encode_completion(live)
+    assert q.lease(1).groups[0].samples == tuple(live)
+
+
+@pytest.mark.parametrize("refusal", ["too_large", "slot_outside", "slot_missing"])
+def test_a_refused_staged_payload_is_deleted(open_queue, raw: redis.Redis, queue_name: str, refusal: str) -> None:
+    """payload_too_large (for a client that skips its own check) and a malformed completion: the
+    payload staged in the call's MULTI is not kept; only an attempt that was buffered keeps one."""
+    q = open_queue(CFG)
+    _, res = _reserve_one(q)
+    eid = res.entry_id
+    outputs = {"too_large": samples(2, tokens=200), "slot_outside": [Sample(0, (1,)), Sample(2, (1,))],
+               "slot_missing": [Sample(0, (1,)), Sample(0, (2,))]}[refusal]
+    slots = ",".join(str(x.slot) for x in outputs)
+    reply = call_complete(q, eid, 1, "w1", encode_completion(outputs), slots=slots)
+    assert reply[0] == ("payload_too_large" if refusal == "too_large" else "malformed")
+    assert payload_keys(raw, queue_name) == set()
+    assert pel(raw, queue_name)[eid] == (("w1", 1) if refusal == "too_large" else ("@ready", 1))
+    assert attempt_of(raw, queue_name, eid) == 1
 
 
 def _complete_all(q: Any, versions: dict[str, list[int]]) -> tuple[Any, dict[str, Any]]:
@@ -197,7 +276,8 @@ def test_overflow_sends_the_stalest_buffered_group_back_to_ready(open_queue, raw
     b = res["b"].entry_id
     assert buffer_ids(raw, queue_name) == [res["a"].entry_id, res["c"].entry_id]
     assert pel(raw, queue_name)[b] == ("@ready", 1) and ready_ids(raw, queue_name) == [b]
-    assert raw.hget(keys(queue_name)["results"], b) is None
+    assert payload_keys(raw, queue_name, b) == set()  # the evicted group's payload went with it
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(res[s].entry_id, 1) for s in ("a", "c")}
     assert history(raw, queue_name, b)["f"] == 0  # overflow is not the group's fault
     stats = q.stats()
     assert (stats.completed, stats.evictions["overflow"], stats.executing_groups) == (2, 1, 0)
@@ -216,7 +296,10 @@ def test_overflow_evicts_the_arriving_group_when_it_is_the_stalest(open_queue, r
     assert pel(raw, queue_name)[c] == ("@ready", 1) and ready_ids(raw, queue_name) == [c]
     assert history(raw, queue_name, c)["f"] == 0
     assert q.stats().executing_samples == 0
+    # The arriving group's own payload went with it; a replay of it keeps none either.
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(res[s].entry_id, 1) for s in ("a", "b")}
     assert w.complete(res["c"].receipt, _outputs(plan["c"])) == "replay"
+    assert payload_keys(raw, queue_name, c) == set()
 
 
 def test_overflow_ties_go_to_the_earliest_arrival(open_queue, raw: redis.Redis, queue_name: str) -> None:
@@ -236,14 +319,59 @@ def test_no_outputs_at_all_ends_the_attempt_as_fail_malformed_does(open_queue, r
     q = open_queue(CFG)
     w, res = _reserve_one(q)
     argv = dict(entry_id=res.entry_id, attempt=1, worker_id="w1", payload=b"", min_version=0, slots="")
-    assert call(q, "complete", **argv) == ["malformed", b"completion has no samples", b"ready"]
+    assert call_complete(q, **argv) == ["malformed", b"completion has no samples", b"ready"]
     eid = res.entry_id
     assert pel(raw, queue_name) == {eid: ("@ready", 1)} and ready_ids(raw, queue_name) == [eid]
     assert ledger(raw, queue_name, eid) == "a|1|w1|malformed"
     h = history(raw, queue_name, eid)
     assert (h["f"], h["h"][-1]["t"], h["h"][-1]["r"]) == (1, "malformed", "completion has no samples")
     before = snapshot(raw, queue_name)
-    assert call(q, "complete", **argv) == ["malformed", b"completion has no samples", b"ready"]  # a replay
+    assert call_complete(q, **argv) == ["malformed", b"completion has no samples", b"ready"]  # a replay
     with pytest.raises(MalformedCompletion):
         w.complete(res.receipt, [])  # the client's own path (fail) agrees
     assert snapshot(raw, queue_name) == before
+
+
+def test_a_resent_call_never_replaces_the_payload_it_handed_in(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    """SET NX: a complete resent with other bytes (a buggy client's second call for the same receipt)
+    answers 'replay' and leaves the payload the first call handed in; so does a receipt forged with
+    another worker's name for the same entry and attempt (refused stale, and the live payload is
+    neither replaced nor deleted)."""
+    q = open_queue(CFG)
+    w, res = _reserve_one(q)
+    first, other = samples(2, version=0), samples(2, version=0, tokens=3)
+    assert w.complete(res.receipt, first) == "buffered"
+    assert call_complete(q, res.entry_id, 1, "w1", encode_completion(other)) == ["ok", b"replay", b""]
+    assert call_complete(q, res.entry_id, 1, "w9", encode_completion(other))[0] == "stale_receipt"
+    assert stored_payload(raw, queue_name, res.entry_id) == encode_completion(first)
+    assert q.lease(1).groups[0].samples == tuple(first)
+
+
+@pytest.mark.parametrize("end", ["fail", "abort", "filter", "reject", "close", "reaped"])
+def test_every_end_of_an_attempt_drops_a_payload_it_staged_but_never_handed_in(
+        open_queue, raw: redis.Redis, queue_name: str, end: str) -> None:
+    """A call refused for a bad argument (here: a min_version that is not an integer) deletes what its
+    transaction staged before it raises. The one way a staged payload outlives its call: the server
+    had forgotten the script (NOSCRIPT inside EXEC, after the SET ran) and the worker died before
+    resending; planted here by hand. Whatever then ends the attempt deletes it, so nothing outlives
+    the attempt that staged it (and no later completion of it could adopt those bytes under NX)."""
+    q = open_queue(CFG.replace(worker_timeout_s=0.2) if end == "reaped" else CFG)
+    w, res = _reserve_one(q)
+    key = keys(queue_name).payload(res.entry_id, 1)
+    with pytest.raises(ScriptError):
+        call_complete(q, res.entry_id, 1, "w1", encode_completion(samples(2)), min_version="1.5")
+    assert payload_keys(raw, queue_name) == set()
+    raw.set(key, encode_completion(samples(2)))
+    if end == "fail":
+        assert w.fail(res.receipt, "engine error") == "ready"
+    elif end == "abort":
+        assert w.abort(res.receipt, "weights update") == "ready"
+    elif end == "filter":
+        assert w.filter(res.receipt, "all rewards equal") == "filtered"
+    elif end == "reject":  # the reserve flow's own call for a body it cannot decode
+        assert call(q, "reject", entry_id=res.entry_id, attempt=1, worker_id="w1", reason="undecodable") == ["ok", b"dead"]
+    elif end == "close":
+        w.close()
+    else:
+        _reap_until_lost(q)
+    assert payload_keys(raw, queue_name) == set()

@@ -5,7 +5,9 @@ error for bad ARGV before anything is written. The central claim is equivalence:
 Redis exactly as N complete calls in item order would (same outcomes, ledger lines, histories,
 buffer order and scores, counters, overflow victims), including a batch whose overflow evicts one
 of its own earlier members and a batch naming an entry twice. Each item's refusal comes back in its
-place (StaleReceipt, PayloadTooLarge, MalformedCompletion), never hiding the others' outcomes.
+place (StaleReceipt, PayloadTooLarge, MalformedCompletion), never hiding the others' outcomes. Each
+item's payload is staged (SET in the call's MULTI) at rollout:{q}:payload:<entry ID>:<attempt>; the
+script keeps it only for an item it buffered (or a replay of one still buffered or leased).
 """
 
 from __future__ import annotations
@@ -30,8 +32,21 @@ from rollout_queue.core import flows
 from rollout_queue.core import protocol as p
 from rollout_queue.core.codec import encode_completion
 from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.scripts import SCRIPTS
+from rollout_queue.drivers.transport import READ_COMMANDS
 from tests.contract.conftest import snapshot
-from tests.contract.worker_support import buffer_ids, call, group, keys, pel, ready_ids, samples, send
+from tests.contract.worker_support import (
+    buffer_ids,
+    call,
+    call_complete_many,
+    group,
+    keys,
+    payload_keys,
+    pel,
+    ready_ids,
+    samples,
+    send,
+)
 from tests.stateful.redis_truth import derive_state, observe
 
 CFG = QueueConfig(max_attempts=3, max_payload_bytes=600)
@@ -94,7 +109,8 @@ def _normalized(raw: redis.Redis, name: str) -> dict[str, Any]:
         "ready": [sid[e] for e in sorted(t.ready, key=t.ready.__getitem__)],
         "buffer": {sid[e]: v for e, v in t.buffer.items()},
         "bufver": {sid[e]: v for e, v in t.bufver.items()},
-        "results": {sid[e.decode()]: v for e, v in raw.hgetall(k["results"]).items()},
+        "payloads": {(sid[e], int(a)): raw.get(key) for key in payload_keys(raw, name)
+                     for e, a in [key[len(k.prefix + "payload:"):].rsplit(":", 1)]},
         "ledger": {sid[e]: v for e, v in t.ledger.items()},
         "history": history,
         "dlq": [(sid[d["entry_id"]], d["reason"], d["attempt"], d["worker"]) for d in t.dlq],
@@ -156,6 +172,10 @@ def test_a_mixed_batch_equals_sequential_completes(open_queue, raw: redis.Redis,
         assert expected[11:] == ["buffered", "replay"]
         assert _normalized(raw, queue_name) == _normalized(raw, seq_name)
         assert buffer_ids(raw, queue_name) == [res for res, s in sid.items() if s in ("r", "i")]
+        # Only the buffered groups keep a payload: none is left by the stale, malformed, evicted or
+        # replayed items (a replay of a group evicted earlier in the batch included).
+        assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, 1) for e, s in sid.items()
+                                                 if s in ("r", "i")}
         _recount(raw, queue_name, q.stats())
     finally:
         for key in raw.scan_iter(match=f"rollout:{{{seq_name}}}:*"):
@@ -168,13 +188,19 @@ def test_a_batch_buffers_everything_with_one_write_per_key(open_queue, raw: redi
     k = keys(queue_name)
     done_before = raw.xlen(k["wake_done"])
     items = [(res[s].receipt, samples(res[s].group.n, version=0)) for s in ("x", "y", "z")]
+    raw.script_load(SCRIPTS["complete_many"].source)  # no NOSCRIPT round trip inside the count
+    before = _calls(raw)
     assert w.complete_many(items) == ["buffered"] * 3
+    writes = _writes(_used(raw, before))
+    assert writes.pop("set") == 3, writes  # one staged payload per item, in the call's MULTI
+    assert writes and all(n <= 2 for n in writes.values()), writes  # the script: one write per key, not per item
     ids = [res[s].entry_id for s in ("x", "y", "z")]
     assert pel(raw, queue_name) == {i: ("@done", 1) for i in ids}
     assert buffer_ids(raw, queue_name) == ids  # arrival order is item order
     for i, (_, out) in zip(ids, items):
-        assert raw.hget(k["results"], i) == encode_completion(out)
+        assert raw.get(k.payload(i, 1)) == encode_completion(out)  # staged at the attempt's key, kept
         assert raw.hget(k["ledger"], i) == b"a|1|w1|completed"
+    assert payload_keys(raw, queue_name) == {k.payload(i, 1) for i in ids}
     assert raw.xlen(k["wake_done"]) == done_before + 1  # one wake per call, not per item
     stats = q.stats()
     assert (stats.completed, stats.executing_groups, stats.executing_samples) == (3, 0, 0)
@@ -219,14 +245,53 @@ def test_the_script_refuses_an_oversized_item_alone(open_queue, raw: redis.Redis
     """For a client that skips its own check: the big item stays executing, the other is buffered."""
     q = open_queue(CFG)
     _, res = _reserve_all(q, {"x": 2, "y": 2})
-    big = encode_completion(samples(2, tokens=200))
+    big, small = encode_completion(samples(2, tokens=200)), encode_completion(samples(2))
     x, y = res["x"].entry_id, res["y"].entry_id
-    reply = call(q, "complete_many", worker_id="w1",
-                 items=[x, 1, big, 0, "0,1", y, 1, encode_completion(samples(2)), 0, "0,1"])
+    reply = call_complete_many(q, "w1", [(x, 1, big, 0, "0,1"), (y, 1, small, 0, "0,1")])
     assert reply[0] == "ok"
     assert [p.s(v) if isinstance(v, bytes) else v for v in reply[1]] == ["payload_too_large", len(big), 600]
     assert [p.s(v) for v in reply[2]] == ["ok", "buffered", ""]
     assert pel(raw, queue_name) == {x: ("w1", 1), y: ("@done", 1)}
+    # The refused item's staged payload is deleted; the buffered one's is kept as staged.
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(y, 1)}
+    assert raw.get(keys(queue_name).payload(y, 1)) == small
+
+
+def _statuses(reply: list[Any]) -> list[str]:
+    return [p.s(item[0]) for item in reply[1:]]
+
+
+def test_refused_items_leave_no_staged_payload_and_a_replay_keeps_the_live_one(open_queue, raw: redis.Redis,
+                                                                             queue_name: str) -> None:
+    """Each item's payload is staged at its attempt's key in the call's MULTI: a stale, oversized or
+    malformed item's is deleted by the script, a buffered one's kept; the same call sent again keeps
+    the live payload byte-identical, and once that group is committed a replay leaves no key."""
+    q = open_queue(CFG)
+    _, res = _reserve_all(q, {"x": 2, "y": 2, "z": 2, "v": 2})
+    x, y, z, v = (res[sid].entry_id for sid in "xyzv")
+    good = encode_completion(samples(2))
+    items = [
+        (x, 2, good, 0, "0,1"),                                                  # stale: attempt 2 never granted
+        (y, 1, encode_completion(samples(2, tokens=200)), 0, "0,1"),             # too large
+        (z, 1, encode_completion(_outputs([0, 0, 0], [0, 1, 2])), 0, "0,1,2"),  # malformed: slot 2 of 2
+        (v, 1, good, 0, "0,1"),                                                  # buffered
+    ]
+    reply = call_complete_many(q, "w1", items)
+    assert _statuses(reply) == ["stale_receipt", "payload_too_large", "malformed", "ok"]
+    k = keys(queue_name)
+    assert payload_keys(raw, queue_name) == {k.payload(v, 1)} and raw.get(k.payload(v, 1)) == good
+    before = snapshot(raw, queue_name)
+    reply = call_complete_many(q, "w1", items)  # resent: z is ready now (stale), v replays
+    assert _statuses(reply) == ["stale_receipt", "payload_too_large", "stale_receipt", "ok"]
+    assert p.s(reply[4][1]) == "replay"
+    assert snapshot(raw, queue_name) == before
+    assert payload_keys(raw, queue_name) == {k.payload(v, 1)} and raw.get(k.payload(v, 1)) == good
+    lease = q.lease(1)
+    assert [g.entry_id for g in lease.groups] == [v] and lease.groups[0].samples == tuple(samples(2))
+    lease.commit()
+    assert payload_keys(raw, queue_name) == set()
+    assert _statuses(call_complete_many(q, "w1", items[3:])) == ["ok"]  # a replay once committed
+    assert payload_keys(raw, queue_name) == set()
 
 
 @pytest.mark.parametrize("items", [
@@ -241,10 +306,10 @@ def test_bad_argv_is_a_rolloutq_error_before_anything_is_written(open_queue, raw
     _, res = _reserve_all(q, {"x": 2, "y": 2})
     ids = {"{x}": res["x"].entry_id, "{y}": res["y"].entry_id}
     argv = [ids.get(v, v) if isinstance(v, str) else v for v in items]
-    argv[2] = encode_completion(samples(2))  # the first item is well-formed: it must not be settled
+    argv[2] = len(encode_completion(samples(2)))  # the first item is well-formed: it must not be settled
     before = snapshot(raw, queue_name)
     with pytest.raises(ScriptError, match="ROLLOUTQ"):
-        call(q, "complete_many", worker_id="w1", items=argv)
+        call(q, "complete_many", worker_id="w1", items=argv)  # nothing staged: what the script writes
     assert snapshot(raw, queue_name) == before
 
 
@@ -285,18 +350,47 @@ def test_large_batches_go_in_chunks_in_order(open_queue, raw: redis.Redis, queue
     assert w.complete_many(items[:1]) == ["replay"]
 
 
-def _commands(raw: redis.Redis) -> int:
-    return sum(int(v["calls"]) for v in raw.info("commandstats").values())
+def _calls(raw: redis.Redis) -> dict[str, int]:
+    """Command name (lower case) -> calls so far, from INFO commandstats (script calls included)."""
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in raw.info("commandstats").items()}
+
+
+def _used(raw: redis.Redis, before: dict[str, int]) -> dict[str, int]:
+    """Commands run since ``before`` (the INFO that reads them left out)."""
+    after = _calls(raw)
+    after["info"] = after.get("info", 0) - 1
+    return {c: n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
+
+
+#: What wraps one complete_many call: the transaction its payloads are staged in, and the script call.
+_CALL_WRAPPER = {"multi", "exec", "evalsha"}
+
+
+def _writes(used: dict[str, int]) -> dict[str, int]:
+    """The write commands among ``used`` (neither a read nor the call's wrapper)."""
+    reads = {c.lower() for c in READ_COMMANDS}
+    return {c: n for c, n in used.items() if c.split("|")[0] not in reads | _CALL_WRAPPER}
 
 
 def test_per_item_cost_is_the_receipt_check_and_the_entry_read(open_queue, raw: redis.Redis,
                                                                 queue_name: str) -> None:
-    """benchmarks/README.md P4: per completion only XPENDING and XRANGE; the rest is per call."""
+    """benchmarks/README.md P4: per completion only XPENDING and XRANGE in the script, and the SET that
+    stages its payload in the call's MULTI; the rest (MULTI/EXEC, the script's writes) is per call."""
     q = open_queue(CFG)
     w, res = _reserve_all(q, {f"s{i}": 2 for i in range(16)})
     items = [(r.receipt, samples(2)) for r in res.values()]
     w.complete_many(items[:1])  # loads the script (NOSCRIPT) outside the count
-    before = _commands(raw)
-    assert w.complete_many(items[1:]) == ["buffered"] * 15
-    used = _commands(raw) - before - 1  # minus INFO itself
-    assert used <= 2 * 15 + 14, used
+    before = _calls(raw)
+    assert w.complete_many(items[1:6]) == ["buffered"] * 5
+    five = _used(raw, before)
+    before = _calls(raw)
+    assert w.complete_many(items[6:]) == ["buffered"] * 10
+    ten = _used(raw, before)
+    for used in (five, ten):
+        assert {c: used.get(c) for c in _CALL_WRAPPER} == {"multi": 1, "exec": 1, "evalsha": 1}, used
+    # Five items more cost exactly five receipt checks, five entry reads and five staged SETs.
+    extra = {c: ten.get(c, 0) - five.get(c, 0) for c in set(five) | set(ten)}
+    assert {c: n for c, n in extra.items() if n} == {"xpending": 5, "xrange": 5, "set": 5}, (five, ten)
+    # The only write per item is the staged SET: every other write runs a fixed number of times a call.
+    assert ten["set"] == 10 and all(n <= 2 for c, n in _writes(ten).items() if c != "set"), ten
+    assert sum(ten.values()) <= 3 * 10 + 14, ten

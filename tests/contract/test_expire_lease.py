@@ -27,6 +27,7 @@ from tests.contract.lifecycle import (
     ledger,
     meta,
     owners,
+    payload_keys,
     pel,
     reserve_all,
     server_ms,
@@ -39,7 +40,7 @@ from tests.helpers import wait_until
 
 def test_header_matches_builder() -> None:
     check_header("expire_lease",
-                 ["src", "meta", "ready", "results", "leases", "history", "ledger", "dlq", "wake_work"],
+                 ["src", "meta", "ready", "leases", "history", "ledger", "dlq", "wake_work"],
                  ["lease_id", "count"])
 
 
@@ -74,13 +75,14 @@ def test_an_overdue_lease_goes_back_to_ready(open_queue, raw, queue_name) -> Non
     q = open_queue(QueueConfig(max_attempts=1))
     ids = fill_buffer(q, 2)
     lease = q.lease(2, timeout_s=0.05)
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, 1) for e in ids}  # kept while leased
     wait_past(raw, lease.deadline_ms)
     report = q.reap()
     assert report.expired == 2 and report.dead == 0
     assert {e: pel(raw, queue_name)[e] for e in ids} == {e: ("@ready", 1) for e in ids}
     assert zmembers(raw, queue_name, "ready") == ids
+    assert payload_keys(raw, queue_name) == set()  # the members' completions are dropped
     for entry_id in ids:
-        assert not raw.hexists(keys(queue_name)["results"], entry_id)
         h = orjson.loads(raw.hget(keys(queue_name)["history"], entry_id))
         assert h["f"] == 0 and [x["t"] for x in h["h"]] == ["expired"]
     record = keys(queue_name).lease(lease.lease_id)
@@ -185,6 +187,7 @@ def test_one_expiry_batch_keeps_each_members_attempt_and_history(open_queue, raw
     got = reserve_all(w, 3)
     assert [(r.entry_id, r.receipt.attempt) for r in got] == [(ids[0], 2), (ids[1], 1), (ids[2], 1)]
     complete_all(w, got)
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, a) for e, a in zip(ids, (2, 1, 1))}
     lease = q.lease(3, timeout_s=0.05)
     wait_past(raw, lease.deadline_ms)
     assert _expire(q, lease.lease_id, count=flows.BATCH) == ["ok", "expired", 3, 1]
@@ -195,7 +198,7 @@ def test_one_expiry_batch_keeps_each_members_attempt_and_history(open_queue, raw
     assert h[0]["f"] == 1 and [(x["a"], x["t"], x["r"]) for x in h[0]["h"]] == [(1, "failed", "flaky"),
                                                                                (2, "expired", "expired")]
     assert all(x["f"] == 0 and [(y["a"], y["t"]) for y in x["h"]] == [(1, "expired")] for x in h[1:])
-    assert not any(raw.hexists(keys(queue_name)["results"], e) for e in ids)
+    assert payload_keys(raw, queue_name) == set()  # each member's, at its own attempt (2, 1, 1)
     assert [ledger(raw, queue_name, e) for e in ids] == ["a|2|w-a|completed", "a|1|w-a|completed", "a|1|w-a|completed"]
     s = q.stats()
     assert (s.leased, s.ready, s.retained, s.terminals["expired"], s.terminals["failed"]) == (0, 3, 3, 3, 1)

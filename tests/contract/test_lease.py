@@ -28,6 +28,7 @@ from tests.contract.lifecycle import (
     ledger,
     meta,
     owners,
+    payload_keys,
     pel,
     reserve_all,
     samples_for,
@@ -41,7 +42,7 @@ from tests.helpers import wait_until
 def test_header_matches_builder() -> None:
     check_header(
         "lease",
-        ["src", "meta", "ready", "buffer", "bufver", "results", "workers", "reserves", "leases", "holds",
+        ["src", "meta", "ready", "buffer", "bufver", "workers", "reserves", "leases", "holds",
          "history", "ledger", "dlq", "wake_work", "wake_done", "progress", "reaped", "retired"],
         ["lease_id", "token", "trainer_id", "groups", "partial", "timeout_ms"],
     )
@@ -64,10 +65,10 @@ def test_lease_records_ownership(open_queue, raw, queue_name) -> None:
     assert [g.entry_id for g in lease.groups] == ids[:2]
     owner = f"@lease:{lease.lease_id}"
     assert owners(raw, queue_name, ids) == [owner, owner, "@done"]
-    # In no other index; the completion payload stays until commit or rollback.
+    # In no other index; the completion payload stays (at the attempt's key) until commit or rollback.
     assert zmembers(raw, queue_name, "buffer") == [ids[2]]
     assert zmembers(raw, queue_name, "bufver") == [ids[2]]
-    assert raw.hexists(keys(queue_name)["results"], ids[0])
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, 1) for e in ids}
     record = {k.decode(): v.decode() for k, v in raw.hgetall(keys(queue_name).lease(lease.lease_id)).items()}
     assert record["state"] == "active" and record["trainer"] == "trainer-a" and record["token"] == lease.token
     assert record["members"] == ",".join(ids[:2])
@@ -110,7 +111,8 @@ def test_never_a_stale_group(open_queue, raw, queue_name) -> None:
     for entry_id in stale:
         h = history(raw, queue_name, entry_id)
         assert [(x["t"], x["r"]) for x in h] == [("stale", "stale")]
-        assert not raw.hexists(keys(queue_name)["results"], entry_id)
+    # The evicted groups' payloads are dropped; the leased ones' stay.
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, 1) for e in (ids[1], ids[3])}
     assert int(meta(raw, queue_name)["evicted_stale"]) == 2
     assert q.stats().completed == 0 and q.stats().leased == 2
     # Not counted toward max_attempts: the history's failure count stays 0.
@@ -353,7 +355,7 @@ def test_members_past_the_owner_span_cut_are_asked_one_by_one(open_queue, raw, q
 
 def test_a_lease_larger_than_one_command_chunk(open_queue, raw, queue_name) -> None:
     """Submit, lease and commit batch per-member work in chunks of 1000 items: 1001 groups cross
-    every chunk boundary (HMGET/HSET ids, ZMSCORE, XCLAIM, ZREM, HMGET results)."""
+    every chunk boundary (HMGET/HSET ids, ZMSCORE, XCLAIM, ZREM, the payloads' MGET and DEL)."""
     q = open_queue(QueueConfig(max_completed_groups=2048))
     ids = submit(q, 1001, n=1)
     assert len(set(ids)) == 1001 and int(raw.hlen(keys(queue_name)["ids"])) == 1001
@@ -366,21 +368,24 @@ def test_a_lease_larger_than_one_command_chunk(open_queue, raw, queue_name) -> N
     assert zmembers(raw, queue_name, "buffer") == [] and zmembers(raw, queue_name, "bufver") == []
     lease.commit()
     assert q.stats().committed == 1001
+    assert payload_keys(raw, queue_name) == set()
 
 
-def test_the_reply_names_members_and_the_payloads_follow_in_one_hmget(open_queue, raw, queue_name) -> None:
+def test_the_reply_names_members_and_the_payloads_follow_in_one_mget(open_queue, raw, queue_name) -> None:
     """P2: the script answers {entry_id, attempt, min_version, fields} per member and no payload; the
-    flow reads the payloads with one HMGET after it, and the groups decode to what the workers sent."""
+    flow reads the payloads with one MGET of the members' payload keys (entry and attempt) after it,
+    and the groups decode to what the workers sent."""
     q = open_queue()
     ids = fill_buffer(q, 3, versions=[0, 1, 2])
-    stored = [raw.hget(keys(queue_name)["results"], i) for i in ids[:2]]
+    stored = [raw.get(keys(queue_name).payload(i, 1)) for i in ids[:2]]
+    assert all(stored)
     flow = flows.lease(q.keys, "t", 2, False, None, 0, q.clock)
     script = next(flow)
     reply = execute(q, script)
     assert [len(item) for item in reply[4]] == [4, 4], "entry_id, attempt, min_version, fields: no payload"
     assert not any(blob in repr(reply).encode() for blob in stored)
     read = flow.send(reply)
-    assert read == p.Command(("HMGET", keys(queue_name)["results"], *ids[:2]))
+    assert read == p.Command(("MGET", *(keys(queue_name).payload(i, 1) for i in ids[:2])))
     with pytest.raises(StopIteration) as stop:
         flow.send(execute(q, read))
     r, _ = stop.value.value
@@ -393,11 +398,11 @@ def test_the_reply_names_members_and_the_payloads_follow_in_one_hmget(open_queue
 
 
 def _lease_until_the_read(q, groups: int, timeout_s: float | None = None):
-    """Drive flows.lease by hand up to its payload read; returns (flow, the HMGET, the parsed reply)."""
+    """Drive flows.lease by hand up to its payload read; returns (flow, the MGET, the parsed reply)."""
     flow = flows.lease(q.keys, "t", groups, False, timeout_s, 0, q.clock)
     reply = execute(q, next(flow))
     read = flow.send(reply)
-    assert isinstance(read, p.Command) and read.args[0] == "HMGET"
+    assert isinstance(read, p.Command) and read.args[0] == "MGET"
     return flow, read, p.parse_lease(reply, p.s(reply[1]))
 
 
@@ -411,12 +416,12 @@ def _finish(q, flow, reply):
 
 
 def test_a_payload_deleted_before_the_read_is_undecodable_and_handed_back(open_queue, raw, queue_name) -> None:
-    """A payload gone between the script and the HMGET (edited by hand) makes its group undecodable:
+    """A payload gone between the script and the MGET (edited by hand) makes its group undecodable:
     the flow rolls the lease back (nothing trained, nothing lost) and tries again, never crashes."""
     q = open_queue()
     ids = fill_buffer(q, 3)
     flow, read, parsed = _lease_until_the_read(q, 2)
-    raw.hdel(keys(queue_name)["results"], ids[0])
+    assert raw.delete(keys(queue_name).payload(ids[0], 1)) == 1
     payloads = execute(q, read)
     assert payloads[0] is None
     decoded = p.decode_lease(parsed, payloads)
@@ -425,11 +430,12 @@ def test_a_payload_deleted_before_the_read_is_undecodable_and_handed_back(open_q
     assert raw.hget(keys(queue_name).lease(parsed.lease_id), "state") == b"rolled_back"
     assert owners(raw, queue_name, ids) == ["@ready", "@ready", "@done"]
     assert zmembers(raw, queue_name, "ready") == ids[:2]
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(ids[2], 1)}  # the hand-back dropped ids[1]'s
     assert q.stats().leased == 0
 
 
 def test_a_lease_expired_before_the_read_is_undecodable_and_left_to_the_reaper(open_queue, raw, queue_name) -> None:
-    """The lease expires between the script and the HMGET and the reaper requeues its members (their
+    """The lease expires between the script and the MGET and the reaper requeues its members (their
     payloads go): the read finds nothing, the flow's hand-back meets an expired lease, and the flow
     tries again instead of raising LeaseLost at a trainer that never saw the lease."""
     q = open_queue()
@@ -437,6 +443,7 @@ def test_a_lease_expired_before_the_read_is_undecodable_and_left_to_the_reaper(o
     flow, read, parsed = _lease_until_the_read(q, 2, timeout_s=0.05)
     wait_past(raw, parsed.deadline_ms)
     assert q.reap().expired == 2
+    assert payload_keys(raw, queue_name) == set()
     payloads = execute(q, read)
     assert payloads == [None, None]
     assert _finish(q, flow, payloads) is None

@@ -20,6 +20,7 @@ from tests.contract.lifecycle import (
     keys,
     meta,
     owners,
+    payload_keys,
     pel,
     reserve_all,
     submit,
@@ -29,7 +30,7 @@ from tests.contract.lifecycle import (
 
 def test_header_matches_builder() -> None:
     check_header("reap_stale",
-                 ["src", "meta", "ready", "buffer", "bufver", "results", "history", "ledger", "dlq", "wake_work"],
+                 ["src", "meta", "ready", "buffer", "bufver", "history", "ledger", "dlq", "wake_work"],
                  ["count"])
 
 
@@ -46,12 +47,11 @@ def test_reaper_evicts_stale_groups_and_keeps_fresh_ones(open_queue, raw, queue_
     assert zmembers(raw, queue_name, "ready") == stale
     assert owners(raw, queue_name, fresh) == ["@done", "@done"]
     assert zmembers(raw, queue_name, "buffer") == fresh
+    # The stale groups' payloads are dropped, the fresh ones' kept.
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, 1) for e in fresh}
     for entry_id in stale:
-        assert not raw.hexists(keys(queue_name)["results"], entry_id)
         h = orjson.loads(raw.hget(keys(queue_name)["history"], entry_id))
         assert h["f"] == 0 and [(x["t"], x["r"]) for x in h["h"]] == [("stale", "stale")]
-    for entry_id in fresh:
-        assert raw.hexists(keys(queue_name)["results"], entry_id)
     s = q.stats()
     assert (s.completed, s.ready, s.evictions["stale"], s.staleness_max) == (2, 2, 2, 1)
     assert q.reap().stale == 0
@@ -97,6 +97,7 @@ def test_one_stale_batch_keeps_attempts_and_drops_a_ghost(open_queue, raw, queue
     got = reserve_all(w, 2)
     assert [(r.entry_id, r.receipt.attempt) for r in got] == [(a, 2), (b, 1)]
     complete_all(w, got)
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(a, 2), keys(queue_name).payload(b, 1)}
     # A member no transition wrote (a stream ID pending nowhere) in the buffer indexes: a ghost.
     k = keys(queue_name)
     raw.zadd(k["buffer"], {"1-1": 0})
@@ -112,7 +113,7 @@ def test_one_stale_batch_keeps_attempts_and_drops_a_ghost(open_queue, raw, queue
     ha, hb = (orjson.loads(raw.hget(k["history"], e)) for e in (a, b))
     assert ha["f"] == 1 and [(x["a"], x["t"]) for x in ha["h"]] == [(1, "failed"), (2, "stale")]
     assert hb["f"] == 0 and [(x["a"], x["t"]) for x in hb["h"]] == [(1, "stale")]
-    assert not raw.hexists(k["results"], a) and not raw.hexists(k["results"], b)
+    assert payload_keys(raw, queue_name) == set()  # a's at attempt 2 and b's at attempt 1
     s = q.stats()
     assert (s.completed, s.ready, s.retained) == (0, 2, 2)
     assert [(r.entry_id, r.receipt.attempt) for r in q.worker("w-b").reserve(2)] == [(a, 3), (b, 2)]

@@ -26,6 +26,7 @@ from tests.contract.lifecycle import (
     make_groups,
     meta,
     owners,
+    payload_keys,
     pel,
     reserve_all,
     samples_for,
@@ -76,6 +77,27 @@ def test_silent_worker_work_is_requeued_lost_and_counted(open_queue, raw, queue_
     assert (s.executing_groups, s.executing_samples, s.ready, s.retained) == (0, 0, 2, 2)
     assert s.terminals["lost"] == 2
     assert q.reap().total == 0
+
+
+def test_a_silent_workers_staged_payloads_are_dropped_with_its_attempts(open_queue, raw, queue_name) -> None:
+    """A worker that died after its transaction staged a payload but before its script ran (NOSCRIPT,
+    then the process died before the retry) leaves the payload key of that attempt behind: the reaper
+    deletes it with the attempt; another worker's buffered payload stays."""
+    q = open_queue(FAST)
+    ids = submit(q, 3)
+    done = q.worker("w-done")
+    [kept] = done.reserve(1)
+    assert done.complete(kept.receipt, samples_for(kept)) == "buffered"
+    silent = reserve_all(q.worker("w-silent"), 2)
+    k = keys(queue_name)
+    for res in silent:  # as the transaction's SET left it, named by the attempt (its delivery count)
+        raw.set(k.payload(res.entry_id, res.receipt.attempt), b"staged, never adopted")
+    assert payload_keys(raw, queue_name) == {k.payload(e, 1) for e in ids}
+    done.close()  # keep w-done out of the silent count
+    wait_silent(q)
+    assert q.reap().lost == 2
+    assert owners(raw, queue_name, [r.entry_id for r in silent]) == ["@ready", "@ready"]
+    assert payload_keys(raw, queue_name) == {k.payload(kept.entry_id, 1)}
 
 
 @pytest.mark.parametrize("late", ["complete", "fail", "abort"])

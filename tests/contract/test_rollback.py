@@ -20,6 +20,7 @@ from tests.contract.lifecycle import (
     ledger,
     make_groups,
     meta,
+    payload_keys,
     pel,
     reserve_all,
     wait_past,
@@ -28,7 +29,7 @@ from tests.contract.lifecycle import (
 
 
 def test_header_matches_builder() -> None:
-    check_header("rollback", ["src", "meta", "ready", "results", "leases", "history", "ledger", "dlq", "wake_work"],
+    check_header("rollback", ["src", "meta", "ready", "leases", "history", "ledger", "dlq", "wake_work"],
                  ["lease_id", "token", "count"])
 
 
@@ -39,13 +40,14 @@ def test_rollback_requeues_the_same_entries_pristine(open_queue, raw, queue_name
     w = q.worker("w-a")
     complete_all(w, reserve_all(w, 3))
     lease = q.lease(3)
+    assert payload_keys(raw, queue_name) == {keys(queue_name).payload(e, 1) for e in ids}  # kept while leased
     assert lease.rollback() == 3
     assert lease.closed == "rolled_back"
     # Same entry IDs, owned by @ready, in submission order; the delivery count is kept.
     assert {e: pel(raw, queue_name)[e] for e in ids} == {e: ("@ready", 1) for e in ids}
     assert zmembers(raw, queue_name, "ready") == ids
+    assert payload_keys(raw, queue_name) == set()  # the completions are dropped with the lease
     for entry_id in ids:
-        assert not raw.hexists(keys(queue_name)["results"], entry_id)
         # The ledger still names the attempt that completed: its worker's retry of complete replays.
         assert ledger(raw, queue_name, entry_id) == "a|1|w-a|completed"
         assert orjson.loads(raw.hget(keys(queue_name)["history"], entry_id))["f"] == 0

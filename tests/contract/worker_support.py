@@ -39,10 +39,33 @@ def send(q: Any, op: p.Op) -> Any:
     return q.run(_one(op))
 
 
-def call(q: Any, name: str, **argv: Any) -> list[Any]:
-    """Build script ``name`` with ``argv`` and run it once; the raw reply with text status."""
-    reply = send(q, p.build(q.keys, name, **argv))
+def call(q: Any, name: str, stage: Sequence[tuple[str, bytes]] = (), **argv: Any) -> list[Any]:
+    """Build script ``name`` with ``argv`` and run it once; the raw reply with text status.
+    ``stage``: (key, bytes) pairs the transport SETs in the same MULTI, just before the script."""
+    reply = send(q, p.build(q.keys, name, stage=tuple(stage), **argv))
     return [p.s(reply[0]), *reply[1:]]
+
+
+def call_complete(q: Any, entry_id: str, attempt: int, worker_id: str, payload: bytes, min_version: Any = 0,
+                  slots: str = "0,1") -> list[Any]:
+    """One complete script call as flows.complete sends it: the payload SET at the attempt's payload
+    key in the call's MULTI and its byte length in ARGV (nothing staged and size '' for slots '')."""
+    stage = ((q.keys.payload(entry_id, attempt), payload),) if slots else ()
+    return call(q, "complete", stage=stage, entry_id=entry_id, attempt=attempt, worker_id=worker_id,
+                size=len(payload) if slots else "", min_version=min_version, slots=slots)
+
+
+def call_complete_many(q: Any, worker_id: str, items: Sequence[tuple[str, Any, bytes, Any, str]]) -> list[Any]:
+    """One complete_many script call as flows.complete_many sends it: ``items`` are (entry_id, attempt,
+    payload, min_version, slots); each payload with slots is SET at its payload key in the call's
+    MULTI, and only its byte length goes in ARGV."""
+    flat: list[Any] = []
+    stage: list[tuple[str, bytes]] = []
+    for entry_id, attempt, payload, min_version, slots in items:
+        flat += [entry_id, attempt, len(payload) if slots else "", min_version, slots]
+        if slots:
+            stage.append((q.keys.payload(entry_id, attempt), payload))
+    return call(q, "complete_many", stage=stage, worker_id=worker_id, items=flat)
 
 
 def raw_reserve(q: Any, worker_id: str, max_groups: int = 1, max_samples: int = 0,
@@ -88,6 +111,25 @@ def ready_ids(raw: redis.Redis, queue_name: str) -> list[str]:
 
 def buffer_ids(raw: redis.Redis, queue_name: str) -> list[str]:
     return [x.decode() for x in raw.zrange(keys(queue_name)["buffer"], 0, -1)]
+
+
+def payload_keys(raw: redis.Redis, queue_name: str, entry_id: str | None = None) -> set[str]:
+    """Every completion payload key of the queue (rollout:{q}:payload:<entry ID>:<attempt>), or only
+    those of one entry (any attempt)."""
+    match = keys(queue_name).prefix + "payload:" + (f"{entry_id}:*" if entry_id else "*")
+    return {k.decode() for k in raw.scan_iter(match=match, count=1000)}
+
+
+def attempt_of(raw: redis.Redis, queue_name: str, entry_id: str) -> int:
+    """The entry's current attempt: its PEL delivery count (0 when it is pending nowhere)."""
+    rows = raw.xpending_range(keys(queue_name)["src"], "rollout", entry_id, entry_id, 1)
+    return int(rows[0]["times_delivered"]) if rows else 0
+
+
+def stored_payload(raw: redis.Redis, queue_name: str, entry_id: str, attempt: int | None = None) -> bytes | None:
+    """The completion payload kept for an entry's attempt (default: its current one, from XPENDING)."""
+    attempt = attempt_of(raw, queue_name, entry_id) if attempt is None else attempt
+    return raw.get(keys(queue_name).payload(entry_id, attempt))
 
 
 def consumers(raw: redis.Redis, queue_name: str) -> set[str]:

@@ -2,10 +2,10 @@
 
 Malformed and oversized completions, wrong and duplicate slots, non-UTF-8 text, NaN and infinite
 rewards, out-of-range and huge token arrays, bad versions, bad source groups; and, bypassing every
-Python check, raw ARGV for ``complete`` (undecodable payloads, unknown schema versions, junk slot lists
-and versions). Each must end in a typed error (a RolloutQueueError; from the raw script path a status
-word or a ROLLOUTQ error), a dead letter, or an accepted completion; and both the target group and a
-bystander submitted alongside must still be committed.
+Python check, raw ``complete`` calls (undecodable staged payloads, unknown schema versions, junk slot
+lists, versions and declared sizes). Each must end in a typed error (a RolloutQueueError; from the
+raw script path a status word or a ROLLOUTQ error), a dead letter, or an accepted completion; and
+both the target group and a bystander submitted alongside must still be committed.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -117,26 +118,61 @@ MIN_VERSION = st.one_of(st.sampled_from(["0", "3", "-1", "1.5", "nan", "inf", "1
                                          str(2**40)]), st.integers(-5, 5).map(str))
 
 
+#: The size complete's ARGV declares for the staged payload: its true length (None), or junk.
+SIZES = st.one_of(st.none(), st.sampled_from(["", "abc", "-1", "0", "1.5", "nan", "inf", "1e400", str(2**64),
+                                              str(64 * 1024 + 1)]), st.text(max_size=6))
+
+
 @SETTINGS
-@given(payload=PAYLOADS, slots=SLOTS, min_version=MIN_VERSION)
+@given(payload=PAYLOADS, slots=SLOTS, min_version=MIN_VERSION, size=SIZES, stage_anyway=st.booleans())
 def test_raw_complete_calls_get_a_status_or_a_rolloutq_error(redis_url: str, payload: bytes, slots: str,
-                                                            min_version: str) -> None:
+                                                            min_version: str, size: str | None,
+                                                            stage_anyway: bool) -> None:
+    """The payload is staged as the worker stages it (SET of the attempt's payload key in the call's
+    MULTI); ARGV carries its declared size. A refusal must not keep the staged key; an accepted one
+    keeps exactly the staged bytes; and once everything is committed no payload key is left."""
     with fresh_queue(redis_url) as (q, raw):
         ids = q.submit([SourceGroup("target", "t", 2), SourceGroup("bystander", "b", 2)])
         w = q.worker("fuzz-worker")
         target, bystander = w.reserve(2)
         rc = target.receipt
+        key = q.keys.payload(rc.entry_id, rc.attempt)
+        # As the worker does it, slots '' (no outputs) stages nothing and declares size ''; or staged anyway.
+        staged = ((key, payload),) if slots or stage_anyway else ()
+        declared = ("" if not slots else len(payload)) if size is None else size
         call = p.build(q.keys, "complete", entry_id=rc.entry_id, attempt=rc.attempt, worker_id=rc.worker_id,
-                       payload=payload, min_version=min_version, slots=slots)
+                       size=declared, min_version=min_version, slots=slots, stage=staged)
         reply = typed(lambda: q.driver.execute(call), script_errors="rolloutq")
         if isinstance(reply, list):
             status = p.s(reply[0])
             assert status in ("ok", "malformed", "payload_too_large"), reply
             if status == "ok":  # accepted ARGV must have been well-formed where the script relies on it
                 assert float(min_version).is_integer() and 0 <= float(min_version) < 2**21, min_version
+                assert raw.get(key) == payload, "an accepted completion keeps the staged bytes"
+            else:
+                assert not raw.exists(key), f"a refused completion ({status}) kept its staged payload"
             if status == "payload_too_large":
                 w.complete(rc, samples_for(2))
+                assert raw.get(key) == encode_completion(samples_for(2))
         else:
-            w.complete(rc, samples_for(2))  # a ROLLOUTQ refusal of bad ARGV wrote nothing
+            w.complete(rc, samples_for(2))  # a ROLLOUTQ refusal of bad ARGV (its staged key: see below)
         w.complete(bystander.receipt, samples_for(2))
         assert drive(q, raw, ids) == set(ids)
+        assert list(raw.scan_iter(match=q.keys.payload("*", "*"))) == [], "a payload key outlived its group"
+
+
+def test_a_completion_refused_with_a_rolloutq_error_does_not_shadow_the_next_one(redis_url: str) -> None:
+    """A call refused for a bad argument deletes what its transaction staged (payloads.parse_staged), so
+    the next SET NX of the same attempt writes its own bytes and the script adopts those."""
+    with fresh_queue(redis_url) as (q, raw):
+        q.submit([SourceGroup("target", "t", 2)])
+        w = q.worker("fuzz-worker")
+        (target,) = w.reserve(1)
+        rc = target.receipt
+        key = q.keys.payload(rc.entry_id, rc.attempt)
+        junk = b"RQC1" + b"\xff" * 8
+        call = p.build(q.keys, "complete", entry_id=rc.entry_id, attempt=rc.attempt, worker_id=rc.worker_id,
+                       size=len(junk), min_version="-1", slots="0,1", stage=((key, junk),))
+        assert isinstance(typed(lambda: q.driver.execute(call), script_errors="rolloutq"), RolloutQueueError)
+        assert w.complete(rc, samples_for(2)) == "buffered"
+        assert raw.get(key) == encode_completion(samples_for(2)), "the refused call's staged bytes were adopted"

@@ -18,6 +18,7 @@ from rollout_queue import Receipt, RolloutQueue, ScriptError, SourceGroup, Stale
 from rollout_queue.ops import acl
 from rollout_queue.core import flows
 from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.scripts import SCRIPTS
 from tests.ops.conftest import CONFIG, Cli, samples
 
@@ -59,7 +60,14 @@ def test_acl_prints_rules_for_every_role_in_three_formats(cli: Cli) -> None:
     assert f"+evalsha|{SCRIPTS['reserve'].sha}" in worker and f"evalsha|{SCRIPTS['commit'].sha}" not in worker
     assert "~rollout:{demo}:commits" not in worker and "~rollout:{demo}:src" in worker
     trainer = lines[ROLES.index("trainer")].split()
-    assert "+hmget" in trainer and "~rollout:{demo}:results" in trainer, "a trainer reads its leased payloads"
+    assert "+mget" in trainer and "~rollout:{demo}:payload:*" in trainer, "a trainer reads its leased payloads"
+    # A worker stages a completion's payload with MULTI / SET / EXEC around its complete call; SET is
+    # granted by a selector on the payload keys alone, never with the role's other keys.
+    assert {"+multi", "+exec", "~rollout:{demo}:payload:*"} <= set(worker.split()) and "+set" not in worker.split()
+    assert "(+set ~rollout:{demo}:payload:*)" in worker
+    operator = lines[ROLES.index("operator")].split()
+    assert {"+strlen", "+mget"} <= set(operator), "inspect reads a completed group's payload size"
+    assert not any(":results" in line for line in lines), "the results hash is gone"
     assert f"script library {acl.LIBRARY_VERSION}" in out
     code, out, _ = cli(None, "demo", "acl", "--format", "aclfile", "--role", "operator")
     assert code == 0 and [x for x in out.splitlines() if not x.startswith("#")][0].startswith("user rq-demo-operator on")
@@ -93,7 +101,7 @@ def test_each_role_does_its_job(urls: Urls, queue_name: str, cli: Cli) -> None:
         assert not hold.wait_terminal(0.05)  # got[2] still executes
     lease = trainer.lease(1, block_ms=100)
     assert lease is not None and lease.groups[0].entry_id == ids[0]
-    # The payloads come with a plain HMGET after the lease script (P2): allowed, and decoded.
+    # The payloads come with a plain MGET of their payload keys after the lease script (P2): allowed, and decoded.
     assert [s.token_ids for s in lease.groups[0].samples] == [s.token_ids for s in samples(2, 1)]
     assert lease.groups[0].columns().token_ids.tolist() == [1, 2, 3, 1, 2, 3]
     lease.commit(step=1)
@@ -105,6 +113,13 @@ def test_each_role_does_its_job(urls: Urls, queue_name: str, cli: Cli) -> None:
     assert code == 0, err
     time.sleep(0.05)
     assert reaper.reap().pruned == 1
+    # A completed group for the operator to inspect: its size is read with STRLEN of its payload key.
+    w2 = wq.worker("gpu-1")
+    (extra,) = w2.reserve(1, block_ms=100)
+    w2.complete(extra.receipt, samples(extra.group.n, 1))
+    code, out, err = cli(urls["operator"], queue_name, "inspect", extra.entry_id)
+    size = len(wq.client.get(wq.keys.payload(extra.entry_id, extra.receipt.attempt)))
+    assert code == 0 and f"{size} bytes" in out, (out, err)
     for args in (["stats", "--json"], ["inspect", ids[1]], ["workers"], ["leases"], ["dlq", "list"],
                  ["config", "show"], ["drain", "status"], ["metrics", "--once"], ["top", "--once"],
                  ["stragglers"], ["at-risk"]):
@@ -116,6 +131,7 @@ def test_each_role_does_its_job(urls: Urls, queue_name: str, cli: Cli) -> None:
         code, out, err = cli(urls["admin"], queue_name, *args)
         assert code == 0, (args, err)
     w.close()
+    w2.close()
     for q in (producer, trainer, wq, reaper):
         q.close()
 
@@ -182,6 +198,13 @@ def test_the_documented_limit_is_real(urls: Urls, queue_name: str) -> None:
     denied(lambda: wq.client.evalsha(sha, 1, wq.keys["src"]))
     with pytest.raises(StaleReceipt):  # the ledger no longer knows the attempt: damage done outside any script
         wq.worker("gpu-0").complete(Receipt(res.entry_id, 1, "gpu-0"), samples(2, 0))
+    # It stages completions with a plain SET, so it may write any payload key of its queue directly
+    # (not another queue's: every key pattern names this queue), and no other key: the SET selector
+    # names the payload keys alone, so meta or the stream cannot be turned into a string.
+    assert wq.client.set(wq.keys.payload(res.entry_id, 9), b"forged")
+    denied(lambda: wq.client.set(QueueKeys("someone-else").payload(res.entry_id, 9), b"forged"))
+    denied(lambda: wq.client.set(wq.keys["meta"], b"forged"))
+    denied(lambda: wq.client.set(wq.keys["src"], b"forged"))
 
 
 def test_each_role_is_refused_the_direct_commands_issue_12_found(urls: Urls, queue_name: str, r: redis.Redis) -> None:

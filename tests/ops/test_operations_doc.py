@@ -105,6 +105,9 @@ def check_memory(out: list[str], st: KnownState, r: redis.Redis) -> None:
     every = {k.decode() for k in r.scan_iter(f"{st.prefix}:*")}
     closed = {k for k in every if k.startswith(f"{st.prefix}:lease:") and k not in active}
     assert set(sizes) == every - closed  # closed lease records only wait for their TTL
+    # The completions of the leased and the buffered group: one payload key each, named by the attempt.
+    payloads = {k for k in sizes if k.startswith(f"{st.prefix}:payload:")}
+    assert payloads == {f"{st.prefix}:payload:{st.ids[2]}:1", f"{st.prefix}:payload:{st.ids[3]}:1"}, payloads
     assert all(v > 0 for v in sizes.values()) and list(sizes.values()) == sorted(sizes.values(), reverse=True)
 
 

@@ -1,9 +1,10 @@
 """Redis truth for the stateful machine: read every key of one queue and derive each entry's state.
 
 This module owns reading the queue raw (XPENDING over the whole PEL, the ready/buffer/kept sorted
-sets, the lease hashes, the ledger, commits and dlq streams) and deciding, index by index, which
-states each entry is in, so that "exactly one state" is checked against what Redis holds and not
-against what the model believes. It must not call the queue's scripts or change any key.
+sets, the lease hashes, the completion payload keys, the ledger, commits and dlq streams) and
+deciding, index by index, which states each entry is in, so that "exactly one state" is checked
+against what Redis holds and not against what the model believes. It must not call the queue's
+scripts or change any key.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Truth:
     ready: dict[str, float]
     buffer: dict[str, float]
     bufver: dict[str, float]
-    results: set[str]
+    payloads: dict[str, set[int]]              # entry_id -> attempts with a payload key (payload:<id>:<attempt>)
     leases: dict[str, float]                    # the leases zset: active lease ids by deadline
     lease_records: dict[str, dict[str, str]]
     commits: list[dict[str, str]]
@@ -85,6 +86,21 @@ def _records(r: redis.Redis, key: str) -> dict[str, str]:
     return out
 
 
+def _payloads(r: redis.Redis, keys: QueueKeys) -> dict[str, set[int]]:
+    """Every completion payload key (rollout:{q}:payload:<entry_id>:<attempt>), by entry and attempt."""
+    prefix = keys.payload("", 0)[:-len(":0")]  # rollout:{q}:payload:
+    out: dict[str, set[int]] = {}
+    for raw_key in r.scan_iter(match=keys.payload("*", "*"), count=1000):
+        key = _s(raw_key)
+        entry_id, sep, attempt = key[len(prefix):].rpartition(":")
+        assert key.startswith(prefix) and sep and attempt.isdigit(), f"a payload key of no attempt: {key!r}"
+        assert keys.payload(entry_id, int(attempt)) == key, f"a payload key spelt unlike keys.payload: {key!r}"
+        kind = _s(r.type(key))
+        assert kind == "string", f"payload key {key} holds a {kind}"
+        out.setdefault(entry_id, set()).add(int(attempt))
+    return out
+
+
 def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
     src = keys["src"]
     pel = {_s(p["message_id"]): (_s(p["consumer"]), int(p["times_delivered"]))
@@ -100,7 +116,7 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         stream={_s(i): {_s(k): v for k, v in f.items()} for i, f in r.xrange(src)}, xlen=r.xlen(src),
         last_delivered=_s(groups[0]["last-delivered-id"]),
         ready=_zset(r, keys["ready"]), buffer=_zset(r, keys["buffer"]), bufver=_zset(r, keys["bufver"]),
-        results={_s(k) for k in r.hkeys(keys["results"])},
+        payloads=_payloads(r, keys),
         leases=_zset(r, keys["leases"]), lease_records=records,
         commits=_lines(r, keys["commits"]), dlq=_lines(r, keys["dlq"]),
         kept=_zset(r, keys["kept"]), ledger=_hash(r, keys["ledger"]), ids=_hash(r, keys["ids"]),
@@ -141,25 +157,33 @@ def derive_state(t: Truth, entry_id: str) -> str:
     where = _where(t, entry_id)
     assert len(votes) == 1, f"entry {entry_id} is in {len(votes)} states {votes}: {where}"
     state = votes[0]
-    owner = t.pel[entry_id][0] if entry_id in t.pel else None
-    in_results = entry_id in t.results
+    owner, count = t.pel.get(entry_id, (None, 0))
+    has_payload = entry_id in t.payloads
+    # A buffered or leased group keeps exactly one payload key: its attempt's, the PEL delivery count
+    # (@done and @lease claims keep it); every other state keeps none (a leak otherwise).
+    if state in (COMPLETED, LEASED):
+        assert t.payloads.get(entry_id) == {count}, (
+            f"{state} {entry_id} at delivery count {count} has payload keys of attempts "
+            f"{sorted(t.payloads.get(entry_id, ()))}: {where}")
+    else:
+        assert not has_payload, f"{state} {entry_id} kept payload keys {sorted(t.payloads[entry_id])}: {where}"
     if state == READY:
-        assert owner == "@ready" and not in_results, f"ready entry {entry_id} is inconsistent: {where}"
+        assert owner == "@ready" and not has_payload, f"ready entry {entry_id} is inconsistent: {where}"
     elif state == COMPLETED:
-        assert owner == "@done" and entry_id in t.bufver and in_results, f"completed {entry_id}: {where}"
+        assert owner == "@done" and entry_id in t.bufver and has_payload, f"completed {entry_id}: {where}"
     elif state == LEASED:
         assert owner is not None and owner.startswith("@lease:"), f"leased {entry_id} owner {owner}: {where}"
         lease_id = owner[len("@lease:"):]
         rec = t.lease_records.get(lease_id, {})
         assert rec.get("state") == "active" and entry_id in rec.get("members", "").split(","), where
-        assert lease_id in t.leases and in_results and entry_id not in t.bufver, where
+        assert lease_id in t.leases and has_payload and entry_id not in t.bufver, where
     elif state in (EXECUTING, BACKLOG):
-        assert not in_results and entry_id not in t.bufver and entry_id not in t.kept, where
+        assert not has_payload and entry_id not in t.bufver and entry_id not in t.kept, where
     elif state == COMMITTED:
-        assert not in_results and entry_id not in t.bufver, where
+        assert not has_payload and entry_id not in t.bufver, where
         assert (entry_id in t.kept) == (entry_id in t.stream), f"kept copy of {entry_id}: {where}"
     elif state in (FILTERED, DEAD):
-        assert entry_id not in t.stream and not in_results and entry_id not in t.kept, where
+        assert entry_id not in t.stream and not has_payload and entry_id not in t.kept, where
         if state == DEAD:
             assert t.dead_ids[entry_id] == 1 and t.ledger.get(entry_id, "").startswith("s|dead|"), where
     return state
@@ -167,15 +191,17 @@ def derive_state(t: Truth, entry_id: str) -> str:
 
 def _where(t: Truth, entry_id: str) -> str:
     return (f"pel={t.pel.get(entry_id)} ready={entry_id in t.ready} buffer={entry_id in t.buffer} "
-            f"bufver={entry_id in t.bufver} results={entry_id in t.results} kept={t.kept.get(entry_id)} "
+            f"bufver={entry_id in t.bufver} payloads={sorted(t.payloads.get(entry_id, ()))} "
+            f"kept={t.kept.get(entry_id)} "
             f"stream={entry_id in t.stream} dlq={t.dead_ids[entry_id]} ledger={t.ledger.get(entry_id)!r}")
 
 
 def check_no_ghosts(t: Truth) -> None:
-    """Every id any index names is a submitted entry; every active lease is indexed and owns its members."""
+    """Every id any index names (a payload key too: no leaked payload) is a submitted entry; every
+    active lease is indexed and owns its members."""
     known = set(t.ids.values())
     for name, ids in (("pel", t.pel), ("ready", t.ready), ("buffer", t.buffer), ("bufver", t.bufver),
-                      ("results", t.results), ("kept", t.kept), ("stream", t.stream)):
+                      ("payload keys", t.payloads), ("kept", t.kept), ("stream", t.stream)):
         ghosts = set(ids) - known
         assert not ghosts, f"{name} names entries nobody submitted: {sorted(ghosts)}"
     assert set(t.buffer) == set(t.bufver), f"buffer {sorted(t.buffer)} != bufver {sorted(t.bufver)}"

@@ -70,7 +70,10 @@ def test_items_are_sent_in_order_with_every_slot_and_the_oldest_version() -> Non
     out = [Sample(1, (1,), version=3), Sample(0, (2,), version=2), Sample(1, (3,), version=4)]
     got, [call] = _drive([(R1, out), (R2, [])])
     assert got == ["buffered", "buffered"]
-    assert call.args == ("w1", "1-0", 1, encode_completion(out), 2, "1,0,1", "2-0", 2, b"", 0, "")
+    # each item names its payload's size; the payload itself is staged at the attempt's payload key
+    # (SET in the call's MULTI); an item with no samples has size '' and stages nothing
+    assert call.args == ("w1", "1-0", 1, len(encode_completion(out)), 2, "1,0,1", "2-0", 2, "", 0, "")
+    assert call.stage == ((KEYS.payload("1-0", 1), encode_completion(out)),)
 
 
 def test_large_batches_are_chunked_by_count_and_by_bytes() -> None:
@@ -83,12 +86,17 @@ def test_large_batches_are_chunked_by_count_and_by_bytes() -> None:
     assert flows.COMPLETE_BATCH_BYTES / 2 < len(encode_completion(big)) < flows.COMPLETE_BATCH_BYTES
     got, calls = _drive([(R1, big), (R2, big), (R3, [Sample(0, (1,))])], limit=flows.COMPLETE_BATCH_BYTES)
     assert got == ["buffered"] * 3 and [(len(c.args) - 1) // 5 for c in calls] == [1, 2]
+    # each chunk stages exactly its own items' payloads, in item order
+    assert [[key for key, _ in c.stage] for c in calls] == [
+        [KEYS.payload("1-0", 1)], [KEYS.payload("2-0", 2), KEYS.payload("3-0", 1)]]
+    assert [sum(len(v) for _, v in c.stage) for c in calls][0] == len(encode_completion(big))
 
 
 def test_an_oversized_item_is_refused_in_its_place_and_not_sent() -> None:
     got, [call] = _drive([(R1, [Sample(0, tuple(range(100)))]), (R2, [Sample(0, (1,))])], limit=50)
     assert isinstance(got[0], PayloadTooLarge) and got[1] == "buffered"
     assert call.args[1] == "2-0" and len(call.args) == 6
+    assert call.stage == ((KEYS.payload("2-0", 2), encode_completion([Sample(0, (1,))])),)
     assert _drive([(R1, [Sample(0, tuple(range(100)))])], limit=50)[1] == []  # nothing left to send
 
 

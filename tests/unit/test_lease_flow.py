@@ -1,7 +1,8 @@
 """flows.lease and its protocol steps driven by hand, with no Redis (P2: payloads after the script).
 
 Rules under test: the lease script names its members without payloads; the flow then reads every
-payload with one HMGET and decodes the groups. A member whose payload is missing at that read (the
+payload with one MGET of the members' payload keys (each named by its entry and attempt) and
+decodes the groups. A member whose payload is missing at that read (the
 lease expired in between, or someone deleted it) or does not decode is undecodable: the flow hands
 the lease back and leases again, exactly as for garbage, and never returns or trains on it. A hand-back
 that finds the lease already expired (the reaper requeued it) is not an error for the trainer.
@@ -34,10 +35,12 @@ def _kv(group: SourceGroup) -> list[bytes]:
     return [b"v", b"1", b"sid", group.source_id.encode(), b"n", str(group.n).encode(), b"p", parents, b"g", body]
 
 
-def _granted(call: p.Call, ids: list[str], min_version: bytes = b"3") -> list[Any]:
-    """The script's 'ok' reply for ``call``: one member per id, attempt 1, no payload."""
+def _granted(call: p.Call, ids: list[str], min_version: bytes = b"3", attempts: list[int] | None = None) -> list[Any]:
+    """The script's 'ok' reply for ``call``: one member per id, attempt 1 (or ``attempts``), no payload."""
     lease_id = call.args[0]
-    return [b"ok", lease_id.encode(), 99_000, 7, [[i.encode(), 1, min_version, _kv(GROUP)] for i in ids]]
+    tries = attempts or [1] * len(ids)
+    return [b"ok", lease_id.encode(), 99_000, 7,
+            [[i.encode(), a, min_version, _kv(GROUP)] for i, a in zip(ids, tries)]]
 
 
 def _start(groups: int = 2) -> tuple[Any, p.Call]:
@@ -53,15 +56,18 @@ def _result(flow: Any, reply: Any) -> Any:
     return stop.value.value
 
 
-def test_the_payloads_are_read_with_one_hmget_after_the_script() -> None:
+def test_the_payloads_are_read_with_one_mget_after_the_script() -> None:
+    """One MGET, in member order, of each member's payload key: the key of the attempt the member is
+    leased under (its PEL delivery count), so a stale attempt's payload is never read."""
     flow, call = _start()
-    read = flow.send(_granted(call, ["1-0", "2-0"]))
-    assert read == p.Command(("HMGET", KEYS["results"], "1-0", "2-0")) and read.idempotent
+    read = flow.send(_granted(call, ["1-0", "2-0"], attempts=[1, 3]))
+    assert read == p.Command(("MGET", KEYS.payload("1-0", 1), KEYS.payload("2-0", 3))) and read.idempotent
+    assert read.args[1:] == ("rollout:{unit-lease}:payload:1-0:1", "rollout:{unit-lease}:payload:2-0:3")
     blob = encode_completion(SAMPLES)
     reply, token = _result(flow, [blob, blob])
     assert token == call.args[1] and reply.lease_id == call.args[0]
     assert [(g.entry_id, g.attempt, g.min_version, g.group) for g in reply.groups] == [
-        ("1-0", 1, 3, GROUP), ("2-0", 1, 3, GROUP)]
+        ("1-0", 1, 3, GROUP), ("2-0", 3, 3, GROUP)]
     assert reply.groups[0].samples == SAMPLES and reply.undecodable == ()
     assert reply.groups[1].columns().token_ids.tolist() == [1, 2, 3]
 
@@ -85,7 +91,7 @@ def test_a_hand_back_that_finds_the_lease_expired_leases_again() -> None:
     rollback = flow.send([None, None])
     again = flow.send([b"lease_lost", b"expired"])
     assert rollback.script.name == "rollback" and again.script.name == "lease"
-    assert flow.send(_granted(again, ["3-0", "4-0"])).args[0] == "HMGET"
+    assert flow.send(_granted(again, ["3-0", "4-0"])).args == ("MGET", KEYS.payload("3-0", 1), KEYS.payload("4-0", 1))
     blob = encode_completion(SAMPLES)
     reply, _ = _result(flow, [blob, blob])
     assert [g.entry_id for g in reply.groups] == ["3-0", "4-0"]
@@ -101,8 +107,8 @@ def test_a_hand_back_refused_for_any_other_reason_raises(state: bytes) -> None:
 
 
 def test_a_lease_record_without_members_reads_no_payloads() -> None:
-    """A record whose member list was emptied by hand replays as 'ok' with nothing: no HMGET is sent
-    (HMGET needs a field) and the lease comes back empty, as before P2."""
+    """A record whose member list was emptied by hand replays as 'ok' with nothing: no MGET is sent
+    (MGET needs a key) and the lease comes back empty, as before P2."""
     flow, call = _start()
     reply, _ = _result(flow, [b"ok", call.args[0].encode(), 1, 0, []])
     assert reply.groups == () and reply.members == () and reply.undecodable == ()

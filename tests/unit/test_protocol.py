@@ -217,7 +217,8 @@ def test_parse_lease_reads_members_and_lists_the_undecodable() -> None:
     r = p.parse_lease(reply, "L1")
     assert (r.status, r.lease_id, r.deadline_ms, r.version, r.groups) == ("ok", "L1", 1234, 5, ())
     assert [(m.entry_id, m.attempt, m.min_version) for m in r.members] == [("1-0", 2, "4"), ("2-0", 1, "5")]
-    assert p.read_lease_payloads(KEYS, r) == p.Command(("HMGET", KEYS["results"], "1-0", "2-0"))
+    # each member's payload key names its attempt (the PEL delivery count it is leased under)
+    assert p.read_lease_payloads(KEYS, r) == p.Command(("MGET", KEYS.payload("1-0", 2), KEYS.payload("2-0", 1)))
     r = p.decode_lease(r, [encode_completion(samples), b"garbage"])
     assert (r.available, r.undecodable) == (1, ("2-0",))
     [g] = r.groups
@@ -320,4 +321,8 @@ def test_complete_flow_sends_every_outputs_slot_and_the_oldest_version() -> None
     call = next(flows.complete(KEYS, Receipt("1-0", 1, "w1"), samples, 10_000))
     argv = dict(zip([a for a in call.script.argv], call.args))
     assert (argv["min_version"], argv["slots"]) == (2, "1,0,1")
-    assert argv["payload"] == encode_completion(samples)
+    # the payload is not in ARGV: it is staged (SET in the call's MULTI) at the attempt's payload key
+    payload = encode_completion(samples)
+    assert "payload" not in argv and argv["size"] == len(payload)
+    assert call.stage == ((KEYS.payload("1-0", 1), payload),)
+    assert all(not isinstance(a, bytes) for a in call.args), "no bytes through ARGV"

@@ -75,7 +75,8 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
         raise p.ERRORS["malformed"](p.receipt_context(receipt), ["malformed", "completion has no samples", where])
     payload, min_version, slots = _completion_args(receipt, samples, max_payload_bytes)
     reply = yield p.build(keys, "complete", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, payload=payload, min_version=min_version, slots=slots)
+                          worker_id=receipt.worker_id, size=len(payload), min_version=min_version, slots=slots,
+                          stage=((keys.payload(receipt.entry_id, receipt.attempt), payload),))
     return p.parse_complete(reply, receipt)
 
 
@@ -90,8 +91,9 @@ def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_by
     return payload, min(x.version for x in samples), ",".join(str(x.slot) for x in samples)
 
 
-#: Items per complete_many script call, and their payload bytes: each item costs ~2 commands and its
-#: payload's copy inside the script, so a call stays near the cost of a few single completes.
+#: Items per complete_many script call, and their payload bytes: each item costs ~2 commands in the
+#: script and one SET of its payload in the call's MULTI, so a call stays near the cost of a few single
+#: completes (the payloads of one call are applied together, atomically, at its EXEC).
 COMPLETE_BATCH = 32
 COMPLETE_BATCH_BYTES = 4 << 20
 
@@ -113,6 +115,7 @@ def complete_many(keys: QueueKeys, worker_id: str, items: Sequence[tuple[Receipt
     out: list[p.CompletionOutcome] = [""] * len(items)
     chunk: list[tuple[int, Receipt]] = []
     flat: list[p.Arg] = []
+    stage: list[tuple[str, bytes]] = []
     size = 0
     for i, (receipt, samples) in enumerate(items):
         try:
@@ -121,20 +124,23 @@ def complete_many(keys: QueueKeys, worker_id: str, items: Sequence[tuple[Receipt
             out[i] = exc  # nothing sent: the attempt stays executing, as with complete
             continue
         if chunk and (len(chunk) >= COMPLETE_BATCH or size + len(payload) > COMPLETE_BATCH_BYTES):
-            yield from _complete_chunk(keys, worker_id, chunk, flat, out)
-            chunk, flat, size = [], [], 0
+            yield from _complete_chunk(keys, worker_id, chunk, flat, stage, out)
+            chunk, flat, stage, size = [], [], [], 0
         chunk.append((i, receipt))
-        flat += [receipt.entry_id, receipt.attempt, payload, min_version, slots]
+        flat += [receipt.entry_id, receipt.attempt, len(payload) if slots else "", min_version, slots]
+        if slots:  # no samples: nothing to stage, the script ends the attempt malformed
+            stage.append((keys.payload(receipt.entry_id, receipt.attempt), payload))
         size += len(payload)
     if chunk:
-        yield from _complete_chunk(keys, worker_id, chunk, flat, out)
+        yield from _complete_chunk(keys, worker_id, chunk, flat, stage, out)
     return out
 
 
 def _complete_chunk(keys: QueueKeys, worker_id: str, chunk: Sequence[tuple[int, Receipt]], flat: list[p.Arg],
-                    out: list[p.CompletionOutcome]) -> Flow[None]:
-    """One complete_many call; its outcomes land in ``out`` at the items' original positions."""
-    reply = yield p.build(keys, "complete_many", worker_id=worker_id, items=flat)
+                    stage: list[tuple[str, bytes]], out: list[p.CompletionOutcome]) -> Flow[None]:
+    """One complete_many call (its payloads staged in its MULTI); its outcomes land in ``out`` at the
+    items' original positions."""
+    reply = yield p.build(keys, "complete_many", worker_id=worker_id, items=flat, stage=tuple(stage))
     for (i, _), outcome in zip(chunk, p.parse_complete_many(reply, [r for _, r in chunk])):
         out[i] = outcome
 

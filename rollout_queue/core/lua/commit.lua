@@ -3,7 +3,6 @@ commit: leased -> settled(committed): the lease's groups were trained; XACK them
 KEYS:
   src        the reservations stream
   meta       config and counters
-  results    entry ID -> completion payload
   leases     lease ids by deadline
   ledger     entry ID -> last terminal or settlement
   commits    capped stream, one line per committed lease
@@ -37,6 +36,7 @@ Invariant:
 -- @include wake
 -- @include pending_sids
 -- @include record_settled
+-- @include payloads
 local now = now_ms()
 local cfg = load_config()
 local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
@@ -59,7 +59,11 @@ for id in string.gmatch(L.members or '', '[^,]+') do table.insert(members, id) e
 -- state, refused before the first write: the lease then expires and the reaper requeues from the PEL.
 local held = {}
 local owned = redis.call('XPENDING', K.src, 'rollout', '-', '+', #members + 1, owner)
-for _, p in ipairs(owned) do held[p[1]] = true end
+local attempts = {}  -- {id, attempt} of each member, for its payload key (read before anything bumps a count)
+for _, p in ipairs(owned) do
+  held[p[1]] = true
+  table.insert(attempts, {id = p[1], attempt = tonumber(p[4])})
+end
 for _, id in ipairs(members) do
   if not held[id] then bug('corrupt lease record ' .. A.lease_id .. ': member ' .. id .. ' is not leased') end
 end
@@ -91,7 +95,7 @@ if k > 0 then
   end
   call_batched({'XACK', K.src, 'rollout'}, ids)
   if keep then call_batched({'ZADD', K.kept}, kept) else call_batched({'XDEL', K.src}, ids) end
-  call_batched({'HDEL', K.results}, ids)
+  drop_payloads(attempts)
   call_batched({'HSET', K.ledger}, settled)
 end
 local commit_id = redis.call('XADD', K.commits, 'MAXLEN', '~', cfg.commits_maxlen, '*', 'lease', A.lease_id,

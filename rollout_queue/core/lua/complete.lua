@@ -6,7 +6,6 @@ KEYS:
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
-  results    entry ID -> completion payload
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
@@ -16,32 +15,41 @@ ARGV:
   entry_id     the receipt's entry ID
   attempt      the receipt's attempt (PEL delivery count)
   worker_id    the receipt's worker
-  payload      the encoded completion (codec.py), stored as is
+  size         the payload's length in bytes ('' : no outputs, nothing staged); the payload itself
+               (codec.py) was SET at rollout:{q}:payload:<entry_id>:<attempt> in this call's MULTI
   min_version  integer, the oldest policy version any sample was generated with
   slots        comma-separated parent slot of every output, in payload order ('' : no outputs)
 Returns:
   {'ok', 'buffered' | 'replay' | 'evicted_self', evicted entry ID or ''}
-  {'stale_receipt', owner, delivery_count}             nothing written
-  {'payload_too_large', bytes, limit}                   nothing written, the attempt stays executing
+  {'stale_receipt', owner, delivery_count}             nothing written (the staged payload deleted)
+  {'payload_too_large', bytes, limit}                   nothing kept, the attempt stays executing
   {'malformed', detail, 'ready' | 'dead'}               the attempt ended malformed and was requeued
   (slots '': ended as fail(terminal='malformed') ends it, and a repeat answers 'malformed' again)
   a ROLLOUTQ error for a bad receipt or min_version, before anything is written
 Invariant:
-  the entry is owned by @done and is in buffer, bufver and results, or (overflow) the stalest of the
-  buffered + arriving groups went back to ready; buffer size <= max_completed_groups.
+  the entry is owned by @done and is in buffer and bufver, its payload kept at its payload key, or
+  (overflow) the stalest of the buffered + arriving groups went back to ready; buffer size <=
+  max_completed_groups; a payload key is kept only for a buffered (or, later, leased) attempt.
 ]]
 -- @include load_config
 -- @include parse_receipt
 -- @include parse_min_version
+-- @include parse_size
 -- @include completion_batch
 -- @include complete_attempt
 -- @include finish_completions
--- Cost: ~15 commands (receipt check, the entry's n, one counters read and write, the buffer's size,
--- the four writes, two wakes); TIME only on a requeue path. complete_many shares all of it per batch.
+-- @include payloads
+-- Cost: ~14 commands (receipt check, the entry's n, one counters read and write, the buffer's size,
+-- the three writes, two wakes), plus the staging SET and MULTI/EXEC around it; TIME only on a
+-- requeue path. complete_many shares all of it per batch.
 local cfg = load_config()
-local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
-local min_version = parse_min_version(A.min_version)
+local id, attempt, worker, min_version, size
+parse_staged(function()
+  id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
+  min_version = parse_min_version(A.min_version)
+  size = parse_size(A.size, A.slots)
+end, {{A.entry_id, A.attempt}})
 local b = completion_batch()
-local reply = complete_attempt(b, cfg, id, attempt, worker, A.payload, min_version, A.slots)
+local reply = complete_attempt(b, cfg, id, attempt, worker, size, min_version, A.slots)
 finish_completions(b)
 return reply

@@ -7,7 +7,6 @@ KEYS:
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
-  results    entry ID -> completion payload
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
@@ -15,38 +14,46 @@ KEYS:
   wake_done  wake stream for blocked trainers
 ARGV:
   worker_id  the worker every receipt names
-  *items     5 values per completion: entry_id, attempt (PEL delivery count), payload (codec.py,
-             stored as is), min_version (integer, the oldest sample version), slots (comma-separated
-             parent slot of every output, in payload order; '' for a completion with no outputs)
+  *items     5 values per completion: entry_id, attempt (PEL delivery count), size (the payload's
+             bytes; the payload itself, codec.py, was SET at rollout:{q}:payload:<entry_id>:<attempt>
+             in this call's MULTI), min_version (integer, the oldest sample version), slots
+             (comma-separated parent slot of every output, in payload order; '' for a completion
+             with no outputs, for which nothing was staged)
 Returns:
   {'ok', reply, ...}   one reply per item, in order; each is what complete answers for it alone:
     {'ok', 'buffered' | 'replay' | 'evicted_self', evicted entry ID or ''}
-    {'stale_receipt', owner, delivery_count}   nothing written for this item
-    {'payload_too_large', bytes, limit}        nothing written for this item, it stays executing
+    {'stale_receipt', owner, delivery_count}   nothing written for this item (its staged payload deleted)
+    {'payload_too_large', bytes, limit}        nothing kept for this item, it stays executing
     {'malformed', detail, 'ready' | 'dead'}    the attempt ended malformed and was requeued
   a ROLLOUTQ error for a bad receipt, min_version or item count, before anything is written
 Invariant:
   the state equals that of N complete calls in item order: each settled entry is owned by @done and
-  is in buffer, bufver and results, or (overflow) the stalest of the buffered + arriving groups went
+  is in buffer and bufver with its payload kept, or (overflow) the stalest of the buffered + arriving groups went
   back to ready; buffer size <= max_completed_groups; refused items changed nothing.
 ]]
 -- @include bug
 -- @include load_config
 -- @include parse_receipt
 -- @include parse_min_version
+-- @include parse_size
 -- @include completion_batch
 -- @include complete_attempt
 -- @include finish_completions
+-- @include payloads
 -- Per item only the receipt check (XPENDING) and the entry's n (XRANGE) run; the config, the
 -- counters, the buffer's size, the writes and the wakes are shared by the batch (~13 commands).
 local cfg = load_config()
 local items = A.items
-if #items % 5 ~= 0 then bug('complete_many takes 5 values per item, got ' .. #items) end
-local parsed = {}
-for i = 1, #items, 5 do
-  local id, attempt = parse_receipt(items[i], items[i + 1], A.worker_id)
-  table.insert(parsed, {id, attempt, items[i + 2], parse_min_version(items[i + 3]), items[i + 4]})
-end
+local parsed, named = {}, {}
+for i = 1, #items, 5 do table.insert(named, {items[i], items[i + 1]}) end
+parse_staged(function()
+  if #items % 5 ~= 0 then bug('complete_many takes 5 values per item, got ' .. #items) end
+  for i = 1, #items, 5 do
+    local id, attempt = parse_receipt(items[i], items[i + 1], A.worker_id)
+    table.insert(parsed, {id, attempt, parse_size(items[i + 2], items[i + 4]), parse_min_version(items[i + 3]),
+      items[i + 4]})
+  end
+end, named)
 local b = completion_batch()
 local out = {'ok'}
 for _, it in ipairs(parsed) do

@@ -5,7 +5,6 @@ KEYS:
   src        the reservations stream
   meta       config and counters
   ready      requeued entry IDs
-  results    entry ID -> completion payload
   leases     lease ids by deadline
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement

@@ -30,6 +30,7 @@ Invariant:
 -- @include release_executing
 -- @include record_settled
 -- @include reason_counter
+-- @include payloads
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
@@ -46,4 +47,5 @@ ledger_set(id, settled)
 redis.call('HINCRBY', K.meta, 'retained', -1)
 redis.call('HINCRBY', K.meta, 'filtered', 1)
 redis.call('HINCRBY', K.meta, reason_counter(A.reason), 1)
+drop_payloads({{id = id, attempt = attempt}})  -- a completion staged for it but never adopted
 return {'ok', 'filtered'}

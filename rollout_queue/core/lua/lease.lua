@@ -6,7 +6,6 @@ KEYS:
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
-  results    entry ID -> completion payload
   workers    worker ids by last heartbeat
   reserves   worker id -> last reserve
   leases     lease ids by deadline
@@ -29,7 +28,8 @@ ARGV:
   timeout_ms  lease duration in ms (0: the queue's lease_timeout)
 Returns:
   {'ok', lease_id, deadline_ms, version, {{entry_id, attempt, min_version, fields}, ...}}
-                                         no payloads: the client reads them with one HMGET of results
+                                         no payloads: the client reads them with one MGET of
+                                         rollout:{q}:payload:<entry_id>:<attempt>
   {'held', available, wake_id}           an admission hold is active; nothing leased
   {'insufficient', available, wake_id}   fewer fresh groups than asked (and not partial)
   {'lease_lost', state}                  the lease id exists with another token

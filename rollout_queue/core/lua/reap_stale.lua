@@ -6,7 +6,6 @@ KEYS:
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
-  results    entry ID -> completion payload
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters

@@ -27,6 +27,7 @@ Invariant:
 -- @include read_entry
 -- @include release_executing
 -- @include settle_dead
+-- @include payloads
 local now = now_ms()
 load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
@@ -35,4 +36,5 @@ if refused then return refused end
 local f, kv = read_entry(id)
 release_executing(tonumber(f and f.n) or 0)
 settle_dead(id, kv, A.reason, redis.call('HGET', K.history, id), attempt, worker, now)
+drop_payloads({{id = id, attempt = attempt}})  -- a completion staged for it but never adopted
 return {'ok', 'dead'}

@@ -6,7 +6,6 @@ KEYS:
   ready      requeued entry IDs by submission order
   buffer     completed entry IDs by arrival (for backpressure)
   bufver     completed entry IDs by (min_version, arrival): stale ones are evicted first
-  results    completion payloads
   workers    worker ids by last heartbeat
   reserves   worker id -> the last reserve's request id and entry IDs (for replay)
   holds      admission hold ids by deadline

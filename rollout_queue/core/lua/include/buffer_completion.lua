@@ -5,18 +5,21 @@
 -- @include requeue_entry
 -- @include buffer_score
 -- @include ledger
+-- @include payloads
 --[[
 buffer_completion: executing -> completed for one attempt whose receipt and outputs were checked,
 with complete's overflow rule. Returns complete's reply: {'ok', 'buffered', evicted ID or ''} or
 {'ok', 'evicted_self', id}.
-Uses: K.meta, K.buffer, K.bufver and what evict_buffered, requeue_entry, flush_completions use.
+Uses: K.meta, K.buffer, K.bufver and what evict_buffered, requeue_entry, flush_completions use. The
+payload is already at payload_key(id, attempt) (staged by the caller's MULTI): buffering only indexes
+the entry; a group that evicts itself drops its payload.
 Why: DESIGN, Capacity: a completion that overflows the buffer evicts the stalest of the buffered and
 arriving groups (ties: earliest arrival) back to ready. The buffer's size is counted in Lua across a
 batch (pending members included); before an eviction decision the pending writes are flushed, so the
 victim is chosen among exactly the groups N separate complete calls would have buffered by then.
 The attempt's executing capacity and the counters are released through the batch (one write per call).
 ]]
-local function buffer_completion(b, cfg, id, attempt, worker, payload, min_version, n)
+local function buffer_completion(b, cfg, id, attempt, worker, min_version, n)
   b.delta.executing_groups = b.delta.executing_groups - 1
   b.delta.executing_samples = b.delta.executing_samples - n
   b.released = true
@@ -39,6 +42,7 @@ local function buffer_completion(b, cfg, id, attempt, worker, payload, min_versi
     else
       redis.call('HINCRBY', K.meta, 'evicted_overflow', 1)
       requeue_entry(id, attempt, worker, 'overflow', 'overflow', false, cfg, batch_now(b))
+      drop_payloads({{id = id, attempt = attempt}})
       ledger_set(id, ledger_attempt(attempt, worker, 'completed'))
       return {'ok', 'evicted_self', id}
     end
@@ -48,8 +52,6 @@ local function buffer_completion(b, cfg, id, attempt, worker, payload, min_versi
   table.insert(b.buffer, id)
   table.insert(b.bufver, fmt_score(score))
   table.insert(b.bufver, id)
-  table.insert(b.results, id)
-  table.insert(b.results, payload)
   table.insert(b.ledger, id)
   table.insert(b.ledger, ledger_attempt(attempt, worker, 'completed'))
   b.pending[id] = true

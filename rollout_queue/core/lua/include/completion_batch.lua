@@ -10,7 +10,7 @@ the common path never needs it, and TIME is one more command.
 local function completion_batch()
   return {
     claims = {},     -- {id, attempt} of each pending completion, to give to @done (claim_counted)
-    buffer = {}, bufver = {}, results = {}, ledger = {},  -- flat score/member or field/value lists
+    buffer = {}, bufver = {}, ledger = {},  -- flat score/member or field/value lists
     pending = {},    -- entry ID -> true while its writes wait in this batch
     delta = {arrivals = 0, completed_total = 0, executing_groups = 0, executing_samples = 0},
     base = nil,      -- those four counters as read from meta (read_completion_counters)

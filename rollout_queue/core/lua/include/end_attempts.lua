@@ -2,6 +2,7 @@
 -- @include requeue_entries
 -- @include ledger
 -- @include call_batched
+-- @include payloads
 --[[
 end_attempts: executing -> ready (or dead at max_attempts) for a batch of attempts of one worker that
 the caller has already checked (receipts, or the worker found silent), all ending with one terminal
@@ -11,7 +12,10 @@ Why: fail, abort, malformed, lost and a worker's close all end an attempt the sa
 executing capacity, count its terminal, requeue the pristine entry and write the ledger in the same
 script. Counter deltas are summed, so a batch pays one HINCRBY per counter, not per entry; each
 entry's n (its executing samples) comes from the fields the requeue's XCLAIM returns, so no entry is
-read on its own unless it dies (its dead letter carries the pristine fields).
+read on its own unless it dies (its dead letter carries the pristine fields). Each attempt's payload
+key is deleted: an executing attempt has one only when its worker staged a completion whose script
+did not adopt it (it raised on a bad argument, or the server had forgotten it and the worker died
+before resending), and nothing else would ever name it (payloads.lua).
 ]]
 local function entry_samples(kv)
   if not kv then return 0 end  -- gone from the stream (see claim_counted): nothing left to release
@@ -36,5 +40,6 @@ local function end_attempts(worker, entries, terminal, reason, counted, cfg, now
   end
   release_executing_many(#entries, samples)
   if #lines > 0 then call_batched({'HSET', K.ledger}, lines) end
+  drop_payloads(entries)
   return requeued, dead
 end

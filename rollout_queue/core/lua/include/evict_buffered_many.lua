@@ -2,11 +2,13 @@
 -- @include requeue_entries
 -- @include call_batched
 -- @include wake
+-- @include payloads
 --[[
 evict_buffered_many: completed -> ready for a batch of buffered groups (reason 'stale' or 'overflow').
 Returns how many of `ids` were owned by @done and requeued; the others are ghosts (dropped from the
 buffer indexes and counted in meta.ghosts).
-Uses: K.buffer, K.bufver, K.results, K.meta and what requeue_entries uses.
+Uses: K.buffer, K.bufver, K.meta and what requeue_entries, drop_payloads use. A ghost's payload
+(its attempt is unknown) is not found: the garbage that made it is the operator's to remove.
 Why: stale and overflow evictions are not the group's fault: not counted toward max_attempts; the
 completion is dropped and the pristine reservation is generated again on fresher weights. The
 owner check (one XPENDING per id: buffered ids are not contiguous in the PEL) stays per entry; the
@@ -25,7 +27,7 @@ local function evict_buffered_many(ids, reason, cfg, now)
   end
   call_batched({'ZREM', K.buffer}, ids)
   call_batched({'ZREM', K.bufver}, ids)
-  call_batched({'HDEL', K.results}, ids)
+  drop_payloads(done)
   redis.call('HINCRBY', K.meta, 'evicted_' .. reason, #ids)
   if ghosts > 0 then redis.call('HINCRBY', K.meta, 'ghosts', ghosts) end
   requeue_entries(done, '@done', reason, reason, false, cfg, now)

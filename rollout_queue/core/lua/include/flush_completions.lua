@@ -2,8 +2,9 @@
 -- @include claim_counted
 --[[
 flush_completions: write a batch's pending completions: one XCLAIM to @done per distinct attempt,
-one ZADD per buffer index, one HSET of results and one of the ledger, whatever the batch size.
-Uses: K.src, K.buffer, K.bufver, K.results, K.ledger.
+one ZADD per buffer index and one HSET of the ledger, whatever the batch size (the payloads are
+already in their keys: payloads.lua).
+Uses: K.src, K.buffer, K.bufver, K.ledger.
 Why: per-member commands dominated complete's cost (benchmarks/README.md P3/P4). claim_counted's
 RETRYCOUNT keeps each delivery count at the attempt the receipt named (only reserve raises it), as
 complete's single-id XCLAIM did. Callers flush before anything reads these keys back (an overflow
@@ -15,9 +16,8 @@ local function flush_completions(b)
   if b.buffer[1] then
     call_batched({'ZADD', K.buffer}, b.buffer)  -- 1000 values a chunk: whole pairs
     call_batched({'ZADD', K.bufver}, b.bufver)
-    call_batched({'HSET', K.results}, b.results)
     call_batched({'HSET', K.ledger}, b.ledger)
   end
   b.claims, b.pending = {}, {}
-  b.buffer, b.bufver, b.results, b.ledger = {}, {}, {}, {}
+  b.buffer, b.bufver, b.ledger = {}, {}, {}
 end

@@ -6,7 +6,7 @@ Uses: K.src (min_version is stored in the lease record, not read from bufver).
 Why: lease and its replay (a retry with the same lease id) must answer identically. `counts` (id ->
 delivery count) comes from lease, which read the PEL while walking the buffer; the replay passes nil
 and reads the counts from the PEL entries of @lease:<lease_id> (one XPENDING). The completion
-payloads are not in the reply: the client reads them with one HMGET of K.results after the script
+payloads are not in the reply: the client reads them with one MGET of their payload keys after the script
 (returning ~30 KB per member from Lua cost more than the rest of the lease). The pristine fields stay
 one XRANGE per member (a stream has no multi-id read).
 ]]

@@ -2,7 +2,8 @@
 --[[
 receipt_refusal: nil when the receipt still owns its entry (go on), else the refusal reply and the
 entry's ledger line: {'ok', 'replay'} when this attempt already ended the way this call would end
-it, else {'stale_receipt', owner, delivery count}. The one receipt/replay check of every settlement
+it, else {'stale_receipt', owner, delivery count}; then the entry's PEL owner and delivery count
+('' and 0 when it is pending nowhere). The one receipt/replay check of every settlement
 named by a receipt (fail, abort, requeue, filter, reject, and complete's complete_attempt).
 `replay` judges the ledger line: the exact settled line the call writes (filter, reject: only that
 line is its replay), or a function(line) -> boolean (the others: replayed.lua's rule, which also
@@ -17,6 +18,6 @@ local function receipt_refusal(id, attempt, worker, replay)
   local last = redis.call('HGET', K.ledger, id) or ''
   local again
   if type(replay) == 'string' then again = last == replay else again = replay(last) end
-  if again then return {'ok', 'replay'}, last end
-  return {'stale_receipt', owner, count}, last
+  if again then return {'ok', 'replay'}, last, owner, count end
+  return {'stale_receipt', owner, count}, last, owner, count
 end
