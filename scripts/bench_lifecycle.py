@@ -10,7 +10,7 @@ Scenarios here (numbers as in issue 9):
 2. raw        one redis-py (hiredis) pipeline: XADD + XREADGROUP + XACK of the same bytes.
 4. calls      commandstats deltas of a lifecycle run, and per transition in one process.
 5. latency    completion -> a blocked trainer's lease returning it; reserve with work waiting.
-6. bytes      MEMORY USAGE of the results hash per token.
+6. bytes      MEMORY USAGE of the completion payload keys per token.
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def run_latency(url: str, payload: Payload, count: int) -> dict[str, float]:
 
 
 def run_bytes(url: str, payload: Payload, groups: int) -> dict[str, float]:
-    """MEMORY USAGE of the results hash (all entries sampled) per token stored."""
+    """MEMORY USAGE of the completions' payload keys (each an attempt's string) per token stored."""
     flush(url)
     name = f"bench-bytes-{uuid.uuid4().hex[:8]}"
     q = open_queue(url, name)
@@ -335,12 +335,19 @@ def run_bytes(url: str, payload: Payload, groups: int) -> dict[str, float]:
     samples = payload.samples()
     q.submit([payload.group(f"b{i}") for i in range(groups)])
     used0 = int(r.info("memory")["used_memory"])
-    for res in w.reserve(groups):
+    held: list[Any] = []
+    while len(held) < groups:  # one reserve grants at most 64 groups
+        got = w.reserve(groups - len(held))
+        if not got:
+            raise RuntimeError(f"bytes: reserved {len(held)} of {groups} groups")
+        held += got
+    for res in held:
         w.complete(res.receipt, samples)
     used1 = int(r.info("memory")["used_memory"])
-    key = QueueKeys(name)["results"]
-    usage = int(r.memory_usage(key, samples=0) or 0)
-    one = int(r.hstrlen(key, r.hkeys(key)[0]))
+    keys = QueueKeys(name)
+    payloads = [keys.payload(res.receipt.entry_id, res.receipt.attempt) for res in held]
+    usage = sum(int(r.memory_usage(key, samples=0) or 0) for key in payloads)
+    one = int(r.strlen(payloads[0]))
     tokens = groups * payload.total_tokens
     q.close()
     r.close()

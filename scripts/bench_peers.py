@@ -16,6 +16,7 @@ completion). A peer that is not installed is reported as missing, not as zero.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import importlib.util
 import time
 import uuid
@@ -40,6 +41,17 @@ async def arq_noop(ctx: dict[str, Any], payload: str) -> None:
 
 def installed(peer: str) -> bool:
     return importlib.util.find_spec(peer) is not None
+
+
+def peer_version(peer: str) -> str | None:
+    """The installed distribution's version (None: not installed): a peer's speed moves with it, so
+    a stored run names the versions it compared against."""
+    if not installed(peer):
+        return None
+    try:
+        return importlib.metadata.version(peer)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 # -- the peers, one process each -------------------------------------------------------------------

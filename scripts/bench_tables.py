@@ -76,7 +76,8 @@ def table(head: list[str], align: str, rows: list[list[str]]) -> str:
 def render_environment(results: dict[str, Any]) -> str:
     env, sizes = results["environment"], results["sizes"]
     server = env["server"]
-    peers = ", ".join(p for p, ok in sorted(env.get("peers", {}).items()) if ok) or "none"
+    # Older runs stored True for an installed peer, newer ones its version.
+    peers = ", ".join(p if ok is True else f"{p} {ok}" for p, ok in sorted(env.get("peers", {}).items()) if ok) or "none"
     return (f"`{results['command']}`{' (quick)' if results.get('quick') else ''}: {server['kind']} "
             f"{server['version']}, `appendfsync {server['appendfsync']}`, {env['cpus']} CPUs, load average "
             f"{env['loadavg_start'][0]:.2f} at the start and {env['loadavg_end'][0]:.2f} at the end, "
@@ -313,7 +314,7 @@ def render_memory(results: dict[str, Any]) -> str:
     rows = [[state, f"{b[state]:,}"] for state in ("backlog", "executing", "completed", "leased", "committed") if state in b]
     rows += [[f"&nbsp;&nbsp;after commit: `{key}`", f"{v:,}"] for key, v in b.get("after_commit_by_key", {}).items()]
     if "completion_8x1024_tokens_with_logprobs" in b:
-        rows.append(["one completion of 8 x 1,024 tokens with logprobs (`results`)",
+        rows.append(["one completion of 8 x 1,024 tokens with logprobs (its `payload:*` key)",
                      f"{b['completion_8x1024_tokens_with_logprobs']:,}"])
     return (f"Measured over {mem['groups']:,} groups (small payload), every key of the queue:\n\n"
             + table(["state", "bytes per group"], "lr", rows))

@@ -258,9 +258,9 @@ def memory_per_state(url: str, count: int) -> dict[str, Any]:
     big = samples(LARGE)
     q.submit([SourceGroup("big", "p" * PROMPT, LARGE[0])])
     res = w.reserve(max_groups=1)[0]
-    before = r.memory_usage(q.keys["results"], samples=0) or 0
     w.complete(res.receipt, big)
-    steps["completion_8x1024_tokens_with_logprobs"] = int(r.memory_usage(q.keys["results"], samples=0) or 0) - before
+    payload = q.keys.payload(res.receipt.entry_id, res.receipt.attempt)
+    steps["completion_8x1024_tokens_with_logprobs"] = int(r.memory_usage(payload, samples=0) or 0)
     q.close()
     r.close()
     return {"groups": count, "bytes_per_group": steps}
