@@ -33,8 +33,7 @@ local function complete_attempt(b, cfg, id, attempt, worker, size, min_version, 
     return replayed(id, attempt, worker, kind, line)
   end)
   if refused then
-    local live = count == attempt and (owner == '@done' or string.sub(owner, 1, 7) == '@lease:')
-    if not live then drop_payloads({{id = id, attempt = attempt}}) end
+    if not holds_payload(owner, count, attempt) then drop_payloads({{id = id, attempt = attempt}}) end
     if refused[1] == 'stale_receipt' then return refused end
     if not empty then return {'ok', 'replay', ''} end
     -- An empty completion ended malformed; at max_attempts that settled the group dead.

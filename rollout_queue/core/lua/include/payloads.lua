@@ -1,6 +1,5 @@
 -- @include call_batched
 -- @include pel_entry
--- @include bug
 --[[
 payload_key / drop_payloads: where an attempt's completion payload lives, and its removal.
 The key is rollout:{q}:payload:<entry ID>:<attempt> (keys.py QueueKeys.payload spells it the same),
@@ -27,10 +26,14 @@ local function drop_payloads(entries)
   call_batched({'DEL'}, keys)
 end
 
--- Whether entry `id` is buffered or leased under `attempt`: its payload key is then the live one.
+-- Whether an entry whose PEL owner and delivery count are these is buffered or leased under
+-- `attempt`: its payload key is then the live one (payload_live reads them itself).
+local function holds_payload(owner, count, attempt)
+  return count ~= nil and count == attempt and (owner == '@done' or string.sub(owner or '', 1, 7) == '@lease:')
+end
 local function payload_live(id, attempt)
   local owner, count = pel_entry(id)
-  return count ~= nil and count == tonumber(attempt) and (owner == '@done' or string.sub(owner, 1, 7) == '@lease:')
+  return holds_payload(owner, count, tonumber(attempt))
 end
 
 -- parse_staged(parse, named): run `parse` (the call's argument checks, before its first write); if
