@@ -20,9 +20,12 @@ Throughput is generated tokens per second at steady state: the tokens done after
 all generated tokens were, over the time from that moment to the last one done (bare: a request's
 end; queue: its group's lease by the trainer, which can only be later), so engine start-up and the
 first wave are outside it. Many more samples than engine slots, so the window holds many waves.
-``x bare`` is the arm's rate over the bare one's; the target is >= 0.97.
+``x bare`` is the arm's rate over the bare one's in the same repeat; the target is >= 0.97. One run
+of an arm swings by +-10% on a shared 2-core machine (the bare vLLM arm measured 4,463 and 6,877
+tokens/s on two days), so every arm runs ``--repeats`` times, interleaved (bare, queue, ... then
+again), and a row gives the medians and the spread of ``x bare`` over the repeats.
 
-    python scripts/bench_engine.py                          # torch and vllm, ~6 min on 2 cores
+    python scripts/bench_engine.py                          # torch and vllm, 3 repeats, ~18 min on 2 cores
     python scripts/bench_engine.py --engines torch --groups 64
     python scripts/bench_engine.py --json out.json
 
@@ -36,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -245,6 +249,18 @@ def run_arm(arm: str, engine: str, model: Path, a: argparse.Namespace) -> dict[s
             "wall_s": time.perf_counter() - t, **got.get("info", {})}
 
 
+def median_row(got: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's repeats as one row: the medians of its rate, window, versions and x bare, and the
+    spread of x bare (the figure judged against the target)."""
+    ratios = sorted(r["x_bare"] for r in got)
+    row = dict(got[0])
+    for key in ("tokens_per_s", "window_s", "x_bare"):
+        row[key] = statistics.median(r[key] for r in got)
+    row["versions"] = int(statistics.median(r.get("versions", 0) for r in got))
+    row.update(x_bare_min=ratios[0], x_bare_max=ratios[-1], repeats=len(got))
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--engines", default="torch,vllm")
@@ -253,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--slots", type=int, default=32, help="max_num_seqs (vLLM) / max_batch_size (torch)")
     ap.add_argument("--publish-every", type=float, default=2.0, help="seconds between versions, queue+weights")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of every arm, interleaved; rows give medians")
     ap.add_argument("--model", default=None, help="a model folder (default: a tiny Llama built here)")
     ap.add_argument("--arm", choices=ARMS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the rows to this file")
@@ -275,23 +292,31 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-engine-model-") as tmp:
         model = Path(a.model) if a.model else build_tiny_model(Path(tmp) / "tiny", max_position_embeddings=512)
-        rows = []
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         load = os.getloadavg()[0]
         print(f"{'engine':7} {'arm':19} {'tokens':>7} {'window s':>8} {'tokens/s':>9} {'x bare':>7} {'versions':>8}",
               flush=True)
-        for engine in a.engines.split(","):
-            bare = None
-            for arm in ENGINE_ARMS[engine]:
-                row = run_arm(arm, engine, model, a)
-                bare = bare or row["tokens_per_s"]
-                row["x_bare"] = row["tokens_per_s"] / bare
-                rows.append(row)
-                print(f"{engine:7} {arm:19} {row['tokens']:>7} {row['window_s']:>8.2f} {row['tokens_per_s']:>9.0f} "
-                      f"{row['x_bare']:>7.3f} {row.get('versions', 0):>8}", flush=True)
+        for rep in range(a.repeats):
+            for engine in a.engines.split(","):
+                bare = None
+                for arm in ENGINE_ARMS[engine]:
+                    row = run_arm(arm, engine, model, a)
+                    bare = bare or row["tokens_per_s"]
+                    row["x_bare"] = row["tokens_per_s"] / bare
+                    runs.setdefault((engine, arm), []).append(row)
+                    print(f"{engine:7} {arm:19} {row['tokens']:>7} {row['window_s']:>8.2f} {row['tokens_per_s']:>9.0f} "
+                          f"{row['x_bare']:>7.3f} {row.get('versions', 0):>8}   (repeat {rep + 1}/{a.repeats})",
+                          flush=True)
+        rows = [median_row(got) for got in runs.values()]
+        print("\nmedians over the repeats:")
+        for row in rows:
+            print(f"{row['engine']:7} {row['arm']:19} {row['tokens']:>7} {row['window_s']:>8.2f} "
+                  f"{row['tokens_per_s']:>9.0f} {row['x_bare']:>7.3f} {row.get('versions', 0):>8}   "
+                  f"x bare {row['x_bare_min']:.3f} - {row['x_bare_max']:.3f}", flush=True)
     from bench_common import run_environment, store_run
 
     env = run_environment(load, groups=a.groups, n=a.n, max_tokens=a.max_tokens, slots=a.slots,
-                          publish_every_s=a.publish_every, target=TARGET)
+                          publish_every_s=a.publish_every, target=TARGET, repeats=a.repeats)
     print(f"target: queue >= {TARGET:.2f} x bare; load average {env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f}, "
           f"{env['cpus']} CPUs")
     if a.json:

@@ -189,16 +189,20 @@ def ran(s: dict[str, Any]) -> str:
 def render_engine(results: dict[str, Any]) -> str:
     e = section(results, "engine", "scripts/bench_engine.py")
     env = e["environment"]
+    repeats = env.get("repeats", 1)
     head = ran(e) + (f"{env['groups']} groups x {env['n']} samples x {env['max_tokens']} tokens, {env['slots']} "
-                     f"engine slots, a version every {env['publish_every_s']:g} s in `queue+weights`.\n\n")
+                     f"engine slots, a version every {env['publish_every_s']:g} s in `queue+weights`"
+                     + (f"; medians of {repeats} interleaved repeats, x bare judged on its median.\n\n"
+                        if repeats > 1 else ".\n\n"))
     rows = []
     for r in e["rows"]:
         judged = r["arm"] != "bare"
         target = "" if not judged else f">= {env['target']:.2f} " + ("**met**" if r["x_bare"] >= env["target"] else "**missed**")
+        spread = f"{r['x_bare_min']:.3f} - {r['x_bare_max']:.3f}" if "x_bare_min" in r and judged else ""
         rows.append([r["engine"], r["arm"], f"{r['tokens']:,}", fmt(r["window_s"]), fmt(r["tokens_per_s"]),
-                     f"{r['x_bare']:.3f}", str(r.get("versions", 0)), target])
-    return head + table(["engine", "arm", "tokens", "window s", "tokens/s", "x bare", "versions", "target"],
-                        "llrrrrrl", rows)
+                     f"{r['x_bare']:.3f}", spread, str(r.get("versions", 0)), target])
+    return head + table(["engine", "arm", "tokens", "window s", "tokens/s", "x bare", "min - max", "versions", "target"],
+                        "llrrrrrrl", rows)
 
 
 # -- scripts/bench_trl.py -------------------------------------------------------------------------

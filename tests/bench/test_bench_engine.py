@@ -37,8 +37,8 @@ def test_steady_rate_leaves_the_first_tenth_of_tokens_out() -> None:
 def test_torch_arms_run_through_the_shipped_processes(tmp_path: Path) -> None:
     out = tmp_path / "engine.json"
     proc = subprocess.run(
-        [sys.executable, "scripts/bench_engine.py", "--engines", "torch", "--groups", "12", "--n", "2",
-         "--max-tokens", "8", "--slots", "4", "--publish-every", "0.2", "--json", str(out)],
+        [sys.executable, "scripts/bench_engine.py", "--engines", "torch", "--groups", "8", "--n", "2",
+         "--max-tokens", "8", "--slots", "4", "--publish-every", "0.2", "--repeats", "2", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -47,5 +47,9 @@ def test_torch_arms_run_through_the_shipped_processes(tmp_path: Path) -> None:
     assert set(rows) == {"bare", "queue", "queue+weights"}  # no keep arm: torch keeps its cache anyway
     for row in rows.values():
         assert row["engine"] == "torch" and row["tokens"] > 0 and row["x_bare"] > 0
-    assert rows["queue"]["committed"] == rows["queue+weights"]["committed"] == 12
+        # Each row is the median of the two interleaved repeats, with the spread it was judged on.
+        assert row["repeats"] == 2 and row["x_bare_min"] <= row["x_bare"] <= row["x_bare_max"]
+    assert rows["bare"]["x_bare"] == 1.0
+    assert rows["queue"]["committed"] == rows["queue+weights"]["committed"] == 8
+    assert proc.stdout.count("(repeat 2/2)") == 3 and "medians over the repeats" in proc.stdout
     assert report["environment"]["target"] == 0.97 and "x bare" in proc.stdout
