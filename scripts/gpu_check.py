@@ -127,8 +127,9 @@ async def flood(engine: TorchEngine, args: argparse.Namespace, prompts: list[lis
 
 
 async def scheduled(engine: TorchEngine, args: argparse.Namespace, prompts: list[list[int]], tag: str) -> list[Any]:
-    """The worker's admission without the queue: a prompt's n samples start together once n of the
-    ``--batch`` slots are free; each finished sample frees its slot (SubmissionScheduler, sample policy)."""
+    """The worker's admission without the queue: a prompt's n samples are handed to the engine once
+    they fit the free ``--batch`` slots plus the n - 1 that may wait in the engine for one (the
+    worker's default); each finished sample frees its slot (SubmissionScheduler, sample policy)."""
     sched = SubmissionScheduler("sample", max_samples=args.batch)
     freed, outs, tasks = asyncio.Event(), [], []
 

@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sample: backfill freed sample slots (default); group: at most --max-groups groups")
     s.add_argument("--max-samples", type=int, default=None,
                    help="samples executing at once (default: the engine's max concurrency)")
+    s.add_argument("--max-waiting", type=int, default=None, metavar="N",
+                   help="sample policy: samples beyond --max-samples the engine may hold waiting for a slot "
+                        "(default: a group less one, so a group is reserved as soon as one slot is free, "
+                        "when --max-samples is the engine's concurrency, else 0; 0: only when n slots are free)")
     s.add_argument("--max-groups", type=int, default=None, help="groups held at once (group policy default 4)")
     s.add_argument("--block-ms", type=int, default=1000, help="longest wait of one reserve call")
     r = p.add_argument_group("rewards")
@@ -149,6 +153,7 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
     sampling = SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                               stop=tuple(args.stop), seed=args.seed)
     options = WorkerOptions(policy=args.policy, max_samples=args.max_samples, max_groups=args.max_groups,
+                            max_waiting=args.max_waiting,
                             sampling=sampling, weights_mode=args.weights_mode, drain_timeout_s=args.drain_timeout,
                             block_ms=args.block_ms, heartbeat_interval_s=args.heartbeat_interval,
                             reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace,

@@ -27,6 +27,11 @@ class WorkerOptions:
     max_samples: int | None = None
     max_groups: int | None = None
     max_batch: int = 64
+    #: sample policy: samples beyond max_samples the engine may hold waiting for a slot. None: one
+    #: group less one sample when max_samples is the engine's concurrency (so no slot idles until a
+    #: whole group fits), else 0 (below it, samples handed over would run, not wait); 0: only into
+    #: free slots
+    max_waiting: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     weights_mode: WeightsMode = "abort"
     drain_timeout_s: float = 30.0
@@ -45,6 +50,11 @@ class WorkerOptions:
             raise ValueError(f"weights_mode must be 'abort', 'continue' or 'keep-kv', got {self.weights_mode!r}")
         if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
             raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
+        if self.max_waiting is not None and (isinstance(self.max_waiting, bool) or not isinstance(self.max_waiting, int)
+                                             or self.max_waiting < 0):
+            raise ValueError(f"max_waiting must be None or an integer >= 0, got {self.max_waiting!r}")
+        if self.policy == "group" and self.max_waiting:
+            raise ValueError("max_waiting is for the sample policy (the group policy holds whole groups)")
         interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
         if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
             raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")
@@ -54,5 +64,9 @@ class WorkerOptions:
         if self.policy == "group":
             return SubmissionScheduler("group", max_groups=self.max_groups or 4, max_samples=self.max_samples,
                                        max_batch=self.max_batch)
-        return SubmissionScheduler("sample", max_samples=self.max_samples or max_concurrency,
-                                   max_groups=self.max_groups, max_batch=self.max_batch)
+        max_samples = self.max_samples or max_concurrency
+        waiting = self.max_waiting
+        if waiting is None and max_samples < max_concurrency:
+            waiting = 0  # the engine would run what it was handed beyond max_samples: keep the cap
+        return SubmissionScheduler("sample", max_samples=max_samples, max_groups=self.max_groups,
+                                   max_batch=self.max_batch, max_waiting=waiting)

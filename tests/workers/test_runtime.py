@@ -110,6 +110,24 @@ def test_group_and_sample_policies_on_long_tailed_latencies(url: str, name: str,
         assert engine.peak_running > 4
 
 
+def test_at_the_engines_concurrency_a_group_is_reserved_as_soon_as_one_slot_frees(url: str, name: str) -> None:
+    """The sample policy's default: up to n - 1 samples wait inside the engine, so a slot freed by a
+    quick sample is refilled at once instead of idling until a whole group's worth are free; the
+    engine's own cap still holds (the rest wait in its queue), and never more than n - 1 wait."""
+    q = open_queue(url, name)
+    submit(q, 6, n=4)
+    engine = ScriptedEngine(latency_fn=long_tail, max_concurrency=4)  # one group fills every slot
+    rt = start(url, name, engine)
+    train(q, {f"g-{i}" for i in range(6)})
+    assert rt.drain() is None
+    sched = rt.runtime.scheduler
+    assert sched is not None and sched.max_samples == 4
+    assert engine.peak_running <= 4
+    # A group was taken while one slot was free (3 quick samples of the first group done, its slow
+    # one running): 1 + 4 held, so more than the 4 slots, and at most 4 + 3.
+    assert 4 < sched.peak_samples <= 7 and sched.peak_groups >= 2
+
+
 def test_abort_on_weight_update_requeues_uncounted_and_loads_the_weights(url: str, name: str) -> None:
     q = open_queue(url, name, max_attempts=1)  # a counted terminal would dead-letter the group
     submit(q, 2, n=2)

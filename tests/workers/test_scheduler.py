@@ -25,8 +25,8 @@ def test_group_policy_reserves_only_when_a_group_is_terminal() -> None:
     s.check()
 
 
-def test_sample_policy_backfills_as_soon_as_n_slots_are_free() -> None:
-    s = SubmissionScheduler("sample", max_samples=8)
+def test_sample_policy_with_no_waiting_backfills_as_soon_as_n_slots_are_free() -> None:
+    s = SubmissionScheduler("sample", max_samples=8, max_waiting=0)
     assert s.request() == ReserveRequest(max_groups=8, max_samples=8, overcommit=True)
     s.on_reserved("a", 4)
     s.on_reserved("b", 4)
@@ -41,8 +41,52 @@ def test_sample_policy_backfills_as_soon_as_n_slots_are_free() -> None:
     s.check()
 
 
-def test_group_terminal_releases_the_unfinished_samples_of_an_aborted_group() -> None:
+def test_sample_policy_reserves_a_group_as_soon_as_one_slot_is_free() -> None:
+    """The default: up to n - 1 samples wait inside the engine, so a freed slot never idles until a
+    whole group fits (with S = 32 and n = 8 waiting for 8 free slots keeps ~11% of them idle)."""
+    s = SubmissionScheduler("sample", max_samples=8)
+    s.on_reserved("a", 4)
+    s.on_reserved("b", 4)
+    assert s.request() is None  # every slot busy: the room is the 3 that may wait, < n = 4
+    s.on_sample_done("a")
+    assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
+    s.on_reserved("c", 4)  # 1 slot free: one sample starts, three wait in the engine
+    assert s.busy_samples == 11 and not s.held["c"].oversized
+    s.check()
+    for _ in range(3):
+        s.on_sample_done("b")
+        assert s.request() is None  # 3 waiting is the most: nothing more until a slot frees
+    s.on_sample_done("c")
+    assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
+    s.check()
+
+
+def test_max_waiting_bounds_what_waits_in_the_engine() -> None:
+    s = SubmissionScheduler("sample", max_samples=8, max_waiting=2)
+    s.on_reserved("a", 4)
+    s.on_reserved("b", 4)
+    assert s.request() is None
+    s.on_sample_done("a")
+    assert s.request() is None  # room 1 + 2 < 4
+    s.on_sample_done("a")
+    assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
+    s.on_reserved("c", 4)
+    assert s.busy_samples == 10
+    s.check()
+
+
+def test_the_default_waiting_follows_the_group_size_and_never_exceeds_the_slots() -> None:
     s = SubmissionScheduler("sample", max_samples=4)
+    assert s.waiting_allowed == 0  # no group seen yet
+    s.on_reserved("a", 2)
+    assert s.waiting_allowed == 1
+    s.on_reserved("big", 16)  # oversized: granted beyond the room
+    assert s.held["big"].oversized and s.waiting_allowed == 3  # min(16, 4 slots) - 1
+    s.check()
+
+
+def test_group_terminal_releases_the_unfinished_samples_of_an_aborted_group() -> None:
+    s = SubmissionScheduler("sample", max_samples=4, max_waiting=0)
     s.on_reserved("a", 4)
     s.on_sample_done("a")
     s.on_group_terminal("a")  # aborted with three samples unfinished
@@ -65,11 +109,11 @@ def test_both_caps_apply_together() -> None:
     assert g.request() == ReserveRequest(max_groups=4, max_samples=6)
 
 
-@pytest.mark.parametrize("policy", ["group", "sample"])
-def test_random_event_sequences_keep_the_accounting_exact(policy: str) -> None:
+@pytest.mark.parametrize(("policy", "max_waiting"), [("group", None), ("sample", None), ("sample", 0), ("sample", 5)])
+def test_random_event_sequences_keep_the_accounting_exact(policy: str, max_waiting: int | None) -> None:
     rng = random.Random(7)
     s = SubmissionScheduler(policy, max_samples=12 if policy == "sample" else None,  # type: ignore[arg-type]
-                            max_groups=3 if policy == "group" else None)
+                            max_groups=3 if policy == "group" else None, max_waiting=max_waiting)
     running: dict[int, int] = {}
     next_key = 0
     for _ in range(2000):
@@ -102,6 +146,11 @@ def test_invalid_configurations_are_refused() -> None:
         SubmissionScheduler("sample", max_samples=0)
     with pytest.raises(ValueError):
         SubmissionScheduler("fifo", max_samples=1)  # type: ignore[arg-type]
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError):
+            SubmissionScheduler("sample", max_samples=2, max_waiting=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        SubmissionScheduler("group", max_groups=2, max_waiting=1)
     s = SubmissionScheduler("sample", max_samples=2)
     s.on_reserved("a", 1)
     with pytest.raises(ValueError):
@@ -113,7 +162,7 @@ def test_invalid_configurations_are_refused() -> None:
 def test_sample_policy_overcommits_one_oversized_group_and_then_waits_for_its_samples() -> None:
     """Issue 12 item 2: a group larger than the free slots may be granted (the engine queues the
     extra samples); nothing more is asked until the slots it overran are free again."""
-    s = SubmissionScheduler("sample", max_samples=4)
+    s = SubmissionScheduler("sample", max_samples=4, max_waiting=0)
     assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
     s.on_reserved("big", 8)
     s.check()  # busy 8 > 4 is allowed while an oversized group is held
@@ -126,8 +175,31 @@ def test_sample_policy_overcommits_one_oversized_group_and_then_waits_for_its_sa
     s.on_group_terminal("big")
     s.check()
     assert s.busy_samples == 0
+    # By default 3 of its samples may wait (min(8, 4 slots) - 1): the next ask comes once the
+    # room holds 4, after 5 of its 8 samples are done, not all 8.
+    d = SubmissionScheduler("sample", max_samples=4)
+    d.on_reserved("big", 8)
+    for _ in range(4):
+        d.on_sample_done("big")
+        assert d.request() is None
+    d.on_sample_done("big")
+    assert d.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
+    d.check()
 
 
 def test_group_policy_never_overcommits() -> None:
     g = SubmissionScheduler("group", max_groups=2, max_samples=4)
     assert g.request() == ReserveRequest(max_groups=2, max_samples=4, overcommit=False)
+
+
+def test_worker_options_let_samples_wait_only_where_the_engine_queues_them() -> None:
+    from rollout_queue.workers.options import WorkerOptions
+
+    assert WorkerOptions().scheduler(32).max_waiting is None  # the engine's concurrency: n - 1 may wait
+    # Below the engine's concurrency a sample handed over would run, not wait: max_samples stays a cap.
+    assert WorkerOptions(max_samples=8).scheduler(32).max_waiting == 0
+    assert WorkerOptions(max_samples=8, max_waiting=2).scheduler(32).max_waiting == 2
+    assert WorkerOptions(max_waiting=0).scheduler(32).max_waiting == 0
+    for bad in ({"max_waiting": -1}, {"max_waiting": True}, {"policy": "group", "max_waiting": 1}):
+        with pytest.raises(ValueError, match="max_waiting"):
+            WorkerOptions(**bad)  # type: ignore[arg-type]
