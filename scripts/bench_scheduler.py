@@ -1,5 +1,9 @@
 """Scenario 8: engine slot utilisation under the `group` and `sample` backfill policies.
 
+Three policies: ``group``; ``sample`` with ``max_waiting=0`` (``sample_nowait``: a group is
+reserved only once ``n`` slots are free, the sample policy before 2026-12-05); ``sample`` as shipped
+(up to ``n - 1`` samples wait in the engine, so a group is reserved as soon as one slot is free).
+
 The real worker runtime (workers/runtime.py + workers/scheduler.py) drives the test engine
 (workers/engines/scripted.py) against the bench's queue, while a trainer leases and commits.
 
@@ -70,7 +74,8 @@ def worker_main(url: str, queue: str, policy: str, model: EngineModel, ready: An
     group_cap = model.slots // model.n
     options = (WorkerOptions(policy="group", max_groups=group_cap, max_batch=group_cap, block_ms=200)
                if policy == "group" else
-               WorkerOptions(policy="sample", max_samples=model.slots, max_batch=group_cap, block_ms=200))
+               WorkerOptions(policy="sample", max_samples=model.slots, max_batch=group_cap, block_ms=200,
+                             max_waiting=0 if policy == "sample_nowait" else None))
     runtime = WorkerRuntime(url, queue, engine, options, worker_id=f"bench-sched-{policy}")
 
     async def serve() -> None:
@@ -145,47 +150,69 @@ def _train(q: RolloutQueue, groups: int, worker_alive: Callable[[], bool]) -> No
             committed += len(lease)
 
 
+POLICIES = ("group", "sample_nowait", "sample")
+
+
 def simulate(policy: str, model: EngineModel, groups: int) -> float:
-    """The same model as a discrete-event simulation with zero queue latency (the policy's best)."""
-    free, time_now, next_group = model.slots, 0.0, 0
+    """The same model as a discrete-event simulation with zero queue latency (the policy's best).
+    Samples beyond the free slots wait in the engine, first come first served, as in the engines."""
+    slots_free, time_now, next_group = model.slots, 0.0, 0
     events: list[tuple[float, int]] = []  # (finish time, group index)
-    running = {}  # group index -> samples still running
+    waiting: list[tuple[int, int]] = []  # (group index, slot) reserved, not yet started
+    running = {}  # group index -> samples not yet finished
     starts: list[tuple[float, float]] = []
     last_reserve = 0.0
     cap = model.slots // model.n
+    may_wait = model.n - 1 if policy == "sample" else 0
+
+    def start_waiting() -> None:
+        nonlocal slots_free
+        while waiting and slots_free > 0:
+            g, slot = waiting.pop(0)
+            slots_free -= 1
+            lat = model.latency(f"prompt {g}", str(slot))
+            starts.append((time_now, lat))
+            heapq.heappush(events, (time_now + lat, g))
+
+    def fits() -> bool:
+        if policy == "group":
+            return len(running) < cap
+        return slots_free - len(waiting) + may_wait >= model.n
 
     def admit() -> None:
-        nonlocal free, next_group, last_reserve
-        while next_group < groups and (free >= model.n if policy == "sample" else len(running) < cap):
+        nonlocal next_group, last_reserve
+        while next_group < groups and fits():
             g = next_group
             next_group += 1
             last_reserve = time_now
             running[g] = model.n
-            free -= model.n
-            for slot in range(model.n):
-                lat = model.latency(f"prompt {g}", str(slot))
-                starts.append((time_now, lat))
-                heapq.heappush(events, (time_now + lat, g))
+            waiting.extend((g, slot) for slot in range(model.n))
+            start_waiting()
 
     admit()
     while events:
         time_now, g = heapq.heappop(events)
         running[g] -= 1
-        if policy == "sample":
-            free += 1
+        if policy != "group":
+            slots_free += 1
         if running[g] == 0:
             del running[g]
             if policy == "group":
-                free += model.n
+                slots_free += model.n
+        start_waiting()
         admit()
     t0 = 0.1 * last_reserve
     return utilisation(starts, t0, last_reserve, model.slots)
 
 
 def run_scheduler(url: str, model: EngineModel, groups: int) -> dict[str, float]:
-    """One repeat of scenario 8: both policies on the real runtime, and the simulated best."""
+    """One repeat of scenario 8: every policy on the real runtime, and the simulated best, also for
+    the engine benchmark's small engine (32 slots, where waiting for n = 8 free slots costs most)."""
     out: dict[str, float] = {}
-    for policy in ("group", "sample"):
+    small = EngineModel(slots=32, n=model.n, median_tokens=model.median_tokens, sigma=model.sigma,
+                        max_tokens=model.max_tokens, token_s=model.token_s)
+    for policy in POLICIES:
         out.update(run_policy(url, policy, model, groups))
         out[f"sim_{policy}_util"] = simulate(policy, model, groups)
+        out[f"sim32_{policy}_util"] = simulate(policy, small, groups)
     return out
