@@ -29,6 +29,14 @@ again), and a row gives the medians and the spread of ``x bare`` over the repeat
     python scripts/bench_engine.py --engines torch --groups 64
     python scripts/bench_engine.py --json out.json
 
+Where the CPU goes: every arm samples the CPU time of each of its processes twice a second, by
+role (``engine``: vLLM's engine-core processes, or the torch engine's worker process; ``frontend``:
+vLLM's ``AsyncLLM`` process in the bare arm, the worker process in the queue arms; ``trainer``: the
+arm's own process, which leases, commits, reaps and publishes; ``redis``), and a row gives each
+role's cores over the same steady window. On a machine with fewer cores than the arms want, the
+gap between the arms is CPU the queue's processes took from the engine, and these columns say how
+much.
+
 Each arm runs in its own process (``--arm``), so no engine shares an interpreter with another.
 A benchmark, not a test.
 """
@@ -64,23 +72,92 @@ def prompts(groups: int) -> list[str]:
     return [f"Question {i}: what comes after {i * 7 % 97}? Answer:" for i in range(groups)]
 
 
-def steady_rate(events: list[tuple[float, int]]) -> tuple[float, float, int]:
-    """(tokens/s after the first 10% of tokens were done, that window in s, tokens in all) from
-    (time done, tokens) events: the tokens done after the moment 10% were, over the time from that
-    moment to the last event. The first 10% hold engine start-up and the first wave."""
+def steady_window(events: list[tuple[float, int]]) -> tuple[float, float] | None:
+    """(start, end) of the steady window: from the moment 10% of all tokens were done to the last
+    event (the first 10% hold engine start-up and the first wave); None when it is empty."""
     events = sorted(events)
     total = sum(n for _, n in events)
-    done, t0, after = 0, None, 0
+    done = 0
     for t, n in events:
-        if t0 is None:
-            done += n
-            if done >= 0.1 * total:
-                t0 = t
-        elif t > t0:
-            after += n
-    if t0 is None or events[-1][0] <= t0:
+        done += n
+        if done >= 0.1 * total:
+            return (t, events[-1][0]) if events[-1][0] > t else None
+    return None
+
+
+def steady_rate(events: list[tuple[float, int]]) -> tuple[float, float, int]:
+    """(tokens/s over the steady window, that window in s, tokens in all) from (time done, tokens)
+    events: the tokens done after the window's start, over its length."""
+    total = sum(n for _, n in events)
+    window = steady_window(events)
+    if window is None:
         return float("nan"), 0.0, total
-    return after / (events[-1][0] - t0), events[-1][0] - t0, total
+    t0, t1 = window
+    after = sum(n for t, n in events if t > t0)
+    return after / (t1 - t0), t1 - t0, total
+
+
+class CpuSampler:
+    """CPU seconds of each role's processes, sampled every ``interval_s`` on a thread (psutil):
+    ``roles()`` maps a role to the pids it holds now (children are found as they are spawned)."""
+
+    def __init__(self, roles: Any, interval_s: float = 0.5) -> None:
+        self._roles, self._interval = roles, interval_s
+        self._stop = threading.Event()
+        self._last: dict[int, float] = {}  # pid -> its last reading (a process that exits keeps its share)
+        self._owner: dict[int, str] = {}
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sample()
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def sample(self) -> None:
+        import psutil
+
+        for role, pids in self._roles().items():
+            for pid in pids:
+                try:
+                    t = psutil.Process(pid).cpu_times()
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                self._last[pid], self._owner[pid] = t.user + t.system, role
+        by_role: dict[str, float] = {}
+        for pid, cpu in self._last.items():
+            by_role[self._owner[pid]] = by_role.get(self._owner[pid], 0.0) + cpu
+        self.samples.append((time.perf_counter(), by_role))
+
+
+def children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def cores_in(samples: list[tuple[float, dict[str, float]]], window: tuple[float, float] | None) -> dict[str, float]:
+    """Each role's cores (CPU s per s) between the samples that bracket ``window``."""
+    if window is None or len(samples) < 2:
+        return {}
+    t0, t1 = window
+    before = [s for s in samples if s[0] <= t0] or samples[:1]
+    after = [s for s in samples if s[0] >= t1] or samples[-1:]
+    (ta, a), (tb, b) = before[-1], after[0]
+    if tb <= ta:
+        return {}
+    return {role: (b.get(role, 0.0) - a.get(role, 0.0)) / (tb - ta) for role in b}
 
 
 # -- the arms (each in its own process) ------------------------------------------------------------
@@ -98,8 +175,14 @@ def engine_settings(engine: str, slots: int, seed: int) -> dict[str, Any]:
     return {"max_batch_size": slots, "seed": seed}
 
 
-def arm_bare(engine: str, model: str, groups: int, n: int, max_tokens: int, slots: int) -> list[tuple[float, int]]:
+def arm_bare(engine: str, model: str, groups: int, n: int, max_tokens: int, slots: int
+             ) -> tuple[list[tuple[float, int]], list[tuple[float, dict[str, float]]]]:
     from rollout_queue.workers.engines.base import SamplingConfig
+
+    me = os.getpid()
+    # vLLM's engine core runs in a child process; the torch engine runs in this one.
+    roles = ((lambda: {"frontend": [me], "engine": children(me)}) if engine == "vllm"
+             else (lambda: {"engine": [me]}))
 
     settings = engine_settings(engine, slots, 0)
 
@@ -148,11 +231,14 @@ def arm_bare(engine: str, model: str, groups: int, n: int, max_tokens: int, slot
             await llm.close()
         return list(events)
 
-    return asyncio.run(main())
+    with CpuSampler(roles) as cpu:
+        events = asyncio.run(main())
+    return events, cpu.samples
 
 
 def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slots: int,
-              publish_every: float | None, keep_kv: bool = False) -> tuple[list[tuple[float, int]], dict[str, Any]]:
+              publish_every: float | None, keep_kv: bool = False
+              ) -> tuple[list[tuple[float, int]], dict[str, Any], list[tuple[float, dict[str, float]]]]:
     import torch
 
     from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
@@ -176,6 +262,16 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
         log_path = Path(tempfile.gettempdir()) / f"bench-engine-{engine}-{os.getpid()}-worker.log"
         log = log_path.open("w")
         worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        me = os.getpid()
+
+        def roles() -> dict[str, list[int]]:
+            # vLLM: the worker process is the front end, its engine core a child; torch: one process.
+            if engine == "vllm":
+                return {"trainer": [me], "redis": [server.pid or 0], "frontend": [worker.pid],
+                        "engine": children(worker.pid)}
+            return {"trainer": [me], "redis": [server.pid or 0], "engine": [worker.pid]}
+
+        sampler = CpuSampler(roles).__enter__()
         stop = threading.Event()
         reaper = threading.Thread(target=run_reaper, args=(RolloutQueue.from_url(server.url, name),),
                                   kwargs={"interval_s": 1.0, "stop": stop}, daemon=True)
@@ -214,6 +310,7 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
                 lease.commit()
                 committed += len(lease.groups)
         finally:
+            sampler.__exit__()
             stop.set()
             worker.terminate()
             try:
@@ -226,7 +323,7 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
             log.close()
         info["committed"], info["worker_log"] = committed, str(log_path)
         q.close()
-    return events, info
+    return events, info, sampler.samples
 
 
 # -- the driver -------------------------------------------------------------------------------------
@@ -244,9 +341,11 @@ def run_arm(arm: str, engine: str, model: Path, a: argparse.Namespace) -> dict[s
         raise RuntimeError(f"arm {arm} ({engine}) failed: {proc.stderr[-4000:]}")
     got = json.loads(Path(out).read_text())
     os.unlink(out)
-    rate, window, total = steady_rate([tuple(e) for e in got["events"]])
+    events = [tuple(e) for e in got["events"]]
+    rate, window, total = steady_rate(events)
+    cores = cores_in([(ts, by) for ts, by in got.get("cpu", [])], steady_window(events))
     return {"arm": arm, "engine": engine, "tokens_per_s": rate, "window_s": window, "tokens": total,
-            "wall_s": time.perf_counter() - t, **got.get("info", {})}
+            "wall_s": time.perf_counter() - t, "cores": cores, **got.get("info", {})}
 
 
 def median_row(got: list[dict[str, Any]]) -> dict[str, Any]:
@@ -257,8 +356,16 @@ def median_row(got: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("tokens_per_s", "window_s", "x_bare"):
         row[key] = statistics.median(r[key] for r in got)
     row["versions"] = int(statistics.median(r.get("versions", 0) for r in got))
+    roles = sorted({role for r in got for role in r.get("cores", {})})
+    row["cores"] = {role: statistics.median(r.get("cores", {}).get(role, 0.0) for r in got) for role in roles}
     row.update(x_bare_min=ratios[0], x_bare_max=ratios[-1], repeats=len(got))
     return row
+
+
+def cores_text(cores: dict[str, float]) -> str:
+    """'cores engine 1.62 frontend 0.21 ...' in a fixed role order."""
+    order = ("engine", "frontend", "trainer", "redis")
+    return "cores " + " ".join(f"{role} {cores[role]:.2f}" for role in order if role in cores)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,12 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.arm:  # one arm, in this process
         engine = a.engines
         if a.arm == "bare":
-            events, info = arm_bare(engine, a.model, a.groups, a.n, a.max_tokens, a.slots), {}
+            events, cpu = arm_bare(engine, a.model, a.groups, a.n, a.max_tokens, a.slots)
+            info: dict[str, Any] = {}
         else:
-            events, info = arm_queue(engine, a.model, a.groups, a.n, a.max_tokens, a.slots,
-                                     a.publish_every if a.arm.startswith("queue+weights") else None,
-                                     keep_kv=a.arm == "queue+weights+keep")
-        Path(a.json).write_text(json.dumps({"events": events, "info": info}))
+            events, info, cpu = arm_queue(engine, a.model, a.groups, a.n, a.max_tokens, a.slots,
+                                          a.publish_every if a.arm.startswith("queue+weights") else None,
+                                          keep_kv=a.arm == "queue+weights+keep")
+        Path(a.json).write_text(json.dumps({"events": events, "info": info, "cpu": cpu}))
         return 0
 
     from rollout_queue.workers.tiny_model import build_tiny_model
@@ -305,14 +413,14 @@ def main(argv: list[str] | None = None) -> int:
                     row["x_bare"] = row["tokens_per_s"] / bare
                     runs.setdefault((engine, arm), []).append(row)
                     print(f"{engine:7} {arm:19} {row['tokens']:>7} {row['window_s']:>8.2f} {row['tokens_per_s']:>9.0f} "
-                          f"{row['x_bare']:>7.3f} {row.get('versions', 0):>8}   (repeat {rep + 1}/{a.repeats})",
-                          flush=True)
+                          f"{row['x_bare']:>7.3f} {row.get('versions', 0):>8}   {cores_text(row['cores'])}   "
+                          f"(repeat {rep + 1}/{a.repeats})", flush=True)
         rows = [median_row(got) for got in runs.values()]
         print("\nmedians over the repeats:")
         for row in rows:
             print(f"{row['engine']:7} {row['arm']:19} {row['tokens']:>7} {row['window_s']:>8.2f} "
                   f"{row['tokens_per_s']:>9.0f} {row['x_bare']:>7.3f} {row.get('versions', 0):>8}   "
-                  f"x bare {row['x_bare_min']:.3f} - {row['x_bare_max']:.3f}", flush=True)
+                  f"x bare {row['x_bare_min']:.3f} - {row['x_bare_max']:.3f}   {cores_text(row['cores'])}", flush=True)
     from bench_common import run_environment, store_run
 
     env = run_environment(load, groups=a.groups, n=a.n, max_tokens=a.max_tokens, slots=a.slots,

@@ -199,10 +199,16 @@ def render_engine(results: dict[str, Any]) -> str:
         judged = r["arm"] != "bare"
         target = "" if not judged else f">= {env['target']:.2f} " + ("**met**" if r["x_bare"] >= env["target"] else "**missed**")
         spread = f"{r['x_bare_min']:.3f} - {r['x_bare_max']:.3f}" if "x_bare_min" in r and judged else ""
+        cores = r.get("cores") or {}
         rows.append([r["engine"], r["arm"], f"{r['tokens']:,}", fmt(r["window_s"]), fmt(r["tokens_per_s"]),
-                     f"{r['x_bare']:.3f}", spread, str(r.get("versions", 0)), target])
-    return head + table(["engine", "arm", "tokens", "window s", "tokens/s", "x bare", "min - max", "versions", "target"],
-                        "llrrrrrrl", rows)
+                     f"{r['x_bare']:.3f}", spread, str(r.get("versions", 0))]
+                    + [f"{cores[role]:.2f}" if role in cores else "" for role in CORE_ROLES] + [target])
+    return head + table(["engine", "arm", "tokens", "window s", "tokens/s", "x bare", "min - max", "versions"]
+                        + [f"{role} cores" for role in CORE_ROLES] + ["target"], "llrrrrrr" + "r" * len(CORE_ROLES) + "l", rows)
+
+
+#: bench_engine's CPU roles, in the order of the engine table's columns (CPU s per s, steady window)
+CORE_ROLES = ("engine", "frontend", "trainer", "redis")
 
 
 # -- scripts/bench_trl.py -------------------------------------------------------------------------

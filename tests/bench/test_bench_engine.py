@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_engine import steady_rate  # noqa: E402
+from bench_engine import cores_in, steady_rate, steady_window  # noqa: E402
 
 
 def test_steady_rate_leaves_the_first_tenth_of_tokens_out() -> None:
@@ -32,6 +32,18 @@ def test_steady_rate_leaves_the_first_tenth_of_tokens_out() -> None:
     assert steady_rate([(2.0, 5), (1.0, 5)])[2] == 10
     rate, window, _ = steady_rate([(1.0, 100)])
     assert rate != rate and window == 0.0  # NaN: nothing after the mark
+
+
+def test_cores_are_read_between_the_samples_that_bracket_the_steady_window() -> None:
+    events = [(float(t), 10) for t in range(1, 11)]
+    assert steady_window(events) == (1.0, 10.0)
+    # The engine used one core throughout; redis 0.1 core, a trainer that started at t=4.
+    samples = [(float(t), {"engine": float(t), "redis": 0.1 * t, **({"trainer": 0.5 * (t - 4)} if t >= 4 else {})})
+               for t in range(0, 12)]
+    cores = cores_in(samples, steady_window(events))
+    assert cores["engine"] == 1.0 and abs(cores["redis"] - 0.1) < 1e-9
+    assert abs(cores["trainer"] - 3.0 / 9) < 1e-9  # 3 CPU s by t=10, counted from 0 before it existed
+    assert cores_in(samples[:1], (1.0, 10.0)) == {} and cores_in(samples, None) == {}
 
 
 def test_torch_arms_run_through_the_shipped_processes(tmp_path: Path) -> None:
@@ -50,6 +62,12 @@ def test_torch_arms_run_through_the_shipped_processes(tmp_path: Path) -> None:
         # Each row is the median of the two interleaved repeats, with the spread it was judged on.
         assert row["repeats"] == 2 and row["x_bare_min"] <= row["x_bare"] <= row["x_bare_max"]
     assert rows["bare"]["x_bare"] == 1.0
+    # Where the CPU went in the steady window: the torch engine is its process (the worker in the
+    # queue arms), and the queue arms add the trainer's process and Redis.
+    assert set(rows["bare"]["cores"]) == {"engine"}
+    assert set(rows["queue"]["cores"]) == {"engine", "trainer", "redis"}
+    assert all(c >= 0 for row in rows.values() for c in row["cores"].values())
+    assert rows["queue"]["cores"]["engine"] > 0
     assert rows["queue"]["committed"] == rows["queue+weights"]["committed"] == 8
     assert proc.stdout.count("(repeat 2/2)") == 3 and "medians over the repeats" in proc.stdout
     assert report["environment"]["target"] == 0.97 and "x bare" in proc.stdout
