@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-waiting", type=int, default=None, metavar="N",
                    help="sample policy: samples beyond --max-samples the engine may hold waiting for a slot "
                         "(default: a group less one, so a group is reserved as soon as one slot is free, "
-                        "when --max-samples is the engine's concurrency, else 0; 0: only when n slots are free)")
+                        "when --max-samples is the engine's concurrency and the engine is not the torch one, "
+                        "else 0; 0: only when n slots are free)")
     s.add_argument("--max-groups", type=int, default=None, help="groups held at once (group policy default 4)")
     s.add_argument("--block-ms", type=int, default=1000, help="longest wait of one reserve call")
     r = p.add_argument_group("rewards")

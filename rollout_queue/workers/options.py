@@ -29,8 +29,9 @@ class WorkerOptions:
     max_batch: int = 64
     #: sample policy: samples beyond max_samples the engine may hold waiting for a slot. None: one
     #: group less one sample when max_samples is the engine's concurrency (so no slot idles until a
-    #: whole group fits), else 0 (below it, samples handed over would run, not wait); 0: only into
-    #: free slots
+    #: whole group fits), else 0: below it, samples handed over would run, not wait; and on an engine
+    #: that prefills per step (torch), a group admitted a few samples at a time prefills its prompt
+    #: again each time. 0: only into free slots
     max_waiting: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     weights_mode: WeightsMode = "abort"
@@ -59,14 +60,15 @@ class WorkerOptions:
         if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
             raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")
 
-    def scheduler(self, max_concurrency: int) -> SubmissionScheduler:
-        """The scheduler of these options; ``max_concurrency``: the engine's (the sample policy's default)."""
+    def scheduler(self, max_concurrency: int, prefills_per_step: bool = False) -> SubmissionScheduler:
+        """The scheduler of these options; ``max_concurrency``: the engine's (the sample policy's
+        default); ``prefills_per_step``: the engine's (``Engine.prefills_per_step``)."""
         if self.policy == "group":
             return SubmissionScheduler("group", max_groups=self.max_groups or 4, max_samples=self.max_samples,
                                        max_batch=self.max_batch)
         max_samples = self.max_samples or max_concurrency
         waiting = self.max_waiting
-        if waiting is None and max_samples < max_concurrency:
-            waiting = 0  # the engine would run what it was handed beyond max_samples: keep the cap
+        if waiting is None and (max_samples < max_concurrency or prefills_per_step):
+            waiting = 0  # the engine would run what it was handed beyond max_samples, or prefill a split group again
         return SubmissionScheduler("sample", max_samples=max_samples, max_groups=self.max_groups,
                                    max_batch=self.max_batch, max_waiting=waiting)

@@ -236,7 +236,7 @@ class WorkerRuntime:
             if self.options.weights_push and getattr(self.engine, "supports_push", False):
                 self.pushes = PushFollower(self.engine, self._worker.join_push, lambda: self.versions.loaded,
                                            self.stats, self._emit)
-            self.scheduler = self.options.scheduler(self.engine.max_concurrency)
+            self.scheduler = self.options.scheduler(self.engine.max_concurrency, self.engine.prefills_per_step)
             interval = self.options.heartbeat_interval_s or self._worker.worker_timeout_s / 4
             for name in self.queue_names:  # liveness on every queue; versions from the first only
                 lead = name == self.queue_names[0]

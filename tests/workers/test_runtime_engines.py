@@ -35,8 +35,9 @@ def url(worker_server: LocalServer) -> str:  # noqa: F811  # the fixture above, 
     return worker_server.url
 
 
-def run_lifecycle(url: str, engine: Engine, new_weights: Path) -> list[CompletedGroup]:
-    """Returns the groups generated after the weight update."""
+def run_lifecycle(url: str, engine: Engine, new_weights: Path, max_waiting: int | None) -> list[CompletedGroup]:
+    """Returns the groups generated after the weight update. ``max_waiting``: what the worker's
+    scheduler must have chosen for this engine by default (None: a group less one sample)."""
     name = f"e-{uuid.uuid4().hex[:10]}"
     q = open_queue(url, name, max_staleness=1)
     submit(q, 3, n=2, target_len=6)
@@ -45,6 +46,7 @@ def run_lifecycle(url: str, engine: Engine, new_weights: Path) -> list[Completed
     try:
         committed, trained = train(q, {f"g-{i}" for i in range(3)}, timeout=120)
         assert set(committed.values()) == {1}
+        assert rt.runtime.scheduler is not None and rt.runtime.scheduler.max_waiting == max_waiting
         for g in trained:
             assert [s.slot for s in g.samples] == [0, 1]
             for s in g.samples:
@@ -93,7 +95,8 @@ def teacher_forced_logprobs(model_dir: Path, prompt: str, tokens: tuple[int, ...
 def test_torch_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: Path, perturbed_model: Path) -> None:
     from rollout_queue.workers.engines.torch import TorchEngine
 
-    late = run_lifecycle(url, TorchEngine(str(tiny_model), max_batch_size=8), perturbed_model)
+    # It prefills a prompt once per step: it is handed whole groups, none waits in it.
+    late = run_lifecycle(url, TorchEngine(str(tiny_model), max_batch_size=8), perturbed_model, max_waiting=0)
     assert_generated_by(perturbed_model, not_by=tiny_model, group=late[0])
 
 
@@ -103,5 +106,5 @@ def test_vllm_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: P
     from rollout_queue.workers.engines.vllm import VLLMEngine
 
     options: dict[str, Any] = {"multiprocessing": False, "max_model_len": 256, "max_num_seqs": 8}
-    late = run_lifecycle(url, VLLMEngine(str(tiny_model), **options), perturbed_model)
+    late = run_lifecycle(url, VLLMEngine(str(tiny_model), **options), perturbed_model, max_waiting=None)
     assert_generated_by(perturbed_model, not_by=tiny_model, group=late[0])

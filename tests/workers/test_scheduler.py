@@ -200,6 +200,9 @@ def test_worker_options_let_samples_wait_only_where_the_engine_queues_them() -> 
     assert WorkerOptions(max_samples=8).scheduler(32).max_waiting == 0
     assert WorkerOptions(max_samples=8, max_waiting=2).scheduler(32).max_waiting == 2
     assert WorkerOptions(max_waiting=0).scheduler(32).max_waiting == 0
+    # An engine that prefills a prompt once per step (torch) is handed whole groups unless told otherwise.
+    assert WorkerOptions().scheduler(32, prefills_per_step=True).max_waiting == 0
+    assert WorkerOptions(max_waiting=3).scheduler(32, prefills_per_step=True).max_waiting == 3
     for bad in ({"max_waiting": -1}, {"max_waiting": True}, {"policy": "group", "max_waiting": 1}):
         with pytest.raises(ValueError, match="max_waiting"):
             WorkerOptions(**bad)  # type: ignore[arg-type]

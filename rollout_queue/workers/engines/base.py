@@ -171,6 +171,15 @@ class Engine(Protocol):
         """Whether ``receive_push`` can take part in a torch.distributed weights push."""
         ...
 
+    @property
+    def prefills_per_step(self) -> bool:
+        """Whether samples of one prompt share its prefill only when they join the batch at the same
+        step (the torch engine prefills each distinct prompt once per step), so that admitting a
+        group's samples a few at a time prefills its prompt again each time. The worker then lets no
+        samples wait in the engine by default and hands it whole groups (``WorkerOptions.max_waiting``).
+        False where each request prefills on its own or from a prefix cache whenever it starts (vLLM)."""
+        ...
+
     async def receive_push(self, ticket: PushTicket) -> None:
         """Take part in a weights push round (``rollout_queue.weights.push``) as ``ticket``'s rank and
         stage what it receives, applying nothing: generation goes on meanwhile. The next

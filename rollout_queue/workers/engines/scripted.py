@@ -146,6 +146,10 @@ class ScriptedEngine:
     def supports_push(self) -> bool:
         return False  # it holds no tensors: its workers load every version by URI
 
+    @property
+    def prefills_per_step(self) -> bool:
+        return False  # no prefill to share: a sample's cost does not depend on who starts with it
+
     async def receive_push(self, ticket: PushTicket) -> None:
         raise WeightsError("the scripted engine holds no tensors to push into")
 

@@ -182,6 +182,10 @@ class TorchEngine:
     def supports_push(self) -> bool:
         return True
 
+    @property
+    def prefills_per_step(self) -> bool:
+        return True  # rule 2: a prompt is prefilled once per step for every row that joins with it
+
     async def receive_push(self, ticket: PushTicket) -> None:
         """Receive a push round's tensors on a thread of their own (generation goes on) and stage them."""
         self._check_usable()

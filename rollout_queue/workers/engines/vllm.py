@@ -316,6 +316,10 @@ class VLLMEngine:
     def supports_push(self) -> bool:
         return True
 
+    @property
+    def prefills_per_step(self) -> bool:
+        return False  # each request prefills when it starts (or hits the prefix cache), grouped or not
+
     async def receive_push(self, ticket: PushTicket) -> None:
         """Receive a push round in vLLM's worker process (a thread beside the model: the engine keeps
         stepping) and stage it there. One vLLM worker process takes the ticket's rank, so a
