@@ -171,6 +171,17 @@ def probe(q: RolloutQueue, r: redis.Redis, rounds: int, snapshots: int, run: str
     return out
 
 
+def settle_lazy_free(r: redis.Redis, timeout_s: float = 120.0) -> None:
+    """Wait until Redis's background thread has freed what UNLINK handed it. Freeing the largest
+    sizes of a dimension (a million-entry stream and its sets) takes that thread seconds; on two cores
+    it competes with the main thread, and every script of the next dimension's smallest size showed
+    10-18 ms spikes that were that thread's work, not the script's."""
+    deadline = time.monotonic() + timeout_s
+    while r.info("memory").get("lazyfree_pending_objects", 0) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a background free, bounded by the deadline
+    time.sleep(0.5)  # and the pages it returned
+
+
 def run_depth(url: str, sizes: DepthSizes = DepthSizes(), dimensions: tuple[str, ...] = DIMENSIONS,
               log: Callable[[str], None] = lambda line: None) -> dict[str, float]:
     """Figures ``depth_<dimension>_<op>_{us,longest_us}_<size>`` and, per op, the ratio largest /
@@ -207,7 +218,7 @@ def run_depth(url: str, sizes: DepthSizes = DepthSizes(), dimensions: tuple[str,
             keys = list(r.scan_iter(match=f"rollout:{{{name}}}:*", count=1000))
             for i in range(0, len(keys), 500):
                 r.unlink(*keys[i:i + 500])
-            time.sleep(0.5)
+            settle_lazy_free(r)
         figures.update(summary(figures, dimensions))
     finally:
         r.config_set("slowlog-log-slower-than", 10_000)
