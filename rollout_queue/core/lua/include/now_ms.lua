@@ -9,7 +9,10 @@ the reaper's re-index sweep keeps its cursor there too (reindex.lua).
 Why: DESIGN rule 6, time comes from Redis TIME, never from client clocks; and time the server was
 down must not count against workers, leases or holds (issue 12 item 5). A restart or a failover
 changes the server's run_id: the first script that sees a new run_id (or a clock that went
-backwards) continues the queue clock from its last ms instead of jumping over the outage. After an
+backwards) continues the queue clock from its last ms plus one step instead of jumping over the
+outage. Plus one step, because ms is written at most every CLOCK_STEP_MS: a script may have seen (and
+stored a deadline from) a queue time up to a step past it, and the queue clock never goes back (a
+lease extended just before a restart must not get an earlier deadline from the next extend). After an
 outage every client gets OUTAGE_GRACE worker timeouts to reconnect before anything it owns is
 taken away (due_now), because clients come back one by one on their own retry back-off. Only a
 changed run_id counts as an outage, never a quiet queue, so the grace is granted once per restart
@@ -43,8 +46,9 @@ local function now_ms(read_only)
   if not last then
     writes = {'ms', q, 'offset', offset, 'run', run}
   elseif run ~= c[3] or q < last then
-    -- Restarted, failed over, or stepped back: the queue clock goes on from where it stopped.
-    q = last
+    -- Restarted, failed over, or stepped back: the queue clock goes on from where it stopped,
+    -- which is less than a step past the last ms written.
+    q = last + CLOCK_STEP_MS
     writes = {'ms', q, 'offset', raw - q, 'run', run}
     if run ~= c[3] then
       clock.resumed = q
