@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from rollout_queue import QueueConfig, RetryPolicy, RolloutQueue, StaleReceipt
+from rollout_queue import Lease, QueueConfig, RetryPolicy, RolloutQueue, StaleReceipt
 from rollout_queue.devtools.local_server import LocalServer
 from tests.contract.worker_support import group, samples
 
@@ -31,6 +31,17 @@ def queue(fresh_server: LocalServer) -> Iterator[RolloutQueue]:
         yield q
     finally:
         q.close()
+
+
+def leased_group(queue: RolloutQueue) -> Lease:
+    """One group submitted, reserved, completed and leased."""
+    queue.submit([group("a")])
+    w = queue.worker("w1")
+    r = w.reserve(1)[0]
+    w.complete(r.receipt, samples(2))
+    lease = queue.lease(1)
+    assert lease is not None
+    return lease
 
 
 def outage(server: LocalServer, seconds: float = OUTAGE_S) -> None:
@@ -98,12 +109,7 @@ def test_a_worker_silent_before_the_outage_is_still_reaped_and_counted(
 
 def test_leases_and_holds_keep_their_remaining_time_across_an_outage(
         fresh_server: LocalServer, queue: RolloutQueue) -> None:
-    queue.submit([group("a")])
-    w = queue.worker("w1")
-    r = w.reserve(1)[0]
-    w.complete(r.receipt, samples(2))
-    lease = queue.lease(1)
-    assert lease is not None
+    lease = leased_group(queue)
     hold = queue.hold()
     outage(fresh_server)
     assert queue.reap().expired == 0
@@ -133,12 +139,7 @@ def test_the_queue_clock_never_goes_back_across_a_restart(fresh_server: LocalSer
     state a restart can meet: ms written 99 ms before the last extend, whose deadline was stored."""
     admin = redis.Redis.from_url(fresh_server.url)
     key = f"rollout:{{{NAME}}}:clock"
-    queue.submit([group("a")])
-    w = queue.worker("w1")
-    r = w.reserve(1)[0]
-    w.complete(r.receipt, samples(2))
-    lease = queue.lease(1)
-    assert lease is not None
+    lease = leased_group(queue)
     first = lease.extend(900)
     admin.hset(key, "ms", first - 900_000 - 99)  # the last write a step behind that extend's time
     outage(fresh_server, 0.2)
