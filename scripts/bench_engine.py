@@ -109,14 +109,21 @@ class CpuSampler:
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "CpuSampler":
+    def start(self) -> "CpuSampler":
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """One last sample (the window's end), then the thread ends."""
         self.sample()
         self._stop.set()
         self._thread.join(5)
+
+    def __enter__(self) -> "CpuSampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -271,7 +278,7 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
                         "engine": children(worker.pid)}
             return {"trainer": [me], "redis": [server.pid or 0], "engine": [worker.pid]}
 
-        sampler = CpuSampler(roles).__enter__()
+        sampler = CpuSampler(roles).start()
         stop = threading.Event()
         reaper = threading.Thread(target=run_reaper, args=(RolloutQueue.from_url(server.url, name),),
                                   kwargs={"interval_s": 1.0, "stop": stop}, daemon=True)
@@ -310,7 +317,7 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
                 lease.commit()
                 committed += len(lease.groups)
         finally:
-            sampler.__exit__()
+            sampler.stop()
             stop.set()
             worker.terminate()
             try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from rollout_queue.core.errors import WorkerFailed  # noqa: F401 (importable with the options, as before)
 from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
-from rollout_queue.workers.scheduler import Policy, SubmissionScheduler
+from rollout_queue.workers.scheduler import Policy, SubmissionScheduler, check_max_waiting
 from rollout_queue.workers.versions import WeightsMode
 
 
@@ -51,11 +51,7 @@ class WorkerOptions:
             raise ValueError(f"weights_mode must be 'abort', 'continue' or 'keep-kv', got {self.weights_mode!r}")
         if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
             raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
-        if self.max_waiting is not None and (isinstance(self.max_waiting, bool) or not isinstance(self.max_waiting, int)
-                                             or self.max_waiting < 0):
-            raise ValueError(f"max_waiting must be None or an integer >= 0, got {self.max_waiting!r}")
-        if self.policy == "group" and self.max_waiting:
-            raise ValueError("max_waiting is for the sample policy (the group policy holds whole groups)")
+        check_max_waiting(self.policy, self.max_waiting)
         interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
         if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
             raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")

@@ -40,6 +40,16 @@ Policy = Literal["group", "sample"]
 POLICIES: tuple[str, ...] = ("group", "sample")
 
 
+def check_max_waiting(policy: str, max_waiting: int | None) -> None:
+    """Raise ValueError unless ``max_waiting`` is None or an integer >= 0, and 0 or None for the
+    group policy (WorkerOptions checks it on construction, the scheduler again when built alone)."""
+    if max_waiting is not None and (not isinstance(max_waiting, int) or isinstance(max_waiting, bool)
+                                    or max_waiting < 0):
+        raise ValueError(f"max_waiting must be a non-negative integer or None, got {max_waiting!r}")
+    if policy == "group" and max_waiting:
+        raise ValueError("max_waiting is for the sample policy (the group policy holds whole groups)")
+
+
 @dataclass(frozen=True)
 class ReserveRequest:
     """What to pass to ``reserve``: at most ``max_groups`` groups and ``max_samples`` samples
@@ -76,11 +86,7 @@ class SubmissionScheduler:
         for name, value in (("max_samples", max_samples), ("max_groups", max_groups), ("max_batch", max_batch)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-        if max_waiting is not None and (not isinstance(max_waiting, int) or isinstance(max_waiting, bool)
-                                        or max_waiting < 0):
-            raise ValueError(f"max_waiting must be a non-negative integer or None, got {max_waiting!r}")
-        if policy == "group" and max_waiting:
-            raise ValueError("max_waiting is for the sample policy (the group policy holds whole groups)")
+        check_max_waiting(policy, max_waiting)
         self.policy: Policy = policy
         self.max_samples, self.max_groups, self.max_batch = max_samples, max_groups, max_batch
         self.max_waiting = max_waiting
