@@ -139,6 +139,17 @@ def registered_workers(url: str, name: str) -> list[str]:
         client.close()
 
 
+def serving_workers(url: str, name: str) -> list[str]:
+    """Workers whose heartbeat thread has beaten (a progress line): registered is not enough, since a
+    worker registers before it loads its weights and subscribes to announcements, so a round opened
+    between the two may pass it by."""
+    client = redis.Redis.from_url(url)
+    try:
+        return [w.decode() for w in client.hkeys(QueueKeys(name)["progress"])]
+    finally:
+        client.close()
+
+
 def spawn_worker(url: str, name: str, worker_id: str, *args: str,
                  env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``python -m rollout_queue.workers --engine scripted ...`` as a real process (stderr captured)."""

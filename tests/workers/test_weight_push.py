@@ -258,7 +258,7 @@ def test_worker_processes_take_pushes_and_a_stopped_or_killed_member_only_misses
 
     from rollout_queue.core.keys import QueueKeys
     from rollout_queue.weights import WeightPublisher
-    from tests.workers.runtime_helpers import registered_workers, spawn_worker, submit, train
+    from tests.workers.runtime_helpers import serving_workers, spawn_worker, submit, train
 
     url = worker_server.url
     name = f"wp-{uuid.uuid4().hex[:8]}"
@@ -312,7 +312,7 @@ def test_worker_processes_take_pushes_and_a_stopped_or_killed_member_only_misses
         os.kill(workers[worker].pid, signal.SIGCONT)
 
     try:
-        wait_until(lambda: set(registered_workers(url, name)) >= {"a", "b"}, 120, message="both workers up")
+        wait_until(lambda: set(serving_workers(url, name)) >= {"a", "b"}, 120, message="both workers serving")
         took, report = publish(2)
         assert sorted(report.acked) == ["a", "b"] and len(report.rounds) == 1 and took < 3, report
         generates(2, "v2")
@@ -331,7 +331,7 @@ def test_worker_processes_take_pushes_and_a_stopped_or_killed_member_only_misses
         assert took < 3 + 8 + 3 + 5
         workers["b"].communicate(timeout=30)
         workers["c"] = spawn_worker(url, name, "c", *args)  # started mid-run: adopts v4 from its folder
-        wait_until(lambda: "c" in registered_workers(url, name), 120, message="c up")
+        wait_until(lambda: "c" in serving_workers(url, name), 120, message="c serving")
         pause("a")
         generates(4, "v4c")
         resume("a")
