@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from rollout_queue.devtools.chaos.progress import Gap, Progress
-from rollout_queue.devtools.chaos.roles import is_poison, source_id
+from rollout_queue.devtools.chaos.roles import HOLD_TIMEOUT_S, is_poison, source_id
 from rollout_queue.devtools.chaos.truth import Truth
 
 _LEDGER = re.compile(r"^[as]\|(?:(committed|dead|filtered)\|)?(\d+)\|([^|]*)\|")
@@ -58,6 +58,7 @@ class Spec:
     groups: int
     seed: int
     poison_every: int
+    lease_timeout_s: float  # the run's QueueConfig.lease_timeout_s
     slack_s: float = 0.5
 
 
@@ -87,6 +88,7 @@ class Report:
     refused_lost_write: int = 0               # everysec: the grant was acknowledged in a loss window
     refused_unexplained: int = 0              # refused with no pause and no outage (a starved heartbeat?)
     refused_across_outage: int = 0            # refused to a live worker across an outage: a violation
+    holds_lost: int = 0                       # weight updates whose hold expired first (after its timeout of up-time)
     outages: list[dict[str, Any]] = field(default_factory=list)  # Redis down: how, planned and real length
     progress: dict[str, Any] = field(default_factory=dict)
     lost_acks: list[dict[str, Any]] = field(default_factory=list)
@@ -155,6 +157,17 @@ def _intervals(records: list[dict[str, Any]], begin: set[str], end: str, key: st
 
 def _overlaps(spans: list[Span], a: float, b: float) -> bool:
     return any(s <= b and a <= e for s, e, _ in spans)
+
+
+def _up_s(down: list[Span], a: float, b: float) -> float:
+    """Seconds of [a, b] outside every span of ``down``: the time the queue clock counts between
+    two instants (now_ms.lua stops it while Redis is down)."""
+    cuts = sorted((max(a, s), min(b, e)) for s, e, _ in down if s < b and a < e)
+    up, at = 0.0, a
+    for s, e in cuts:
+        up += max(0.0, s - at)
+        at = max(at, e)
+    return up + max(0.0, b - at)
 
 
 class Checker:
@@ -469,26 +482,42 @@ class Checker:
 
     # -- 11. leases, holds and checkpoints of live trainers -----------------------------------------
 
+    def counted_against(self, start: float, end: float, timeout_s: float) -> bool:
+        """Whether a lease or hold that was alive at ``start`` and gone at ``end`` had downtime
+        counted against it: Redis was down in between, yet less than its timeout of up-time passed
+        (with the run's slack for the harness logging a restart after clients may use it). A live
+        trainer is normally far inside its timeouts, but on a loaded machine the first calls after
+        a restart can take seconds: an expiry after the whole timeout of up-time is correct."""
+        return (not self.in_window(start) and _overlaps(self.down, start, end)
+                and _up_s(self.down, start, end) < timeout_s - self.spec.slack_s)
+
     def check_trainer_refusals(self) -> None:
-        """A trainer's step takes far less than lease_timeout_s and its weight update far less than
-        the hold's timeout, so a live trainer's lease expiring, or its hold being lost, across a
-        Redis outage is downtime counted against it. Refused checkpoints are counted, never failed:
-        the trainer skips one when another trainer holds a lease (LeasesOpen) or checkpointed further."""
+        """A live trainer's lease expiring, or its hold being lost, across a Redis outage before its
+        timeout of Redis's up-time passed is downtime counted against it. Refused checkpoints are
+        counted, never failed: the trainer skips one when another trainer holds a lease (LeasesOpen)
+        or checkpointed further."""
         r, h = self.report, self.h
         for rec in h.by_op["commit_refused"]:
             lease = h.leases.get(rec["lease"])
-            if (rec.get("state") == "expired" and lease and not self.in_window(lease["t"])
-                    and _overlaps(self.down, lease["t"], rec["t"])):
+            if (rec.get("state") == "expired" and lease
+                    and self.counted_against(lease["t"], rec["t"], self.spec.lease_timeout_s)):
                 r.violate(f"lease {rec['lease']} of a live trainer expired across a Redis outage (leased at "
-                          f"{lease['t']:.3f}, commit refused at {rec['t']:.3f}): downtime was counted against it")
-        invoked: dict[int, list[float]] = defaultdict(list)
+                          f"{lease['t']:.3f}, commit refused at {rec['t']:.3f}, "
+                          f"{_up_s(self.down, lease['t'], rec['t']):.2f} s of up-time between): "
+                          "downtime was counted against it")
+        invoked: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for rec in h.by_op["publish_invoke"]:
-            invoked[rec["pid"]].append(rec["t"])
+            invoked[rec["pid"]].append(rec)
         for rec in h.by_op["publish_refused"]:
-            start = max((t for t in invoked.get(rec["pid"], []) if t <= rec["t"]), default=rec["t"])
-            if not self.in_window(start) and _overlaps(self.down, start, rec["t"]):
+            r.holds_lost += 1
+            # The hold was opened no earlier than the update was invoked: its longest possible life.
+            began = max((i for i in invoked.get(rec["pid"], []) if i["t"] <= rec["t"]), key=lambda i: i["t"],
+                        default={"t": rec["t"]})
+            start, timeout_s = began["t"], float(began.get("hold_timeout_s", HOLD_TIMEOUT_S))
+            if self.counted_against(start, rec["t"], timeout_s):
                 r.violate(f"admission hold {rec['hold']} of a live trainer was lost across a Redis outage "
-                          f"(opened after {start:.3f}, refused at {rec['t']:.3f}): downtime was counted against it")
+                          f"(opened after {start:.3f}, refused at {rec['t']:.3f}, {_up_s(self.down, start, rec['t']):.2f} s "
+                          f"of up-time between, timeout {timeout_s} s): downtime was counted against it")
         r.checkpoints = len(h.by_op["checkpoint_ok"])
         r.checkpoints_refused = dict(Counter(rec["error"] for rec in h.by_op["checkpoint_refused"]))
 

@@ -135,7 +135,7 @@ class RunResult:
             "oversize_grants": r.oversize_grants, "oversize_queue_counters": r.oversize_queue,
             "refused_paused": r.refused_paused,
             "refused_across_outage": r.refused_across_outage, "refused_lost_write": r.refused_lost_write,
-            "refused_unexplained": r.refused_unexplained,
+            "refused_unexplained": r.refused_unexplained, "holds_lost": r.holds_lost,
             "checkpoints": r.checkpoints, "checkpoints_refused": r.checkpoints_refused,
             "settlements_accepted": r.settlements_accepted, "settlements_refused": r.settlements_refused,
             "late_settlements_refused": r.late_refused, "late_flag_accepted": r.late_accepted,
@@ -347,7 +347,8 @@ class Run:
         _settle_truth(self.progress, truth)
         self.progress.finish(end_t)
         records = read_logs(self.log_dir)
-        report = checker.check(records, truth, checker.Spec(self.cfg.groups, self.cfg.seed, self.cfg.poison_every),
+        report = checker.check(records, truth, checker.Spec(self.cfg.groups, self.cfg.seed, self.cfg.poison_every,
+                                                           lease_timeout_s=self.cfg.lease_timeout_s),
                                self.progress)
         faults = Counter(self.nemesis.counts)
         self.log.write("run_end", finished=finished, ok=report.ok, duration_s=duration)
@@ -401,7 +402,7 @@ def recheck(log_dir: Path) -> checker.Report:
     """Run the checker again on a finished run's logs and saved Redis truth (no Redis needed)."""
     records = read_logs(log_dir)
     cfg = next(rec["config"] for rec in records if rec["op"] == "run_start")
-    spec = checker.Spec(cfg["groups"], cfg["seed"], cfg["poison_every"])
+    spec = checker.Spec(cfg["groups"], cfg["seed"], cfg["poison_every"], lease_timeout_s=cfg["lease_timeout_s"])
     truth = load_truth(log_dir / "truth.json")
     bound = next((rec["bound_s"] for rec in records if rec["op"] == "progress_bound"), None)
     end = next((rec["end_t"] for rec in records if rec["op"] == "loop_end"), None)

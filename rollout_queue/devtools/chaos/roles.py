@@ -64,6 +64,9 @@ from rollout_queue.devtools.chaos.oplog import OpLog
 #: worker_timeout_s, AOF replay, LOADING), so an outage is a pause to every role, never an exit.
 RETRY = RetryPolicy(window_s=30.0)
 EXIT_UNKNOWN, EXIT_CRASH = 3, 1
+#: The trainer's admission hold lasts this long in queue time (downtime does not count); its update
+#: takes about wait_terminal's 2 s at most.
+HOLD_TIMEOUT_S = 5.0
 
 #: The sizes (``n``) groups are drawn from when a run names none: mostly small, some larger than a
 #: 2- or 4-slot worker, so the oversized-group path (skip for a strict caller, grant to a caller
@@ -357,12 +360,14 @@ def _checkpoint(q: RolloutQueue, step: int, log: OpLog) -> bool:
 
 
 def _weight_update(q: RolloutQueue, log: OpLog) -> None:
-    """The weight-update boundary through an admission hold. A hold that expired first (Redis was
-    down past hold_timeout, or lost it) is logged and the update waits for the next step; the
-    checker fails the run when the hold spanned an outage (downtime must not expire a hold)."""
-    log.write("publish_invoke")
+    """The weight-update boundary through an admission hold. A hold that expired first (the update
+    took longer than its timeout while Redis was up, or a crash lost it) is logged and the update
+    waits for the next step; the checker fails the run when it was lost with less than its timeout
+    of Redis's up-time behind it (downtime must not expire a hold)."""
+    log.write("publish_invoke", hold_timeout_s=HOLD_TIMEOUT_S)
     try:
-        with q.hold(timeout_s=5.0) as hold:
+        with q.hold(timeout_s=HOLD_TIMEOUT_S) as hold:
+            log.write("hold_open", hold=hold.hold_id, waiting=hold.waiting)
             drained = hold.wait_terminal(timeout_s=2.0)
             version = q.version + 1
             hold.record_weight_update(version, f"file:///chaos/weights/v{version}")
