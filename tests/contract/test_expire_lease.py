@@ -113,7 +113,10 @@ def test_an_lease_consumer_without_a_record_is_requeued(open_queue, raw, queue_n
 def test_commit_racing_the_reaper_is_exactly_one_outcome(open_queue, raw, queue_name, redis_url) -> None:
     rounds = 10
     q = open_queue()
-    ids = fill_buffer(q, rounds)
+    # Spares: a 30 ms lease can expire before the flow's second round trip reads its payloads (a
+    # loaded machine, this process's reaper thread holding the GIL); the reaper requeues the member,
+    # the flow finds its payload gone and leases the next group (trainer.lease). CI met it once.
+    filled = len(fill_buffer(q, rounds + 10))
     reaper = RolloutQueue.from_url(redis_url, queue_name)
     stop = threading.Event()
 
@@ -128,6 +131,7 @@ def test_commit_racing_the_reaper_is_exactly_one_outcome(open_queue, raw, queue_
     try:
         for _ in range(rounds):
             lease = q.lease(1, timeout_s=0.03)
+            assert lease is not None, q.stats()
             [entry_id] = [g.entry_id for g in lease.groups]
             # Commit around the deadline (server clock), on either side of it.
             aim = lease.deadline_ms + rng.randint(-6, 6)
@@ -157,8 +161,8 @@ def test_commit_racing_the_reaper_is_exactly_one_outcome(open_queue, raw, queue_
         reaper.close()
     s = q.stats()
     assert s.committed == outcomes.count(True)
-    assert s.ready == outcomes.count(False)
-    assert s.committed + s.ready == len(ids) and s.leased == 0
+    assert s.ready >= outcomes.count(False)  # plus any requeued before its payloads were read
+    assert s.committed + s.ready + s.completed == filled and s.leased == 0  # nothing lost, none owned
 
 
 def test_expiry_in_batches(open_queue, raw, queue_name) -> None:
