@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_engine import cores_in, steady_rate, steady_window  # noqa: E402
+from bench_engine import StepTap, cores_in, parse_steps, step_stats, steady_rate, steady_window, steps_text  # noqa: E402
 
 
 def test_steady_rate_leaves_the_first_tenth_of_tokens_out() -> None:
@@ -44,6 +44,42 @@ def test_cores_are_read_between_the_samples_that_bracket_the_steady_window() -> 
     assert cores["engine"] == 1.0 and abs(cores["redis"] - 0.1) < 1e-9
     assert abs(cores["trainer"] - 3.0 / 9) < 1e-9  # 3 CPU s by t=10, counted from 0 before it existed
     assert cores_in(samples[:1], (1.0, 10.0)) == {} and cores_in(samples, None) == {}
+
+
+def test_engine_steps_are_read_from_the_line_vllm_itself_logs() -> None:
+    """vLLM's own per-step logging (the installed version's format), taken by the bare arm's tap;
+    a dummy step is left out."""
+    import logging
+    from types import SimpleNamespace
+
+    loggers = pytest.importorskip("vllm.v1.metrics.loggers")
+    tap = StepTap()
+    log = logging.getLogger("vllm.v1.metrics.loggers")
+    log.addFilter(tap)
+    level = log.level
+    log.setLevel(logging.INFO)
+    me = SimpleNamespace(_log_prefix_for_engine=lambda i: f"Engine {i:03d}: ", kv_cache_device="CPU")
+    try:
+        for index, (ctx, gen, ms, dummy) in enumerate([(2, 30, 12.5, False), (0, 0, 0.4, True), (0, 32, 10.0, False)]):
+            details = SimpleNamespace(iteration_index=index, num_ctx_requests=ctx, num_ctx_tokens=20 * ctx,
+                                      num_generation_requests=gen, num_generation_tokens=gen, elapsed_ms=ms,
+                                      is_dummy=dummy, num_encoder_inputs=0, num_encoder_output_tokens=0)
+            loggers.LoggingStatLogger._log_iteration_details(
+                me, SimpleNamespace(iteration_details=details, kv_cache_usage=0.03), 0)
+    finally:
+        log.removeFilter(tap)
+        log.setLevel(level)
+    assert parse_steps(tap.lines) == [(32, 30, 12.5), (32, 32, 10.0)]
+
+
+def test_step_stats_leave_the_first_wave_and_the_drain_out() -> None:
+    # 20 steps: 2 filling, 16 with 32 requests of 10 ms, the last 2 draining.
+    steps = [(8, 8, 5.0), (16, 16, 8.0)] + [(32, 32, 10.0)] * 16 + [(4, 4, 2.0), (1, 1, 1.0)]
+    stats = step_stats(steps, 32)
+    assert stats == {"steps": 20, "requests_per_step": 32.0, "full_steps": 1.0, "ms_per_step": 10.0,
+                     "decode_tokens_per_step_s": 3200.0}
+    assert step_stats([], 32) == {} and steps_text({}) == ""
+    assert steps_text(stats).startswith("steps 20: 32.0 requests, 100% full, 10.0 ms")
 
 
 def test_torch_arms_run_through_the_shipped_processes(tmp_path: Path) -> None:
