@@ -2,7 +2,9 @@
 
 Three policies: ``group``; ``sample`` with ``max_waiting=0`` (``sample_nowait``: a group is
 reserved only once ``n`` slots are free, the sample policy before 2026-12-05); ``sample`` as shipped
-(up to ``n - 1`` samples wait in the engine, so a group is reserved as soon as one slot is free).
+(up to ``2n - 1`` samples wait in the engine, so the next group is reserved while ``n - 1`` still
+wait: with no queue latency, as simulated here, ``n - 1`` would do as well; the real engine needs the
+head start, docs/PERFORMANCE.md).
 
 The real worker runtime (workers/runtime.py + workers/scheduler.py) drives the test engine
 (workers/engines/scripted.py) against the bench's queue, while a trainer leases and commits.
@@ -163,7 +165,7 @@ def simulate(policy: str, model: EngineModel, groups: int) -> float:
     starts: list[tuple[float, float]] = []
     last_reserve = 0.0
     cap = model.slots // model.n
-    may_wait = model.n - 1 if policy == "sample" else 0
+    may_wait = 2 * model.n - 1 if policy == "sample" else 0  # the shipped default
 
     def start_waiting() -> None:
         nonlocal slots_free

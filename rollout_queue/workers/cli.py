@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples executing at once (default: the engine's max concurrency)")
     s.add_argument("--max-waiting", type=int, default=None, metavar="N",
                    help="sample policy: samples beyond --max-samples the engine may hold waiting for a slot "
-                        "(default: a group less one, so a group is reserved as soon as one slot is free, "
+                        "(default: two groups less one, so the next group is reserved while n - 1 still wait, "
                         "when --max-samples is the engine's concurrency and the engine is not the torch one, "
                         "else 0; 0: only when n slots are free)")
     s.add_argument("--max-groups", type=int, default=None, help="groups held at once (group policy default 4)")

@@ -41,22 +41,27 @@ def test_sample_policy_with_no_waiting_backfills_as_soon_as_n_slots_are_free() -
     s.check()
 
 
-def test_sample_policy_reserves_a_group_as_soon_as_one_slot_is_free() -> None:
-    """The default: up to n - 1 samples wait inside the engine, so a freed slot never idles until a
-    whole group fits (with S = 32 and n = 8 waiting for 8 free slots keeps ~11% of them idle)."""
+def test_sample_policy_reserves_the_next_group_while_n_minus_1_samples_still_wait() -> None:
+    """The default: up to 2n - 1 samples wait inside the engine, so the next group is reserved
+    while n - 1 still wait and its round trip ends before a slot frees with nothing waiting (waiting
+    for n free slots keeps ~11% of S = 32 slots idle with n = 8; reserving only once a slot is free
+    left 3 of them idle per step in the engine bench)."""
     s = SubmissionScheduler("sample", max_samples=8)
     s.on_reserved("a", 4)
     s.on_reserved("b", 4)
-    assert s.request() is None  # every slot busy: the room is the 3 that may wait, < n = 4
-    s.on_sample_done("a")
+    assert s.waiting_allowed == 7
+    assert s.request() == ReserveRequest(max_groups=7, max_samples=7, overcommit=True)  # every slot busy
+    s.on_reserved("c", 4)  # all four of c wait in the engine
+    assert s.busy_samples == 12 and not s.held["c"].oversized
+    assert s.request() is None  # 3 more may wait: less than a group
+    s.on_sample_done("a")  # one of c starts; three still wait
     assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
-    s.on_reserved("c", 4)  # 1 slot free: one sample starts, three wait in the engine
-    assert s.busy_samples == 11 and not s.held["c"].oversized
+    s.on_reserved("d", 4)
+    assert s.busy_samples == 15 == 8 + 7 and s.request() is None  # the most that may ever wait
     s.check()
     for _ in range(3):
-        s.on_sample_done("b")
-        assert s.request() is None  # 3 waiting is the most: nothing more until a slot frees
-    s.on_sample_done("c")
+        s.on_sample_done("a")
+    s.on_sample_done("b")
     assert s.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
     s.check()
 
@@ -79,9 +84,9 @@ def test_the_default_waiting_follows_the_group_size_and_never_exceeds_the_slots(
     s = SubmissionScheduler("sample", max_samples=4)
     assert s.waiting_allowed == 0  # no group seen yet
     s.on_reserved("a", 2)
-    assert s.waiting_allowed == 1
+    assert s.waiting_allowed == 3  # 2n - 1
     s.on_reserved("big", 16)  # oversized: granted beyond the room
-    assert s.held["big"].oversized and s.waiting_allowed == 3  # min(16, 4 slots) - 1
+    assert s.held["big"].oversized and s.waiting_allowed == 7  # 2 min(16, 4 slots) - 1
     s.check()
 
 
@@ -175,13 +180,11 @@ def test_sample_policy_overcommits_one_oversized_group_and_then_waits_for_its_sa
     s.on_group_terminal("big")
     s.check()
     assert s.busy_samples == 0
-    # By default 3 of its samples may wait (min(8, 4 slots) - 1): the next ask comes once the
-    # room holds 4, after 5 of its 8 samples are done, not all 8.
+    # By default 7 of its samples may wait (2 min(8, 4 slots) - 1): the next ask comes once the
+    # room holds 4, after 1 of its 8 samples is done, not all 8.
     d = SubmissionScheduler("sample", max_samples=4)
     d.on_reserved("big", 8)
-    for _ in range(4):
-        d.on_sample_done("big")
-        assert d.request() is None
+    assert d.request() is None
     d.on_sample_done("big")
     assert d.request() == ReserveRequest(max_groups=4, max_samples=4, overcommit=True)
     d.check()
@@ -195,7 +198,7 @@ def test_group_policy_never_overcommits() -> None:
 def test_worker_options_let_samples_wait_only_where_the_engine_queues_them() -> None:
     from rollout_queue.workers.options import WorkerOptions
 
-    assert WorkerOptions().scheduler(32).max_waiting is None  # the engine's concurrency: n - 1 may wait
+    assert WorkerOptions().scheduler(32).max_waiting is None  # the engine's concurrency: 2n - 1 may wait
     # Below the engine's concurrency a sample handed over would run, not wait: max_samples stays a cap.
     assert WorkerOptions(max_samples=8).scheduler(32).max_waiting == 0
     assert WorkerOptions(max_samples=8, max_waiting=2).scheduler(32).max_waiting == 2
