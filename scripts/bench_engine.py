@@ -305,7 +305,7 @@ def arm_bare(engine: str, model: str, groups: int, n: int, max_tokens: int, slot
 
 
 def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slots: int,
-              publish_every: float | None, keep_kv: bool = False
+              publish_every: float | None, keep_kv: bool = False, max_waiting: int | None = None
               ) -> tuple[list[tuple[float, int]], dict[str, Any], list[tuple[float, dict[str, float]]]]:
     import torch
 
@@ -323,6 +323,8 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
         cmd = [sys.executable, "-m", "rollout_queue.workers", "--url", server.url, "--queue", name,
                "--engine", engine, "--model", model, "--max-tokens", str(max_tokens), "--temperature", "1.0",
                "--seed", "0", "--weights-mode", "continue", "--worker-id", "bench-w0"]
+        if max_waiting is not None:  # else the worker's default (n - 1 on vLLM, 0 on torch)
+            cmd += ["--max-waiting", str(max_waiting)]
         extra = {"kv_on_update": "keep"} if keep_kv else {}
         for key, value in {**engine_settings(engine, slots, 0), **extra}.items():
             cmd += ["--engine-arg", f"{key}={json.dumps(value)}"]
@@ -405,6 +407,8 @@ def run_arm(arm: str, engine: str, model: Path, a: argparse.Namespace) -> dict[s
     cmd = [sys.executable, __file__, "--arm", arm, "--engines", engine, "--model", str(model), "--groups",
            str(a.groups), "--n", str(a.n), "--max-tokens", str(a.max_tokens), "--slots", str(a.slots),
            "--publish-every", str(a.publish_every), "--json", out]
+    if a.max_waiting is not None:
+        cmd += ["--max-waiting", str(a.max_waiting)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
@@ -460,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=32, help="max_num_seqs (vLLM) / max_batch_size (torch)")
     ap.add_argument("--publish-every", type=float, default=2.0, help="seconds between versions, queue+weights")
     ap.add_argument("--repeats", type=int, default=3, help="runs of every arm, interleaved; rows give medians")
+    ap.add_argument("--arms", default=None, help="only these arms (bare is always run: the ratios need it)")
+    ap.add_argument("--max-waiting", type=int, default=None,
+                    help="the queue arms' worker --max-waiting (default: the worker's own default)")
     ap.add_argument("--model", default=None, help="a model folder (default: a tiny Llama built here)")
     ap.add_argument("--arm", choices=ARMS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the rows to this file")
@@ -474,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             events, info, cpu = arm_queue(engine, a.model, a.groups, a.n, a.max_tokens, a.slots,
                                           a.publish_every if a.arm.startswith("queue+weights") else None,
-                                          keep_kv=a.arm == "queue+weights+keep")
+                                          keep_kv=a.arm == "queue+weights+keep", max_waiting=a.max_waiting)
         Path(a.json).write_text(json.dumps({"events": events, "info": info, "cpu": cpu}))
         return 0
 
@@ -489,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(a.repeats):
             for engine in a.engines.split(","):
                 bare = None
-                for arm in ENGINE_ARMS[engine]:
+                for arm in [x for x in ENGINE_ARMS[engine] if x == "bare" or not a.arms or x in a.arms.split(",")]:
                     row = run_arm(arm, engine, model, a)
                     bare = bare or row["tokens_per_s"]
                     row["x_bare"] = row["tokens_per_s"] / bare
@@ -507,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench_common import run_environment, store_run
 
     env = run_environment(load, groups=a.groups, n=a.n, max_tokens=a.max_tokens, slots=a.slots,
-                          publish_every_s=a.publish_every, target=TARGET, repeats=a.repeats)
+                          publish_every_s=a.publish_every, target=TARGET, repeats=a.repeats,
+                          **({"max_waiting": a.max_waiting} if a.max_waiting is not None else {}))
     print(f"target: queue >= {TARGET:.2f} x bare; load average {env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f}, "
           f"{env['cpus']} CPUs")
     if a.json:
