@@ -323,7 +323,7 @@ def arm_queue(engine: str, model: str, groups: int, n: int, max_tokens: int, slo
         cmd = [sys.executable, "-m", "rollout_queue.workers", "--url", server.url, "--queue", name,
                "--engine", engine, "--model", model, "--max-tokens", str(max_tokens), "--temperature", "1.0",
                "--seed", "0", "--weights-mode", "continue", "--worker-id", "bench-w0"]
-        if max_waiting is not None:  # else the worker's default (n - 1 on vLLM, 0 on torch)
+        if max_waiting is not None:  # else the worker's default (2n - 1 on vLLM, 0 on torch)
             cmd += ["--max-waiting", str(max_waiting)]
         extra = {"kv_on_update": "keep"} if keep_kv else {}
         for key, value in {**engine_settings(engine, slots, 0), **extra}.items():
@@ -474,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="replace the `engine` section of this results file (benchmarks/results.json: "
                          "the tables of docs/PERFORMANCE.md are generated from it)")
     a = ap.parse_args(argv)
+    unknown = set(a.arms.split(",")) - set(ARMS) if a.arms else set()
+    if unknown:
+        ap.error(f"--arms: no arm {', '.join(sorted(unknown))} (arms: {', '.join(ARMS)})")
     if a.arm:  # one arm, in this process
         engine = a.engines
         if a.arm == "bare":

@@ -30,9 +30,8 @@ class WorkerOptions:
     #: sample policy: samples beyond max_samples the engine may hold waiting for a slot. None: two
     #: groups less one sample when max_samples is the engine's concurrency (the next group is reserved
     #: while n - 1 still wait, so no slot idles for a reservation), else 0: below it, samples handed
-    #: over would run, not wait; and on an engine
-    #: that prefills per step (torch), a group admitted a few samples at a time prefills its prompt
-    #: again each time. 0: only into free slots
+    #: over would run, not wait; and on an engine that prefills per step (torch), a group admitted a
+    #: few samples at a time prefills its prompt again each time. 0: only into free slots
     max_waiting: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     weights_mode: WeightsMode = "abort"

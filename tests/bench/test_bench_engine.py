@@ -107,3 +107,11 @@ def test_torch_arms_run_through_the_shipped_processes(tmp_path: Path) -> None:
     assert rows["queue"]["committed"] == rows["queue+weights"]["committed"] == 8
     assert proc.stdout.count("(repeat 2/2)") == 3 and "medians over the repeats" in proc.stdout
     assert report["environment"]["target"] == 0.97 and "x bare" in proc.stdout
+
+
+def test_an_unknown_arm_is_refused_before_anything_runs() -> None:
+    from bench_engine import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--arms", "queue,queu"])
+    assert exc.value.code == 2

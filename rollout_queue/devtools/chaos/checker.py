@@ -508,8 +508,8 @@ class Checker:
         invoked: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for rec in h.by_op["publish_invoke"]:
             invoked[rec["pid"]].append(rec)
+        r.holds_lost = len(h.by_op["publish_refused"])
         for rec in h.by_op["publish_refused"]:
-            r.holds_lost += 1
             # The hold was opened no earlier than the update was invoked: its longest possible life.
             began = max((i for i in invoked.get(rec["pid"], []) if i["t"] <= rec["t"]), key=lambda i: i["t"],
                         default={"t": rec["t"]})
