@@ -46,6 +46,7 @@ from rollout_queue.cli.common import (
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
+    CommandParser,
     PermissionDenied,
     UsageError,
     add_connection_args,
@@ -55,16 +56,20 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """One argparse tree: the connection options, then a subcommand with its own options (the
+    connection options again, so they may follow it too; the worker's are its own, workers/cli.py)."""
     parser = argparse.ArgumentParser(prog="rollout-queue", description=__doc__.split("\n")[0],
-                                     epilog=__doc__[__doc__.index("Exit codes"):],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(parser)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     for group in (status, entries, admin, processes, rl):
         group.register(sub)
     for name, p in sub.choices.items():
-        if name != "worker":  # worker forwards its own arguments untouched
+        if name != "worker":  # the worker declares the connection options it takes itself
             add_connection_args(p, suppress=True)
+    worker_usage = sub.choices["worker"].format_usage().removeprefix("usage: ")
+    parser.epilog = (__doc__[__doc__.index("Exit codes"):] + "\nThe worker's options (`rollout-queue worker --help` "
+                     "says what each does; a `--` before them is optional):\n  " + worker_usage)
     return parser
 
 
@@ -84,22 +89,8 @@ def _is_denied(exc: BaseException | None) -> bool:
     return False
 
 
-def _split_worker(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """Everything after the ``worker`` subcommand belongs to the worker's own parser: argparse's
-    REMAINDER cannot capture arguments that start with ``--`` (``worker --engine torch``)."""
-    valued = {"--url", "--queue", "--tls-ca-cert", "--tls-cert", "--tls-key", "--durable-replicas",
-              "--durable-timeout-ms"}
-    for i, word in enumerate(argv):
-        if word == "worker" and (i == 0 or argv[i - 1] not in valued):
-            return argv[: i + 1], argv[i + 1:]
-    return argv, None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    head, forwarded = _split_worker(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(head)
-    if forwarded is not None:
-        args.worker_args = forwarded
+    args = build_parser().parse_args(argv)
     logs.configure(args.json_logs)
     try:
         return int(args.func(args))

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 import orjson
@@ -44,32 +44,75 @@ class PermissionDenied(Exception):
     """Redis refused the credentials or the command (ACL): exit 6."""
 
 
-def add_connection_args(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
-    """The connection options. ``suppress``: on a subcommand, so they may also follow it without
-    overriding the values given before it."""
+class CommandParser(argparse.ArgumentParser):
+    """The parser of one subcommand (and of ``python -m rollout_queue.workers``).
+
+    Options may come anywhere, also between positionals (``config set --yes max_attempts=5``): plain
+    argparse binds an empty list to a ``*`` positional that an option interrupts, then calls the words
+    after the option unrecognized. This parser reads the options first, then the positionals
+    (argparse's intermixed parsing, which a parser with subparsers cannot use: a subcommand has none).
+
+    ``separator_optional``: the first ``--`` is dropped before parsing. ``rollout-queue worker --
+    --engine torch`` is the documented form from when ``--`` ended the core CLI's options and began
+    the worker's; one parser takes both now, and the worker has no positional a ``--`` could protect.
+    """
+
+    def __init__(self, *args: Any, separator_optional: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.separator_optional = separator_optional
+        self._intermixing = False
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        if self._intermixing:  # a pass of parse_known_intermixed_args (some Python versions call back here)
+            return super().parse_known_args(args, namespace)
+        words = list(sys.argv[1:] if args is None else args)
+        if self.separator_optional and "--" in words:
+            words.remove("--")
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(words, namespace)
+        finally:
+            self._intermixing = False
+
+
+def add_connection_args(parser: argparse.ArgumentParser, suppress: bool = False) -> list[argparse.Action]:
+    """The connection options (their actions). ``suppress``: on a subcommand, so they may also follow
+    it without overriding the values given before it."""
     env = os.environ.get
+    actions = []
 
     def default(name: str | None) -> Any:
         return argparse.SUPPRESS if suppress else (env(name) if name else False)
 
-    parser.add_argument("--url", default=default("REDIS_URL"),
-                        help="redis://[user:password@]host:port/db, rediss:// for TLS (env REDIS_URL)")
-    parser.add_argument("--queue", default=default("ROLLOUT_QUEUE"), help="queue name (env ROLLOUT_QUEUE)")
-    parser.add_argument("--partitions", type=int, default=default("ROLLOUT_PARTITIONS"), metavar="P",
-                        help="the queue's partition count, one per hash tag for a Redis Cluster "
-                             "(env ROLLOUT_PARTITIONS; default 1; fixed when the queue is created)")
-    parser.add_argument("--tls-ca-cert", default=default("REDIS_TLS_CA_CERT"),
-                        help="CA that signed the server certificate, for rediss:// (env REDIS_TLS_CA_CERT)")
-    parser.add_argument("--tls-cert", default=default("REDIS_TLS_CERT"), help="client certificate (env REDIS_TLS_CERT)")
-    parser.add_argument("--tls-key", default=default("REDIS_TLS_KEY"), help="client private key (env REDIS_TLS_KEY)")
-    parser.add_argument("--durable-replicas", type=int, default=default("ROLLOUT_DURABLE_REPLICAS"), metavar="N",
-                        help="durable mode: each state-changing call answers only once N replicas have it "
-                             "(WAIT), else exit 3 (env ROLLOUT_DURABLE_REPLICAS; default 0: off)")
-    parser.add_argument("--durable-timeout-ms", type=int, default=default("ROLLOUT_DURABLE_TIMEOUT_MS"), metavar="MS",
-                        help="durable mode: ms of one WAIT, repeated within the retry window "
-                             "(env ROLLOUT_DURABLE_TIMEOUT_MS; default 1000)")
-    parser.add_argument("--json-logs", action="store_true", default=default(None),
-                        help="log each state-changing action as one JSON line on stderr (default: human-readable)")
+    def add(*names: str, **options: Any) -> None:
+        actions.append(parser.add_argument(*names, **options))
+
+    add("--url", default=default("REDIS_URL"),
+        help="redis://[user:password@]host:port/db, rediss:// for TLS (env REDIS_URL)")
+    add("--queue", default=default("ROLLOUT_QUEUE"), help="queue name (env ROLLOUT_QUEUE)")
+    add("--partitions", type=int, default=default("ROLLOUT_PARTITIONS"), metavar="P",
+        help="the queue's partition count, one per hash tag for a Redis Cluster "
+             "(env ROLLOUT_PARTITIONS; default 1; fixed when the queue is created)")
+    add("--tls-ca-cert", default=default("REDIS_TLS_CA_CERT"),
+        help="CA that signed the server certificate, for rediss:// (env REDIS_TLS_CA_CERT)")
+    add("--tls-cert", default=default("REDIS_TLS_CERT"), help="client certificate (env REDIS_TLS_CERT)")
+    add("--tls-key", default=default("REDIS_TLS_KEY"), help="client private key (env REDIS_TLS_KEY)")
+    add("--durable-replicas", type=int, default=default("ROLLOUT_DURABLE_REPLICAS"), metavar="N",
+        help="durable mode: each state-changing call answers only once N replicas have it "
+             "(WAIT), else exit 3 (env ROLLOUT_DURABLE_REPLICAS; default 0: off)")
+    add("--durable-timeout-ms", type=int, default=default("ROLLOUT_DURABLE_TIMEOUT_MS"), metavar="MS",
+        help="durable mode: ms of one WAIT, repeated within the retry window "
+             "(env ROLLOUT_DURABLE_TIMEOUT_MS; default 1000)")
+    add("--json-logs", action="store_true", default=default(None),
+        help="log each state-changing action as one JSON line on stderr (default: human-readable)")
+    return actions
+
+
+def connection_options() -> list[argparse.Action]:
+    """The connection options' actions: ``dest``, ``option_strings`` and ``default`` (the env
+    variable's value, unparsed)."""
+    return add_connection_args(argparse.ArgumentParser(add_help=False))
 
 
 def tls_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 from typing import Any
 
-from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, open_queue
+from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, UsageError, connection_options, open_queue
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:
@@ -28,29 +27,27 @@ def cmd_walkthrough(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Delegate to the generation runtime in ``workers`` (it may import torch or vLLM; the core
-    package must stay importable without them)."""
-    try:
-        from rollout_queue.workers.cli import main as worker_main
-    except ImportError as exc:
-        print(f"rollout-queue worker: the workers package is not installed ({exc}); "
-              "pip install 'rollout-queue[workers]'", file=sys.stderr)
-        return EXIT_USAGE
-    forwarded = list(args.worker_args)
-    if args.url and "--url" not in forwarded:
-        forwarded += ["--url", args.url]
-    if args.queue and "--queue" not in forwarded:
-        forwarded += ["--queue", args.queue]
-    for flag, value in (("--durable-replicas", args.durable_replicas), ("--durable-timeout-ms", args.durable_timeout_ms),
-                        ("--partitions", args.partitions or None)):
-        if value is not None and flag not in forwarded:
-            forwarded += [flag, str(value)]
-    if args.json_logs and "--json-logs" not in forwarded:
-        forwarded.append("--json-logs")
-    return int(worker_main(forwarded))
+    """Run the generation worker (workers/cli.py; it imports torch or vLLM only when it builds its
+    engine, so the core package stays importable without them). The options the worker shares with
+    the core CLI may come before ``worker`` or after it (register); the worker's default fills in
+    where neither gave one. A connection option that only the core CLI takes (``--tls-*``) is refused,
+    not dropped."""
+    from rollout_queue.workers import cli as worker_cli  # imports this package's common.py: not at the top
+
+    own = worker_cli.defaults()
+    for name, value in own.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    refused = [a.option_strings[0] for a in connection_options()
+               if a.dest not in own and getattr(args, a.dest) != a.default]  # given, not the env's value
+    if refused:
+        raise UsageError(f"the worker does not take {', '.join(refused)} (nothing was started)")
+    return int(worker_cli.run(args))
 
 
 def register(sub: Any) -> None:
+    from rollout_queue.workers import cli as worker_cli
+
     p = sub.add_parser("reaper", help="requeue the work of dead workers, expired leases and stale groups")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
     p.add_argument("--passes", type=int, default=None, help="stop after this many passes")
@@ -58,8 +55,11 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_reaper)
 
     p = sub.add_parser("worker", help="run a generation worker (see `rollout-queue worker --help`)",
-                       add_help=False)
-    p.add_argument("worker_args", nargs=argparse.REMAINDER)
+                       description=worker_cli.DESCRIPTION, separator_optional=True)
+    # A connection option may come before the subcommand too (`rollout-queue --url U worker`), and
+    # argparse copies a subcommand's defaults over the values given before it: the options both take
+    # have no default here, and cmd_worker fills the worker's in where neither position gave one.
+    worker_cli.add_arguments(p, inherited={a.dest for a in connection_options()})
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("walkthrough", help="the queue's lifecycle with a stand-in engine, on a private Redis")

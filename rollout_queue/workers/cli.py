@@ -35,11 +35,12 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from redis.exceptions import RedisClusterException
 
 from rollout_queue import Durability, OutcomeUnknown, RolloutQueueError
+from rollout_queue.cli.common import CommandParser
 from rollout_queue.core.errors import QueueNotFound
 from rollout_queue.ops import logs
 from rollout_queue.workers.engines.base import Engine, SamplingConfig, make_engine
@@ -51,14 +52,35 @@ from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRun
 from rollout_queue.workers.served import ServedQueuesRefused
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
+DESCRIPTION = __doc__.split("\n")[0]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rollout-queue worker", description=__doc__.split("\n")[0])
-    p.add_argument("--url", default=os.environ.get("REDIS_URL"), help="Redis URL (env REDIS_URL)")
-    p.add_argument("--queue", default=os.environ.get("ROLLOUT_QUEUE"),
+    """The worker's own parser (``python -m rollout_queue.workers``); ``rollout-queue worker`` is the same
+    options on a subcommand of the core CLI's tree (cli/processes.py)."""
+    p = CommandParser(prog="rollout-queue worker", description=DESCRIPTION, separator_optional=True)
+    add_arguments(p)
+    return p
+
+
+def defaults() -> dict[str, Any]:
+    """Each option's value when it is not given (its env variable, or the default)."""
+    return vars(build_parser().parse_args([]))
+
+
+def add_arguments(p: argparse.ArgumentParser, inherited: Collection[str] = ()) -> None:
+    """Every option of the worker, on ``p``. The options named (by dest) in ``inherited`` get no
+    default: an enclosing parser gives it (cli/processes.py)."""
+
+    def default(name: str, value: Any) -> Any:
+        return argparse.SUPPRESS if name in inherited else value
+
+    env = os.environ.get
+    p.add_argument("--url", default=default("url", env("REDIS_URL")), help="Redis URL (env REDIS_URL)")
+    p.add_argument("--queue", default=default("queue", env("ROLLOUT_QUEUE")),
                    help="queue name, or several by weight: run-a:3,run-b:1 (env ROLLOUT_QUEUE)")
-    p.add_argument("--partitions", type=int, default=int(os.environ.get("ROLLOUT_PARTITIONS") or 1), metavar="P",
+    p.add_argument("--partitions", type=int, default=default("partitions", env("ROLLOUT_PARTITIONS") or "1"),
+                   metavar="P",
                    help="the queues' partition count (env ROLLOUT_PARTITIONS; default 1)")
     p.add_argument("--create", action="store_true",
                    help="create a queue that does not exist (default: exit 4, nothing written)")
@@ -116,13 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--reconcile-grace", type=float, default=DEFAULT_GRACE_S,
                    help="hand back an orphaned attempt only once delivered this many seconds ago "
                         f"(default {DEFAULT_GRACE_S:g}: the client's retry window plus a socket timeout)")
-    w.add_argument("--durable-replicas", type=int, default=os.environ.get("ROLLOUT_DURABLE_REPLICAS", "0"),
+    w.add_argument("--durable-replicas", type=int,
+                   default=default("durable_replicas", env("ROLLOUT_DURABLE_REPLICAS", "0")),
                    metavar="N", help="durable mode: each state-changing call answers only once N replicas have it "
                                      "(env ROLLOUT_DURABLE_REPLICAS; default 0: off; docs/OPERATIONS.md, Replicas)")
-    w.add_argument("--durable-timeout-ms", type=int, default=os.environ.get("ROLLOUT_DURABLE_TIMEOUT_MS", "1000"),
+    w.add_argument("--durable-timeout-ms", type=int,
+                   default=default("durable_timeout_ms", env("ROLLOUT_DURABLE_TIMEOUT_MS", "1000")),
                    metavar="MS", help="durable mode: ms of one WAIT (env ROLLOUT_DURABLE_TIMEOUT_MS; default 1000)")
-    w.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
-    return p
+    w.add_argument("--json-logs", action="store_true", default=default("json_logs", False),
+                   help="one JSON object per log line")
 
 
 def parse_engine_args(items: Sequence[str]) -> dict[str, Any]:
@@ -187,14 +211,13 @@ async def serve(runtime: WorkerRuntime) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--"]:  # `rollout-queue worker -- --engine ...`: the core CLI forwards the separator
-        argv = argv[1:]
-    args = parser.parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the worker the parsed options describe, until it drains; the exit code."""
     logs.configure(args.json_logs)
     if not args.url or not args.queue:
-        parser.print_usage(sys.stderr)
         print("rollout-queue worker: pass --url and --queue (or set REDIS_URL and ROLLOUT_QUEUE)", file=sys.stderr)
         return EXIT_USAGE
     if args.partitions < 1:

@@ -125,6 +125,7 @@ def test_the_worker_command_reports_usage_errors(url: str, name: str) -> None:
 def test_rollout_queue_worker_delegates_to_the_worker_command(url: str, name: str) -> None:
     from rollout_queue.cli import main as rollout_queue_main
 
-    # `--` keeps the core parser from reading the worker's options as its own.
-    argv = ["--url", url, "--queue", name, "worker", "--", "--engine", "scripted", "--engine-arg", "oops"]
-    assert rollout_queue_main(argv) == 2
+    # The worker's own usage error (exit 2), with the documented (now optional) `--` and without it.
+    for separator in (["--"], []):
+        argv = ["--url", url, "--queue", name, "worker", *separator, "--engine", "scripted", "--engine-arg", "oops"]
+        assert rollout_queue_main(argv) == 2
