@@ -77,8 +77,9 @@ def rollout_samples(lease: Lease, group_ids: Iterator[int], *, scale_by_std: boo
     for group in lease.groups:
         prompt = group.group.prompt_token_ids
         if prompt is None:
-            raise InvalidInput(f"group {group.entry_id} has no prompt_token_ids: submit tokenized prompts "
-                               "(the producer's --tokenizer) for TRL's token-level samples")
+            raise InvalidInput(f"group {group.entry_id} has no prompt_token_ids: submit tokenized prompts for "
+                               "TRL's token-level samples (the producer's tokenize=, e.g. "
+                               "run_producer(..., tokenize=tok.encode))")
         rewards = [s.reward for s in group.samples]
         if any(r is None for r in rewards):
             raise InvalidInput(f"group {group.entry_id} has samples without a reward: configure the workers' --reward")

@@ -9,7 +9,12 @@
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import io
+import json
 import re
+import shlex
 import subprocess
 import sys
 import unicodedata
@@ -141,3 +146,126 @@ def test_a_page_that_shows_a_file_shows_it_verbatim() -> None:
     assert "examples/trl_grpo.py" in shown
     for path, (doc, code) in shown.items():
         assert code == (REPO / path).read_text(), f"{doc.relative_to(REPO)} shows an old copy of {path}"
+
+
+# -- every documented command line parses --------------------------------------------------------------
+
+#: Where command lines are written for people to copy: the docs, the examples and scripts, the images'
+#: own commands, the Makefile, and the package's docstrings (workers/cli.py's examples). docker-compose
+#: files: tests/demo/test_compose.py.
+COMMAND_SOURCES = sorted({*DOCS, *(REPO / "examples").glob("*.py"), *(REPO / "scripts").glob("*.py"),
+                          *(REPO / "scripts").glob("*.sh"), *(REPO / "deploy").glob("Dockerfile*"), REPO / "Makefile",
+                          *(p for p in (REPO / "rollout_queue").rglob("*.py")
+                            if re.search(r"rollout-queue |-m\W+rollout_queue", p.read_text()))})
+#: A command at the start of a line or after a shell separator, after any VAR=value: `rollout-queue ...`,
+#: `python -m rollout_queue ...` (the same command) or `python -m rollout_queue.workers ...` (the worker's).
+PROGRAM = re.compile(r"(?:^|&&|;|\|\||\$\()\s*(?:[A-Za-z_]\w*=\S*\s+)*"
+                     r"(?:\S*/)?(?:(?P<cli>rollout-queue)|(?:python3?|\$\(PY\))\s+-m\s+(?P<module>rollout_queue(?:\.workers)?))"
+                     r"(?P<rest>\s.*)?$")
+JSON_COMMAND = re.compile(r'\[\s*"rollout-queue"[^\]]*\]')
+INLINE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
+SHELL_END = {"|", "||", "&", "&&", ";", ">", ">>", "2>", "2>&1"}
+
+
+def command_lines(path: Path) -> list[tuple[str, bool]]:
+    """(command line, complete): every command line written in ``path``. A line in a code block,
+    a script or a docstring is complete; a Markdown inline span may name a command or an option
+    without its required arguments (`rollout-queue dlq`, `rollout-queue worker --weights-mode`)."""
+    text = path.read_text(errors="replace")
+    if path.suffix == ".md":
+        blocks = "\n".join(m.group(0) for m in FENCE.finditer(text))
+        spans = [(" ".join(m.group(1).split()), False) for m in INLINE.finditer(prose(path))]
+    else:
+        blocks, spans = text, []
+    blocks = re.sub(r"\\{1,2}\n", " ", blocks)  # continuations (a docstring writes them \\)
+    found = [(m.group(0), True) for line in blocks.splitlines() if (m := PROGRAM.search(line.strip()))]
+    found += [(" ".join(json.loads(m.group(0))), True) for m in JSON_COMMAND.finditer(text)]
+    found += [(line, True) for line in argv_lists(text)] if path.suffix == ".py" else []
+    return found + [(m.group(0), False) for span, _ in spans if (m := PROGRAM.search(span))]
+
+
+def argv_lists(source: str) -> list[str]:
+    """The argv lists a Python file builds for ``-m rollout_queue[.workers]`` (a script starting a
+    worker), as command lines. A computed value is left out with its option (``"--url", url``), or is
+    a 1 where it stands alone; a ``*`` ends the list."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.List):
+            continue
+        words: list[str] = []
+        for element in node.elts:
+            if isinstance(element, ast.Starred):
+                break
+            if isinstance(element, ast.Constant) and isinstance(element.value, str):
+                words.append(element.value)
+            elif words and words[-1].startswith("--"):
+                words.pop()
+            else:
+                words.append("1")
+        if "-m" in words and words[words.index("-m") + 1:][:1] in (["rollout_queue"], ["rollout_queue.workers"]):
+            out.append(shlex.join(["python", *words[words.index("-m"):]]))
+    return out
+
+
+def argv_alternatives(line: str) -> tuple[str, list[list[str]]]:
+    """(the parser: cli or worker, each argv the line stands for). Placeholders become values:
+    `<dlq id>...`, an all-capitals word (`PATH`, `P`) and `...` after an option (`--url ...`) a 1,
+    any other `...` ("and so on") nothing, `a|b` each of a and b."""
+    m = PROGRAM.search(line)
+    assert m is not None
+    which = "worker" if m.group("module") == "rollout_queue.workers" else "cli"
+    rest = re.sub(r"<[^<>]+>(\.\.\.)?", "1", m.group("rest") or "")
+    words: list[str] = []
+    for word in shlex.split(rest, comments=True):
+        if word in SHELL_END or word.startswith(">"):
+            break
+        if word == "...":
+            words += ["1"] if words and words[-1].startswith("--") and words[-1] != "--" else []
+        else:
+            words.append("1" if re.fullmatch(r"[A-Z][A-Z_]*", word) else word)
+    argvs = [[]]
+    for word in words:
+        options = word.split("|") if "|" in word and not word.startswith("-") else [word]
+        argvs = [argv + [o] for argv in argvs for o in options]
+    return which, argvs
+
+
+def parse_error(which: str, argv: list[str]) -> str | None:
+    """None if the real parser takes ``argv`` (``--help`` included), else its error message."""
+    from rollout_queue.cli import build_parser
+    from rollout_queue.workers.cli import build_parser as worker_parser
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            (worker_parser() if which == "worker" else build_parser()).parse_args(argv)
+    except SystemExit as exc:
+        return None if exc.code == 0 else err.getvalue().strip().splitlines()[-1]
+    return None
+
+
+@pytest.mark.parametrize("source", COMMAND_SOURCES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_documented_command_line_parses(source: Path) -> None:
+    """Each `rollout-queue ...` (and `python -m rollout_queue[.workers] ...`) line that a doc, an
+    example, a script or an image writes is taken by the real parser: a complete line as written, an
+    inline mention but for the required arguments or an option's value it leaves out."""
+    bad = []
+    for line, complete in command_lines(source):
+        which, argvs = argv_alternatives(line)
+        for argv in argvs:
+            error = parse_error(which, argv)
+            mention = not complete and error is not None and (
+                "the following arguments are required" in error or error.endswith("expected one argument"))
+            if error is not None and not mention:
+                bad.append(f"`{line}` ({' '.join(argv)}): {error}")
+    assert not bad, f"{source.relative_to(REPO)}:\n  " + "\n  ".join(bad)
+
+
+def test_the_command_lines_are_found() -> None:
+    """Not vacuous: the forms the docs use are among the lines checked."""
+    lines = {line for source in COMMAND_SOURCES for line, _ in command_lines(source)}
+    for expected in ("rollout-queue worker --url redis://localhost:6379 --queue trl-digits -- --engine torch",
+                     "rollout-queue --queue trl-digits worker -- --engine torch",
+                     "rollout-queue dlq requeue --all --yes", "python -m rollout_queue.workers --url ... --queue agents",
+                     "rollout-queue --help", "python -m rollout_queue --queue bench-trl worker -- --engine torch"):
+        assert any(expected in line for line in lines), expected
