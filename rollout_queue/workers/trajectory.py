@@ -36,6 +36,7 @@ from rollout_queue.core.models import MODEL, OBSERVATION, Turn, check_trajectory
 from rollout_queue.workers.attempt import Attempt, Output
 from rollout_queue.workers.engines.base import Engine, SamplingConfig
 from rollout_queue.workers.environments import EnvironmentHost, ModelTurn
+from rollout_queue.workers.execution import engine_request
 from rollout_queue.workers.tasks import cancel, wait_tasks
 from rollout_queue.workers.versions import PolicyVersions
 
@@ -122,7 +123,7 @@ class TrajectoryRunner:
             if a.abort_reason is not None:
                 raise TrajectoryAborted
             try:
-                out = await asyncio.wait_for(self.engine.generate(rid, context, params),
+                out = await asyncio.wait_for(engine_request(self.engine, a, rid, context, params),
                                              max(0.0, deadline - time.monotonic()))
             except TimeoutError:  # wait_for cancelled the request, which aborts it inside the engine
                 return None, ()

@@ -289,15 +289,21 @@ def test_a_stale_receipt_on_complete_is_dropped(url: str, name: str) -> None:
     assert rt.drain() is None
 
 
-def test_a_fatal_engine_error_returns_every_owned_attempt_before_failing(url: str, name: str) -> None:
-    q = open_queue(url, name, max_attempts=5)
+def test_a_fatal_engine_error_counts_against_the_attempt_whose_request_raised_it_alone(url: str, name: str) -> None:
+    """Issue 29 item 14: the engine dies under g-2's request; the groups it held beside g-2 (their
+    requests in flight too) go back uncounted, so with max_attempts=1 only g-2 is dead-lettered."""
+    q = open_queue(url, name, max_attempts=1)
     submit(q, 3, n=2)
-    engine = ScriptedEngine(hang=True, fatal_after=6)  # the 6th generate call kills the engine
+    engine = ScriptedEngine(hang=True, fatal_after=6)  # the 6th generate call, g-2's second sample, kills the engine
     rt = start(url, name, engine)
     error = rt.join()
     assert isinstance(error, WorkerFailed) and "scripted fatal error" in str(error)
     st = q.stats()
-    assert (st.ready, st.executing_groups, st.terminals["lost"], st.dead) == (3, 0, 3, 0)
+    assert (st.ready, st.executing_groups, st.dead) == (2, 0, 1)
+    assert (st.terminals["failed"], st.terminals["aborted"], st.terminals["lost"]) == (1, 2, 0)
+    (letter,) = q.dead_letters()
+    assert letter.source_id == "g-2" and "the engine failed under this group's request" in letter.history[-1]["r"]
+    assert "scripted fatal error at call 6" in letter.history[-1]["r"]
     assert_nothing_owned(url, name, rt.runtime.worker_id)
 
 
