@@ -7,9 +7,10 @@ the engine cut a request short: not counted), fail (a ``RequestFailed``: counted
 complete or filter (``attempt.Settler``).
 
 It must not reserve, keep the set of attempts, or decide that the worker stops: whatever escapes
-``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``) is the runtime's to judge. An
-engine failure is remembered on the attempt whose own request raised it (``engine_request``), so
-that the runtime counts that attempt and releases the others uncounted.
+``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``, ``EnvironmentsHung``) is the
+runtime's to judge. An engine failure is remembered on the attempt whose own request raised it
+(``engine_request``), so that the runtime counts that attempt and releases the others uncounted.
+The queue's own aborts (``TrajectoryAborted``) settle aborted wherever they come from.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable
 
-from rollout_queue.core.errors import EnvironmentFailed
+from rollout_queue.core.errors import EnvironmentFailed, TrajectoryAborted
 from rollout_queue.workers.attempt import Attempt, Output, Phase, Settler, sampling_for
 from rollout_queue.workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
 from rollout_queue.workers.tasks import cancel
@@ -44,7 +45,6 @@ async def engine_request(engine: Engine, a: Attempt, request_id: str, prompt: Se
         raise
 
 
-
 class AttemptExecutor:
     """Runs attempts on one engine; ``on_sample_done`` hears of every sample that ends, however.
     With ``trajectories`` (the worker has an environment) each sample is a multi-turn trajectory."""
@@ -66,6 +66,10 @@ class AttemptExecutor:
         except EnvironmentFailed as exc:  # the environment's fault: counted, unless the queue aborted first
             a.phase = Phase.SETTLING
             await self.settler.settle(a, Abort(a.abort_reason) if a.abort_reason else Fail(str(exc)))
+            return
+        except TrajectoryAborted:  # the queue's own stop, wherever it landed: never counted, never fatal
+            a.phase = Phase.SETTLING
+            await self.settler.settle(a, Abort(a.abort_reason or "trajectory aborted"))
             return
         a.phase = Phase.SETTLING
         if a.abort_reason is None and any(out.aborted for out in outputs):

@@ -17,8 +17,8 @@ What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and
    STOPPED or FAILED, every change through ``_advance``, which also wakes the loops that care.
    Drain (``request_drain()``, SIGTERM): stop reserving, let in-flight attempts finish until the
    drain deadline, abort the rest, ``close()``, deregister. Fatal error (``EngineError``, any other
-   exception from the engine, a failed weight load, or Redis unreachable past the retry window):
-   stop reserving, count the failure against the one attempt it is
+   exception from the engine, a failed weight load, Redis unreachable past the retry window, or
+   ``EnvironmentsHung``): stop reserving, count the failure against the one attempt it is
    attributed to (the attempt whose own engine request raised it first: settled ``failed``, so a
    prompt that kills engines still ends in the dead letters), cancel every attempt that still needs
    the engine (those already settling get ``abort_grace_s``), ``close()`` so every other owned
@@ -203,8 +203,6 @@ class WorkerRuntime:
             clean = self._fatal is None
         finally:
             self.scorer.close()
-            if self.environment is not None:
-                self.environment.close_pool()
             await self._close_engine()  # idempotent: _serve already closed it after deregistering
             # From CLOSING, or (engine or queue never opened) from STARTING or an early DRAINING.
             self._advance(S.STOPPED if clean else S.FAILED)

@@ -17,7 +17,8 @@ Rules:
    valid sample.
 3. Faults of the environment raise ``EnvironmentFailed`` (environments.py): the attempt fails and
    the failure counts. The queue's own stops (``Attempt.aborted``: a weight update, a drain) end it
-   ``"abort"`` at once, also while an environment step is running, and never count.
+   ``"abort"`` at once, wherever they land (while the environment is built, reset or stepped, while
+   a model turn runs, between turns), and never count.
 4. Each turn records the oldest policy version it ran under; the sample's ``version`` is the oldest
    of them (staleness counts from the oldest model turn).
 """
@@ -70,12 +71,14 @@ class TrajectoryRunner:
         self.limits = limits or TrajectoryLimits()
 
     async def run(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig) -> Output:
-        """The trajectory of parent ``slot``; raises EnvironmentFailed, RequestFailed, EngineError."""
+        """The trajectory of parent ``slot``; raises EnvironmentFailed, RequestFailed, EngineError (and
+        EnvironmentsHung, before any user code runs)."""
         started = time.monotonic()
         deadline = started + self.limits.timeout_s
         t = _Trajectory()
-        env = await self._until_aborted(a, self.host.create())
+        env = self.host.open()
         try:
+            await self._until_aborted(a, self.host.create(env))
             first = await self._until_aborted(a, self.host.reset(env, a.reservation.group, slot), deadline)
             if first is _LATE:
                 return t.output("deadline", time.monotonic() - started, self.versions.loaded)
@@ -184,9 +187,9 @@ class _Trajectory:
             self.turns.append(Turn(OBSERVATION, len(token_ids)))
         return cut
 
-    def step(self, reward: float, info: Any) -> None:
-        self.rewards.append(float(reward))
-        self.infos.append(None if info is None else dict(info))
+    def step(self, reward: float, info: dict[str, Any] | None) -> None:
+        self.rewards.append(reward)
+        self.infos.append(info)
 
     def output(self, finish: str, seconds: float, loaded: int) -> Output:
         """The sample so far. Raises EnvironmentFailed when the step rewards sum to no finite number."""
