@@ -21,6 +21,11 @@ Rules:
    a model turn runs, between turns), and never count.
 4. Each turn records the oldest policy version it ran under; the sample's ``version`` is the oldest
    of them (staleness counts from the oldest model turn).
+5. Every turn's token ids are checked against the engine's vocabulary (``Engine.vocab_size``) as
+   they are appended, observations included (also one after the last model turn): an id the model
+   cannot embed would make the trainer's forward pass raise, so it never reaches the buffer. An
+   observation's is the environment's fault (``EnvironmentFailed``), a model turn's the request's
+   (``RequestFailed``); both fail the attempt, counted.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Sequence, TypeVar
 
-from rollout_queue.core.errors import EnvironmentFailed, InvalidInput, TrajectoryAborted
+from rollout_queue.core.errors import EnvironmentFailed, InvalidInput, RequestFailed, TrajectoryAborted
 from rollout_queue.core.models import MODEL, OBSERVATION, Turn, check_trajectory
 from rollout_queue.workers.attempt import Attempt, Output
 from rollout_queue.workers.engines.base import Engine, SamplingConfig
@@ -75,7 +80,7 @@ class TrajectoryRunner:
         EnvironmentsHung, before any user code runs)."""
         started = time.monotonic()
         deadline = started + self.limits.timeout_s
-        t = _Trajectory()
+        t = _Trajectory(self.engine.vocab_size)
         env = self.host.open()
         try:
             await self._until_aborted(a, self.host.create(env))
@@ -160,9 +165,11 @@ class TrajectoryRunner:
 
 
 class _Trajectory:
-    """The tokens, logprobs, turns, versions, step rewards and step records gathered so far."""
+    """The tokens, logprobs, turns, versions, step rewards and step records gathered so far; every
+    turn's ids within ``vocab_size`` (rule 5)."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.turns: list[Turn] = []
@@ -171,6 +178,9 @@ class _Trajectory:
         self.infos: list[Any] = []
 
     def model_turn(self, token_ids: tuple[int, ...], logprobs: tuple[float, ...], seen: tuple[int, ...]) -> None:
+        bad = self._outside(token_ids)
+        if bad is not None:
+            raise RequestFailed(f"the engine returned token id {bad}, outside its vocabulary of {self.vocab_size}")
         self.token_ids += token_ids
         self.logprobs += logprobs
         self.turns.append(Turn(MODEL, len(token_ids), min(seen)))
@@ -181,6 +191,10 @@ class _Trajectory:
         room = budget - len(self.token_ids)
         cut = len(token_ids) > room
         token_ids = token_ids[:max(0, room)]
+        bad = self._outside(token_ids)
+        if bad is not None:
+            raise EnvironmentFailed(f"the environment's observation holds token id {bad}, outside the model's "
+                                    f"vocabulary of {self.vocab_size}: the trainer could not embed it")
         if token_ids:
             self.token_ids += token_ids
             self.logprobs += [0.0] * len(token_ids)
@@ -190,6 +204,12 @@ class _Trajectory:
     def step(self, reward: float, info: dict[str, Any] | None) -> None:
         self.rewards.append(reward)
         self.infos.append(info)
+
+    def _outside(self, token_ids: Sequence[int]) -> int | None:
+        """The first id of ``token_ids`` outside ``[0, vocab_size)``, or None."""
+        if not token_ids or (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
+            return None
+        return next(t for t in token_ids if not 0 <= t < self.vocab_size)
 
     def output(self, finish: str, seconds: float, loaded: int) -> Output:
         """The sample so far. Raises EnvironmentFailed when the step rewards sum to no finite number."""

@@ -187,3 +187,13 @@ class BadStep:
                                  "ambiguous": Step(reward=1.0, done=_Ambiguous())}  # type: ignore[arg-type]
         return steps.get(self.kind, Step(reward=1.0, done=True))
 
+
+class OutOfVocabulary:
+    """Token-id observations holding an id the scripted engine's model cannot embed (1000 >= 259):
+    after each model turn, never done (so with max_turns=1 the bad observation is the last turn)."""
+
+    def step(self, turn: ModelTurn) -> Step:
+        return Step(observation=(OBS_OK, 1000), reward=0.5)
+
+
+OBS_OK = 3 + ord("o")  # a valid scripted-engine id: the byte "o"

@@ -8,7 +8,8 @@ group is dead-lettered; the queue's own drain aborting a trajectory mid-step wit
 a worker process SIGKILLed mid-trajectory, after which the group is trained exactly once.
 Issue 29: tool calls that never return fail only their own attempts (other trajectories go on, the
 worker stops at --env-max-hung, a SIGTERMed worker still exits); a step value that cannot be read
-fails only its attempt; weight updates landing anywhere (also while environments are built) never stop a worker.
+fails only its attempt; token ids outside the vocabulary never reach the buffer; weight updates
+landing anywhere (also while environments are built) never stop a worker.
 """
 
 from __future__ import annotations
@@ -347,6 +348,38 @@ def test_a_step_that_cannot_be_read_fails_only_its_own_attempt(
     (letter,) = q.dead_letters()
     assert letter.source_id == "bad" and all(r in letter.history[-1]["r"] for r in reasons), letter.history
     assert committed == {"ok": 1} and q.stats().terminals["lost"] == 0
+
+
+@pytest.mark.parametrize("max_turns", [1, 3])
+def test_token_ids_outside_the_vocabulary_never_reach_the_buffer(url: str, name: str, max_turns: int) -> None:
+    """Issue 29 item 11: an observation holding an id the model cannot embed (here after the last
+    model turn, or between turns) fails the attempt, counted; the trainer never sees it."""
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("g", "Q", 1)])
+    rt = start(url, name, envs.OutOfVocabulary, limits=TrajectoryLimits(max_turns=max_turns))
+    wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
+    assert rt.drain() is None
+    st = q.stats()
+    assert (st.completed, st.committed, st.terminals["failed"]) == (0, 0, 1)
+    (letter,) = q.dead_letters()
+    assert "observation holds token id 1000, outside the model's vocabulary of 259" in letter.history[-1]["r"]
+
+
+class SmallVocabulary(ScriptedEngine):
+    """A model whose every generated id is past its vocabulary (an engine gone wrong)."""
+
+    @property
+    def vocab_size(self) -> int:
+        return OFFSET
+
+
+def test_a_model_turn_outside_the_vocabulary_fails_the_attempt(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("g", "Q", 1)])
+    rt = start(url, name, envs.ScriptedTool, SmallVocabulary(text_fn=envs.turn_text))
+    wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
+    assert rt.drain() is None
+    assert "the engine returned token id 112, outside its vocabulary of 3" in q.dead_letters()[0].history[-1]["r"]
 
 
 def test_weight_updates_landing_anywhere_in_trajectories_never_stop_a_worker(url: str, name: str) -> None:
