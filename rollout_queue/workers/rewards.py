@@ -20,7 +20,8 @@ Rules:
    reward returns can raise anything but ``ScoringError`` out of ``Scorer``.
 2. Synchronous functions run on one dedicated daemon thread (``Scorer``, a ``tasks.Lane``), never on
    the event loop (a slow reward must not stall generation) and never two at once (user code need
-   not be thread-safe). A reward that never returns holds its attempt, never the worker's exit.
+   not be thread-safe). So a reward that never returns holds this worker's scoring (a reward has no
+   deadline of its own), but never its drain or its exit: the thread is a daemon.
 3. No tokenizer here: the runtime decodes text on its own thread and hands it in.
 
 Specs: ``package.module:function``, or the bare name of a built-in (``nonzero_std``,
