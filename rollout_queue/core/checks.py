@@ -47,8 +47,8 @@ def describe(value: Any) -> str:
     """A value for an error message: its type and a repr cut short (10**400 has 401 digits)."""
     try:
         text = repr(value)
-    except ValueError:  # an int past sys.get_int_max_str_digits() has no repr
-        text = f"<{value.bit_length()}-bit integer>"
+    except Exception:  # an int past sys.get_int_max_str_digits() has no repr; user code's may raise
+        text = f"<{value.bit_length()}-bit integer>" if isinstance(value, int) else "<unprintable>"
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 

@@ -364,6 +364,13 @@ class TrajectoryAborted(RolloutQueueError):
     it waited on the engine or its environment; it settles aborted, never counted."""
 
 
+class EnvironmentsHung(RolloutQueueError, RuntimeError):
+    """Inside a worker only: too many of its synchronous environment calls still run past their
+    deadline, each on a thread nothing can kill. Fatal for the worker, never for a group: it returns
+    its work uncounted and exits, and a restart frees the threads. Give the tool calls timeouts of their
+    own, or raise ``--env-max-hung``."""
+
+
 class WorkerFailed(RolloutQueueError, RuntimeError):
     """The worker stopped on a fatal error after returning its owned work (see ``__cause__``)."""
 

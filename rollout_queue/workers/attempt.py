@@ -102,6 +102,9 @@ class Attempt:
     abort_reason: str | None = None
     task: asyncio.Task[None] | None = None
     aborted: asyncio.Event = field(default_factory=asyncio.Event)  # set with abort_reason: ends environment waits
+    #: what the engine raised under one of this attempt's own requests (not RequestFailed): the
+    #: runtime counts an engine failure against this attempt only (execution.engine_request)
+    engine_error: BaseException | None = None
 
     @property
     def receipt(self) -> Receipt:

@@ -1,8 +1,11 @@
 """``rollout-queue worker`` / ``python -m rollout_queue.workers``: one command that runs a generation worker.
 
 Owns argument parsing, building the engine and the scorer, signal handling (SIGTERM and SIGINT
-drain; a second signal skips the rest of the drain timeout) and exit codes. Everything else is
-``WorkerRuntime``. Exit codes: 0 drained cleanly, 1 fatal error (owned work was returned first),
+drain; a second signal skips the rest of the drain timeout), ending the process in bounded time once
+its work is returned (``ExitDeadline``: user code that never returns must not keep a drained worker
+alive) and exit codes. Everything else is ``WorkerRuntime``. ``main`` is a process's entry point:
+once a runtime ran, the process ends within ``--exit-grace`` seconds.
+Exit codes: 0 drained cleanly, 1 fatal error (owned work was returned first),
 2 usage error (or queues that one worker cannot serve together), 3 cannot reach Redis, 4 a queue
 does not exist (the worker never creates one unless ``--create``: a mistyped ``--queue`` must not
 become a new empty queue that waits forever).
@@ -32,9 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Any, Collection, Sequence
 
 from redis.exceptions import RedisClusterException
@@ -45,14 +51,17 @@ from rollout_queue.core.errors import QueueNotFound
 from rollout_queue.ops import logs
 from rollout_queue.workers.engines.base import Engine, SamplingConfig, make_engine
 from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
-from rollout_queue.workers.environments import EnvironmentHost, load_environment
+from rollout_queue.workers.environments import MAX_HUNG, EnvironmentHost, load_environment
 from rollout_queue.workers.rewards import Scorer, load_function
 from rollout_queue.workers.trajectory import TrajectoryLimits
 from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 from rollout_queue.workers.served import ServedQueuesRefused
+from rollout_queue.workers.states import RuntimeState
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 DESCRIPTION = __doc__.split("\n")[0]
+#: Default seconds the process may take to end once the worker returned its work (--exit-grace).
+EXIT_GRACE_S = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +132,10 @@ def add_arguments(p: argparse.ArgumentParser, inherited: Collection[str] = ()) -
                    help="seconds one trajectory may take; past it, it ends with the turns finished (default 600)")
     e.add_argument("--env-step-timeout", type=float, default=30.0,
                    help="seconds one environment call may take; past it, the attempt fails (default 30)")
+    e.add_argument("--env-max-hung", type=int, default=MAX_HUNG, metavar="N",
+                   help="synchronous environment calls still running past their timeout (each holds a thread "
+                        "nothing can kill) at which the worker stops and returns its work uncounted "
+                        f"(default {MAX_HUNG})")
     w = p.add_argument_group("lifecycle")
     w.add_argument("--weights-mode", choices=["abort", "continue", "keep-kv"], default="abort",
                    help="at a new policy version: abort in-flight requests, continue them (vLLM recomputes "
@@ -131,6 +144,9 @@ def add_arguments(p: argparse.ArgumentParser, inherited: Collection[str] = ()) -
                    help="never join torch.distributed weight pushes: load every version from its folder")
     w.add_argument("--worker-id", default=None, help="default host:pid:nonce")
     w.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work after SIGTERM")
+    w.add_argument("--exit-grace", type=float, default=EXIT_GRACE_S, metavar="SECONDS",
+                   help="once its work is returned, the process ends within this many seconds even if user code "
+                        f"(a hung tool call or reward) still runs (default {EXIT_GRACE_S:g})")
     w.add_argument("--heartbeat-interval", type=float, default=None, help="default worker_timeout_s / 4")
     w.add_argument("--reconcile-interval", type=float, default=None,
                    help="seconds between checks that the queue gives this worker nothing it does not hold "
@@ -191,15 +207,54 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
     engine = build_engine(args.engine, args.model, engine_options)
     durable = Durability(args.durable_replicas, args.durable_timeout_ms) if args.durable_replicas else None
     environment = (None if args.env is None
-                   else EnvironmentHost(load_environment(args.env), step_timeout_s=args.env_step_timeout))
+                   else EnvironmentHost(load_environment(args.env), step_timeout_s=args.env_step_timeout,
+                                        max_hung=args.env_max_hung))
     limits = TrajectoryLimits(args.max_turns, args.trajectory_tokens, args.trajectory_timeout)
     return WorkerRuntime(args.url, args.queue, engine, options, worker_id=args.worker_id, scorer=scorer,
                          durability=durable, partitions=args.partitions, create=args.create,
                          environment=environment, trajectory=limits)
 
 
-async def serve(runtime: WorkerRuntime) -> None:
-    """Run with SIGTERM/SIGINT wired to a drain."""
+class ExitDeadline:
+    """Ends the process ``grace_s`` seconds after the worker returned its work, if it is still alive.
+
+    Why: a tool call or a reward may never return, and a thread cannot be killed. The runtime stops
+    waiting for such code (its attempt is settled, its thread a daemon), but the process's exit may
+    still wait on it: a thread a library started, an executor the interpreter joins, a coroutine
+    that swallows its cancellation while ``asyncio.run`` cleans up. Armed only once ``run()``
+    returned, so the queue's own settlement is never cut short; then ``os._exit`` with ``code``
+    (main sets the exact one as soon as it knows it)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.code = EXIT_FAIL
+        self._thread: threading.Thread | None = None
+
+    def arm(self, code: int) -> None:
+        self.code = code
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._expire, name="exit-deadline", daemon=True)
+            self._thread.start()
+
+    def _expire(self) -> None:
+        try:
+            time.sleep(self.grace_s)
+        except OverflowError:  # --exit-grace inf: no deadline
+            return
+        print(f"rollout-queue worker: still running {self.grace_s:g} s after returning its work (user code that "
+              f"never returned: a tool call, a reward); exiting {self.code}", file=sys.stderr)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(self.code)
+
+
+async def serve(runtime: WorkerRuntime, deadline: ExitDeadline | None = None) -> None:
+    """Run with SIGTERM/SIGINT wired to a drain; once ``run()`` returned (the work is back in the
+    queue), ``deadline`` bounds what is left of the process's life."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runtime.request_drain)
@@ -208,6 +263,8 @@ async def serve(runtime: WorkerRuntime) -> None:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if deadline is not None:
+            deadline.arm(EXIT_OK if runtime.state is RuntimeState.STOPPED else EXIT_FAIL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,13 +280,23 @@ def run(args: argparse.Namespace) -> int:
     if args.partitions < 1:
         print(f"rollout-queue worker: --partitions must be >= 1, not {args.partitions}", file=sys.stderr)
         return EXIT_USAGE
+    if not args.exit_grace >= 0:
+        print(f"rollout-queue worker: --exit-grace must be >= 0 seconds, not {args.exit_grace}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         runtime = build_runtime(args)
     except (ValueError, TypeError, ImportError) as exc:
         print(f"rollout-queue worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    deadline = ExitDeadline(args.exit_grace)
+    deadline.code = _run_to_exit_code(runtime, args, deadline)
+    return deadline.code
+
+
+def _run_to_exit_code(runtime: WorkerRuntime, args: argparse.Namespace, deadline: ExitDeadline) -> int:
+    """Serve until drained or failed; the exit code."""
     try:
-        asyncio.run(serve(runtime))
+        asyncio.run(serve(runtime, deadline))
     except QueueNotFound as exc:
         print(f"rollout-queue worker: {exc}", file=sys.stderr)
         return EXIT_NOT_FOUND

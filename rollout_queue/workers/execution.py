@@ -7,22 +7,42 @@ the engine cut a request short: not counted), fail (a ``RequestFailed``: counted
 complete or filter (``attempt.Settler``).
 
 It must not reserve, keep the set of attempts, or decide that the worker stops: whatever escapes
-``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``) is the runtime's to judge.
+``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``, ``EnvironmentsHung``) is the
+runtime's to judge. An engine failure is remembered on the attempt whose own request raised it
+(``engine_request``), so that the runtime counts that attempt and releases the others uncounted.
+The queue's own aborts (``TrajectoryAborted``) settle aborted wherever they come from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable
 
-from rollout_queue.core.errors import EnvironmentFailed
+from rollout_queue.core.errors import EnvironmentFailed, TrajectoryAborted
 from rollout_queue.workers.attempt import Attempt, Output, Phase, Settler, sampling_for
-from rollout_queue.workers.engines.base import Engine, RequestFailed, SamplingConfig
-from rollout_queue.workers.trajectory import TrajectoryRunner
+from rollout_queue.workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
 from rollout_queue.workers.tasks import cancel
 from rollout_queue.workers.verdicts import Abort, Fail
 from rollout_queue.workers.versions import PolicyVersions
+
+if TYPE_CHECKING:  # trajectory.py imports engine_request from here
+    from rollout_queue.workers.trajectory import TrajectoryRunner
+
+
+async def engine_request(engine: Engine, a: Attempt, request_id: str, prompt: Sequence[int],
+                         params: SamplingConfig) -> SampleOutput:
+    """``engine.generate`` for one of ``a``'s requests. Anything it raises but ``RequestFailed`` (and
+    a cancellation) is the engine failing under this request: kept as ``a.engine_error`` before it
+    propagates, so the runtime can tell the attempt it is attributed to (DESIGN, Failure handling)."""
+    try:
+        return await engine.generate(request_id, prompt, params)
+    except RequestFailed:
+        raise
+    except Exception as exc:
+        a.engine_error = exc
+        raise
 
 
 class AttemptExecutor:
@@ -46,6 +66,10 @@ class AttemptExecutor:
         except EnvironmentFailed as exc:  # the environment's fault: counted, unless the queue aborted first
             a.phase = Phase.SETTLING
             await self.settler.settle(a, Abort(a.abort_reason) if a.abort_reason else Fail(str(exc)))
+            return
+        except TrajectoryAborted:  # the queue's own stop, wherever it landed: never counted, never fatal
+            a.phase = Phase.SETTLING
+            await self.settler.settle(a, Abort(a.abort_reason or "trajectory aborted"))
             return
         a.phase = Phase.SETTLING
         if a.abort_reason is None and any(out.aborted for out in outputs):
@@ -89,5 +113,5 @@ class AttemptExecutor:
         with self.versions.request(rid, a.rids) as seen:
             if a.abort_reason is not None:
                 return Output((), (), "abort", tuple(seen))
-            out = await self.engine.generate(rid, prompt, params)
+            out = await engine_request(self.engine, a, rid, prompt, params)
             return Output.of(out, seen, time.monotonic() - started)

@@ -15,8 +15,13 @@ Rules:
 1. A reward or filter that raises, or returns something that is not a finite number (or reason),
    raises ``ScoringError``; the runtime ends the attempt ``failed`` with its message, which counts
    toward ``max_attempts``, so a prompt that always breaks the reward ends in the dead letters.
-2. Synchronous functions run on one dedicated thread (``Scorer``), never on the event loop (a slow
-   reward must not stall generation) and never two at once (user code need not be thread-safe).
+   Whatever comes back is read here and nowhere else: an int too large for a float (``10**400``),
+   a NaN, a string, a scalar where a group reward owes a list, an iterator that raises. Nothing a
+   reward returns can raise anything but ``ScoringError`` out of ``Scorer``.
+2. Synchronous functions run on one dedicated daemon thread (``Scorer``, a ``tasks.Lane``), never on
+   the event loop (a slow reward must not stall generation) and never two at once (user code need
+   not be thread-safe). So a reward that never returns holds this worker's scoring (a reward has no
+   deadline of its own), but never its drain or its exit: the thread is a daemon.
 3. No tokenizer here: the runtime decodes text on its own thread and hands it in.
 
 Specs: ``package.module:function``, or the bare name of a built-in (``nonzero_std``,
@@ -28,15 +33,15 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import math
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
-from rollout_queue.core.errors import ScoringError
+from rollout_queue.core.checks import check_number, describe
+from rollout_queue.core.errors import InvalidInput, ScoringError
 from rollout_queue import Sample, SourceGroup, Turn
 from rollout_queue.core.models import check_reason
+from rollout_queue.workers.tasks import Lane, abandonable
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ class Scorer:
 
     def __init__(self, reward: RewardFn | None = None, filter: FilterFn | None = None) -> None:
         self.reward, self.filter = reward, filter
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+        self._lane = Lane("reward")
 
     @property
     def needs_text(self) -> bool:
@@ -107,10 +112,7 @@ class Scorer:
             values = await self._guard(fn, asyncio.gather(*(fn(group, o) for o in outputs)))
         else:
             values = await self._guard(fn, self._call(lambda: [fn(group, o) for o in outputs]))
-        values = list(values)
-        if len(values) != len(outputs):
-            raise ScoringError(f"reward {_name(fn)} returned {len(values)} values for {len(outputs)} samples")
-        return [_finite(v, fn) for v in values]
+        return _rewards(values, fn, len(outputs))
 
     async def check(self, group: SourceGroup, samples: Sequence[Sample]) -> str | None:
         """None to keep the group, or the reason (free text) it is filtered for. Raises ScoringError."""
@@ -120,7 +122,7 @@ class Scorer:
         verdict = await self._guard(fn, self._call(fn, group, list(samples)))
         if verdict is None or verdict is False:
             return None
-        reason = fn.__name__ if verdict is True else verdict
+        reason = getattr(fn, "__name__", "filter") if verdict is True else verdict
         try:
             return check_reason(reason, "filter reason")
         except ValueError as exc:
@@ -130,28 +132,61 @@ class Scorer:
         """Await ``fn(*args)``: coroutine functions on the loop, the rest on the reward thread."""
         if inspect.iscoroutinefunction(fn):
             return await fn(*args)
-        result = await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args))
+        result = await self._lane.call(lambda: fn(*args))
         return await result if inspect.isawaitable(result) else result
 
     @staticmethod
     async def _guard(fn: Callable[..., Any], work: Awaitable[Any]) -> Any:
+        """Await user code; cancelling the caller never waits for it (``abandonable``)."""
         try:
-            return await work
+            return await abandonable(work)
         except Exception as exc:  # user code: any error ends this attempt failed, with the reason
-            raise ScoringError(f"{_name(fn)} raised {exc!r}") from exc
+            raise ScoringError(f"{_name(fn)} raised {explain(exc)}") from exc
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        """Let the reward thread end once its call returns (a hung one never holds the exit)."""
+        self._lane.stop()
 
 
 def _name(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
 
 
-def _finite(value: Any, fn: RewardFn) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ScoringError(f"reward {_name(fn)} returned {value!r}; rewards must be finite numbers")
-    return float(value)
+def explain(exc: BaseException) -> str:
+    """``repr(exc)`` for a reason; user code's exceptions may have a repr that raises."""
+    try:
+        return repr(exc)
+    except Exception:
+        return f"{type(exc).__name__}(<unprintable>)"
+
+
+def finite(value: Any) -> float | None:
+    """A reward as a finite float, or None: not a real number (a bool, a string, None), NaN or an
+    infinity, an int too large for a float (``10**400``), or a number type whose ``float()`` raises.
+    The one check of a reward's value, for reward functions and environment steps alike."""
+    try:
+        return check_number(value, "reward")
+    except Exception:  # InvalidInput, or user code's number type failing its own conversion
+        return None
+
+
+def _rewards(values: Any, fn: RewardFn, count: int) -> list[float]:
+    """What a reward function returned, as ``count`` finite floats (rule 1); ScoringError for
+    anything else, whatever reading it raises."""
+    if isinstance(values, (str, bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
+        raise ScoringError(f"reward {_name(fn)} returned {describe(values)}: a group reward returns a list "
+                           "with one reward per sample")
+    try:
+        items = list(values)
+    except Exception as exc:  # an iterator of user code that raises
+        raise ScoringError(f"reward {_name(fn)} returned rewards that cannot be read: {explain(exc)}") from exc
+    if len(items) != count:
+        raise ScoringError(f"reward {_name(fn)} returned {len(items)} values for {count} samples")
+    rewards = [finite(v) for v in items]
+    for value, reward in zip(items, rewards):
+        if reward is None:
+            raise ScoringError(f"reward {_name(fn)} returned {describe(value)}; rewards must be finite numbers")
+    return rewards  # type: ignore[return-value]  # no None left
 
 
 # -- built-ins -----------------------------------------------------------------------------------

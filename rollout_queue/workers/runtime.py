@@ -17,10 +17,13 @@ What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and
    STOPPED or FAILED, every change through ``_advance``, which also wakes the loops that care.
    Drain (``request_drain()``, SIGTERM): stop reserving, let in-flight attempts finish until the
    drain deadline, abort the rest, ``close()``, deregister. Fatal error (``EngineError``, any other
-   exception from the engine, a failed weight load, or Redis unreachable past the retry window):
-   stop reserving, cancel every attempt that still needs the engine (those already settling get
-   ``abort_grace_s``), ``close(terminal='lost')`` so every owned attempt returns to ready exactly,
-   and only then ``run()`` raises ``WorkerFailed``.
+   exception from the engine, a failed weight load, Redis unreachable past the retry window, or
+   ``EnvironmentsHung``): stop reserving, count the failure against the one attempt it is
+   attributed to (the attempt whose own engine request raised it first: settled ``failed``, so a
+   prompt that kills engines still ends in the dead letters), cancel every attempt that still needs
+   the engine (those already settling get ``abort_grace_s``), ``close()`` so every other owned
+   attempt returns to ready exactly and uncounted (``aborted``: not their fault), and only then
+   ``run()`` raises ``WorkerFailed``.
 5. Reporting: every fact is a typed event (``events.py``), logged once and handed to ``on_event``.
 
 It must not: settle an attempt twice, hold a reservation it is not executing, heartbeat after
@@ -66,7 +69,7 @@ from rollout_queue.workers.scheduler import SubmissionScheduler
 from rollout_queue.workers.served import ServedQueues, ServedQueuesRefused, check_follower, parse_queue_spec
 from rollout_queue.workers.states import Lifecycle, RuntimeState
 from rollout_queue.workers.tasks import cancel, first_of, wait_tasks
-from rollout_queue.workers.verdicts import Abort
+from rollout_queue.workers.verdicts import Abort, Fail
 from rollout_queue.workers.pushes import PushFollower
 from rollout_queue.workers.versions import PolicyVersions
 
@@ -200,8 +203,6 @@ class WorkerRuntime:
             clean = self._fatal is None
         finally:
             self.scorer.close()
-            if self.environment is not None:
-                self.environment.close_pool()
             await self._close_engine()  # idempotent: _serve already closed it after deregistering
             # From CLOSING, or (engine or queue never opened) from STARTING or an early DRAINING.
             self._advance(S.STOPPED if clean else S.FAILED)
@@ -274,7 +275,7 @@ class WorkerRuntime:
             await self._close_engine()
 
     async def _guarded(self, loop: Awaitable[None]) -> None:
-        """Run one of the runtime's loops or attempts; an exception out of it is fatal for the worker."""
+        """Run one of the runtime's loops; an exception out of it is fatal for the worker."""
         try:
             await loop
         except Exception as exc:  # EngineError, a failed weight load, Redis lost past the retry window, a bug
@@ -309,8 +310,10 @@ class WorkerRuntime:
                                 *interrupts)
 
     async def _close_worker(self) -> None:
+        """Return every attempt still owned, uncounted: after a drain, and after a fatal error too,
+        whose one attributable attempt ``_blame`` already counted (the others are not at fault)."""
         assert self._worker is not None
-        terminal = "aborted" if self._fatal is None else "lost"
+        terminal = "aborted"
         reason = "worker drained" if self._fatal is None else f"fatal worker error: {self._fatal!r}"[:500]
         try:
             requeued, dead = await self._worker.close(terminal, reason)
@@ -368,7 +371,12 @@ class WorkerRuntime:
 
     async def _run_attempt(self, a: Attempt) -> None:
         try:
-            await self._guarded(self._execute(a))
+            await self._execute(a)
+        except Exception as exc:  # fatal for the worker: an engine failure, Redis lost past the retry window, a bug
+            attributed = self._fatal is None and a.engine_error is exc  # its own request raised it, first
+            self._fail(exc)
+            if attributed and self._fatal is exc:
+                await self._blame(a, exc)
         finally:
             self._attempts.pop(a.receipt, None)
             if self.scheduler is not None:
@@ -378,8 +386,20 @@ class WorkerRuntime:
     async def _execute(self, a: Attempt) -> None:
         await self.versions.ready.wait()
         if self.state is S.FAILING:
-            return  # the engine is unusable; close(terminal='lost') returns this attempt
+            return  # the engine is unusable; close() returns this attempt, uncounted
         await self._executor.execute(a)
+
+    async def _blame(self, a: Attempt, exc: BaseException) -> None:
+        """Count a fatal engine error against the attempt whose request raised it, and only it: settled
+        ``failed`` with the error as the reason (rule 4: a prompt that kills engines must not loop for
+        ever). The requests that fail after it share the dead engine's fate, not its blame: close()
+        returns their attempts uncounted. When the engine dies under all its requests at once, the
+        first to report it is the one counted."""
+        a.phase = Phase.SETTLING  # _abandon leaves it abort_grace_s to settle
+        try:
+            await self._executor.settler.settle(a, Fail(f"the engine failed under this group's request: {exc!r}"))
+        except Exception:  # Redis unreachable past the retry window: close() returns it, or the reaper does
+            return
 
     def _sample_done(self, a: Attempt) -> None:
         if self.scheduler is not None and self.scheduler.on_sample_done(a.receipt):

@@ -17,9 +17,15 @@ Rules:
    valid sample.
 3. Faults of the environment raise ``EnvironmentFailed`` (environments.py): the attempt fails and
    the failure counts. The queue's own stops (``Attempt.aborted``: a weight update, a drain) end it
-   ``"abort"`` at once, also while an environment step is running, and never count.
+   ``"abort"`` at once, wherever they land (while the environment is built, reset or stepped, while
+   a model turn runs, between turns), and never count.
 4. Each turn records the oldest policy version it ran under; the sample's ``version`` is the oldest
    of them (staleness counts from the oldest model turn).
+5. Every turn's token ids are checked against the engine's vocabulary (``Engine.vocab_size``) as
+   they are appended, observations included (also one after the last model turn): an id the model
+   cannot embed would make the trainer's forward pass raise, so it never reaches the buffer. An
+   observation's is the environment's fault (``EnvironmentFailed``), a model turn's the request's
+   (``RequestFailed``); both fail the attempt, counted.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Sequence, TypeVar
 
-from rollout_queue.core.errors import EnvironmentFailed, InvalidInput, TrajectoryAborted
+from rollout_queue.core.errors import EnvironmentFailed, InvalidInput, RequestFailed, TrajectoryAborted
 from rollout_queue.core.models import MODEL, OBSERVATION, Turn, check_trajectory
 from rollout_queue.workers.attempt import Attempt, Output
 from rollout_queue.workers.engines.base import Engine, SamplingConfig
 from rollout_queue.workers.environments import EnvironmentHost, ModelTurn
+from rollout_queue.workers.execution import engine_request
 from rollout_queue.workers.tasks import cancel, wait_tasks
 from rollout_queue.workers.versions import PolicyVersions
 
@@ -69,12 +76,14 @@ class TrajectoryRunner:
         self.limits = limits or TrajectoryLimits()
 
     async def run(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig) -> Output:
-        """The trajectory of parent ``slot``; raises EnvironmentFailed, RequestFailed, EngineError."""
+        """The trajectory of parent ``slot``; raises EnvironmentFailed, RequestFailed, EngineError (and
+        EnvironmentsHung, before any user code runs)."""
         started = time.monotonic()
         deadline = started + self.limits.timeout_s
-        t = _Trajectory()
-        env = await self._until_aborted(a, self.host.create())
+        t = _Trajectory(self.engine.vocab_size)
+        env = self.host.open()
         try:
+            await self._until_aborted(a, self.host.create(env))
             first = await self._until_aborted(a, self.host.reset(env, a.reservation.group, slot), deadline)
             if first is _LATE:
                 return t.output("deadline", time.monotonic() - started, self.versions.loaded)
@@ -122,7 +131,7 @@ class TrajectoryRunner:
             if a.abort_reason is not None:
                 raise TrajectoryAborted
             try:
-                out = await asyncio.wait_for(self.engine.generate(rid, context, params),
+                out = await asyncio.wait_for(engine_request(self.engine, a, rid, context, params),
                                              max(0.0, deadline - time.monotonic()))
             except TimeoutError:  # wait_for cancelled the request, which aborts it inside the engine
                 return None, ()
@@ -156,9 +165,11 @@ class TrajectoryRunner:
 
 
 class _Trajectory:
-    """The tokens, logprobs, turns, versions, step rewards and step records gathered so far."""
+    """The tokens, logprobs, turns, versions, step rewards and step records gathered so far; every
+    turn's ids within ``vocab_size`` (rule 5)."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.turns: list[Turn] = []
@@ -167,6 +178,9 @@ class _Trajectory:
         self.infos: list[Any] = []
 
     def model_turn(self, token_ids: tuple[int, ...], logprobs: tuple[float, ...], seen: tuple[int, ...]) -> None:
+        bad = self._outside(token_ids)
+        if bad is not None:
+            raise RequestFailed(f"the engine returned token id {bad}, outside its vocabulary of {self.vocab_size}")
         self.token_ids += token_ids
         self.logprobs += logprobs
         self.turns.append(Turn(MODEL, len(token_ids), min(seen)))
@@ -177,15 +191,25 @@ class _Trajectory:
         room = budget - len(self.token_ids)
         cut = len(token_ids) > room
         token_ids = token_ids[:max(0, room)]
+        bad = self._outside(token_ids)
+        if bad is not None:
+            raise EnvironmentFailed(f"the environment's observation holds token id {bad}, outside the model's "
+                                    f"vocabulary of {self.vocab_size}: the trainer could not embed it")
         if token_ids:
             self.token_ids += token_ids
             self.logprobs += [0.0] * len(token_ids)
             self.turns.append(Turn(OBSERVATION, len(token_ids)))
         return cut
 
-    def step(self, reward: float, info: Any) -> None:
-        self.rewards.append(float(reward))
-        self.infos.append(None if info is None else dict(info))
+    def step(self, reward: float, info: dict[str, Any] | None) -> None:
+        self.rewards.append(reward)
+        self.infos.append(info)
+
+    def _outside(self, token_ids: Sequence[int]) -> int | None:
+        """The first id of ``token_ids`` outside ``[0, vocab_size)``, or None."""
+        if not token_ids or (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
+            return None
+        return next(t for t in token_ids if not 0 <= t < self.vocab_size)
 
     def output(self, finish: str, seconds: float, loaded: int) -> Output:
         """The sample so far. Raises EnvironmentFailed when the step rewards sum to no finite number."""

@@ -2,8 +2,8 @@
 
 Header outcome: {'ok', requeued, dead_lettered, done} (call again until done = 1). Invariant: once
 done, the worker owns nothing in the PEL and is not registered (not in `workers`, `reserves` or
-XINFO CONSUMERS). Terminal 'aborted' (clean close, drain) does not count toward max_attempts;
-'lost' (fatal engine error) does (DESIGN rule 4).
+XINFO CONSUMERS). Terminal 'aborted' (clean close, drain, a worker's fatal error) does not count
+toward max_attempts; 'lost' does (DESIGN rule 4).
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ predict every token of a trajectory from the scripted engine's text function ``t
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from rollout_queue import SourceGroup
@@ -122,3 +125,75 @@ class Overflow:
 
     def step(self, turn: ModelTurn) -> Step:
         return Step(observation=None if turn.index else "<o0>", reward=1e308, done=turn.index == 1)
+
+
+#: Lets every Stuck call return (set by a test when it ends; a worker process never sets it).
+STUCK = threading.Event()
+
+
+def mark_started() -> None:
+    """Create the file ROLLOUT_TEST_MARK names, if any: a test in another process sees the call began."""
+    mark = os.environ.get("ROLLOUT_TEST_MARK")
+    if mark:
+        Path(mark).touch()
+
+
+class Stuck(HangingSync):
+    """A synchronous tool call that does not return on prompts containing "hang" (until STUCK is set)."""
+
+    def step(self, turn: ModelTurn) -> Step:
+        if self.hang:
+            mark_started()
+            STUCK.wait()
+        return Step(reward=1.0, done=True)
+
+
+class Stubborn(HangingSync):
+    """An async tool call on prompts containing "hang" that swallows every cancellation: it never ends."""
+
+    async def step(self, turn: ModelTurn) -> Step:  # type: ignore[override]
+        while self.hang:
+            mark_started()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+        return Step(reward=1.0, done=True)
+
+
+class SlowBuild(ScriptedTool):
+    """ScriptedTool whose constructor takes 50 ms (a blocking set-up): weight updates land in it."""
+
+    def __init__(self) -> None:
+        time.sleep(0.05)
+        super().__init__()
+
+
+class _Ambiguous:
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of an array with more than one element is ambiguous")
+
+
+class BadStep:
+    """Step values that cannot be read as they should, on prompts naming them: a reward too large
+    for a float, a NaN reward, a text reward, a done flag whose truth raises."""
+
+    def reset(self, group: SourceGroup, slot: int) -> None:
+        self.kind = group.prompt.split()[0]
+
+    def step(self, turn: ModelTurn) -> Any:
+        steps: dict[str, Any] = {"huge": Step(reward=10**400, done=True), "nan": Step(reward=float("nan"), done=True),
+                                 "text": Step(reward="1.0", done=True),  # type: ignore[arg-type]
+                                 "ambiguous": Step(reward=1.0, done=_Ambiguous())}  # type: ignore[arg-type]
+        return steps.get(self.kind, Step(reward=1.0, done=True))
+
+
+class OutOfVocabulary:
+    """Token-id observations holding an id the scripted engine's model cannot embed (1000 >= 259):
+    after each model turn, never done (so with max_turns=1 the bad observation is the last turn)."""
+
+    def step(self, turn: ModelTurn) -> Step:
+        return Step(observation=(OBS_OK, 1000), reward=0.5)
+
+
+OBS_OK = 3 + ord("o")  # a valid scripted-engine id: the byte "o"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import pytest
@@ -86,6 +87,44 @@ def test_a_reward_that_raises_is_a_scoring_error_with_the_reason() -> None:
         run(Scorer(broken_async).score(GROUP, [out(0)]))
     with pytest.raises(ScoringError, match="2 values for 3"):
         run(Scorer(group_reward(lambda g, os: [1.0, 2.0])).score(GROUP, [out(0), out(1), out(2)]))
+
+
+@pytest.mark.parametrize(("result", "shown"), [
+    (10**400, "int 1000000"),  # no float holds it: math.isfinite raised OverflowError
+    (10**5000, "<16610-bit integer>"),  # not even a repr
+    (float("inf"), "float inf"),
+    ([1.0], "list [1.0]"),
+], ids=["10**400", "10**5000", "inf", "list"])
+def test_a_per_sample_reward_that_is_no_finite_number_is_a_scoring_error(result: object, shown: str) -> None:
+    """Issue 29 item 10: nothing a reward returns raises anything but ScoringError."""
+    with pytest.raises(ScoringError, match="rewards must be finite numbers") as caught:
+        run(Scorer(lambda g, o: result).score(GROUP, [out(0)]))
+    assert shown in str(caught.value)
+
+
+def raising_rewards() -> object:
+    yield 1.0
+    raise RuntimeError("judge went away mid-list")
+
+
+class NoFloat(float):
+    def __float__(self) -> float:
+        raise RuntimeError("a number type of user code that cannot convert itself")
+
+
+@pytest.mark.parametrize(("result", "message"), [
+    (1.0, "returned float 1.0: a group reward returns a list with one reward per sample"),  # used to be a TypeError
+    (None, "returned NoneType None: a group reward returns a list"),
+    ("abc", "returned str 'abc': a group reward returns a list"),
+    ({0: 1.0, 1: 1.0}, "returned dict"),
+    ([1.0, 10**400], "returned int 1000000"),
+    ([1.0, NoFloat(2.0)], "rewards must be finite numbers"),
+    (raising_rewards(), "rewards that cannot be read: RuntimeError('judge went away mid-list')"),
+], ids=["scalar", "none", "text", "dict", "10**400", "no-float", "raising-iterator"])
+def test_a_group_reward_that_returns_no_list_of_finite_numbers_is_a_scoring_error(result: object,
+                                                                                 message: str) -> None:
+    with pytest.raises(ScoringError, match=re.escape(message)):
+        run(Scorer(group_reward(lambda g, os: result)).score(GROUP, [out(0), out(1)]))
 
 
 def test_nonzero_std_filter() -> None:

@@ -212,6 +212,28 @@ def test_a_reward_that_raises_fails_the_attempt_with_the_reason(url: str, name: 
     assert rt.drain() is None
 
 
+def test_a_reward_that_is_no_list_of_finite_numbers_fails_only_its_attempt(url: str, name: str) -> None:
+    """Issue 29 item 10: a group reward returning a scalar (a TypeError) or 10**400 (an OverflowError
+    inside the finiteness check) used to kill the worker, every group it held counted lost."""
+
+    @rewards.group_reward
+    def reward(group: SourceGroup, outputs: list[Generated]) -> Any:
+        kind = group.prompt.split()[0]
+        return {"scalar": 1.0, "huge": [10**400] * len(outputs)}.get(kind, [1.0] * len(outputs))
+
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("scalar", "scalar please", 2), SourceGroup("huge", "huge please", 2),
+              SourceGroup("ok", "fine please", 2)])
+    rt = start(url, name, ScriptedEngine(), Scorer(reward))
+    committed, _ = train(q, {"ok"})
+    wait_until(lambda: q.stats().dead == 2, 10, message="two dead letters")
+    assert rt.drain() is None  # the worker lived through both
+    reasons = {d.source_id: d.history[-1]["r"] for d in q.dead_letters()}
+    assert "returned float 1.0: a group reward returns a list" in reasons["scalar"]
+    assert "returned int 1000000" in reasons["huge"] and "rewards must be finite numbers" in reasons["huge"]
+    assert committed == {"ok": 1} and q.stats().terminals["lost"] == 0
+
+
 def test_nonzero_std_filter_settles_constant_groups_filtered(url: str, name: str) -> None:
     q = open_queue(url, name)
     q.submit([SourceGroup(f"same-{i}", f"same {i}", 3) for i in range(3)]
@@ -289,15 +311,21 @@ def test_a_stale_receipt_on_complete_is_dropped(url: str, name: str) -> None:
     assert rt.drain() is None
 
 
-def test_a_fatal_engine_error_returns_every_owned_attempt_before_failing(url: str, name: str) -> None:
-    q = open_queue(url, name, max_attempts=5)
+def test_a_fatal_engine_error_counts_against_the_attempt_whose_request_raised_it_alone(url: str, name: str) -> None:
+    """Issue 29 item 14: the engine dies under g-2's request; the groups it held beside g-2 (their
+    requests in flight too) go back uncounted, so with max_attempts=1 only g-2 is dead-lettered."""
+    q = open_queue(url, name, max_attempts=1)
     submit(q, 3, n=2)
-    engine = ScriptedEngine(hang=True, fatal_after=6)  # the 6th generate call kills the engine
+    engine = ScriptedEngine(hang=True, fatal_after=6)  # the 6th generate call, g-2's second sample, kills the engine
     rt = start(url, name, engine)
     error = rt.join()
     assert isinstance(error, WorkerFailed) and "scripted fatal error" in str(error)
     st = q.stats()
-    assert (st.ready, st.executing_groups, st.terminals["lost"], st.dead) == (3, 0, 3, 0)
+    assert (st.ready, st.executing_groups, st.dead) == (2, 0, 1)
+    assert (st.terminals["failed"], st.terminals["aborted"], st.terminals["lost"]) == (1, 2, 0)
+    (letter,) = q.dead_letters()
+    assert letter.source_id == "g-2" and "the engine failed under this group's request" in letter.history[-1]["r"]
+    assert "scripted fatal error at call 6" in letter.history[-1]["r"]
     assert_nothing_owned(url, name, rt.runtime.worker_id)
 
 

@@ -99,8 +99,8 @@ def test_a_fatal_error_goes_through_failing_and_closing_before_run_raises(url: s
     assert fatal.cause is error.__cause__
     assert events.index(fatal) + 1 == events.index(next(e for e in events if isinstance(e, StateChanged)
                                                          and e.state is S.FAILING))
-    closed = next(e for e in events if isinstance(e, WorkerClosed))
-    assert closed.terminal == "lost" and closed.requeued == 3
+    closed = next(e for e in events if isinstance(e, WorkerClosed))  # the attempt blamed was failed before
+    assert closed.terminal == "aborted" and closed.requeued == 2 and dict(closed.settled)["failed"] == 1
     assert rt.runtime.worker_id not in pel_owners(url, name)
 
 

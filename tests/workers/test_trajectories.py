@@ -6,11 +6,18 @@ reward and step record; the limits (turns, token budget, wall clock) ending a tr
 an environment that raises, hangs or returns garbage failing the attempt with its reason until the
 group is dead-lettered; the queue's own drain aborting a trajectory mid-step without counting; and
 a worker process SIGKILLed mid-trajectory, after which the group is trained exactly once.
+Issue 29: tool calls that never return fail only their own attempts (other trajectories go on, the
+worker stops at --env-max-hung, a SIGTERMed worker still exits); a step value that cannot be read
+fails only its attempt; token ids outside the vocabulary never reach the buffer; weight updates
+landing anywhere (also while environments are built) never stop a worker.
 """
 
 from __future__ import annotations
 
+import signal
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +28,8 @@ from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.engines.scripted import OFFSET, ScriptedEngine
 from rollout_queue.workers.environments import EnvironmentHost, load_environment
 from rollout_queue.workers.rewards import Scorer
-from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
+from rollout_queue.core.errors import EnvironmentsHung
+from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 from rollout_queue.workers.trajectory import TrajectoryLimits
 from tests.helpers import wait_until
 from tests.workers import envs
@@ -29,6 +37,7 @@ from tests.workers.runtime_helpers import (
     RuntimeThread,
     open_queue,
     pel_owners,
+    serving_workers,
     spawn_worker,
     train,
     worker_server,  # noqa: F401  # a fixture, used by name
@@ -45,13 +54,22 @@ def name() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
 
 
+@pytest.fixture
+def stuck() -> Iterator[None]:
+    """envs.Stuck calls hang for the test, and all return once it ended."""
+    envs.STUCK.clear()
+    yield
+    envs.STUCK.set()
+
+
 def start(url: str, name: str, env: Any, engine: ScriptedEngine | None = None, *, step_timeout_s: float = 5.0,
-          limits: TrajectoryLimits | None = None, scorer: Scorer | None = None, **options: Any) -> RuntimeThread:
+          limits: TrajectoryLimits | None = None, scorer: Scorer | None = None,
+          host_options: dict[str, Any] | None = None, **options: Any) -> RuntimeThread:
     opts = WorkerOptions(**{"block_ms": 200, "sampling": SamplingConfig(max_tokens=32), **options})
     engine = engine or ScriptedEngine(text_fn=envs.turn_text)
+    host = EnvironmentHost(env, step_timeout_s=step_timeout_s, **(host_options or {}))
     return RuntimeThread(WorkerRuntime(url, name, engine, opts, worker_id=f"wk-{uuid.uuid4().hex[:6]}",
-                                       scorer=scorer, environment=EnvironmentHost(env, step_timeout_s=step_timeout_s),
-                                       trajectory=limits)).start()
+                                       scorer=scorer, environment=host, trajectory=limits)).start()
 
 
 def ids(text: str) -> list[int]:
@@ -249,6 +267,152 @@ def test_a_worker_killed_mid_trajectory_is_reaped_and_the_group_trained_once(url
             check_scripted(s, 3)
     st = q.stats()
     assert (st.committed, st.dead, st.terminals["lost"]) == (3, 0, 3)
+
+
+def test_hung_tool_calls_fail_only_their_own_attempts(url: str, name: str, stuck: None) -> None:
+    """Issue 29 item 8: 40 synchronous tool calls that never return (more than the 32 threads of the
+    pool every trajectory used to share) fail their own attempts; every other trajectory goes on, and
+    a drain does not wait for the threads they still hold."""
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup(f"hang-{i}", f"hang {i}", 1) for i in range(40)])
+    rt = start(url, name, envs.Stuck, step_timeout_s=0.3)
+    wait_until(lambda: q.stats().dead == 40, 30, message="the hung tool calls to fail their attempts")
+    assert all("environment step exceeded its 0.3 s deadline" in d.history[-1]["r"] for d in q.dead_letters())
+    host = rt.runtime.environment
+    assert host is not None and host.hung == 40  # still running, one thread each
+    q.submit([SourceGroup(f"ok-{i}", f"fine {i}", 2) for i in range(10)])
+    committed, _ = train(q, {f"ok-{i}" for i in range(10)})
+    assert set(committed.values()) == {1}
+    assert rt.drain() is None
+    st = q.stats()
+    assert (st.dead, st.committed, st.terminals["lost"]) == (40, 10, 0)
+
+
+def test_too_many_hung_tool_calls_stop_the_worker_returning_its_work_uncounted(
+        url: str, name: str, stuck: None) -> None:
+    """Rule 4 of environments.py: only a new process frees hung threads, so at --env-max-hung the
+    worker stops (a fatal error that is no group's fault: what it holds goes back uncounted)."""
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup(f"hang-{i}", f"hang {i}", 1) for i in range(2)])
+    rt = start(url, name, envs.Stuck, step_timeout_s=0.3, host_options={"max_hung": 2})
+    wait_until(lambda: q.stats().dead == 2, 30, message="the hung tool calls to fail their attempts")
+    q.submit([SourceGroup("next", "fine", 2)])
+    error = rt.join(30)
+    assert isinstance(error, WorkerFailed) and isinstance(error.__cause__, EnvironmentsHung)
+    st = q.stats()
+    assert (st.dead, st.ready, st.terminals["lost"], st.terminals["aborted"]) == (2, 1, 0, 1)
+    assert rt.runtime.worker_id not in pel_owners(url, name)
+
+
+@pytest.mark.parametrize(("env", "args"), [("Stuck", ()), ("Stubborn", ("--exit-grace", "1"))])
+def test_sigterm_during_a_tool_call_that_never_returns_exits_in_bounded_time(
+        url: str, name: str, tmp_path: Path, env: str, args: tuple[str, ...]) -> None:
+    """Issue 29 item 9: the drain returns the trajectory uncounted and the process exits 0, whatever
+    the tool call does: a thread that never returns (no more joined at exit), or a coroutine that
+    swallows its cancellation (past --exit-grace the process ends itself)."""
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("g", "hang here", 1)])
+    mark = tmp_path / "started"
+    proc = spawn_worker(url, name, "stuck", "--env", f"tests.workers.envs:{env}", "--env-step-timeout", "600",
+                        "--drain-timeout", "0.2", *args, env={"ROLLOUT_TEST_MARK": str(mark)})
+    try:
+        wait_until(mark.exists, 60, message="the tool call to start")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "worker closed" in err
+    st = q.stats()
+    assert (st.ready, st.dead, st.terminals["aborted"]) == (1, 0, 1)
+
+
+@pytest.mark.parametrize(("kind", "reasons"), [
+    ("huge", ("environment step returned reward int 1000000", "rewards must be finite numbers")),
+    ("nan", ("environment step returned reward float nan", "rewards must be finite numbers")),
+    ("text", ("environment step returned reward str '1.0'", "rewards must be finite numbers")),
+    ("ambiguous", ("environment step returned something that cannot be read: ValueError",)),
+])
+def test_a_step_that_cannot_be_read_fails_only_its_own_attempt(
+        url: str, name: str, kind: str, reasons: tuple[str, ...]) -> None:
+    """Issue 29 item 10: a reward of 10**400 (no float holds it) or a done flag whose truth raises
+    used to raise out of the worker, and every group it held came back counted lost."""
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("bad", f"{kind} step", 1), SourceGroup("ok", "fine step", 1)])
+    rt = start(url, name, envs.BadStep)
+    committed, _ = train(q, {"ok"})
+    wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
+    assert rt.drain() is None  # the worker lived through it
+    (letter,) = q.dead_letters()
+    assert letter.source_id == "bad" and all(r in letter.history[-1]["r"] for r in reasons), letter.history
+    assert committed == {"ok": 1} and q.stats().terminals["lost"] == 0
+
+
+@pytest.mark.parametrize("max_turns", [1, 3])
+def test_token_ids_outside_the_vocabulary_never_reach_the_buffer(url: str, name: str, max_turns: int) -> None:
+    """Issue 29 item 11: an observation holding an id the model cannot embed (here after the last
+    model turn, or between turns) fails the attempt, counted; the trainer never sees it."""
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("g", "Q", 1)])
+    rt = start(url, name, envs.OutOfVocabulary, limits=TrajectoryLimits(max_turns=max_turns))
+    wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
+    assert rt.drain() is None
+    st = q.stats()
+    assert (st.completed, st.committed, st.terminals["failed"]) == (0, 0, 1)
+    (letter,) = q.dead_letters()
+    assert "observation holds token id 1000, outside the model's vocabulary of 259" in letter.history[-1]["r"]
+
+
+class SmallVocabulary(ScriptedEngine):
+    """A model whose every generated id is past its vocabulary (an engine gone wrong)."""
+
+    @property
+    def vocab_size(self) -> int:
+        return OFFSET
+
+
+def test_a_model_turn_outside_the_vocabulary_fails_the_attempt(url: str, name: str) -> None:
+    q = open_queue(url, name, max_attempts=1)
+    q.submit([SourceGroup("g", "Q", 1)])
+    rt = start(url, name, envs.ScriptedTool, SmallVocabulary(text_fn=envs.turn_text))
+    wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
+    assert rt.drain() is None
+    assert "the engine returned token id 112, outside its vocabulary of 3" in q.dead_letters()[0].history[-1]["r"]
+
+
+def test_weight_updates_landing_anywhere_in_trajectories_never_stop_a_worker(url: str, name: str) -> None:
+    """Issue 29 item 13, its reproduction: two scripted-engine worker processes (--weights-mode abort,
+    the default), a two-turn environment whose constructor blocks 50 ms, a trainer publishing a
+    version per commit. Updates land while environments are built, stepped and between turns: each
+    aborts its trajectories uncounted, no worker dies, nothing is lost, every group trains once."""
+    q = open_queue(url, name)
+    expected = {f"g{i}" for i in range(20)}
+    q.submit([SourceGroup(g, f"Q {g}", 2, {"turns": 2}) for g in sorted(expected)])
+    # Two groups at a time each, so trajectories are always in flight when a version is published.
+    procs = [spawn_worker(url, name, f"w{i}", "--env", "tests.workers.envs:SlowBuild", "--max-samples", "4")
+             for i in range(2)]
+    try:
+        wait_until(lambda: len(serving_workers(url, name)) == 2, 60, message="both workers to serve")
+        versions = iter(range(1, 1000))
+
+        def publish(_: int) -> None:
+            version = next(versions)
+            q.publish_version(version, f"file:///weights/v{version}")
+
+        committed, _ = train(q, expected, timeout=120, step=publish)
+        assert [p.poll() for p in procs] == [None, None]  # both still serving
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert set(committed.values()) == {1}
+    st = q.stats()
+    assert (st.dead, st.terminals["lost"], st.terminals["failed"]) == (0, 0, 0)
+    assert st.terminals["aborted"] > 0  # the updates did abort trajectories
 
 
 def test_load_environment_names_what_to_fix() -> None:

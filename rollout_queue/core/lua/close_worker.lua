@@ -14,7 +14,7 @@ KEYS:
   retired    worker ids deregistered while their consumer may remain, by when
 ARGV:
   worker_id  the worker
-  terminal   'aborted' (drain, clean close: not counted) or 'lost' (fatal engine error: counted)
+  terminal   'aborted' (drain, clean close, a worker's fatal error: not counted) or 'lost' (counted)
   reason     text kept in each attempt's history
   count      at most this many entries per call
 Returns:

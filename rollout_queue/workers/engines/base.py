@@ -119,6 +119,13 @@ class Engine(Protocol):
         """How many samples the engine can usefully run at once (size submission slots by it)."""
         ...
 
+    @property
+    def vocab_size(self) -> int:
+        """How many token ids the model embeds (ids ``0 .. vocab_size - 1``): an id past it would make
+        a trainer's forward pass over the sample raise, so a trajectory's turns are checked against
+        it. Known once started."""
+        ...
+
     async def start(self) -> None:
         """Load the model and tokenizer. Raises ``EngineError`` if the engine cannot come up."""
         ...

@@ -102,6 +102,10 @@ class ScriptedEngine:
     def max_concurrency(self) -> int:
         return self._max_concurrency
 
+    @property
+    def vocab_size(self) -> int:
+        return OFFSET + 256  # <pad>, <s>, </s>, then one token per byte
+
     async def start(self) -> None:
         if self._closed:
             raise EngineError("the engine is closed")

@@ -95,6 +95,14 @@ class TorchEngine:
     def max_concurrency(self) -> int:
         return self._max_batch_size
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's embedding rows (``config.vocab_size``); prompts are held to the tokenizer's
+        share of them as well."""
+        if self._model is None:
+            raise EngineError("the engine is not started; await engine.start() first")
+        return int(self._model.config.vocab_size)
+
     async def start(self) -> None:
         """Load tokenizer and model on the compute thread, then start the scheduling loop."""
         if self._scheduler is not None:

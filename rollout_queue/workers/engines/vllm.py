@@ -166,6 +166,11 @@ class VLLMEngine:
             "max_concurrency is known once the engine is started (or pass max_num_seqs)"
         )
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary (``ModelConfig.get_vocab_size()``: its embedding rows)."""
+        return int(self._require_engine().vllm_config.model_config.get_vocab_size())
+
     async def start(self) -> None:
         """Start vLLM: spawns EngineCore, loads the model, allocates the KV cache.
 
