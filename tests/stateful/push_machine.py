@@ -249,9 +249,9 @@ class PushMachine(RuleBasedStateMachine):
             want = m.sealed()
         else:
             expected = expect or sum(m.live.values())
-            live = m.live_members()
+            live, joined = m.live_members(), len(r.members)
             if live < expected and r.window_open:
-                want = (live, expected)
+                want = (joined if joined < expected else live, expected)  # the members, until there are enough
             else:
                 r.state, seals_now = "sealed", True
                 want = m.sealed()

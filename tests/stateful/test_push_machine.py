@@ -1,6 +1,6 @@
 """Runs the push-round machine (push_machine.py) against each server kind, on the session's server
-(the machine kills nothing; each example has a queue of its own). About 10-20 s per server kind
-on a 2-core machine; the slow suite's long run explores ten times as many programs.
+(the machine kills nothing; each example has a queue of its own). About 10 s per server kind on a
+2-core machine; the slow suite's long run explores ten times as many programs.
 """
 
 from __future__ import annotations
@@ -18,18 +18,10 @@ FAST = settings(max_examples=60, stateful_step_count=40, deadline=None, database
 LONG = settings(FAST, max_examples=600)
 
 
-def bind(server: LocalServer) -> type[PushMachine]:
-    return type("PushMachineOnServer", (PushMachine,), {"server": server})
-
-
-@pytest.mark.timeout(600)  # a failure is shrunk for up to 300 s (hypothesis' cap) before it is shown
-def test_push_machine(server: LocalServer) -> None:
-    run_state_machine_as_test(bind(server), settings=FAST)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_push_machine_long(server: LocalServer, request: pytest.FixtureRequest) -> None:
-    if "slow" not in (request.config.getoption("-m") or ""):
+@pytest.mark.timeout(3600)  # a failure is shrunk for up to 300 s (hypothesis' cap) before it is shown
+@pytest.mark.parametrize("long", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["fast", "long"])
+def test_push_machine(server: LocalServer, long: bool, request: pytest.FixtureRequest) -> None:
+    if long and "slow" not in (request.config.getoption("-m") or ""):
         pytest.skip("the long machine run belongs to the slow suite: pytest -m slow")
-    run_state_machine_as_test(bind(server), settings=LONG)
+    machine = type("PushMachineOnServer", (PushMachine,), {"server": server})
+    run_state_machine_as_test(machine, settings=LONG if long else FAST)

@@ -10,14 +10,16 @@ ARGV:
   expect   seal as soon as this many live workers joined; 0: as many as are alive now
 Returns:
   {'waiting', joined, expected}       still joinable: call again (the window has not passed);
-                                      joined counts the members that are live now
+                                      joined: the members, or the live ones once there are at
+                                      least expected members
   {'ok', world, worker, rank, ...}    sealed: world = members + 1 (the trainer is rank 0)
   {'closed', epoch}                   the round is not this one's any more (superseded, or closed)
 Invariant:
   once sealed the members never change; sealing again answers the same members. Only members live
   now count toward expect (one that went silent after joining is still a member, but never seals
   the round early in a live worker's place). Past its join window a round seals whatever joined,
-  so the trainer's wait for it ends. Bounded: one ZMSCORE per 1,000 members (at most 4,096).
+  so the trainer's wait for it ends. Bounded: O(1) while fewer than expected joined (the trainer's
+  polls), else one ZMSCORE per 1,000 members (at most 4,096).
 ]]
 -- @include bug
 -- @include now_ms
@@ -28,9 +30,17 @@ local r = redis.call('HMGET', K.push, 'epoch', 'state', 'join_until_ms')
 if tostring(tonumber(r[1]) or 0) ~= A.epoch then return {'closed', tonumber(r[1]) or 0} end
 local expect = tonumber(A.expect)
 if not expect or expect < 0 then bug('bad expect: ' .. tostring(A.expect)) end
+if r[2] ~= 'open' and r[2] ~= 'sealed' then return {'closed', tonumber(r[1])} end
+local window_open = now < (tonumber(r[3]) or 0)
+local live_since = now - cfg.worker_timeout_ms
+if r[2] == 'open' and window_open then
+  if expect == 0 then expect = redis.call('ZCOUNT', K.workers, live_since, '+inf') end
+  -- Fewer members than expected, live or not: waiting, without reading them.
+  local n = redis.call('HLEN', K.push_members)
+  if n < expect then return {'waiting', n, expect} end
+end
 local members = redis.call('HGETALL', K.push_members)
 if r[2] == 'open' then
-  local live_since = now - cfg.worker_timeout_ms
   local joined, ids = 0, {}
   for i = 1, #members, 2 do
     ids[#ids + 1] = members[i]
@@ -41,11 +51,8 @@ if r[2] == 'open' then
       ids = {}
     end
   end
-  if expect == 0 then expect = redis.call('ZCOUNT', K.workers, live_since, '+inf') end
-  if joined < expect and now < (tonumber(r[3]) or 0) then return {'waiting', joined, expect} end
+  if joined < expect and window_open then return {'waiting', joined, expect} end
   redis.call('HSET', K.push, 'state', 'sealed', 'world', #members / 2 + 1)
-elseif r[2] ~= 'sealed' then
-  return {'closed', tonumber(r[1])}
 end
 local out = {'ok', #members / 2 + 1}
 for _, v in ipairs(members) do out[#out + 1] = v end
