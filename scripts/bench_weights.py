@@ -124,6 +124,7 @@ async def pushed(queue: Any, engine: Any, worker_id: str, version: int, tag: str
     from rollout_queue.workers.engines.base import SamplingConfig
 
     worker = queue.worker(worker_id)
+    await asyncio.to_thread(worker.heartbeat)  # only a live worker takes a rank (its heartbeat thread, in a worker)
     while (ticket := await asyncio.to_thread(worker.join_push, 0, version - 1)) is None:
         await asyncio.sleep(0.002)
     await engine.receive_push(ticket)

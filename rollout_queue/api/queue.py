@@ -200,10 +200,13 @@ class RolloutQueue:
     # They live on the first partition, whose versions channel every worker listens to.
 
     def open_push(self, version: int, uri: str, addr: str, backend: str = "gloo", join_s: float = 2.0,
-                  deadline_s: float = 60.0) -> Result[int]:
+                  deadline_s: float = 60.0, unreached: Sequence[str] = ()) -> Result[int]:
         """Open a round pushing ``version`` (to be recorded with ``uri``) from the rendezvous store at
-        ``addr``; returns its epoch. Workers may join for ``join_s``; the round ends by ``deadline_s``."""
-        return self.run(flows.push_open(self.layout.keys[0], version, uri, addr, backend, join_s, deadline_s))
+        ``addr``; returns its epoch (resent after a lost reply, the same round). Workers may join for
+        ``join_s``; the round ends by ``deadline_s``. ``unreached``: workers not admitted (members of
+        this version's earlier round that never reached the rendezvous)."""
+        return self.run(flows.push_open(self.layout.keys[0], flows.new_id(), version, uri, addr, backend, join_s,
+                                        deadline_s, unreached))
 
     def seal_push(self, epoch: int, expect: int = 0) -> Result[PushSeal | None | tuple[int, int]]:
         """Fix round ``epoch``'s members once ``expect`` workers joined (0: every live worker) or its join

@@ -142,6 +142,19 @@ class VersionRegression(StateConflict):
         super().__init__(f"policy version {version} is not above the current {current}; versions only grow.")
 
 
+class WorkerNotLive(StateConflict):
+    """A call only a live worker may make (joining a weights push round) came from an id that is not
+    one: never registered, or silent past worker_timeout_s, closed or reaped."""
+
+    def __init__(self, worker_id: str, what: str = "join a weights push round") -> None:
+        self.worker_id = worker_id
+        super().__init__(
+            f"worker {worker_id!r} is not a live worker of this queue (no heartbeat within worker_timeout_s: "
+            f"never registered, silent, closed or reaped), so it may not {what}. Heartbeat first "
+            "(Worker.heartbeat); a worker that stays silent is not waited for."
+        )
+
+
 class LeaseUnsatisfiable(StateConflict):
     """A lease asked for more groups than the queue's bounds can ever have completed at once."""
 

@@ -40,6 +40,7 @@ from rollout_queue.core.errors import (
     RolloutQueueError,
     StaleReceipt,
     VersionRegression,
+    WorkerNotLive,
 )
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import (PushSeal, PushTicket, CompletedGroup, DeadLetter, HeartbeatInfo, OwnedAttempt, Produced, QueueStats,
@@ -118,6 +119,7 @@ ERRORS: dict[str, Raiser] = {
     "config_mismatch": lambda c, r: ConfigMismatch(c["queue"], s(r[1]), s(r[2]), s(r[3])),
     "malformed": lambda c, r: MalformedCompletion(c["entry_id"], s(r[1]), s(r[2])),
     "version_regression": lambda c, r: VersionRegression(c["version"], int(r[1])),
+    "not_live": lambda c, r: WorkerNotLive(c["worker_id"]),
     "checkpoint_pruned": lambda c, r: CheckpointPruned(c["step"], int(r[1])),
     "unsatisfiable": lambda c, r: LeaseUnsatisfiable(c["groups"], s(r[1]), int(r[2])),
     "checkpoint_regression": lambda c, r: CheckpointRegression(c["step"], int(r[1])),
@@ -421,14 +423,15 @@ def parse_publish_version(reply: Any, version: int, hold_id: str) -> bool:
 
 @_shaped
 def parse_push_open(reply: Any, version: int) -> int:
-    """push_open: the new round's epoch."""
+    """push_open: the round's epoch (a resent open's reply is the same epoch)."""
     return _fields("push_open", reply, {"version": version}, _int)[0]  # type: ignore[no-any-return]
 
 
 @_shaped
-def parse_push_join(reply: Any) -> PushTicket | None:
-    """push_join: the worker's ticket, or None when no round is joinable."""
-    status, r = check(reply, ("ok", "closed"), {})
+def parse_push_join(reply: Any, worker_id: str) -> PushTicket | None:
+    """push_join: the worker's ticket, or None when no round is joinable (WorkerNotLive: it is, but
+    not to a worker that is not live)."""
+    status, r = check(reply, ("ok", "closed"), {"worker_id": worker_id})
     if status == "closed":
         return None
     epoch, rank, version, uri, addr, backend, remaining = _fields(

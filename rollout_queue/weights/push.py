@@ -10,16 +10,20 @@ A round, for one version:
 1. ``push_open``: the trainer (rank 0) records the version, its folder URI, the address of its
    rendezvous store (a ``TCPStore`` this process serves) and the round's deadline, and announces
    the epoch on the versions channel.
-2. ``push_join``: each worker that wants the version takes the next rank (1, 2, ...).
+2. ``push_join``: each live worker that wants the version takes the next rank (1, 2, ...).
 3. ``push_seal``: once every live worker joined (or the join window passed) the world is fixed.
 4. In the store, under ``push/<epoch>/``: the plan (tensor names, dtypes, shapes, their place in
    byte buckets) and the process group's own rendezvous; every member then receives each bucket
    by ``broadcast`` from rank 0 (an explicit source rank: the group is created outside
-   ``init_process_group``, so no global rank exists), stages the tensors, and sets ``ack/<rank>``.
+   ``init_process_group``, so no global rank exists), stages the tensors, and sets ``ack/<rank>``
+   (and ``hello/<rank>`` as soon as it reached the store).
 5. ``push_close``: the trainer records how many acked. A member that died or stalled times out
    the round for the ranks the collective could not reach; the trainer then opens one more round
    for the same version, which the live members that missed it join (a member never joins a round
-   for a version it already holds), and the rest catch up from the folder.
+   for a version it already holds), and the rest catch up from the folder. A member that never
+   reached the store (``hello/<rank>`` unset: its network cannot reach the trainer, or it died or
+   stopped before connecting) is not admitted to that retry (``push_open``'s ``unreached``), so the
+   retry never waits on it again.
 
 A member applies nothing here: staged tensors are applied when the version is recorded (the
 engine pauses, swaps, resets its prefix cache, resumes), so no sample ever runs on a half-applied
@@ -177,6 +181,8 @@ class RoundReport:
     nbytes: int
     seconds: float
     error: str | None = None
+    #: members that never reached the rendezvous store (left out of this version's retry round)
+    unreached: tuple[str, ...] = ()
 
     @property
     def dropped(self) -> tuple[str, ...]:
@@ -246,19 +252,25 @@ class WeightPush:
         returns who received it. Never raises for a member's fault; raises VersionRegression (and
         what the queue raises) for the trainer's own."""
         tensors = {name: _contiguous(t, self.backend) for name, t in state.items()}
-        rounds = [self._round(tensors, version, uri, self.expect)]
+        rounds = [self._round(tensors, version, uri, self.expect, ())]
+        unreached: set[str] = set()
         for _ in range(self.retries):
-            missed = len(rounds[-1].dropped)
-            if not missed or not rounds[-1].members:
+            # A retry is for the members that reached the store and still missed the version: one
+            # that never reached it would only fail the retry for everyone again.
+            unreached |= set(rounds[-1].unreached)
+            missed = [w for w in rounds[-1].dropped if w not in unreached]
+            if not missed:
                 break
-            rounds.append(self._round(tensors, version, uri, missed))
+            rounds.append(self._round(tensors, version, uri, len(missed), tuple(sorted(unreached))))
         self.last = PushReport(version, tuple(rounds))
         return self.last
 
-    def _round(self, tensors: Mapping[str, "torch.Tensor"], version: int, uri: str, expect: int) -> RoundReport:
+    def _round(self, tensors: Mapping[str, "torch.Tensor"], version: int, uri: str, expect: int,
+               unreached: tuple[str, ...]) -> RoundReport:
         began = self.clock()
         deadline = began + self.deadline_s
-        epoch = self.queue.open_push(version, uri, self.addr, self.backend, self.join_s, self.deadline_s)
+        epoch = self.queue.open_push(version, uri, self.addr, self.backend, self.join_s, self.deadline_s,
+                                     unreached)
         sealed = self._seal(epoch, expect)
         if not sealed.members:
             self.queue.close_push(epoch, "empty", 0, 0)
@@ -287,12 +299,15 @@ class WeightPush:
         if group is not None and error is None:
             _close_group(group)
         scope.set("plan", b"")  # the round is over (and the store, alive as long as the trainer, stays small)
-        report = RoundReport(epoch, sealed.members, acked, plan.nbytes, self.clock() - began, error)
+        unreached = tuple(w for w, rank in sealed.members.items()
+                          if w not in acked and not scope.check([f"hello/{rank}"]))
+        report = RoundReport(epoch, sealed.members, acked, plan.nbytes, self.clock() - began, error, unreached)
         self.queue.close_push(epoch, report.outcome, len(acked), len(report.dropped))
         level = logging.INFO if report.outcome in ("done", "empty") else logging.WARNING
         log.log(level, "weights push round %s", report.outcome, extra=fields(
             queue=self.queue.name, version=version, epoch=epoch, members=len(sealed.members), acked=len(acked),
-            dropped=list(report.dropped)[:8], seconds=round(report.seconds, 3), bytes=plan.nbytes, error=error))
+            dropped=list(report.dropped)[:8], unreached=list(unreached)[:8], seconds=round(report.seconds, 3),
+            bytes=plan.nbytes, error=error))
         return report
 
     def _seal(self, epoch: int, expect: int) -> PushSeal:
@@ -393,6 +408,7 @@ def receive(ticket: PushTicket, *, device: Any = None) -> Staged:
         store = dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=left("connecting")))
         store.set_timeout(datetime.timedelta(seconds=left("reading the plan")))
         scope = _scope(store, ticket.epoch)
+        scope.set(f"hello/{ticket.rank}", b"1")  # reached the store: the trainer may retry this member
         raw = scope.get("plan")
         if not raw:
             raise WeightsError(f"push round {ticket.epoch} of version {ticket.version} ended before this member "

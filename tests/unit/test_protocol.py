@@ -33,7 +33,7 @@ from rollout_queue import (
     VersionRegression,
 )
 from rollout_queue.core import flows
-from rollout_queue.core.errors import ProducerConflict
+from rollout_queue.core.errors import ProducerConflict, WorkerNotLive
 from rollout_queue.core import protocol as p
 from rollout_queue.core.codec import SCHEMA_VERSION, encode_completion, encode_group
 from rollout_queue.core.keys import QueueKeys
@@ -117,6 +117,7 @@ ERROR_CASES: dict[str, tuple[list[Any], dict[str, Any], type[Exception], dict[st
     "cursor_moved": ([b"cursor_moved", 12], {"producer": "ds", "from": 8}, ProducerConflict, {"producer": "ds"}),
     "plan_mismatch": ([b"plan_mismatch", b"abc"], {"producer": "ds", "plan": "def"}, ProducerConflict,
                       {"producer": "ds"}),
+    "not_live": ([b"not_live", 3], {"worker_id": "w9"}, WorkerNotLive, {"worker_id": "w9"}),
 }
 
 

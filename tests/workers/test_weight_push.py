@@ -10,7 +10,9 @@ started mid-run joins the next round.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -22,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rollout_queue import RolloutQueue  # noqa: E402
-from rollout_queue.core.errors import VersionRegression, WeightsError  # noqa: E402
+from rollout_queue.core.errors import VersionRegression, WeightsError, WorkerNotLive  # noqa: E402
 from rollout_queue.core.models import PushTicket  # noqa: E402
 from rollout_queue.weights.push import ALIGN, PushPlan, WeightPush, make_plan, receive  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
@@ -46,26 +48,32 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         and torch.equal(a[n].reshape(-1).view(torch.uint8), b[n].reshape(-1).view(torch.uint8)) for n in a)
 
 
-def member(q: RolloutQueue, worker_id: str, out: dict[str, Any], newer_than: int = -1, take_part: bool = True) -> threading.Thread:
+def member(q: RolloutQueue, worker_id: str, out: dict[str, Any], newer_than: int = -1, take_part: bool = True,
+           reach: str | None = None, stop: threading.Event | None = None) -> threading.Thread:
     """A worker thread: heartbeats, joins each joinable round until one delivers (as the worker's
     PushFollower does), or, not ``take_part``, joins one and never shows up: a member stopped
-    mid-push. ``out[worker_id]``: what it staged, its ticket, or its last error."""
+    mid-push. ``reach``: the address it connects to instead of the ticket's (one where nothing
+    listens: a live worker whose network cannot reach the trainer); ``stop``: set to end its
+    tries early. ``out[worker_id]``: what it
+    staged, its ticket, or its last error; ``out[(worker_id, "rounds")]``: the epochs it joined."""
     w = q.worker(worker_id)
     w.heartbeat()
+    joins: list[int] = out.setdefault((worker_id, "rounds"), [])
 
     def run() -> None:
         deadline, joined = time.monotonic() + 30, 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             ticket = w.join_push(0, newer_than)
             if ticket is None or ticket.epoch <= joined:
                 time.sleep(0.01)
                 continue
             joined = ticket.epoch
+            joins.append(joined)
             if not take_part:
                 out[worker_id] = ticket
                 return
             try:
-                out[worker_id] = receive(ticket)
+                out[worker_id] = receive(ticket if reach is None else dataclasses.replace(ticket, addr=reach))
                 return
             except WeightsError as exc:
                 out[worker_id] = exc
@@ -128,6 +136,84 @@ def test_a_member_that_never_takes_part_costs_its_round_and_the_retry_reaches_th
     assert took < 4 + 4 + 2  # two round deadlines and a little
 
 
+def nothing_listens() -> str:
+    """A loopback address where nothing listens (connecting is refused until the round's deadline)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_live_worker_that_cannot_reach_the_trainer_is_left_out_of_the_retry(queue: RolloutQueue) -> None:
+    """Issue 29 item 3: w2 is live (it heartbeats, it joins) but its network cannot reach the
+    trainer's rendezvous. The first round fails at its deadline for w1 too (the group cannot form
+    without w2); the retry round does not admit w2, so it seals on w1's join and delivers. Before:
+    w2 rejoined the retry, both rounds failed, w1 never got the push and the publish cost two
+    deadlines."""
+    push = WeightPush(queue, join_s=2, deadline_s=4, host="127.0.0.1")
+    got: dict[str, Any] = {}
+    stop = threading.Event()
+    cut_off = member(queue, "w2", got, reach=nothing_listens(), stop=stop)
+    healthy = member(queue, "w1", got)
+    began = time.monotonic()
+    report = push.push(STATE, 1, "/weights/v0000001")
+    took = time.monotonic() - began
+    healthy.join(10)
+    stop.set()
+    cut_off.join(10)
+    assert [r.outcome for r in report.rounds] == ["failed", "done"]
+    assert report.acked == ("w1",) and report.dropped == ("w2",)
+    assert not isinstance(got["w1"], Exception) and same(got["w1"].tensors, STATE)
+    first, retry = report.rounds
+    assert sorted(first.members) == ["w1", "w2"] and retry.members == {"w1": 1}
+    assert got[("w2", "rounds")] == [first.epoch]  # the retry refused it (its joins answered None)
+    assert first.unreached == ("w2",)
+    assert took < 4 + 2 + 2  # one deadline, then a retry that sealed on w1's join
+
+
+def test_an_id_that_never_heartbeat_cannot_take_a_live_worker_s_place(queue: RolloutQueue) -> None:
+    """Issue 29 item 1, through WeightPush and gloo: a never-registered id tries to join the round
+    before the live worker does. It is refused, the round waits for w1 and delivers. Before: the id
+    took rank 1, the seal (every live worker: one) fixed the world on it, w1 was refused, and the
+    round failed at its deadline."""
+    push = WeightPush(queue, join_s=5, deadline_s=10, host="127.0.0.1", retries=0)
+    ghost = queue.worker("ghost")
+    tried: list[Any] = []
+
+    def ghost_joins() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if ghost.join_push(0) is not None:
+                    tried.append("joined")
+                    return
+            except WorkerNotLive as exc:
+                tried.append(exc)
+                return
+            time.sleep(0.01)
+
+    w1 = queue.worker("w1")
+    w1.heartbeat()
+    got: dict[str, Any] = {}
+
+    def w1_joins() -> None:
+        # Only once the id's join was answered and, had it taken a rank, the trainer sealed on it.
+        wait_until(lambda: (tried and isinstance(tried[0], WorkerNotLive))
+                   or queue.client.hget(queue.keys["push"], "state") == b"sealed", 20, interval=0.005,
+                   message="the id's join answered")
+        ticket = w1.join_push(0)
+        got["w1"] = receive(ticket) if ticket is not None else None
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (ghost_joins, w1_joins)]
+    for t in threads:
+        t.start()
+    report = push.push(STATE, 1, "/weights/v0000001")
+    for t in threads:
+        t.join(15)
+    assert isinstance(tried[0], WorkerNotLive)
+    assert report.rounds[0].members == {"w1": 1} and report.acked == ("w1",)
+    assert same(got["w1"].tensors, STATE)
+
+
 def test_rounds_refuse_what_they_must(queue: RolloutQueue) -> None:
     queue.publish_version(5)
     push = WeightPush(queue, join_s=0.2, deadline_s=2, host="127.0.0.1")
@@ -139,6 +225,9 @@ def test_rounds_refuse_what_they_must(queue: RolloutQueue) -> None:
     w = queue.worker("late")
     assert w.join_push(0) is None  # the round was closed
     epoch = queue.open_push(7, "/weights/v7", push.addr, "gloo", 5, 10)
+    with pytest.raises(WorkerNotLive):  # joinable, but not by an id that never heartbeat
+        w.join_push(0, newer_than=6)
+    w.heartbeat()
     assert w.join_push(epoch, newer_than=7) is None  # a version the worker holds is not joined
     ticket = w.join_push(0, newer_than=6)
     assert ticket is not None and ticket.rank == 1 and ticket.epoch == epoch
@@ -152,7 +241,9 @@ def test_a_member_gives_up_at_the_round_deadline_when_the_trainer_is_gone(queue:
     """A ticket whose trainer never sends a plan: receive raises WeightsError by the deadline."""
     push = WeightPush(queue, join_s=1, deadline_s=1.5, host="127.0.0.1")
     epoch = queue.open_push(1, "/w/v1", push.addr, "gloo", 1, 1.5)
-    ticket = queue.worker("w").join_push(epoch)
+    w = queue.worker("w")
+    w.heartbeat()
+    ticket = w.join_push(epoch)
     assert ticket is not None
     began = time.monotonic()
     with pytest.raises(WeightsError, match="push round"):

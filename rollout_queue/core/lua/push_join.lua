@@ -1,8 +1,9 @@
 --[[
-push_join: a worker joins the joinable round of a weights push, and learns its rank and rendezvous.
+push_join: a live worker joins the joinable round of a weights push, and learns its rank and rendezvous.
 KEYS:
-  meta          the queue clock's home (now_ms)
-  push          the current round (push_open.lua)
+  meta          the queue clock's home (now_ms), config (worker_timeout_ms)
+  workers       worker ids by last heartbeat (only a live one takes a rank)
+  push          the current round (push_open.lua); read only
   push_members  worker id -> rank in the current round
 ARGV:
   epoch      the round announced, or '0' for whichever round is joinable now (a worker starting late)
@@ -12,13 +13,19 @@ Returns:
   {'ok', epoch, rank, version, uri, addr, backend, remaining_ms}   rank >= 1 (the trainer is 0);
       joining twice answers the same rank
   {'closed', epoch}   no such round is joinable (sealed, superseded, past its join window, full,
-                      or of a version the worker has)
+                      of a version the worker has, or the worker is one push_open did not admit)
+  {'not_live', epoch} the round is joinable but the worker is not a live registered worker (no
+                      heartbeat within worker_timeout: never registered, silent, closed or reaped);
+                      nothing written
 Invariant:
   ranks of a round are 1..n without gaps, and none is given after push_seal (the world is fixed
-  then); at most MAX_MEMBERS workers join one round.
+  then); at most MAX_MEMBERS workers join one round; only a worker live at the instant it joins
+  holds a rank, so an id that never heartbeat cannot fill a round that push_seal then seals.
+  Writes only push_members (the worker role may only read push).
 ]]
 -- @include bug
 -- @include now_ms
+-- @include load_config
 local MAX_MEMBERS = 4096
 local now = now_ms()
 if A.worker_id == '' or string.sub(A.worker_id, 1, 1) == '@' then bug('bad worker id') end
@@ -32,6 +39,9 @@ if (tonumber(r[4]) or 0) <= held then return {'closed', epoch} end
 local rank = tonumber(redis.call('HGET', K.push_members, A.worker_id))
 if not rank then
   if r[2] ~= 'open' or now >= (tonumber(r[3]) or 0) then return {'closed', epoch} end
+  if redis.call('HEXISTS', K.push, 'unreached:' .. A.worker_id) == 1 then return {'closed', epoch} end
+  local seen = tonumber(redis.call('ZSCORE', K.workers, A.worker_id))
+  if not seen or seen < now - load_config().worker_timeout_ms then return {'not_live', epoch} end
   local n = redis.call('HLEN', K.push_members)
   if n >= MAX_MEMBERS then return {'closed', epoch} end
   rank = n + 1
