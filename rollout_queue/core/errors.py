@@ -302,6 +302,12 @@ class ProtocolError(ScriptError):
     """A script reply did not have the documented shape (an unknown status word, say)."""
 
 
+class GaveUp(RolloutQueueError, TimeoutError):
+    """Internal to the worker: ``workers.tasks.abandonable`` stopped waiting for user code at its
+    timeout (told apart from a TimeoutError the user code raised itself). Callers turn it into the
+    attempt's failure reason; it never leaves the worker."""
+
+
 class IncludeError(RolloutQueueError):
     """The Lua library cannot be assembled: an ``-- @include`` names a missing helper or closes a cycle.
 

@@ -48,7 +48,8 @@ from rollout_queue.core.checks import describe
 from rollout_queue.core.errors import EnvironmentFailed, EnvironmentsHung
 from rollout_queue.core.models import SourceGroup
 from rollout_queue.workers.rewards import explain, finite, load_function
-from rollout_queue.workers.tasks import GaveUp, Lane, abandonable
+from rollout_queue.core.errors import GaveUp
+from rollout_queue.workers.tasks import Lane, abandonable
 
 __all__ = ["Echo", "Environment", "EnvironmentFailed", "EnvironmentHost", "ModelTurn", "Step", "load_environment"]
 

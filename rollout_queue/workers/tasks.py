@@ -23,6 +23,8 @@ import time
 from concurrent.futures import Future
 from typing import Any, Awaitable, Callable, Collection, Iterable, TypeVar
 
+from rollout_queue.core.errors import GaveUp
+
 T = TypeVar("T")
 
 
@@ -61,10 +63,6 @@ async def wait_tasks(tasks: Collection[asyncio.Task[Any]], timeout_s: float,
         return pending
     finally:
         await cancel(waiters)
-
-
-class GaveUp(TimeoutError):
-    """``abandonable`` stopped waiting at its timeout (told apart from a TimeoutError of the work's own)."""
 
 
 async def abandonable(work: Awaitable[T], timeout_s: float | None = None) -> T:
