@@ -10,7 +10,10 @@ Rules:
    file is hashed while it is written to the cache; a mismatch or a short file raises
    ``WeightsError`` and leaves nothing in the cache.
 2. A cached folder is complete the instant its name exists (fetched aside, renamed), so a worker
-   killed mid-fetch never loads a partial folder, and one restarted finds what was complete.
+   killed mid-fetch never loads a partial folder, and one restarted finds what was complete. It is
+   used only while its manifest is the store's: every folder of the chain has its manifest read
+   from the store at each ``localize`` (one small request each), and a cached folder whose manifest
+   differs (the store's folder of that name was rewritten) is discarded and fetched again.
 3. Fetching happens before the engine pauses (the runtime's fetch, then apply): a slow store
    delays the update, never generation.
 4. The cache keeps the newest ``keep`` versions per store folder, chains included.
@@ -28,12 +31,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
+import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from rollout_queue.core.errors import WeightsError
-from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest
-from rollout_queue.weights.store import atomic_folder, prune_versions
+from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest, read_manifest
+from rollout_queue.weights.store import atomic_folder, prune_versions, weight_chain
 
 CHUNK = 8 * 2**20
 
@@ -66,11 +71,43 @@ def localize(uri: str, cache: Path | None = None, *, keep: int = 4) -> Path:
     if head.chain[-1] != name:
         raise WeightsError(f"{uri}: its manifest ends its chain with {head.chain[-1]!r}, not itself")
     for member in head.chain:
-        if not (store / member).is_dir():
-            manifest = head if member == name else _manifest(fs, f"{parent}/{member}")
-            _fetch(fs, f"{parent}/{member}", manifest, store / member)
+        manifest = head if member == name else _manifest(fs, f"{parent}/{member}")
+        cached = store / member
+        if cached.is_dir() and _cached_manifest(cached) != manifest:
+            _discard(cached)  # the store's folder of this name is not the one cached: old bytes
+        if not cached.is_dir():
+            _fetch(fs, f"{parent}/{member}", manifest, cached)
+        if _cached_manifest(cached) != manifest:  # a worker sharing the cache fetched another meanwhile
+            raise WeightsError(f"{parent}/{member}: the store's folder changed while it was fetched; retried later")
     prune_versions(store, keep)
     return store / name
+
+
+def resolve(uri: str, cache: Path | None = None) -> tuple[Path, ...]:
+    """The checked local chain of the version at ``uri`` (``localize``, then ``store.weight_chain``:
+    every file's size and recorded digest), its own folder last. What an engine loads; it may hash
+    gigabytes, so engines call it in a thread, before they pause. Raises ``WeightsError``."""
+    return weight_chain(localize(uri, cache))
+
+
+def _cached_manifest(folder: Path) -> WeightManifest | None:
+    try:
+        return read_manifest(folder)
+    except WeightsError:  # garbage where a manifest should be: not the store's
+        return None
+
+
+def _discard(folder: Path) -> None:
+    """Remove a stale cached folder: renamed aside first (its name is free at once; a reader that
+    already opened its files keeps them), then deleted. Another worker may have done either."""
+    aside = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.stale")
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise WeightsError(f"{folder}: a stale cached version that cannot be removed ({exc})") from exc
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _filesystem(uri: str) -> object:

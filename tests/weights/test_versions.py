@@ -71,6 +71,43 @@ def test_broken_chains_are_refused_before_anything_is_read(tmp_path: Path) -> No
         weight_chain(tmp_path / "nothing")
 
 
+def test_a_same_size_file_that_is_not_the_published_one_is_refused(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29 item 5: a local folder's files are checked against the manifest's sha256, not only
+    their sizes. A file verified once is not hashed again while unchanged; rewritten in place with
+    its size and mtime kept, it is hashed again (its ctime moved) and refused."""
+    import time
+
+    from rollout_queue.weights import store
+    from tests.helpers import wait_until
+
+    net = Net()
+    full = write_version(tmp_path, 1, model=net)
+    delta = write_version(tmp_path, 2, tensors={"a.bias": net.a.bias}, base=full)
+    path = full / "model.safetensors"
+    data, st = bytearray(path.read_bytes()), path.stat()
+    hashed: list[Path] = []
+    real_sha256 = store.file_sha256
+    monkeypatch.setattr(store, "file_sha256", lambda p: hashed.append(p) or real_sha256(p))
+    monkeypatch.setattr(store, "_SETTLED_NS", 50_000_000)  # remembered once 50 ms old (2 s in use)
+    written = (delta / "model.safetensors").stat().st_ctime_ns  # the later of the two files
+    wait_until(lambda: time.time_ns() > written + 100_000_000, 5, message="the files to settle")
+    assert weight_chain(delta) == (full, delta) and len(hashed) == 2  # both files hashed
+    assert weight_chain(delta) == (full, delta) and len(hashed) == 2  # remembered: not hashed again
+    data[-1] ^= 1  # one bit of the last tensor's data (not its header): same size
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with its mtime put back
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(WeightsError, match="sha256"):
+        weight_chain(delta)
+    with pytest.raises(WeightsError, match="sha256"):
+        weight_chain(full)
+    # Without digests (WeightPublisher(digests=False)) only sizes can be checked.
+    undigested = write_version(tmp_path, 3, model=net, digests=False)
+    assert weight_chain(undigested) == (undigested,)
+
+
 def test_pruning_keeps_the_chains_of_kept_versions(tmp_path: Path) -> None:
     net = Net()
     full = write_version(tmp_path, 1, model=net)

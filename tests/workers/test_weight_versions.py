@@ -92,6 +92,56 @@ def test_torch_engine_loads_deltas(runner: LoopRunner, tiny_model: Path, version
         runner.run(engine.close())
 
 
+def test_the_torch_engine_applies_only_the_published_bytes(runner: LoopRunner, tiny_model: Path,
+                                                          perturbed_model: Path, long_prompt: list[int],
+                                                          tmp_path: Path) -> None:
+    """Issue 29 item 5, at the engine: a version one of whose files was rewritten with other bytes of
+    the same size is refused (``WeightsError``) with the engine's weights untouched; and a chain
+    whose folders were rewritten under the same names (a folder replaced) is read again in full,
+    not taken for the chain the engine applied before."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    prompts = [long_prompt[:150]]
+    model = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32)
+    new = model.state_dict()
+    old = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    names = sorted(new)
+    engine = TorchEngine(str(tiny_model))
+    runner.run(engine.start())
+    try:
+        before = runner.run(generate_all(engine, "before", prompts))
+        tampered = write_version(tmp_path / "tampered", 1, model=model)
+        path = tampered / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[-4:] = bytes(4)  # the last float of the last tensor, not the header: same size
+        path.write_bytes(bytes(data))
+        with pytest.raises(WeightsError, match="sha256"):
+            runner.run(engine.load_weights(str(tampered)))
+        assert runner.run(generate_all(engine, "kept", prompts)) == before
+
+        root = tmp_path / "replaced"
+        v1 = write_version(root, 1, model=AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))
+        v2 = write_version(root, 2, tensors={n: new[n] for n in names[::2]}, base=v1)
+        runner.run(engine.load_weights(str(v2)))  # applied: the chain (v1, v2)
+        shutil.rmtree(v1)
+        shutil.rmtree(v2)
+        assert write_version(root, 1, model=model) == v1  # the same names, other bytes
+        assert write_version(root, 2, tensors={n: old[n] for n in names[::2]}, base=v1) == v2
+        v3 = write_version(root, 3, tensors={n: new[n] for n in names[::3]}, base=v2)
+        runner.run(engine.load_weights(str(v3)))
+        replaced = runner.run(generate_all(engine, "replaced", prompts))
+        # The chain as it is now: v1 the perturbed model, v2 half of it back, v3 a third moved again
+        # (the chain applied before held the other half: a delta read alone would mix the two).
+        model.load_state_dict({**new, **{n: old[n] for n in names[::2]}, **{n: new[n] for n in names[::3]}})
+        expected = write_version(tmp_path / "expected", 3, model=model)
+        runner.run(engine.load_weights(str(expected)))
+        assert runner.run(generate_all(engine, "expected", prompts)) == replaced
+    finally:
+        runner.run(engine.close())
+
+
 async def walk_once(engine: object, folder: Path, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     await engine.load_weights(str(folder))  # type: ignore[attr-defined]
     return await generate_all(engine, "once", prompts)
