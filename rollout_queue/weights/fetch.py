@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 import secrets
 import shutil
 from pathlib import Path
@@ -38,7 +39,7 @@ from urllib.parse import urlsplit
 
 from rollout_queue.core.errors import WeightsError
 from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest, read_manifest
-from rollout_queue.weights.store import atomic_folder, prune_versions, weight_chain
+from rollout_queue.weights.store import atomic_folder, folder_version, prune_versions, weight_chain
 
 CHUNK = 8 * 2**20
 
@@ -73,11 +74,11 @@ def localize(uri: str, cache: Path | None = None, *, keep: int = 4) -> Path:
     for member in head.chain:
         manifest = head if member == name else _manifest(fs, f"{parent}/{member}")
         cached = store / member
-        if cached.is_dir() and _cached_manifest(cached) != manifest:
+        if cached.is_dir() and _manifest_or_none(cached) != manifest:
             _discard(cached)  # the store's folder of this name is not the one cached: old bytes
         if not cached.is_dir():
             _fetch(fs, f"{parent}/{member}", manifest, cached)
-        if _cached_manifest(cached) != manifest:  # a worker sharing the cache fetched another meanwhile
+        if _manifest_or_none(cached) != manifest:  # a worker sharing the cache fetched another meanwhile
             raise WeightsError(f"{parent}/{member}: the store's folder changed while it was fetched; retried later")
     prune_versions(store, keep)
     return store / name
@@ -90,7 +91,38 @@ def resolve(uri: str, cache: Path | None = None) -> tuple[Path, ...]:
     return weight_chain(localize(uri, cache))
 
 
-def _cached_manifest(folder: Path) -> WeightManifest | None:
+def older_versions(uri: str, below: int, limit: int = 4) -> list[tuple[int, str]]:
+    """Version folders beside the local one at ``uri`` with a version below ``below``, newest first,
+    at most ``limit``: what a worker that cannot load ``uri`` yet may start on. A folder's version is
+    its manifest's (its name's when it has none, e.g. ``QueueWeightTransfer``'s); one whose manifest
+    is unreadable or disagrees with its name is skipped, and so is a version with several folders
+    (an attempt never recorded beside the one that was: which one the queue recorded is unknown).
+    Nothing is loaded or checked here (the engine checks what it loads). Remote stores are not
+    listed: []."""
+    if is_remote(uri):
+        return []
+    folder = localize(uri)
+    try:
+        siblings = [(version, p) for p in folder.parent.iterdir()
+                    if p != folder and (version := folder_version(p.name)) is not None and version < below]
+    except OSError:  # the weights root itself is not there (yet)
+        return []
+    out: list[tuple[int, str]] = []
+    counts = Counter(version for version, _ in siblings)
+    for version, path in sorted(siblings, reverse=True):
+        if counts[version] > 1:
+            continue
+        if (path / MANIFEST_NAME).exists():
+            manifest = _manifest_or_none(path)
+            if manifest is None or manifest.version != version:
+                continue
+        out.append((version, os.fspath(path)))
+        if len(out) == limit:
+            break
+    return out
+
+
+def _manifest_or_none(folder: Path) -> WeightManifest | None:
     try:
         return read_manifest(folder)
     except WeightsError:  # garbage where a manifest should be: not the store's

@@ -40,6 +40,11 @@ ADAPTER_CONFIG = "adapter_config.json"
 _VERSION_FOLDER = re.compile(r"^v\d{7,}(-[0-9a-f]+)?$")
 
 
+def folder_version(name: str) -> int | None:
+    """The version a folder's name says (``v0000007``, ``v0000007-1a2b3c4d``); None for any other name."""
+    return int(name[1:].partition("-")[0]) if _VERSION_FOLDER.match(name) else None
+
+
 def atomic_folder(target: Path, fill: Callable[[Path], None]) -> Path:
     """Run ``fill(staging)`` and rename the staging folder to ``target``. Raises FileExistsError."""
     if target.exists():

@@ -17,7 +17,8 @@ What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and
    STOPPED or FAILED, every change through ``_advance``, which also wakes the loops that care.
    Drain (``request_drain()``, SIGTERM): stop reserving, let in-flight attempts finish until the
    drain deadline, abort the rest, ``close()``, deregister. Fatal error (``EngineError``, any other
-   exception from the engine, a failed weight load, or Redis unreachable past the retry window):
+   exception from the engine, a weight load that failed while applying, or Redis unreachable past
+   the retry window; weights refused before anything was applied are not, at start as later):
    stop reserving, cancel every attempt that still needs the engine (those already settling get
    ``abort_grace_s``), ``close(terminal='lost')`` so every owned attempt returns to ready exactly,
    and only then ``run()`` raises ``WorkerFailed``.
@@ -262,7 +263,7 @@ class WorkerRuntime:
             if self.state is S.DRAINING:
                 await self._drain()
             await self._abandon()
-        except Exception as exc:  # e.g. the initial weights would not load: still give work back
+        except Exception as exc:  # e.g. the initial weights failed while applying: still give work back
             self._fail(exc)
             await self._abandon()
         finally:

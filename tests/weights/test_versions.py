@@ -108,6 +108,33 @@ def test_a_same_size_file_that_is_not_the_published_one_is_refused(tmp_path: Pat
     assert weight_chain(undigested) == (undigested,)
 
 
+def test_older_versions_are_the_folders_a_worker_may_start_on(tmp_path: Path) -> None:
+    """What a worker that cannot load the recorded version yet tries instead (issue 29 item 4):
+    version folders beside it, older than it, newest first, by their manifests' versions."""
+    from rollout_queue.weights.fetch import older_versions
+    from rollout_queue.weights.store import version_folder
+
+    net = Net()
+    v1 = write_version(tmp_path, 1, model=net)
+    v2 = write_version(tmp_path, 2, tensors={"a.bias": net.a.bias}, base=v1)
+    v3 = write_version(tmp_path, 3, model=net)
+    (tmp_path / "v0000004").mkdir()  # a folder of another tool (QueueWeightTransfer): its name's version
+    liar = tmp_path / "v0000000"
+    liar.mkdir()
+    (liar / "manifest.json").write_bytes((v3 / "manifest.json").read_bytes())  # says version 3: skipped
+    (tmp_path / "notes").mkdir()
+    write_version(tmp_path, 5, model=net)
+    write_version(tmp_path, 5, model=net)  # two attempts at version 5: which was recorded is unknown, both skipped
+    pending = version_folder(tmp_path, 6, unique=True)  # recorded, not written yet
+    newer = write_version(tmp_path, 7, model=net)
+    assert older_versions(str(pending), 6) == [(4, str(tmp_path / "v0000004")), (3, str(v3)), (2, str(v2)), (1, str(v1))]
+    assert older_versions(str(pending), 6, limit=2) == [(4, str(tmp_path / "v0000004")), (3, str(v3))]
+    assert older_versions(f"file://{newer}", 3) == [(2, str(v2)), (1, str(v1))]
+    assert older_versions(str(v1), 1) == []  # v0000000's manifest says another version
+    assert older_versions(str(tmp_path / "absent" / "v0000002"), 2) == []
+    assert older_versions("https://weights.internal/run/v0000006", 6) == []  # a store is not listed
+
+
 def test_pruning_keeps_the_chains_of_kept_versions(tmp_path: Path) -> None:
     net = Net()
     full = write_version(tmp_path, 1, model=net)

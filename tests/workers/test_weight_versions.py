@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,6 +182,18 @@ def test_vllm_refuses_an_extension_that_cannot_load_versions(tiny_model: Path) -
         VLLMEngine(str(tiny_model), engine_args={"worker_extension_cls": "no_such_module.Cls"})
 
 
+def assert_generated_by(model: Any, tokenizer: Any, trained: Sequence[Any], version: int) -> None:
+    """Every group of ``trained`` carries ``version``, and its behaviour logprobs are ``model``'s."""
+    for group in trained:
+        assert {s.version for s in group.samples} == {version}
+        sample = group.samples[0]
+        ids = tokenizer(group.group.prompt)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + list(sample.token_ids)])).logits[0, len(ids) - 1:-1]
+        expected = torch.log_softmax(logits, -1)[torch.arange(len(sample.token_ids)), torch.tensor(sample.token_ids)]
+        assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("storage", ["shared", "http", "s3"])
 def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_model: Path, perturbed_model: Path,
@@ -226,15 +239,7 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
             kinds.append(publisher.last.kind)
             submit(q, 2, n=2, prefix=f"v{version}", target_len=6)
             _, trained = train(q, {f"v{version}-0", f"v{version}-1"}, timeout=120)
-            for group in trained:
-                assert {s.version for s in group.samples} == {version}
-                sample = group.samples[0]
-                ids = tokenizer(group.group.prompt)["input_ids"]
-                with torch.no_grad():
-                    logits = model(torch.tensor([ids + list(sample.token_ids)])).logits[0, len(ids) - 1:-1]
-                expected = torch.log_softmax(logits, -1)[torch.arange(len(sample.token_ids)),
-                                                          torch.tensor(sample.token_ids)]
-                assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3
+            assert_generated_by(model, tokenizer, trained, version)
         assert kinds == ["delta", "delta"]
         assert publisher.last is not None
         assert publisher.last.uri.startswith({"http": "http", "s3": "s3://"}.get(storage, "/"))
@@ -244,6 +249,60 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
         worker.terminate()
         _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err[-2000:]
+
+
+@pytest.mark.torch
+def test_a_worker_process_started_before_the_recorded_folder_is_written_starts_behind_and_catches_up(
+        worker_server: object, tiny_model: Path, perturbed_model: Path, tmp_path: Path) -> None:
+    """Issue 29 item 4, through the shipped worker process: the queue's version names a folder not
+    written yet (``transport="dist"`` records a version before it writes its folder). The worker
+    does not exit: it starts on the newest older version beside it that loads (v1), logs what it
+    waits for, generates on v1 (samples and logprobs say so), and moves to v2 once it is written."""
+    import json
+    import threading
+    import uuid
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout_queue.weights.store import version_folder
+    from tests.helpers import wait_until
+    from tests.workers.runtime_helpers import open_queue, spawn_worker, submit, train
+
+    url = worker_server.url  # type: ignore[attr-defined]
+    name = f"wb-{uuid.uuid4().hex[:10]}"
+    q = open_queue(url, name, max_staleness=1)
+    root = tmp_path / "weights"
+    model = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    q.publish_version(1, str(write_version(root, 1, model=model)))
+    pending = version_folder(root, 2, unique=True)
+    q.publish_version(2, str(pending))  # recorded; its folder comes later
+    worker = spawn_worker(url, name, "behind-worker", "--engine", "torch", "--model", str(tiny_model),
+                          "--max-tokens", "8", "--reward", "length_reward", "--seed", "3", "--json-logs")
+    logs: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: logs.extend(json.loads(line) for line in worker.stderr  # type: ignore[union-attr]
+                                                         if line.startswith("{")), daemon=True)
+    reader.start()
+    try:
+        submit(q, 2, n=2, prefix="early", target_len=6)
+        _, trained = train(q, {"early-0", "early-1"}, timeout=120)
+        assert_generated_by(model, tokenizer, trained, 1)  # the newest version it could load
+        behind = [x for x in logs if x.get("event") == "StartedBehind"]
+        assert behind and (behind[0]["version"], behind[0]["loaded"]) == (2, 1), logs
+        assert behind[0]["weights_uri"] == str(pending) and behind[0]["loaded_uri"] == str(root / "v0000001")
+        tiny = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+        model.load_state_dict({**model.state_dict(), **{k: v for k, v in tiny.items() if "layers.0." in k}})
+        write_version(root, 2, model=model, target=pending)  # the folder appears
+        wait_until(lambda: any(x.get("msg") == "weights updated" and x.get("version") == 2 for x in logs), 60,
+                   message="the worker to load version 2")
+        submit(q, 2, n=2, prefix="late", target_len=6)
+        _, trained = train(q, {"late-0", "late-1"}, timeout=120)
+        assert_generated_by(model, tokenizer, trained, 2)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        reader.join(10)
+    assert worker.returncode == 0, logs[-20:]
 
 
 def test_the_torch_engine_loads_a_remote_version(store: tuple[Path, str, list[str]], tiny_model: Path,

@@ -181,6 +181,10 @@ class TorchEngine:
         except Exception as exc:  # the runtime cannot know which weights generate next
             raise EngineError(f"could not load weights from {uri!r}: {exc}") from exc
 
+    async def check_weights(self, uri: str) -> None:
+        if not self._push.holds(uri):
+            await asyncio.to_thread(resolve, uri)
+
     @property
     def supports_push(self) -> bool:
         return True

@@ -311,6 +311,10 @@ class VLLMEngine:
             self._lora.forget(stale)
         return False
 
+    async def check_weights(self, uri: str) -> None:
+        if not self._push.holds(uri):
+            await asyncio.to_thread(resolve, uri)
+
     @property
     def supports_push(self) -> bool:
         return True
