@@ -93,7 +93,7 @@ class PolicyVersions:
                 continue  # pruned meanwhile, or broken too: an older one may load
             self.loaded, loaded_uri = version, uri
             break
-        self.emit(StartedBehind(info.version, info.weights_uri, self.loaded, loaded_uri, reason, self.retry_s))
+        self.emit(StartedBehind(info.version, info.weights_uri, self.loaded, reason, loaded_uri, self.retry_s))
 
     def notice(self, notice: VersionNotice) -> None:
         if notice.held is not None and notice.held != self.held:

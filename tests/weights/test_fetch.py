@@ -52,13 +52,18 @@ class Net(torch.nn.Module):
         self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
 
 
-def test_a_delta_chain_is_fetched_checked_and_cached(store: tuple[Path, str, list[str]], tmp_path: Path) -> None:
-    root, url, seen = store
+def full_and_delta(root: Path) -> tuple[Net, Path, Path]:
+    """v1 (full) and v2 (a delta of one tensor) under ``root``; the net holds v2's weights."""
     net = Net()
     v1 = write_version(root, 1, model=net)
     with torch.no_grad():
         net.b.weight.add_(1)
-    v2 = write_version(root, 2, tensors={"b.weight": net.b.weight}, base=v1)
+    return net, v1, write_version(root, 2, tensors={"b.weight": net.b.weight}, base=v1)
+
+
+def test_a_delta_chain_is_fetched_checked_and_cached(store: tuple[Path, str, list[str]], tmp_path: Path) -> None:
+    root, url, seen = store
+    net, v1, v2 = full_and_delta(root)
     cache = tmp_path / "cache"
     local = localize(f"{url}/{v2.name}", cache)
     assert local.parent.parent == cache and weight_chain(local)[-1] == local
@@ -104,11 +109,7 @@ def test_a_cached_folder_is_used_only_while_it_is_the_stores(store: tuple[Path, 
     import shutil
 
     root, url, _ = store
-    net = Net()
-    v1 = write_version(root, 1, model=net)
-    with torch.no_grad():
-        net.b.weight.add_(1)
-    v2 = write_version(root, 2, tensors={"b.weight": net.b.weight}, base=v1)
+    net, v1, v2 = full_and_delta(root)
     cache = tmp_path / "cache"
     old = read_chain_state(weight_chain(localize(f"{url}/{v2.name}", cache)))
     shutil.rmtree(v1)
