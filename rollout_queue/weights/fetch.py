@@ -10,7 +10,10 @@ Rules:
    file is hashed while it is written to the cache; a mismatch or a short file raises
    ``WeightsError`` and leaves nothing in the cache.
 2. A cached folder is complete the instant its name exists (fetched aside, renamed), so a worker
-   killed mid-fetch never loads a partial folder, and one restarted finds what was complete.
+   killed mid-fetch never loads a partial folder, and one restarted finds what was complete. It is
+   used only while its manifest is the store's: every folder of the chain has its manifest read
+   from the store at each ``localize`` (one small request each), and a cached folder whose manifest
+   differs (the store's folder of that name was rewritten) is discarded and fetched again.
 3. Fetching happens before the engine pauses (the runtime's fetch, then apply): a slow store
    delays the update, never generation.
 4. The cache keeps the newest ``keep`` versions per store folder, chains included.
@@ -28,12 +31,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
+import secrets
+import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from rollout_queue.core.errors import WeightsError
-from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest
-from rollout_queue.weights.store import atomic_folder, prune_versions
+from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest, read_manifest
+from rollout_queue.weights.store import atomic_folder, folder_version, prune_versions, weight_chain
 
 CHUNK = 8 * 2**20
 
@@ -66,11 +72,74 @@ def localize(uri: str, cache: Path | None = None, *, keep: int = 4) -> Path:
     if head.chain[-1] != name:
         raise WeightsError(f"{uri}: its manifest ends its chain with {head.chain[-1]!r}, not itself")
     for member in head.chain:
-        if not (store / member).is_dir():
-            manifest = head if member == name else _manifest(fs, f"{parent}/{member}")
-            _fetch(fs, f"{parent}/{member}", manifest, store / member)
+        manifest = head if member == name else _manifest(fs, f"{parent}/{member}")
+        cached = store / member
+        if cached.is_dir() and _manifest_or_none(cached) != manifest:
+            _discard(cached)  # the store's folder of this name is not the one cached: old bytes
+        if not cached.is_dir():
+            _fetch(fs, f"{parent}/{member}", manifest, cached)
+        if _manifest_or_none(cached) != manifest:  # a worker sharing the cache fetched another meanwhile
+            raise WeightsError(f"{parent}/{member}: the store's folder changed while it was fetched; retried later")
     prune_versions(store, keep)
     return store / name
+
+
+def resolve(uri: str, cache: Path | None = None) -> tuple[Path, ...]:
+    """The checked local chain of the version at ``uri`` (``localize``, then ``store.weight_chain``:
+    every file's size and recorded digest), its own folder last. What an engine loads; it may hash
+    gigabytes, so engines call it in a thread, before they pause. Raises ``WeightsError``."""
+    return weight_chain(localize(uri, cache))
+
+
+def older_versions(uri: str, below: int, limit: int = 4) -> list[tuple[int, str]]:
+    """Version folders beside the local one at ``uri`` with a version below ``below``, newest first,
+    at most ``limit``: what a worker that cannot load ``uri`` yet may start on. A folder's version is
+    its manifest's (its name's when it has none, e.g. ``QueueWeightTransfer``'s); one whose manifest
+    is unreadable or disagrees with its name is skipped, and so is a version with several folders
+    (an attempt never recorded beside the one that was: which one the queue recorded is unknown).
+    Nothing is loaded or checked here (the engine checks what it loads). Remote stores are not
+    listed: []."""
+    if is_remote(uri):
+        return []
+    folder = localize(uri)
+    try:
+        siblings = [(version, p) for p in folder.parent.iterdir()
+                    if p != folder and (version := folder_version(p.name)) is not None and version < below]
+    except OSError:  # the weights root itself is not there (yet)
+        return []
+    out: list[tuple[int, str]] = []
+    counts = Counter(version for version, _ in siblings)
+    for version, path in sorted(siblings, reverse=True):
+        if counts[version] > 1:
+            continue
+        if (path / MANIFEST_NAME).exists():
+            manifest = _manifest_or_none(path)
+            if manifest is None or manifest.version != version:
+                continue
+        out.append((version, os.fspath(path)))
+        if len(out) == limit:
+            break
+    return out
+
+
+def _manifest_or_none(folder: Path) -> WeightManifest | None:
+    try:
+        return read_manifest(folder)
+    except WeightsError:  # garbage where a manifest should be: not the store's
+        return None
+
+
+def _discard(folder: Path) -> None:
+    """Remove a stale cached folder: renamed aside first (its name is free at once; a reader that
+    already opened its files keeps them), then deleted. Another worker may have done either."""
+    aside = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.stale")
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise WeightsError(f"{folder}: a stale cached version that cannot be removed ({exc})") from exc
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _filesystem(uri: str) -> object:

@@ -14,8 +14,9 @@ Format (``rollout-queue-weights/1``)::
   model the workers serve; its own chain, like a full version (``lora.py``).
 - ``files``: each safetensors file (and a LoRA's ``adapter_config.json``) and its size: a reader
   refuses a truncated file.
-- ``sha256``: each file's digest (written by default): what a worker that fetches the version from
-  an HTTP(S) or object store checks every byte against (``fetch.py``) before anything is applied.
+- ``sha256``: each file's digest (written by default): what every worker checks each file against
+  before anything is applied (``store.weight_chain``), and what a worker that fetches the version
+  from an HTTP(S) or object store checks every byte against while fetching (``fetch.py``).
 
 A folder without a manifest (written before manifests, or by any ``save_pretrained``) reads as a
 full version of unknown number. This module does no I/O beyond the one JSON file.

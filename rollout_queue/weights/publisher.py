@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rollout_queue.ops.logs import fields
 from rollout_queue.weights import fetch as remote
-from rollout_queue.weights.lora import is_peft_model
+from rollout_queue.weights.lora import check_publishable, is_peft_model
 from rollout_queue.weights.manifest import read_manifest
 from rollout_queue.weights.push import PushReport, WeightPush
 from rollout_queue.weights.store import prune_versions, tensor_names, version_folder, write_version
@@ -102,12 +102,16 @@ class WeightPublisher:
         right after a checkpoint restore).
 
         Raises VersionRegression / HoldLost as ``publish_weights`` documents; the folder written
-        stays on disk then (a later delta may build on it, pruning removes it).
+        stays on disk then (a later delta may build on it, pruning removes it). Raises
+        ``WeightsError``, nothing written or recorded, for a ``PeftModel`` whose adapter no worker
+        would apply (``lora.check_publishable``: PiSSA or OLoRA initialisation, DoRA, ...).
         """
         began = time.perf_counter()
         if is_peft_model(model) and self.push is not None:
             raise ValueError("a LoRA run publishes its adapter as a folder (a few MB): use transport='folder'; "
                              "'dist' pushes whole models")
+        if is_peft_model(model):
+            check_publishable(model)  # an adapter every worker would refuse is refused here, nothing written
         if self.push is None or not push:
             folder, kind, count = self._write(model, version)
             uri = self._uri(folder)

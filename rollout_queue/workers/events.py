@@ -250,6 +250,20 @@ class WeightsRefused(Event):
 
 
 @dataclass(frozen=True)
+class StartedBehind(WeightsRefused):
+    """A refusal at start: the queue's version ``version`` was refused before anything was applied
+    (most often its folder is not written yet: ``transport="dist"`` records a version before it
+    writes it). The worker serves ``loaded`` instead: the newest older version beside it that loaded
+    (``loaded_uri``), or 0, the weights it started with (``loaded_uri`` None); it retries every
+    ``retry_s`` seconds until that version or a newer one loads."""
+
+    loaded_uri: str | None
+    retry_s: float
+    message: ClassVar[str] = "started behind the queue's version: its weights do not load yet, waiting for them"
+    level: ClassVar[int] = logging.WARNING
+
+
+@dataclass(frozen=True)
 class AdoptedWithoutWeights(Event):
     version: int
     message: ClassVar[str] = "version published without weights_uri: adopted without loading"

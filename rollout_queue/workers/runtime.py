@@ -17,8 +17,9 @@ What it owns (DESIGN: Submission scheduler, Failure handling, Weight updates and
    STOPPED or FAILED, every change through ``_advance``, which also wakes the loops that care.
    Drain (``request_drain()``, SIGTERM): stop reserving, let in-flight attempts finish until the
    drain deadline, abort the rest, ``close()``, deregister. Fatal error (``EngineError``, any other
-   exception from the engine, a failed weight load, Redis unreachable past the retry window, or
-   ``EnvironmentsHung``): stop reserving, count the failure against the one attempt it is
+   exception from the engine, a weight load that failed while applying, Redis unreachable past
+   the retry window, or ``EnvironmentsHung``; weights refused before anything was applied are not,
+   at start as later): stop reserving, count the failure against the one attempt it is
    attributed to (the attempt whose own engine request raised it first: settled ``failed``, so a
    prompt that kills engines still ends in the dead letters), cancel every attempt that still needs
    the engine (those already settling get ``abort_grace_s``), ``close()`` so every other owned
@@ -263,7 +264,7 @@ class WorkerRuntime:
             if self.state is S.DRAINING:
                 await self._drain()
             await self._abandon()
-        except Exception as exc:  # e.g. the initial weights would not load: still give work back
+        except Exception as exc:  # e.g. the initial weights failed while applying: still give work back
             self._fail(exc)
             await self._abandon()
         finally:

@@ -215,9 +215,12 @@ class ServedQueues:
 
 
 def check_follower(name: str, lead: str, info: Any) -> None:
-    """A follower queue (any but the first) must never publish a policy version (module docstring)."""
+    """A follower queue (any but the first) must never publish a policy version (module docstring),
+    version 0 included: recorded with a weights URI it names a model other than the lead's, and any
+    published version turns on that queue's staleness bound, which would judge samples tagged with
+    the lead's versions."""
     published = info.version_published if isinstance(info, HeartbeatInfo) else info.published
-    if published and info.version > 0:
+    if published:
         raise ServedQueuesRefused(
             f"queue {name!r} publishes policy versions (version {info.version}), but a worker serving several "
             f"queues follows the policy of its first queue {lead!r} only: all queues of one worker must share "

@@ -4,7 +4,9 @@ Why apart from the runtime's life cycle (``states.py``): a weight update may hap
 worker runs or drains, and an admission hold changes nothing the worker does (``reserve`` simply
 grants nothing), so neither is a state of the worker. This module owns:
 
-- ``adopt``: at start, take the queue's current version, loading its weights if it names them.
+- ``adopt``: at start, take the queue's current version, loading its weights if it names them;
+  when the engine refuses them, start on the newest older version beside them that loads (or on
+  the weights the engine started with, version 0) and let ``follow`` retry (``StartedBehind``).
 - ``notice``: what the heartbeat thread learned (handed to the loop); a newer published version
   wakes ``follow``.
 - ``follow``: load each newer version with ``engine.load_weights(weights_uri)``. ``ready`` is
@@ -13,9 +15,10 @@ grants nothing), so neither is a state of the worker. This module owns:
   records that it also ran under the new version (``track``).
 
 A version whose weights the engine refuses before applying anything (``WeightsError``: a folder
-missing, truncated, pruned, of another model) is not fatal: the engine still holds ``loaded``, so
-the worker keeps generating on it (its samples say so; the staleness bound judges them) and
-retries every ``retry_s`` until that version or a newer one loads.
+missing, not written yet, truncated, overwritten, pruned, of another model) is not fatal, at start
+as later: the engine still holds ``loaded``, so the worker keeps generating on it (its samples say
+so; the staleness bound judges them) and retries every ``retry_s`` until that version or a newer
+one loads.
 
 It must not reserve, settle, or decide whether any other failed load is fatal: ``follow`` raises
 and the runtime decides (such a load leaves the engine's weights unknown, so it stops the worker).
@@ -32,7 +35,15 @@ from rollout_queue import HeartbeatInfo
 from rollout_queue.workers.attempt import RuntimeStats
 from rollout_queue.workers.engines.base import Engine
 from rollout_queue.core.errors import WeightsError
-from rollout_queue.workers.events import AdoptedWithoutWeights, HoldChanged, Observer, WeightsRefused, WeightsUpdated
+from rollout_queue.weights.fetch import older_versions
+from rollout_queue.workers.events import (
+    AdoptedWithoutWeights,
+    HoldChanged,
+    Observer,
+    StartedBehind,
+    WeightsRefused,
+    WeightsUpdated,
+)
 from rollout_queue.workers.heartbeat import VersionNotice
 
 #: abort: in-flight attempts are aborted at an update (requeued uncounted); continue: they go on,
@@ -60,11 +71,29 @@ class PolicyVersions:
         self._seen: dict[str, list[int]] = {}  # request id in flight -> versions it ran under
 
     async def adopt(self, info: HeartbeatInfo, *, load: bool) -> None:
-        """Take the queue's current version at start, loading its weights if it names them (and ``load``)."""
+        """Take the queue's current version at start, loading its weights if it names them (and
+        ``load``). Refused weights (module docstring) leave the worker on the newest older version
+        beside them that loads, or on version 0 (the weights it started with), and ``follow``
+        retries them. Raises what a load raises otherwise (the engine's weights are then unknown)."""
         self._target = (info.version, info.weights_uri or None)
-        if info.version_published and info.weights_uri and load:
-            await self.engine.load_weights(info.weights_uri)
         self.loaded = info.version
+        if not (info.version_published and info.weights_uri and load):
+            return
+        try:
+            await self.engine.load_weights(info.weights_uri)
+            return
+        except WeightsError as exc:
+            reason = str(exc)
+        self.loaded, self.refused, loaded_uri = 0, True, None
+        self.stats.weight_refusals += 1
+        for version, uri in await asyncio.to_thread(older_versions, info.weights_uri, info.version):
+            try:
+                await self.engine.load_weights(uri)
+            except WeightsError:
+                continue  # pruned meanwhile, or broken too: an older one may load
+            self.loaded, loaded_uri = version, uri
+            break
+        self.emit(StartedBehind(info.version, info.weights_uri, self.loaded, reason, loaded_uri, self.retry_s))
 
     def notice(self, notice: VersionNotice) -> None:
         if notice.held is not None and notice.held != self.held:
@@ -107,7 +136,19 @@ class PolicyVersions:
             if version > self.loaded:
                 await self._update(version, uri, abort_generating)
 
+    def _refuse(self, version: int, uri: str, exc: WeightsError) -> None:
+        self.refused = True
+        self.stats.weight_refusals += 1
+        self.emit(WeightsRefused(version, uri, self.loaded, str(exc)))
+
     async def _update(self, version: int, uri: str | None, abort_generating: Callable[[str], Awaitable[None]]) -> None:
+        if self.mode == "abort" and self.refused and uri:
+            # Refused before (its folder not written yet, say): while it still would be, abort
+            # nothing and keep reserving; only a version that now passes the check costs requests.
+            try:
+                await self.engine.check_weights(uri)
+            except WeightsError as exc:
+                return self._refuse(version, uri, exc)
         self.ready.clear()
         try:
             if self.mode == "abort":
@@ -117,10 +158,7 @@ class PolicyVersions:
                 try:
                     moved = await self.engine.load_weights(uri)
                 except WeightsError as exc:  # nothing applied: serve on the loaded version
-                    self.refused = True
-                    self.stats.weight_refusals += 1
-                    self.emit(WeightsRefused(version, uri, self.loaded, str(exc)))
-                    return
+                    return self._refuse(version, uri, exc)
             else:
                 self.emit(AdoptedWithoutWeights(version))
             self.loaded, self.refused = version, False

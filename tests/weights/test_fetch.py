@@ -52,22 +52,27 @@ class Net(torch.nn.Module):
         self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
 
 
-def test_a_delta_chain_is_fetched_checked_and_cached(store: tuple[Path, str, list[str]], tmp_path: Path) -> None:
-    root, url, seen = store
+def full_and_delta(root: Path) -> tuple[Net, Path, Path]:
+    """v1 (full) and v2 (a delta of one tensor) under ``root``; the net holds v2's weights."""
     net = Net()
     v1 = write_version(root, 1, model=net)
     with torch.no_grad():
         net.b.weight.add_(1)
-    v2 = write_version(root, 2, tensors={"b.weight": net.b.weight}, base=v1)
+    return net, v1, write_version(root, 2, tensors={"b.weight": net.b.weight}, base=v1)
+
+
+def test_a_delta_chain_is_fetched_checked_and_cached(store: tuple[Path, str, list[str]], tmp_path: Path) -> None:
+    root, url, seen = store
+    net, v1, v2 = full_and_delta(root)
     cache = tmp_path / "cache"
     local = localize(f"{url}/{v2.name}", cache)
     assert local.parent.parent == cache and weight_chain(local)[-1] == local
     state = read_chain_state(weight_chain(local))
     assert all(torch.equal(state[k], v) for k, v in net.state_dict().items())
-    # Cached: asking again fetches only the head manifest, no tensor file.
+    # Cached: asking again fetches only the chain's manifests (each compared with the cached one), no tensor file.
     seen.clear()
     assert localize(f"{url}/{v2.name}", cache) == local
-    assert seen == [f"/{v2.name}/manifest.json"]
+    assert sorted(seen) == [f"/{v1.name}/manifest.json", f"/{v2.name}/manifest.json"]
     # Local paths and file:// URIs are used where they are.
     assert localize(str(v2)) == v2 and localize(f"file://{v2}") == v2
     assert not is_remote(str(v2)) and is_remote(url)
@@ -94,6 +99,32 @@ def test_corrupt_short_and_missing_files_are_refused_and_nothing_is_cached(store
     assert not any(p.name.startswith("v") for p in cache.rglob("*"))  # no folder, no partial one
     with pytest.raises(WeightsError, match="did not answer|no manifest"):
         localize("http://127.0.0.1:9/v0000001", cache)  # nothing listens on port 9
+
+
+def test_a_cached_folder_is_used_only_while_it_is_the_stores(store: tuple[Path, str, list[str]],
+                                                             tmp_path: Path) -> None:
+    """Issue 29 item 5: the store's folders of a chain rewritten under the same names (a trainer
+    restarted on another machine publishing the same versions again) are fetched again: the
+    worker gets the bytes of the store's current manifests, not the ones it cached before."""
+    import shutil
+
+    root, url, _ = store
+    net, v1, v2 = full_and_delta(root)
+    cache = tmp_path / "cache"
+    old = read_chain_state(weight_chain(localize(f"{url}/{v2.name}", cache)))
+    shutil.rmtree(v1)
+    shutil.rmtree(v2)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(-2)
+    assert write_version(root, 1, model=net) == v1
+    with torch.no_grad():
+        net.a.bias.add_(3)
+    assert write_version(root, 2, tensors={"a.bias": net.a.bias}, base=v1) == v2
+    state = read_chain_state(weight_chain(localize(f"{url}/{v2.name}", cache)))
+    assert all(torch.equal(state[k], v) for k, v in net.state_dict().items())
+    assert not torch.equal(state["b.weight"], old["b.weight"])
+    assert sorted(p.name for p in (cache.iterdir().__next__()).iterdir()) == [v1.name, v2.name]  # nothing left aside
 
 
 @pytest.fixture

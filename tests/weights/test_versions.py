@@ -71,6 +71,70 @@ def test_broken_chains_are_refused_before_anything_is_read(tmp_path: Path) -> No
         weight_chain(tmp_path / "nothing")
 
 
+def test_a_same_size_file_that_is_not_the_published_one_is_refused(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29 item 5: a local folder's files are checked against the manifest's sha256, not only
+    their sizes. A file verified once is not hashed again while unchanged; rewritten in place with
+    its size and mtime kept, it is hashed again (its ctime moved) and refused."""
+    import time
+
+    from rollout_queue.weights import store
+    from tests.helpers import wait_until
+
+    net = Net()
+    full = write_version(tmp_path, 1, model=net)
+    delta = write_version(tmp_path, 2, tensors={"a.bias": net.a.bias}, base=full)
+    path = full / "model.safetensors"
+    data, st = bytearray(path.read_bytes()), path.stat()
+    hashed: list[Path] = []
+    real_sha256 = store.file_sha256
+    monkeypatch.setattr(store, "file_sha256", lambda p: hashed.append(p) or real_sha256(p))
+    monkeypatch.setattr(store, "_SETTLED_NS", 50_000_000)  # remembered once 50 ms old (2 s in use)
+    written = (delta / "model.safetensors").stat().st_ctime_ns  # the later of the two files
+    wait_until(lambda: time.time_ns() > written + 100_000_000, 5, message="the files to settle")
+    assert weight_chain(delta) == (full, delta) and len(hashed) == 2  # both files hashed
+    assert weight_chain(delta) == (full, delta) and len(hashed) == 2  # remembered: not hashed again
+    data[-1] ^= 1  # one bit of the last tensor's data (not its header): same size
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with its mtime put back
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(WeightsError, match="sha256"):
+        weight_chain(delta)
+    with pytest.raises(WeightsError, match="sha256"):
+        weight_chain(full)
+    # Without digests (WeightPublisher(digests=False)) only sizes can be checked.
+    undigested = write_version(tmp_path, 3, model=net, digests=False)
+    assert weight_chain(undigested) == (undigested,)
+
+
+def test_older_versions_are_the_folders_a_worker_may_start_on(tmp_path: Path) -> None:
+    """What a worker that cannot load the recorded version yet tries instead (issue 29 item 4):
+    version folders beside it, older than it, newest first, by their manifests' versions."""
+    from rollout_queue.weights.fetch import older_versions
+    from rollout_queue.weights.store import version_folder
+
+    net = Net()
+    v1 = write_version(tmp_path, 1, model=net)
+    v2 = write_version(tmp_path, 2, tensors={"a.bias": net.a.bias}, base=v1)
+    v3 = write_version(tmp_path, 3, model=net)
+    (tmp_path / "v0000004").mkdir()  # a folder of another tool (QueueWeightTransfer): its name's version
+    liar = tmp_path / "v0000000"
+    liar.mkdir()
+    (liar / "manifest.json").write_bytes((v3 / "manifest.json").read_bytes())  # says version 3: skipped
+    (tmp_path / "notes").mkdir()
+    write_version(tmp_path, 5, model=net)
+    write_version(tmp_path, 5, model=net)  # two attempts at version 5: which was recorded is unknown, both skipped
+    pending = version_folder(tmp_path, 6, unique=True)  # recorded, not written yet
+    newer = write_version(tmp_path, 7, model=net)
+    assert older_versions(str(pending), 6) == [(4, str(tmp_path / "v0000004")), (3, str(v3)), (2, str(v2)), (1, str(v1))]
+    assert older_versions(str(pending), 6, limit=2) == [(4, str(tmp_path / "v0000004")), (3, str(v3))]
+    assert older_versions(f"file://{newer}", 3) == [(2, str(v2)), (1, str(v1))]
+    assert older_versions(str(v1), 1) == []  # v0000000's manifest says another version
+    assert older_versions(str(tmp_path / "absent" / "v0000002"), 2) == []
+    assert older_versions("https://weights.internal/run/v0000006", 6) == []  # a store is not listed
+
+
 def test_pruning_keeps_the_chains_of_kept_versions(tmp_path: Path) -> None:
     net = Net()
     full = write_version(tmp_path, 1, model=net)

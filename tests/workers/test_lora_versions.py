@@ -196,3 +196,65 @@ def test_a_lora_run_trains_through_the_queue_and_each_adapter_version_generates_
     assert sorted(by_version) == [0, 1, 2, 3]  # each step trained on the adapter published before it
     assert all(moved[v] > 1e-2 for v in (1, 2, 3)), moved  # and each adapter is not the base model
     assert "weights updated" in err
+
+
+@pytest.mark.parametrize("init", ["pissa", "olora", True, "gaussian", "orthogonal"])
+def test_an_adapter_is_applied_exactly_as_peft_merges_it_or_refused_before_anything_moves(
+        runner: LoopRunner, tiny_model: Path, tmp_path: Path, long_prompt: list[int], init: Any,
+        worker_server: Any) -> None:  # noqa: F811
+    """Whatever peft initialisation an adapter was trained from (issue 29 item 6): a worker applies
+    exactly peft's ``merge_and_unload``, or refuses the folder (``WeightsError``) and generates as
+    before. PiSSA and OLoRA move the base weights at initialisation (peft subtracts the initial
+    product), so they are refused, and the publisher refuses such a model without writing anything."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout_queue import QueueConfig, RolloutQueue
+    from rollout_queue.weights import WeightPublisher
+    from rollout_queue.weights.lora import merged_weights
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                      lora_dropout=0.0, init_lora_weights=init))
+    with torch.no_grad():  # some training: A and B move away from their initial values
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.add_(torch.randn_like(param) * 0.05)
+    folder = tmp_path / "adapter"
+    model.save_pretrained(folder)  # peft's own adapter folder; its config names the initialisation
+    refused = init in ("pissa", "olora")
+    q = RolloutQueue.from_url(worker_server.url, f"lora-init-{uuid.uuid4().hex[:8]}", QueueConfig())
+    try:
+        if refused:
+            with pytest.raises(WeightsError, match="init_lora_weights"):
+                WeightPublisher(q, tmp_path / "published").publish(model, 1)
+            assert not any((tmp_path / "published").glob("v*")) and not q.stats().version_published
+    finally:
+        q.close()
+    merged = model.merge_and_unload()  # the trainer's policy
+    expected = {k: v.detach().clone() for k, v in merged.state_dict().items()}
+    merged.save_pretrained(tmp_path / "merged")
+    served = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+
+    if refused:
+        with pytest.raises(WeightsError, match="init_lora_weights"):
+            merged_weights(folder, served)
+    else:
+        applied = merged_weights(folder, served)
+        assert applied and max(float((applied[k] - expected[k]).abs().max()) for k in applied) < 1e-5
+    prompts = [long_prompt[:120]]
+    engine = TorchEngine(str(tiny_model))
+    runner.run(engine.start())
+    try:
+        before = runner.run(generate_all(engine, "before", prompts))
+        if refused:
+            with pytest.raises(WeightsError, match="init_lora_weights"):
+                runner.run(engine.load_weights(str(folder)))
+            assert runner.run(generate_all(engine, "kept", prompts)) == before  # nothing applied
+        else:
+            runner.run(engine.load_weights(str(folder)))
+            adapted = runner.run(generate_all(engine, "adapted", prompts))
+            runner.run(engine.load_weights(str(tmp_path / "merged")))
+            assert runner.run(generate_all(engine, "merged", prompts)) == adapted
+    finally:
+        runner.run(engine.close())

@@ -197,6 +197,58 @@ def test_refused_weights_keep_the_worker_on_its_version_until_a_version_loads(ur
     assert rt.drain() is None
 
 
+def test_a_worker_whose_recorded_version_is_refused_at_start_serves_what_it_holds_and_catches_up(
+        url: str, name: str) -> None:
+    """Issue 29 item 4: the queue's version names weights the engine refuses at start (its folder
+    not written yet: with ``dist`` the version is recorded first). The worker starts anyway, on the
+    weights it started with (version 0: no older folder beside that one), says what it waits for,
+    generates (its samples say version 0) and loads the version once it can."""
+    from rollout_queue.workers.events import Event, StartedBehind
+
+    q = open_queue(url, name, max_staleness=8)
+    q.publish_version(3, "file:///weights/v3-pending")
+    engine = ScriptedEngine(refuse_load="pending")
+    events: list[Event] = []
+    runtime = WorkerRuntime(url, name, engine, WorkerOptions(block_ms=200, sampling=SamplingConfig(max_tokens=8)),
+                            worker_id=f"wk-{uuid.uuid4().hex[:6]}", on_event=events.append)
+    runtime.versions.retry_s = 0.2
+    rt = RuntimeThread(runtime).start()
+    assert rt.alive and rt.runtime.loaded_version == 0 and engine.loads == []
+    (behind,) = [e for e in events if isinstance(e, StartedBehind)]
+    assert (behind.version, behind.weights_uri, behind.loaded, behind.loaded_uri) == (3, "file:///weights/v3-pending",
+                                                                                     0, None)
+    assert "scripted refusal" in behind.reason
+    submit(q, 1, n=2, prefix="behind")
+    _, trained = train(q, {"behind-0"})
+    assert {s.version for g in trained for s in g.samples} == {0}
+    engine.refuse_load = None  # the folder was written: the next retry loads it
+    wait_until(lambda: rt.runtime.loaded_version == 3, 10)
+    assert engine.loads == ["file:///weights/v3-pending"]
+    submit(q, 1, n=2, prefix="caught-up")
+    _, trained = train(q, {"caught-up-0"})
+    assert {s.version for g in trained for s in g.samples} == {3}
+    assert rt.drain() is None
+
+
+def test_while_a_refused_version_is_retried_abort_mode_aborts_nothing(url: str, name: str) -> None:
+    """A worker in ``abort`` mode waiting for a refused version's folder (it retries every
+    ``retry_s``) aborts no request until the version passes the check: attempts longer than the
+    retry interval still finish, once each, on the version it holds."""
+    q = open_queue(url, name, max_staleness=8)
+    q.publish_version(2, "file:///weights/v2-pending")
+    engine = ScriptedEngine(refuse_load="pending", latency_s=1.0)
+    runtime = WorkerRuntime(url, name, engine, WorkerOptions(block_ms=200, sampling=SamplingConfig(max_tokens=8)),
+                            worker_id=f"wk-{uuid.uuid4().hex[:6]}")
+    runtime.versions.retry_s = 0.1
+    rt = RuntimeThread(runtime).start()
+    submit(q, 2, n=2, prefix="long")
+    _, trained = train(q, {"long-0", "long-1"})
+    assert rt.runtime.stats.weight_refusals >= 5  # retried several times while they generated
+    assert [g.attempt for g in trained] == [1, 1] and rt.runtime.stats.settled["aborted"] == 0
+    assert {s.version for g in trained for s in g.samples} == {0}
+    assert rt.drain() is None
+
+
 def test_a_reward_that_raises_fails_the_attempt_with_the_reason(url: str, name: str) -> None:
     q = open_queue(url, name, max_attempts=2)
     q.submit([SourceGroup("bad", "no arithmetic here", 2), SourceGroup("ok", "What is 1 plus 1?", 2)])

@@ -119,6 +119,21 @@ def test_a_fatal_engine_error_requeues_everything_before_a_non_zero_exit(url: st
     assert err.index("worker closed") < err.index("rollout-queue worker:")
 
 
+def test_a_recorded_version_that_fails_while_applying_at_start_stops_the_worker_with_exit_1(url: str,
+                                                                                          name: str) -> None:
+    """What still stops a worker at start (issue 29 item 4): a load that failed while applying (the
+    engine's weights then unknown, ``EngineError``), not a refusal. Nothing was reserved; exit 1."""
+    q = open_queue(url, name)
+    q.publish_version(1, "file:///weights/v1")
+    submit(q, 2, n=2)
+    code, err = finish(spawn_worker(url, name, "w-apply", "--engine-arg", "fatal_on_load=true"))
+    assert code == 1, err
+    assert "scripted fatal error loading weights" in err
+    st = q.stats()
+    assert (st.backlog + st.ready, st.executing_groups, st.dead) == (2, 0, 0), err
+    assert "w-apply" not in pel_owners(url, name) and "w-apply" not in registered_workers(url, name)
+
+
 def test_the_worker_command_reports_usage_errors(url: str, name: str) -> None:
     proc = spawn_worker(url, name, "w", "--engine-arg", "not-a-pair")
     code, err = finish(proc)

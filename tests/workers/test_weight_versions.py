@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,6 +93,56 @@ def test_torch_engine_loads_deltas(runner: LoopRunner, tiny_model: Path, version
         runner.run(engine.close())
 
 
+def test_the_torch_engine_applies_only_the_published_bytes(runner: LoopRunner, tiny_model: Path,
+                                                          perturbed_model: Path, long_prompt: list[int],
+                                                          tmp_path: Path) -> None:
+    """Issue 29 item 5, at the engine: a version one of whose files was rewritten with other bytes of
+    the same size is refused (``WeightsError``) with the engine's weights untouched; and a chain
+    whose folders were rewritten under the same names (a folder replaced) is read again in full,
+    not taken for the chain the engine applied before."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    prompts = [long_prompt[:150]]
+    model = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32)
+    new = model.state_dict()
+    old = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    names = sorted(new)
+    engine = TorchEngine(str(tiny_model))
+    runner.run(engine.start())
+    try:
+        before = runner.run(generate_all(engine, "before", prompts))
+        tampered = write_version(tmp_path / "tampered", 1, model=model)
+        path = tampered / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[-4:] = bytes(4)  # the last float of the last tensor, not the header: same size
+        path.write_bytes(bytes(data))
+        with pytest.raises(WeightsError, match="sha256"):
+            runner.run(engine.load_weights(str(tampered)))
+        assert runner.run(generate_all(engine, "kept", prompts)) == before
+
+        root = tmp_path / "replaced"
+        v1 = write_version(root, 1, model=AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))
+        v2 = write_version(root, 2, tensors={n: new[n] for n in names[::2]}, base=v1)
+        runner.run(engine.load_weights(str(v2)))  # applied: the chain (v1, v2)
+        shutil.rmtree(v1)
+        shutil.rmtree(v2)
+        assert write_version(root, 1, model=model) == v1  # the same names, other bytes
+        assert write_version(root, 2, tensors={n: old[n] for n in names[::2]}, base=v1) == v2
+        v3 = write_version(root, 3, tensors={n: new[n] for n in names[::3]}, base=v2)
+        runner.run(engine.load_weights(str(v3)))
+        replaced = runner.run(generate_all(engine, "replaced", prompts))
+        # The chain as it is now: v1 the perturbed model, v2 half of it back, v3 a third moved again
+        # (the chain applied before held the other half: a delta read alone would mix the two).
+        model.load_state_dict({**new, **{n: old[n] for n in names[::2]}, **{n: new[n] for n in names[::3]}})
+        expected = write_version(tmp_path / "expected", 3, model=model)
+        runner.run(engine.load_weights(str(expected)))
+        assert runner.run(generate_all(engine, "expected", prompts)) == replaced
+    finally:
+        runner.run(engine.close())
+
+
 async def walk_once(engine: object, folder: Path, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     await engine.load_weights(str(folder))  # type: ignore[attr-defined]
     return await generate_all(engine, "once", prompts)
@@ -129,6 +180,18 @@ def test_vllm_refuses_an_extension_that_cannot_load_versions(tiny_model: Path) -
         VLLMEngine(str(tiny_model), engine_args={"worker_extension_cls": "collections.OrderedDict"})
     with pytest.raises(ValueError, match="cannot be imported"):
         VLLMEngine(str(tiny_model), engine_args={"worker_extension_cls": "no_such_module.Cls"})
+
+
+def assert_generated_by(model: Any, tokenizer: Any, trained: Sequence[Any], version: int) -> None:
+    """Every group of ``trained`` carries ``version``, and its behaviour logprobs are ``model``'s."""
+    for group in trained:
+        assert {s.version for s in group.samples} == {version}
+        sample = group.samples[0]
+        ids = tokenizer(group.group.prompt)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + list(sample.token_ids)])).logits[0, len(ids) - 1:-1]
+        expected = torch.log_softmax(logits, -1)[torch.arange(len(sample.token_ids)), torch.tensor(sample.token_ids)]
+        assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3
 
 
 @pytest.mark.torch
@@ -176,15 +239,7 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
             kinds.append(publisher.last.kind)
             submit(q, 2, n=2, prefix=f"v{version}", target_len=6)
             _, trained = train(q, {f"v{version}-0", f"v{version}-1"}, timeout=120)
-            for group in trained:
-                assert {s.version for s in group.samples} == {version}
-                sample = group.samples[0]
-                ids = tokenizer(group.group.prompt)["input_ids"]
-                with torch.no_grad():
-                    logits = model(torch.tensor([ids + list(sample.token_ids)])).logits[0, len(ids) - 1:-1]
-                expected = torch.log_softmax(logits, -1)[torch.arange(len(sample.token_ids)),
-                                                          torch.tensor(sample.token_ids)]
-                assert max(abs(a - float(b)) for a, b in zip(sample.logprobs, expected)) < 1e-3
+            assert_generated_by(model, tokenizer, trained, version)
         assert kinds == ["delta", "delta"]
         assert publisher.last is not None
         assert publisher.last.uri.startswith({"http": "http", "s3": "s3://"}.get(storage, "/"))
@@ -194,6 +249,60 @@ def test_a_worker_process_follows_delta_versions(worker_server: object, tiny_mod
         worker.terminate()
         _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err[-2000:]
+
+
+@pytest.mark.torch
+def test_a_worker_process_started_before_the_recorded_folder_is_written_starts_behind_and_catches_up(
+        worker_server: object, tiny_model: Path, perturbed_model: Path, tmp_path: Path) -> None:
+    """Issue 29 item 4, through the shipped worker process: the queue's version names a folder not
+    written yet (``transport="dist"`` records a version before it writes its folder). The worker
+    does not exit: it starts on the newest older version beside it that loads (v1), logs what it
+    waits for, generates on v1 (samples and logprobs say so), and moves to v2 once it is written."""
+    import json
+    import threading
+    import uuid
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout_queue.weights.store import version_folder
+    from tests.helpers import wait_until
+    from tests.workers.runtime_helpers import open_queue, spawn_worker, submit, train
+
+    url = worker_server.url  # type: ignore[attr-defined]
+    name = f"wb-{uuid.uuid4().hex[:10]}"
+    q = open_queue(url, name, max_staleness=1)
+    root = tmp_path / "weights"
+    model = AutoModelForCausalLM.from_pretrained(perturbed_model, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    q.publish_version(1, str(write_version(root, 1, model=model)))
+    pending = version_folder(root, 2, unique=True)
+    q.publish_version(2, str(pending))  # recorded; its folder comes later
+    worker = spawn_worker(url, name, "behind-worker", "--engine", "torch", "--model", str(tiny_model),
+                          "--max-tokens", "8", "--reward", "length_reward", "--seed", "3", "--json-logs")
+    logs: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: logs.extend(json.loads(line) for line in worker.stderr  # type: ignore[union-attr]
+                                                         if line.startswith("{")), daemon=True)
+    reader.start()
+    try:
+        submit(q, 2, n=2, prefix="early", target_len=6)
+        _, trained = train(q, {"early-0", "early-1"}, timeout=120)
+        assert_generated_by(model, tokenizer, trained, 1)  # the newest version it could load
+        behind = [x for x in logs if x.get("event") == "StartedBehind"]
+        assert behind and (behind[0]["version"], behind[0]["loaded"]) == (2, 1), logs
+        assert behind[0]["weights_uri"] == str(pending) and behind[0]["loaded_uri"] == str(root / "v0000001")
+        tiny = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+        model.load_state_dict({**model.state_dict(), **{k: v for k, v in tiny.items() if "layers.0." in k}})
+        write_version(root, 2, model=model, target=pending)  # the folder appears
+        wait_until(lambda: any(x.get("msg") == "weights updated" and x.get("version") == 2 for x in logs), 60,
+                   message="the worker to load version 2")
+        submit(q, 2, n=2, prefix="late", target_len=6)
+        _, trained = train(q, {"late-0", "late-1"}, timeout=120)
+        assert_generated_by(model, tokenizer, trained, 2)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        reader.join(10)
+    assert worker.returncode == 0, logs[-20:]
 
 
 def test_the_torch_engine_loads_a_remote_version(store: tuple[Path, str, list[str]], tiny_model: Path,

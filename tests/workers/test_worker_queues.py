@@ -109,3 +109,29 @@ def test_a_follower_queue_that_publishes_versions_is_refused_with_exit_2(url: st
     assert "share one model and weights source" in err and b in err
     assert "w-refused" not in registered_workers(url, a) + registered_workers(url, b)
     qb.close()
+
+
+def test_a_follower_queue_that_published_version_0_with_its_own_weights_is_refused(url: str) -> None:
+    """Version 0 is a published version too (issue 29 item 21): recorded with a weights URI it names
+    another model than the lead's, which the worker would otherwise serve that queue with."""
+    a, b = f"la-{uuid.uuid4().hex[:8]}", f"fb-{uuid.uuid4().hex[:8]}"
+    qa, qb = open_queue(url, a), open_queue(url, b)
+    qb.publish_version(0, "/weights/b/base")
+    code, err = finish(spawn_worker(url, f"{a}:1,{b}:1", "w-refused0"))
+    assert code == 2, err
+    assert "share one model and weights source" in err and b in err and "version 0" in err
+    assert "w-refused0" not in registered_workers(url, a) + registered_workers(url, b)
+    # And one that publishes version 0 while the worker serves it stops the worker (the same rule).
+    c = f"fc-{uuid.uuid4().hex[:8]}"
+    qc = open_queue(url, c)
+    proc = spawn_worker(url, f"{a}:1,{c}:1", "w-later0", "--heartbeat-interval", "0.2")
+    try:
+        wait_until(lambda: "w-later0" in registered_workers(url, c), 20, message="the worker to register")
+        qc.publish_version(0, "/weights/c/base")
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 2, err
+    assert "share one model and weights source" in err and c in err
+    for q in (qa, qb, qc):
+        q.close()

@@ -30,6 +30,10 @@ class PushStage(Generic[T]):
         self._uri, self._task = uri, task
         await asyncio.shield(task)
 
+    def holds(self, uri: str) -> bool:
+        """Whether a push of ``uri`` is staged or being received (``take`` may still yield None if it fails)."""
+        return self._task is not None and self._uri == uri
+
     async def take(self, uri: str) -> T | None:
         """What the push of ``uri`` staged, once its receive ended; None if there is none or it
         failed. The stage is empty afterwards, whatever the URI."""

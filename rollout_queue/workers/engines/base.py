@@ -173,6 +173,15 @@ class Engine(Protocol):
         """
         ...
 
+    async def check_weights(self, uri: str) -> None:
+        """Raise ``WeightsError`` where ``load_weights(uri)`` would refuse ``uri`` for what its
+        folder is (missing, not written yet, truncated, overwritten: the chain with its sizes and
+        digests; a remote version is fetched), changing nothing and generating on. Engine-specific
+        refusals (an adapter that does not fit the model) show only at ``load_weights``. The worker
+        calls it before it aborts requests for a version refused before (``versions.py``), so that
+        waiting for a folder costs no generation."""
+        ...
+
     @property
     def supports_push(self) -> bool:
         """Whether ``receive_push`` can take part in a torch.distributed weights push."""

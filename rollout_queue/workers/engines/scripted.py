@@ -157,13 +157,17 @@ class ScriptedEngine:
     async def receive_push(self, ticket: PushTicket) -> None:
         raise WeightsError("the scripted engine holds no tensors to push into")
 
+    async def check_weights(self, uri: str) -> None:
+        self._check_usable()
+        if self.refuse_load is not None and self.refuse_load in uri:
+            raise WeightsError(f"scripted refusal of {uri!r}: nothing applied")
+
     async def load_weights(self, uri: str) -> bool:
         self._check_usable()
         if self.fatal_on_load:
             self._die(EngineError(f"scripted fatal error loading weights from {uri!r}"))
             raise self._failure  # type: ignore[misc]
-        if self.refuse_load is not None and self.refuse_load in uri:
-            raise WeightsError(f"scripted refusal of {uri!r}: nothing applied")
+        await self.check_weights(uri)
         if self.load_latency_s:
             await asyncio.sleep(self.load_latency_s)
         self.weights_uri = uri

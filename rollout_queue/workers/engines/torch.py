@@ -34,10 +34,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_queue.core.errors import WeightsError
 from rollout_queue.core.models import PushTicket
-from rollout_queue.weights.fetch import localize
+from rollout_queue.weights.fetch import resolve
 from rollout_queue.weights.lora import is_adapter, merged_weights, read_adapter
 from rollout_queue.weights.push import Staged, receive
-from rollout_queue.weights.store import read_chain_state, weight_chain
+from rollout_queue.weights.store import chain_key, read_chain_state
 from rollout_queue.workers.engines._push import PushStage
 from rollout_queue.workers.engines._decode import DecodeBatch, DecodeRequest
 from rollout_queue.workers.engines.base import EngineError, RequestFailed, SampleOutput, SamplingConfig
@@ -45,6 +45,8 @@ from rollout_queue.workers.engines.base import EngineError, RequestFailed, Sampl
 T = TypeVar("T")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The chain of folders applied last and its files' identities (``store.chain_key``).
+AppliedChain = tuple[tuple[Path, ...], tuple[tuple[object, ...], ...]]
 
 
 class TorchEngine:
@@ -89,7 +91,7 @@ class TorchEngine:
         # LoRA versions: the base value of every weight an adapter targeted (lora.py)
         self._lora_base: dict[str, torch.Tensor] = {}
         # The version chain the model's weights were last loaded from (None: the start-up model).
-        self._chain: tuple[Path, ...] | None = None
+        self._chain: AppliedChain | None = None  # the folders applied last, and their files' identities
 
     @property
     def max_concurrency(self) -> int:
@@ -177,14 +179,19 @@ class TorchEngine:
             if staged is not None:  # pushed already: nothing to read
                 await self._on_compute_thread(self._apply, staged.tensors, f"the push of {uri}")
                 return True
-            # A remote version is fetched (and checked) first, off the compute thread: generation goes on.
-            folder = await asyncio.to_thread(localize, uri)
-            await self._on_compute_thread(self._load_weights, folder)
+            # Fetched (a remote version) and checked, every recorded digest included, off the compute
+            # thread: generation goes on meanwhile.
+            chain = await asyncio.to_thread(resolve, uri)
+            await self._on_compute_thread(self._load_weights, chain)
             return True  # requests in flight go on under the new weights (point 5)
         except WeightsError:
             raise  # refused before the first copy: the old weights are intact
         except Exception as exc:  # the runtime cannot know which weights generate next
             raise EngineError(f"could not load weights from {uri!r}: {exc}") from exc
+
+    async def check_weights(self, uri: str) -> None:
+        if not self._push.holds(uri):
+            await asyncio.to_thread(resolve, uri)
 
     @property
     def supports_push(self) -> bool:
@@ -332,18 +339,23 @@ class TorchEngine:
             default_generator=torch.Generator(device=self._device).manual_seed(self._seed),
         )
 
-    def _load_weights(self, folder: Path) -> None:
+    def _load_weights(self, chain: tuple[Path, ...]) -> None:
+        """Apply the checked ``chain`` (``fetch.resolve``), its folder last: a full or delta version, or an adapter."""
+        folder = chain[-1]
         if is_adapter(folder):
             return self._load_adapter(folder)
-        chain = weight_chain(folder)
         self._lora_base = {}  # a full or delta version is the new base of any later adapter
-        # A delta on the chain already applied: read and copy only the folders after it.
-        incremental = self._chain is not None and chain[:len(self._chain)] == self._chain
+        # A delta on the chain already applied (the same folders with the same files, not folders
+        # rewritten under the same names since): read and copy only the folders after it.
+        applied = self._chain
+        incremental = (applied is not None and chain[:len(applied[0])] == applied[0]
+                       and chain_key(chain[:len(applied[0])]) == applied[1])
+        key = chain_key(chain)
         try:
-            state = read_chain_state(chain, since=self._chain if incremental else None)
+            state = read_chain_state(chain, since=applied[0] if applied is not None and incremental else None)
         except Exception as exc:  # unreadable file, bad safetensors header: nothing copied yet
             raise WeightsError(f"could not load weights from {folder}: {exc}") from exc
-        self._apply(state, str(folder), incremental=incremental, chain=chain)
+        self._apply(state, str(folder), incremental=incremental, chain=(chain, key))
 
     def _load_adapter(self, folder: Path) -> None:
         """A LoRA version, merged: each weight it targets becomes base + scaling * B @ A, and a weight
@@ -358,10 +370,11 @@ class TorchEngine:
         self._lora_base = base
 
     def _apply(self, state: dict[str, torch.Tensor], source: str, *, incremental: bool = False,
-               chain: tuple[Path, ...] | None = None) -> None:
+               chain: AppliedChain | None = None) -> None:
         """Copy ``state`` into the model once every name and shape is checked (``incremental``: a
         delta over the chain loaded last, so only its tensors are expected). ``chain``: the folders
-        it rebuilds (None: not from folders, e.g. a push; the next delta then reads its whole chain)."""
+        it rebuilds and their key (None: not from folders, e.g. a push; the next delta then reads its
+        whole chain)."""
         folder = source
         target = self._model.state_dict()
         # Tied parameters (e.g. lm_head = embed_tokens) share storage: loading one loads both.

@@ -41,9 +41,8 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from rollout_queue.core.errors import WeightsError
 from rollout_queue.core.models import PushTicket
-from rollout_queue.weights.fetch import localize
+from rollout_queue.weights.fetch import resolve
 from rollout_queue.weights.lora import adapter_config, is_adapter, scaling
-from rollout_queue.weights.store import weight_chain
 from rollout_queue.workers.engines._push import PushStage
 from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
 
@@ -261,13 +260,13 @@ class VLLMEngine:
             rpc, args = "rq_push_apply", (uri,)
         else:
             try:
-                # A remote version is fetched (and checked) first, in a thread: generation goes on.
-                folder = await asyncio.to_thread(localize, uri)
-                if is_adapter(folder):
-                    return await self._load_adapter(engine, folder)
-                # Checked here so that a wrong path never reaches the workers (a failed reload there
-                # can leave some tensors replaced); the engine is untouched, but not on the policy.
-                chain = [str(f) for f in await asyncio.to_thread(weight_chain, folder)]
+                # Fetched (a remote version) and checked, every recorded digest included, in a thread:
+                # generation goes on. Checked here so that a wrong path never reaches the workers (a
+                # failed reload there can leave some tensors replaced); the engine is untouched.
+                checked = await asyncio.to_thread(resolve, uri)
+                if is_adapter(checked[-1]):
+                    return await self._load_adapter(engine, checked[-1])
+                chain = [str(f) for f in checked]
             except WeightsError as exc:
                 raise WeightsError(f"could not load weights from {uri!r}: {exc}") from exc
             rpc, args = "rq_reload_chain", (chain,)
@@ -316,6 +315,10 @@ class VLLMEngine:
             await engine.remove_lora(stale.lora_int_id)
             self._lora.forget(stale)
         return False
+
+    async def check_weights(self, uri: str) -> None:
+        if not self._push.holds(uri):
+            await asyncio.to_thread(resolve, uri)
 
     @property
     def supports_push(self) -> bool:
