@@ -55,7 +55,7 @@ def test_sigterm_drains_finishes_in_flight_work_requeues_the_rest_and_exits_0(ur
     q.submit([SourceGroup(f"quick-{i}", f"quick {i}", 2) for i in range(2)]
              + [SourceGroup("stuck", "stuck forever", 2)])
     proc = spawn_worker(url, name, "drainer", "--engine-arg", "latency_s=0.4", "--engine-arg", 'hang_prompt="stuck"',
-                        "--drain-timeout", "1.5", "--json-logs")
+                        "--drain-timeout", "6", "--json-logs")  # 0.4 s groups: room on a loaded CI machine
     try:
         wait_until(lambda: q.stats().executing_groups == 3, 20, message="three groups executing")
         proc.send_signal(signal.SIGTERM)
