@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -29,6 +30,7 @@ from rollout_queue.ops.view_models import (
     PushView,
     ReapedView,
     Snapshot,
+    VerifyReport,
     WorkerView,
     state_counts,
 )
@@ -345,6 +347,59 @@ def entry_sections(e: EntryView) -> list[Section]:
     history = [(a.attempt, a.worker_id, a.terminal, a.reason) for a in e.history]
     return [section(f"entry {e.entry_id}", ("", ""), rows),
             section("attempts that ended without a completion", ("attempt", "worker", "terminal", "reason"), history)]
+
+
+#: `verify`'s checks: the promise each states, and the problem kinds (view_models.WHAT) that break it.
+VERIFY_CHECKS = (
+    ("every group in exactly one state", ("settled_owned", "commit_not_settled", "committed_without_line", "garbage")),
+    ("none committed twice", ("committed_twice",)),
+    ("none lost", ("lost",)),
+    ("none owned or waiting (--final)", ("not_settled",)),
+)
+
+
+#: Where a group in each state is, in a few words (DESIGN: States).
+STATE_MEANING = {"backlog": "never reserved yet", "ready": "requeued, waits for a worker",
+                 "executing": "on a worker", "completed": "in the buffer", "leased": "in a trainer's lease",
+                 "committed": "trained", "filtered": "consumed, never trained", "dead": "in the dead letters",
+                 "lost": "in none of these: a problem"}
+
+
+def verify_sections(r: VerifyReport) -> list[Section]:
+    """`verify`'s tables: the submitted groups by state, then each promise with its result."""
+    states = section(f"verify: the {r.submitted} groups of queue {r.queue}", ("state", "groups", "where"),
+                     [(s, n, STATE_MEANING.get(s, "")) for s, n in r.states.items()])
+    failing = {x.kind: x.groups for x in r.problems}
+    rows = []
+    for promise, kinds in VERIFY_CHECKS:
+        bad = sum(failing.get(k, 0) for k in kinds)
+        if bad:
+            rows.append((promise, f"FAIL: {bad} group(s)"))
+        elif kinds == ("not_settled",) and not r.final:
+            rows.append((promise, f"not checked: {r.unsettled} still move (add --final once the run is over)"))
+        else:
+            rows.append((promise, "ok"))
+    trimmed = (f"{r.commit_lines_trimmed} older lines trimmed past commits_maxlen ({r.committed_unlisted} committed "
+               "groups lost their line: a second commit of them cannot be seen)" if r.commit_lines_trimmed
+               else "none trimmed")
+    rows.append(("commits stream", f"{r.commit_lines} line(s) read, {trimmed}; {r.recommitted_after_restore} "
+                                   "group(s) committed again after a restore"))
+    return [states, section("the promise (DESIGN: Guarantees)", ("check", "result"), rows)]
+
+
+def verify_verdict(r: VerifyReport, width: int = 80) -> str:
+    """The verdict and each problem, wrapped to ``width``: what is wrong, some entry IDs, what to do."""
+    if r.ok:
+        return "\n".join(textwrap.wrap(clean(
+            f"PASS: the {r.submitted} submitted groups of queue {r.queue} are each in one state, none committed "
+            "twice, none lost" + (", all settled" if r.final else "")), width)) + "\n"
+    out = textwrap.wrap(clean(f"FAIL: {len(r.problems)} problem(s) in queue {r.queue} (`rollout-queue inspect ID` "
+                              "shows an entry; DESIGN.md, Guarantees, says what must hold):"), width)
+    for x in r.problems:
+        shown = f"e.g. {', '.join(x.examples)}" if x.examples else ""
+        out += textwrap.wrap(clean(f"- {x.kind}: {x.groups} group(s) {x.what}. {shown}"), width,
+                             subsequent_indent="  ")
+    return "\n".join(out) + "\n"
 
 
 def emit(sections: Sequence[Section], rich_ok: bool = True) -> None:

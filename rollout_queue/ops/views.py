@@ -221,7 +221,7 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
 def backlog_oldest(keys: QueueKeys) -> Flow[int | None]:
     """ms since the oldest backlog entry (the first after the group's last-delivered-id) was
     submitted, by the server's clock (a stream ID is the server's time at XADD); None: no backlog."""
-    after = yield from _last_delivered(keys)
+    after = yield from last_delivered(keys)
     first = p.parse_stream_entries((yield p.Command(("XRANGE", keys["src"], "(" + after, "+", "COUNT", 1))))
     if not first:
         return None
@@ -261,7 +261,7 @@ def at_risk(keys: QueueKeys, within: int = 1, limit: int = PEL_LIMIT) -> Flow[tu
         seen += len(pairs)
         candidates = []
         for entry_id, raw in pairs:
-            failures, history = _history(raw)
+            failures, history = attempt_history(raw)
             if cfg.max_attempts - failures <= within:
                 last = history[-1] if history else None
                 candidates.append(AtRiskView(entry_id, failures, max(0, cfg.max_attempts - failures),
@@ -493,7 +493,7 @@ def decode_fields(fields: Mapping[bytes, bytes]) -> SourceGroup | None:
         return None
 
 
-def _history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, ...]]:
+def attempt_history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, ...]]:
     """(counted failures, attempts) of a stored history: {"f": failures, "h": [attempts]}
     (lua/include/history.lua) or the bare attempt list a dead letter may carry. Lenient: what does
     not parse is left out (or 0) and noted in ``bad``."""
@@ -530,7 +530,8 @@ def _field(record: Mapping[str, Any], name: str) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _last_delivered(keys: QueueKeys) -> Flow[str]:
+def last_delivered(keys: QueueKeys) -> Flow[str]:
+    """The consumer group's last-delivered-id: every entry of the source stream after it is backlog."""
     groups = yield p.Command(("XINFO", "GROUPS", keys["src"]))
     for g in map(_flat, groups):
         if text(g["name"]) == "rollout":
@@ -549,7 +550,7 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     ledger = p.parse_text((yield p.Command(("HGET", keys["ledger"], entry_id))), "HGET ledger")
     bad = Garbage()
     raw_history = yield p.Command(("HGET", keys["history"], entry_id))
-    failures, history = _history(raw_history, bad)
+    failures, history = attempt_history(raw_history, bad)
     fields = p.raw_fields(src[0][1]) if src else {}
     state = entry_state(owner) if owner else (yield from _unowned_state(keys, entry_id, bool(src), ledger))
     more = yield from _details(keys, entry_id, state, owner or "", count, int(cfg.worker_timeout_s * 1000), bad)
@@ -590,7 +591,7 @@ def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, attempt: in
         found = yield from _find_dead_letter(keys, entry_id)
         if found is not None:
             letter, raw_history = found
-            failures, history = _history(raw_history, bad)
+            failures, history = attempt_history(raw_history, bad)
             return {"dlq_id": letter.dlq_id, "dead_reason": letter.reason, "group": letter.group,
                     "counted_failures": failures, "history": history}
     return {}
@@ -601,7 +602,7 @@ def _unowned_state(keys: QueueKeys, entry_id: str, in_stream: bool, ledger: str 
     if ledger and ledger.startswith("s|"):
         settlement = ledger.split("|")[1]
         return settlement if settlement in STATES else "unknown"  # a ledger line no script wrote
-    if in_stream and stream_id(entry_id) > stream_id((yield from _last_delivered(keys))):
+    if in_stream and stream_id(entry_id) > stream_id((yield from last_delivered(keys))):
         return "backlog"
     raise NotFound(f"entry {entry_id} is not in queue {keys.queue!r} (never submitted, or settled and its ledger "
                    "line pruned after settled_retention_s)")

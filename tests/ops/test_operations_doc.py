@@ -118,6 +118,15 @@ def check_config(out: list[str], st: KnownState, r: redis.Redis) -> None:
     assert r.hget(f"{st.prefix}:intake", "submitted") == b"9"
 
 
+def check_verify(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    text = "\n".join(out)
+    table = out[:out.index("== the promise (DESIGN: Guarantees)")]  # the first table: groups by state
+    rows = {line.split()[0]: line.split()[1] for line in table[2:] if line.strip()}
+    assert rows == {"backlog": "2", "ready": "1", "executing": "2", "completed": "1", "leased": "1",
+                    "committed": "1", "filtered": "0", "dead": "1", "lost": "0"}, text
+    assert "PASS: the 9 submitted groups" in text and "none lost" in text
+
+
 def check_cli_dlq_requeue(out: list[str], st: KnownState, r: redis.Redis) -> None:
     listed, requeued = out
     assert listed.split("\t")[:3] == [st.dlq_id, st.ids[0], "prompt-0"]
@@ -196,6 +205,7 @@ CHECKS: dict[str, tuple[int | None, Check]] = {
     "attempts": (None, check_attempts), "buffer-empty": (None, check_buffer_empty), "leases": (None, check_leases),
     "backlog": (None, check_backlog), "dlq": (None, check_dlq), "memory": (None, check_memory),
     "config": (None, check_config), "stragglers": (None, check_stragglers), "at-risk": (None, check_at_risk),
+    "verify": (None, check_verify),
     "reaped": (None, check_reaped), "progress": (None, check_progress), "samples": (None, check_samples),
     "cli-requeue": (6, check_cli_requeue),
     "cli-dlq-requeue": (None, check_cli_dlq_requeue), "holds": (None, check_holds), "waits": (None, check_waits),
