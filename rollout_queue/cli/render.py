@@ -15,6 +15,7 @@ import shutil
 import sys
 import textwrap
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
 from rollout_queue.ops.escape import clean
@@ -23,6 +24,7 @@ from rollout_queue.ops.view_models import (
     WAITING,
     AtRiskView,
     AttemptView,
+    DeadLetterView,
     DrainStatus,
     EntryView,
     HoldView,
@@ -43,12 +45,14 @@ class Section:
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    #: the columns shown whole however narrow the terminal (IDs to copy): the others wrap
+    whole: tuple[int, ...] = ()
 
 
-def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Section:
+def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], whole: Sequence[int] = ()) -> Section:
     """A table whose every title and cell is clean text (None shows as empty)."""
     return Section(clean(title), tuple(clean(c) for c in columns),
-                   tuple(tuple("" if v is None else clean(v) for v in r) for r in rows))
+                   tuple(tuple("" if v is None else clean(v) for v in r) for r in rows), tuple(whole))
 
 
 #: Beyond this a duration is shown as a bound: no stored time a script writes is this far away.
@@ -349,6 +353,62 @@ def entry_sections(e: EntryView) -> list[Section]:
             section("attempts that ended without a completion", ("attempt", "worker", "terminal", "reason"), history)]
 
 
+def utc(ms: int, sep: str = " ") -> str:
+    """A server time (ms since the epoch) in UTC, to the second: ``2025-06-01 12:00:03Z``; ``sep="T"``
+    gives ISO 8601 (sortable, for scripts)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime(f"%Y-%m-%d{sep}%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):  # a dlq ID written by hand, beyond any calendar
+        return "?"
+
+
+def letter_id(d: DeadLetterView, ident: str) -> str:
+    """An ID as the commands take it back: bare on a plain queue, ``partition/ID`` on a partitioned one."""
+    return f"{d.partition}/{ident}" if d.partition else ident
+
+
+def letter_why(d: DeadLetterView) -> str:
+    """Why it died, then what its last attempt said (usually the thing to fix)."""
+    last = d.last
+    if last is None or not (last.terminal or last.reason):
+        return d.reason
+    return f"{d.reason}; last attempt {last.terminal}: {last.reason}"
+
+
+def letter_fields(d: DeadLetterView) -> tuple[str, ...]:
+    """`dlq list` piped: one tab-separated line (no header, so `cut -f1` feeds `dlq show`)."""
+    return (letter_id(d, d.dlq_id), letter_id(d, d.entry_id), d.source_id, f"attempt={d.attempt}",
+            f"died={utc(d.died_ms, 'T')}", d.reason, f"last={d.last.terminal}: {d.last.reason}" if d.last else "last=")
+
+
+def dead_letters_section(ds: Sequence[DeadLetterView], queue: str) -> Section:
+    """`dlq list` on a terminal: oldest first, when each died and why."""
+    rows = [(letter_id(d, d.dlq_id), d.source_id, d.attempt, f"{duration(d.age_ms)} ago", letter_why(d)) for d in ds]
+    return section(f"dead letters of queue {queue}: {len(ds)}, oldest first (`dlq show ID` tells more)",
+                   ("dead letter", "source_id", "attempts", "died", "why"), rows, whole=(0,))
+
+
+def letter_sections(d: DeadLetterView) -> list[Section]:
+    """`dlq show`: the dead letter, then every attempt it carries, oldest first."""
+    rows: list[tuple[Any, ...]] = ([("partition", d.partition)] if d.partition else []) + [
+        ("entry", d.entry_id), ("source_id", d.source_id or "-"), ("reason", d.reason),
+        ("died", f"{utc(d.died_ms)} ({duration(d.age_ms)} ago)"),
+        ("attempts", f"{d.attempt} ({d.counted_failures} counted toward max_attempts)"),
+        ("last worker", d.worker_id or "-")]
+    if d.group is not None:
+        rows += [("n", d.group.n), ("prompt", d.group.prompt if len(d.group.prompt) <= 200
+                                   else d.group.prompt[:200] + "…")]
+    else:
+        rows.append(("group", "its pristine payload does not decode"))
+    if d.garbage:
+        rows.append(("GARBAGE (unreadable in Redis)", "; ".join(d.garbage)))
+    rows.append(("next", f"fix the cause, then `rollout-queue dlq requeue {letter_id(d, d.dlq_id)} --yes`"))
+    attempts = [(a.attempt, a.worker_id, a.terminal, "?" if ago is None else f"{duration(ago)} ago", a.reason)
+                for a, ago in zip(d.attempts, d.ago_ms)]
+    return [section(f"dead letter {letter_id(d, d.dlq_id)}", ("", ""), rows),
+            section("its attempts", ("attempt", "worker", "terminal", "ended", "reason"), attempts)]
+
+
 #: `verify`'s checks: the promise each states, and the problem kinds (view_models.WHAT) that break it.
 VERIFY_CHECKS = (
     ("every group in exactly one state", ("settled_owned", "commit_not_settled", "committed_without_line", "garbage")),
@@ -425,8 +485,9 @@ def rich_group(sections: Sequence[Section]) -> Any:
     tables = []
     for s in sections:
         table = Table(title=escape(s.title), title_justify="left", show_header=any(s.columns))
-        for c in s.columns:
-            table.add_column(escape(c))
+        for i, c in enumerate(s.columns):
+            widest = max((len(row[i]) for row in s.rows), default=0) if i in s.whole else None
+            table.add_column(escape(c), min_width=widest, no_wrap=i in s.whole)
         for row in s.rows:
             table.add_row(*(escape(v) for v in row))  # reasons and prompts may hold [brackets]
         tables.append(table)

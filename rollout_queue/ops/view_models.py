@@ -280,6 +280,33 @@ class AttemptView:
 
 
 @dataclass(frozen=True)
+class DeadLetterView:
+    """A dead letter for people (``dlq list``, ``dlq show``): why it died, when, and every attempt.
+    ``died_ms``: the server's time of death (its dlq stream ID); ``age_ms``: how long ago, by the
+    server's clock; ``attempts``: the attempts it carries, each ``ago_ms`` before now by the queue
+    clock (None when unreadable); ``last``: the last of them, whose reason is usually what to fix."""
+
+    dlq_id: str
+    entry_id: str
+    source_id: str
+    reason: str
+    attempt: int
+    worker_id: str
+    died_ms: int
+    age_ms: int
+    counted_failures: int
+    attempts: tuple[Attempt, ...]
+    ago_ms: tuple[int | None, ...]
+    group: SourceGroup | None
+    partition: str = ""
+    garbage: tuple[str, ...] = ()
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+@dataclass(frozen=True)
 class AtRiskView:
     """An entry not settled whose counted failures leave it ``left`` more before it is dead-lettered
     (max_attempts - failures), with its last attempt's terminal and reason."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 import redis
@@ -43,6 +43,7 @@ from rollout_queue.ops.view_models import (
     Attempt,
     AtRiskView,
     AttemptView,
+    DeadLetterView,
     DrainStatus,
     EntryView,
     HoldView,
@@ -507,12 +508,43 @@ def attempt_history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[At
     if not isinstance(items, list) or not isinstance(h, (dict, list)):
         bad.note("history", raw)
         return 0, ()
-    attempts = tuple(Attempt(bad.number("attempt", a.get("a")) or 0, _field(a, "w"), _field(a, "t"), _field(a, "r"),
-                             bad.number("attempt ms", a.get("ms")) or 0) for a in items if isinstance(a, dict))
+    attempts = _attempts(items, bad)
     if isinstance(h, dict):
         return bad.number("history failures", h.get("f")) or 0, attempts
     # A dead letter's bare list: the attempts DESIGN rule 4 counts toward max_attempts.
-    return sum(1 for a in attempts if a.terminal in COUNTED_TERMINALS), attempts
+    return _counted(attempts), attempts
+
+
+def _counted(attempts: Sequence[Attempt]) -> int:
+    """How many of ``attempts`` count toward max_attempts (DESIGN rule 4)."""
+    return sum(1 for a in attempts if a.terminal in COUNTED_TERMINALS)
+
+
+def _attempts(items: Sequence[Any], bad: Garbage) -> tuple[Attempt, ...]:
+    """The attempt records of a history list, leniently (records that are not objects are left out)."""
+    return tuple(Attempt(bad.number("attempt", a.get("a")) or 0, _field(a, "w"), _field(a, "t"), _field(a, "r"),
+                         bad.number("attempt ms", a.get("ms")) or 0) for a in items if isinstance(a, dict))
+
+
+def letter_view(d: DeadLetter, server_now: int, queue_now: int, partition: str = "") -> DeadLetterView:
+    """A dead letter for people: its time of death is its stream ID (server time, ``server_now`` the
+    server's TIME), its attempts' times are queue time (``queue_now``, DESIGN: the queue clock)."""
+    bad = Garbage()
+    attempts = _attempts(d.history, bad)
+    died = stream_id(d.dlq_id)[0]
+    return DeadLetterView(
+        d.dlq_id, d.entry_id, d.source_id, d.reason, d.attempt, d.worker_id, died, max(0, server_now - died),
+        _counted(attempts), attempts,
+        tuple(max(0, queue_now - a.ms) if a.ms else None for a in attempts), d.group, partition, tuple(bad.notes))
+
+
+def letter_views(keys: QueueKeys, letters: Sequence[DeadLetter], partition: str = "") -> Flow[list[DeadLetterView]]:
+    """``letters`` (dead letters of the queue ``keys``) as people read them, with the queue's clocks."""
+    if not letters:
+        return []
+    server_now = yield from server_time(keys)
+    queue_now = yield from server_ms(keys)
+    return [letter_view(d, server_now, queue_now, partition) for d in letters]
 
 
 def _requeued_as(raw: Any) -> str | None:
