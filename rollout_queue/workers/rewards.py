@@ -11,16 +11,19 @@ What a worker runs between generation and ``complete``:
   (keep) or a reason such as ``"zero_std"`` or ``"all rewards equal"`` (reject: the group is settled ``filtered``,
   consumed and never trained). ``True`` rejects with the function's name as the reason.
 
-Rules:
-1. A reward or filter that raises, or returns something that is not a finite number (or reason),
-   raises ``ScoringError``; the runtime ends the attempt ``failed`` with its message, which counts
-   toward ``max_attempts``, so a prompt that always breaks the reward ends in the dead letters.
+Rules (docs/USAGE.md, "Rewards and filters", says them for users; examples/rewards.py is the
+tested example):
+1. A reward returns a finite ``int`` or ``float`` per output (``bool`` is refused: ``True`` is almost
+   always a bug); a group reward a sequence of exactly one per output. A reward or filter that
+   raises, or returns anything else (or a reason that is no text), raises ``ScoringError``; the
+   runtime ends the attempt ``failed`` with its message, which counts toward ``max_attempts``, so a
+   prompt that always breaks the reward ends in the dead letters.
 2. Synchronous functions run on one dedicated thread (``Scorer``), never on the event loop (a slow
    reward must not stall generation) and never two at once (user code need not be thread-safe).
 3. No tokenizer here: the runtime decodes text on its own thread and hands it in.
 
-Specs: ``package.module:function``, or the bare name of a built-in (``nonzero_std``,
-``arithmetic_exact_match``, ``length_reward``, ``target_token_fraction``).
+Specs: ``package.module:function``, imported from the worker's Python path, or the bare name of a
+built-in (``nonzero_std``, ``arithmetic_exact_match``, ``length_reward``, ``target_token_fraction``).
 """
 
 from __future__ import annotations

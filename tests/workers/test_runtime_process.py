@@ -116,6 +116,26 @@ def test_a_fatal_engine_error_requeues_everything_before_a_non_zero_exit(url: st
     assert err.index("worker closed") < err.index("rollout-queue worker:")
 
 
+def test_a_reward_and_filter_named_on_the_command_line_score_every_group(url: str, name: str) -> None:
+    """docs/USAGE.md's example module, loaded by a worker process from its Python path: every
+    sample scored by examples.rewards:exact_answer (the scripted engine answers with random digits,
+    never the answer), so examples.rewards:some_right filters every group."""
+    q = open_queue(url, name)
+    submit(q, 3, n=2)
+    proc = spawn_worker(url, name, "scorer", "--reward", "examples.rewards:exact_answer",
+                        "--filter", "examples.rewards:some_right")
+    try:
+        wait_until(lambda: q.stats().filtered == 3, 30, message="three groups scored and filtered")
+        proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    st = q.stats()
+    assert st.filtered_by_reason == {"no_sample_right": 3} and st.dead == 0 and st.terminals["failed"] == 0, st
+    q.close()
+
+
 def test_the_worker_command_reports_usage_errors(url: str, name: str) -> None:
     proc = spawn_worker(url, name, "w", "--engine-arg", "not-a-pair")
     code, err = finish(proc)
