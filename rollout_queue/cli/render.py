@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
+from rollout_queue.core.models import SourceGroup
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import (
     STATES,
@@ -321,6 +322,11 @@ def snapshot_sections(snap: Snapshot) -> list[Section]:
         workers_section(snap.workers, partitioned=parted), leases_section(snap.leases, partitioned=parted)]
 
 
+def _prompt(group: SourceGroup) -> str:
+    """A group's prompt as a table shows it: its first 200 characters."""
+    return group.prompt if len(group.prompt) <= 200 else group.prompt[:200] + "…"
+
+
 def entry_sections(e: EntryView) -> list[Section]:
     rows: list[tuple[Any, ...]] = ([("partition", e.partition)] if e.partition else []) + [
         ("state", e.state), ("owner (PEL)", e.owner or "none"),
@@ -345,7 +351,7 @@ def entry_sections(e: EntryView) -> list[Section]:
         rows.append(("dead letter", "no longer in the DLQ (purged, or beyond the last entries inspect reads)"))
     rows += [("ledger", e.ledger or "-"), ("source_id", e.source_id or "-"), ("n", e.n or "-")]
     if e.group is not None:
-        rows.append(("prompt", e.group.prompt if len(e.group.prompt) <= 200 else e.group.prompt[:200] + "…"))
+        rows.append(("prompt", _prompt(e.group)))
     if e.garbage:
         rows.append(("GARBAGE (unreadable in Redis)", "; ".join(e.garbage)))
     history = [(a.attempt, a.worker_id, a.terminal, a.reason) for a in e.history]
@@ -371,41 +377,43 @@ def letter_why(d: DeadLetterView) -> str:
     """Why it died, then what its last attempt said (usually the thing to fix)."""
     last = d.last
     if last is None or not (last.terminal or last.reason):
-        return d.reason
-    return f"{d.reason}; last attempt {last.terminal}: {last.reason}"
+        return d.letter.reason
+    return f"{d.letter.reason}; last attempt {last.terminal}: {last.reason}"
 
 
 def letter_fields(d: DeadLetterView) -> tuple[str, ...]:
     """`dlq list` piped: one tab-separated line (no header, so `cut -f1` feeds `dlq show`)."""
-    return (letter_id(d, d.dlq_id), letter_id(d, d.entry_id), d.source_id, f"attempt={d.attempt}",
-            f"died={utc(d.died_ms, 'T')}", d.reason, f"last={d.last.terminal}: {d.last.reason}" if d.last else "last=")
+    letter, last = d.letter, d.last
+    return (letter_id(d, letter.dlq_id), letter_id(d, letter.entry_id), letter.source_id, f"attempt={letter.attempt}",
+            f"died={utc(d.died_ms, 'T')}", letter.reason, f"last={last.terminal}: {last.reason}" if last else "last=")
 
 
 def dead_letters_section(ds: Sequence[DeadLetterView], queue: str) -> Section:
     """`dlq list` on a terminal: oldest first, when each died and why."""
-    rows = [(letter_id(d, d.dlq_id), d.source_id, d.attempt, f"{duration(d.age_ms)} ago", letter_why(d)) for d in ds]
+    rows = [(letter_id(d, d.letter.dlq_id), d.letter.source_id, d.letter.attempt, f"{duration(d.age_ms)} ago",
+             letter_why(d)) for d in ds]
     return section(f"dead letters of queue {queue}: {len(ds)}, oldest first (`dlq show ID` tells more)",
                    ("dead letter", "source_id", "attempts", "died", "why"), rows, whole=(0,))
 
 
 def letter_sections(d: DeadLetterView) -> list[Section]:
     """`dlq show`: the dead letter, then every attempt it carries, oldest first."""
+    letter = d.letter
     rows: list[tuple[Any, ...]] = ([("partition", d.partition)] if d.partition else []) + [
-        ("entry", d.entry_id), ("source_id", d.source_id or "-"), ("reason", d.reason),
+        ("entry", letter.entry_id), ("source_id", letter.source_id or "-"), ("reason", letter.reason),
         ("died", f"{utc(d.died_ms)} ({duration(d.age_ms)} ago)"),
-        ("attempts", f"{d.attempt} ({d.counted_failures} counted toward max_attempts)"),
-        ("last worker", d.worker_id or "-")]
-    if d.group is not None:
-        rows += [("n", d.group.n), ("prompt", d.group.prompt if len(d.group.prompt) <= 200
-                                   else d.group.prompt[:200] + "…")]
+        ("attempts", f"{letter.attempt} ({d.counted_failures} counted toward max_attempts)"),
+        ("last worker", letter.worker_id or "-")]
+    if letter.group is not None:
+        rows += [("n", letter.group.n), ("prompt", _prompt(letter.group))]
     else:
         rows.append(("group", "its pristine payload does not decode"))
     if d.garbage:
         rows.append(("GARBAGE (unreadable in Redis)", "; ".join(d.garbage)))
-    rows.append(("next", f"fix the cause, then `rollout-queue dlq requeue {letter_id(d, d.dlq_id)} --yes`"))
+    rows.append(("next", f"fix the cause, then `rollout-queue dlq requeue {letter_id(d, letter.dlq_id)} --yes`"))
     attempts = [(a.attempt, a.worker_id, a.terminal, "?" if ago is None else f"{duration(ago)} ago", a.reason)
                 for a, ago in zip(d.attempts, d.ago_ms)]
-    return [section(f"dead letter {letter_id(d, d.dlq_id)}", ("", ""), rows),
+    return [section(f"dead letter {letter_id(d, letter.dlq_id)}", ("", ""), rows),
             section("its attempts", ("attempt", "worker", "terminal", "ended", "reason"), attempts)]
 
 

@@ -134,8 +134,9 @@ def print_summary(console: Any, r: RunResult) -> None:
             ("source groups enqueued (expected)", f"{ledger.enqueued} ({ledger.expected})"),
             ("committed exactly once / twice",
              f"{ledger.state('committed') - ledger.report.committed_twice} / {ledger.report.committed_twice}"),
-            ("lost / still owned / dead / filtered",
-             f"{ledger.state('lost')} / {ledger.report.unsettled} / {ledger.state('dead')} / {ledger.state('filtered')}"),
+            ("lost / still owned / dead / filtered", " / ".join(
+                str(n) for n in (ledger.state("lost"), ledger.report.unsettled, ledger.state("dead"),
+                                 ledger.state("filtered")))),
         ]
     verdict = "[green]PASS[/]" if r.ok else "[red]FAIL[/]"
     rows.append(("ledger check (rollout-queue verify --final, and the trainer's record)", verdict))

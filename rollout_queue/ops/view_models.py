@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from rollout_queue.core.histograms import (SECOND_BUCKETS, TOKEN_BUCKETS, add_counts, bucket_count, max_edge,
                                            quantile_edge)
-from rollout_queue.core.models import SourceGroup
+from rollout_queue.core.models import DeadLetter, SourceGroup
 
 #: The hold id of `rollout-queue drain` (lua/drain.lua); client holds use random hex ids.
 DRAIN_HOLD = "operator-drain"
@@ -281,23 +281,17 @@ class AttemptView:
 
 @dataclass(frozen=True)
 class DeadLetterView:
-    """A dead letter for people (``dlq list``, ``dlq show``): why it died, when, and every attempt.
-    ``died_ms``: the server's time of death (its dlq stream ID); ``age_ms``: how long ago, by the
-    server's clock; ``attempts``: the attempts it carries, each ``ago_ms`` before now by the queue
-    clock (None when unreadable); ``last``: the last of them, whose reason is usually what to fix."""
+    """A dead letter for people (``dlq list``, ``dlq show``): the letter, when it died and every
+    attempt. ``died_ms``: the server's time of death (its dlq stream ID); ``age_ms``: how long ago,
+    by the server's clock; ``attempts``: the attempts it carries, each ``ago_ms`` before now by the
+    queue clock (None when unreadable); ``last``: the last of them, whose reason is usually what to fix."""
 
-    dlq_id: str
-    entry_id: str
-    source_id: str
-    reason: str
-    attempt: int
-    worker_id: str
+    letter: DeadLetter
     died_ms: int
     age_ms: int
     counted_failures: int
     attempts: tuple[Attempt, ...]
     ago_ms: tuple[int | None, ...]
-    group: SourceGroup | None
     partition: str = ""
     garbage: tuple[str, ...] = ()
 

@@ -532,10 +532,9 @@ def letter_view(d: DeadLetter, server_now: int, queue_now: int, partition: str =
     bad = Garbage()
     attempts = _attempts(d.history, bad)
     died = stream_id(d.dlq_id)[0]
-    return DeadLetterView(
-        d.dlq_id, d.entry_id, d.source_id, d.reason, d.attempt, d.worker_id, died, max(0, server_now - died),
-        _counted(attempts), attempts,
-        tuple(max(0, queue_now - a.ms) if a.ms else None for a in attempts), d.group, partition, tuple(bad.notes))
+    return DeadLetterView(d, died, max(0, server_now - died), _counted(attempts), attempts,
+                          tuple(max(0, queue_now - a.ms) if a.ms else None for a in attempts), partition,
+                          tuple(bad.notes))
 
 
 def letter_views(keys: QueueKeys, letters: Sequence[DeadLetter], partition: str = "") -> Flow[list[DeadLetterView]]:
