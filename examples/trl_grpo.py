@@ -1,10 +1,12 @@
 """TRL's GRPOTrainer, trained from rollout-queue workers (docs/TRL.md shows this file).
 
-Start workers on the queue, then this script (it creates the queue and feeds it the dataset):
+Start this script, then the workers, each in its own terminal (or pod). The script creates the
+queue and feeds it the dataset; a worker started first waits for the queue (--wait-for-queue,
+default 300 s, logged once) instead of exiting:
 
+    python examples/trl_grpo.py --url redis://localhost:6379 --queue trl-digits --model ./tiny --output ./run
     rollout-queue worker --url redis://localhost:6379 --queue trl-digits -- --engine torch --model ./tiny \
         --max-tokens 16 --temperature 1.0
-    python examples/trl_grpo.py --url redis://localhost:6379 --queue trl-digits --model ./tiny --output ./run
 
 Killed at any moment, run it again with --resume: TRL resumes from its last checkpoint and the
 queue requeues the groups committed after it, so every group is trained exactly once.

@@ -17,7 +17,7 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, Callable, ClassVar, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, ClassVar, Sequence, TypeVar
 
 from rollout_queue.api.lease import Hold, Lease
 from rollout_queue.api.results import Result
@@ -107,7 +107,16 @@ class RolloutQueue:
         connects to a Redis Cluster (drivers/cluster.py); ``partitions`` spreads the queue over its nodes.
         Raises ConfigMismatch if ``config`` (or the partition count) differs from the stored one."""
         client = connect(url, redis_options(redis_kwargs, asyncio=cls.asyncio), cluster, asyncio=cls.asyncio)
-        return cls._open_on(client, name, config, partitions, retry, time.monotonic, durability, create)
+        # A failed open (QueueNotFound, ConfigMismatch, ...) closes the connection it made: a worker
+        # that asks again every second for a queue not created yet must not keep one per try.
+        if cls.asyncio:
+            return _closed_on_failure(cls._open_on(client, name, config, partitions, retry, time.monotonic,
+                                                   durability, create), client)
+        try:
+            return cls._open_on(client, name, config, partitions, retry, time.monotonic, durability, create)
+        except BaseException:
+            client.close()
+            raise
 
     def run(self, flow: Flow[T]) -> Result[T]:
         """Drive any flow (core/flows/, ops/views.py, ...) on this queue's driver."""
@@ -257,6 +266,15 @@ class RolloutQueue:
     def __repr__(self) -> str:
         kind = "asyncio" if self.driver.is_async else "sync"
         return f"<{type(self).__name__} {self.name!r} partitions={self.layout.count} {kind}>"
+
+
+async def _closed_on_failure(opening: Awaitable[Q], client: Any) -> Q:
+    """An asyncio queue's open (from_url), its connection closed when the open fails."""
+    try:
+        return await opening
+    except BaseException:
+        await client.aclose()
+        raise
 
 
 class AsyncRolloutQueue(RolloutQueue):

@@ -4,12 +4,12 @@ Owns argument parsing, output (rich tables on a terminal, plain text in pipes, `
 scripts), exit codes and the log line of each state-changing action. It calls RolloutQueue, the
 read-only views (views.py) and the operator actions (actions.py); never a key or a script directly.
 One module per command group: status (stats, top, metrics), entries (inspect, workers, leases,
-requeue), admin (dlq, config, drain, acl), processes (reaper, worker, walkthrough), rl (produce, train,
-demo).
+requeue), admin (dlq, config, drain, acl), verify (the promise checked), processes (reaper, worker,
+walkthrough), rl (produce, train, demo).
 
 Exit codes (stable; shell scripts may rely on them, the message is on stderr):
   0  ok
-  1  runtime failure (a failed ledger check, a drain --wait that timed out, a library mismatch)
+  1  runtime failure (a failed ledger check or `verify`, a drain --wait that timed out, a library mismatch)
   2  usage: bad arguments, or a destructive command without --yes (nothing was sent)
   3  cannot reach Redis (or the outcome of a call is unknown: check with `stats` before retrying)
   4  not found: no such queue, entry or dead letter
@@ -38,7 +38,7 @@ from rollout_queue.core.errors import (
     StateConflict,
 )
 from rollout_queue.ops.escape import clean
-from rollout_queue.cli import admin, entries, processes, rl, status
+from rollout_queue.cli import admin, entries, processes, rl, status, verify
 from rollout_queue.cli.common import (
     EXIT_DENIED,
     EXIT_FAIL,
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
-    for group in (status, entries, admin, processes, rl):
+    for group in (status, entries, admin, verify, processes, rl):
         group.register(sub)
     for name, p in sub.choices.items():
         if name != "worker":  # the worker declares the connection options it takes itself

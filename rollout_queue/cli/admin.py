@@ -18,6 +18,8 @@ from rollout_queue.scale.layout import SPLIT_BOUNDS, logical_config, share
 from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.models import DeadLetter
+from rollout_queue.ops.escape import clean
+from rollout_queue.ops.view_models import stream_id
 from rollout_queue.cli import render
 from rollout_queue.cli.common import (
     EXIT_FAIL,
@@ -43,31 +45,47 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     """On a partitioned queue every dead-letter and entry ID is shown as ``partition/id`` (IDs repeat
     across partitions), and taken so or bare (looked up in every partition)."""
     if args.action == "list":
-        view = open_view(args)
-        layout = view.layout
-        letters = view.run(partition_views.dead_letters(layout, args.count))
-        if args.json:
-            print_json([render_letter(d) for d in letters])
-        else:
-            for d in letters:
-                print_line(partition_views.qualified(layout, d.queue, d.dlq_id),
-                           partition_views.qualified(layout, d.queue, d.entry_id), d.source_id,
-                           f"attempt={d.attempt}", d.reason)
-        return EXIT_OK
+        return _dlq_list(args)
     if not args.ids and not (args.all and args.action in ("requeue", "purge")):
         raise UsageError(f"dlq {args.action} needs dead-letter IDs (see `rollout-queue dlq list`)"
                          + (" or --all" if args.action != "show" else ""))
     if args.action == "show":
         view = open_view(args)
         for dlq_id in args.ids:
-            print_json(render_letter(view.run(partition_views.dead_letter(view.layout, dlq_id))))
+            letter = view.run(partition_views.dead_letter(view.layout, dlq_id))
+            if args.json:
+                print_json(render_letter(letter))
+            else:
+                render.emit(render.letter_sections(view.run(partition_views.letter_views(view.layout, [letter]))[0]))
         return EXIT_OK
     return _dlq_change(args)
 
 
+def _dlq_list(args: argparse.Namespace) -> int:
+    """A table on a terminal; piped, one tab-separated line per dead letter and no header (for
+    `cut -f1`); ``--json`` for scripts. An empty DLQ says so (on stderr when piped: stdout stays empty)."""
+    view = open_view(args)
+    letters = view.run(partition_views.dead_letters(view.layout, args.count))
+    if args.json:
+        print_json([render_letter(d) for d in letters])
+        return EXIT_OK
+    if not letters:
+        print(clean(f"no dead letters in queue {args.queue} (the DLQ is empty)"),
+              file=sys.stdout if sys.stdout.isatty() else sys.stderr)
+        return EXIT_OK
+    shown = view.run(partition_views.letter_views(view.layout, letters))
+    if sys.stdout.isatty():
+        render.emit([render.dead_letters_section(shown, args.queue)])
+    else:
+        for d in shown:
+            print_line(*render.letter_fields(d))
+    return EXIT_OK
+
+
 def render_letter(d: DeadLetter) -> dict[str, Any]:
-    """A dead letter as JSON; ``fields`` (raw bytes) stays null, as it always was."""
-    return {**to_json(d), "fields": None}
+    """A dead letter as JSON; ``fields`` (raw bytes) stays null, as it always was; ``died_ms`` is the
+    server's time of death (its dlq stream ID)."""
+    return {**to_json(d), "fields": None, "died_ms": stream_id(d.dlq_id)[0]}
 
 
 def _letters(q: Any, refs: Sequence[str]) -> list[tuple[int, str]]:
@@ -333,7 +351,7 @@ def register(sub: Any) -> None:
     p.add_argument("ids", nargs="*", help="dead-letter IDs (show, requeue, purge)")
     p.add_argument("--all", action="store_true", help="requeue/purge every dead letter")
     p.add_argument("--count", type=int, default=100, help="list: at most this many (oldest first)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="list, show: JSON for scripts (times in ms since the epoch)")
     p.add_argument("--yes", action="store_true", help="confirm a state change")
     p.set_defaults(func=cmd_dlq)
 

@@ -13,15 +13,19 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+import textwrap
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
+from rollout_queue.core.models import SourceGroup
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import (
     STATES,
     WAITING,
     AtRiskView,
     AttemptView,
+    DeadLetterView,
     DrainStatus,
     EntryView,
     HoldView,
@@ -29,6 +33,7 @@ from rollout_queue.ops.view_models import (
     PushView,
     ReapedView,
     Snapshot,
+    VerifyReport,
     WorkerView,
     state_counts,
 )
@@ -41,12 +46,14 @@ class Section:
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    #: the columns shown whole however narrow the terminal (IDs to copy): the others wrap
+    whole: tuple[int, ...] = ()
 
 
-def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Section:
+def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], whole: Sequence[int] = ()) -> Section:
     """A table whose every title and cell is clean text (None shows as empty)."""
     return Section(clean(title), tuple(clean(c) for c in columns),
-                   tuple(tuple("" if v is None else clean(v) for v in r) for r in rows))
+                   tuple(tuple("" if v is None else clean(v) for v in r) for r in rows), tuple(whole))
 
 
 #: Beyond this a duration is shown as a bound: no stored time a script writes is this far away.
@@ -315,6 +322,11 @@ def snapshot_sections(snap: Snapshot) -> list[Section]:
         workers_section(snap.workers, partitioned=parted), leases_section(snap.leases, partitioned=parted)]
 
 
+def _prompt(group: SourceGroup) -> str:
+    """A group's prompt as a table shows it: its first 200 characters."""
+    return group.prompt if len(group.prompt) <= 200 else group.prompt[:200] + "…"
+
+
 def entry_sections(e: EntryView) -> list[Section]:
     rows: list[tuple[Any, ...]] = ([("partition", e.partition)] if e.partition else []) + [
         ("state", e.state), ("owner (PEL)", e.owner or "none"),
@@ -339,12 +351,123 @@ def entry_sections(e: EntryView) -> list[Section]:
         rows.append(("dead letter", "no longer in the DLQ (purged, or beyond the last entries inspect reads)"))
     rows += [("ledger", e.ledger or "-"), ("source_id", e.source_id or "-"), ("n", e.n or "-")]
     if e.group is not None:
-        rows.append(("prompt", e.group.prompt if len(e.group.prompt) <= 200 else e.group.prompt[:200] + "…"))
+        rows.append(("prompt", _prompt(e.group)))
     if e.garbage:
         rows.append(("GARBAGE (unreadable in Redis)", "; ".join(e.garbage)))
     history = [(a.attempt, a.worker_id, a.terminal, a.reason) for a in e.history]
     return [section(f"entry {e.entry_id}", ("", ""), rows),
             section("attempts that ended without a completion", ("attempt", "worker", "terminal", "reason"), history)]
+
+
+def utc(ms: int, sep: str = " ") -> str:
+    """A server time (ms since the epoch) in UTC, to the second: ``2025-06-01 12:00:03Z``; ``sep="T"``
+    gives ISO 8601 (sortable, for scripts)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime(f"%Y-%m-%d{sep}%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):  # a dlq ID written by hand, beyond any calendar
+        return "?"
+
+
+def letter_id(d: DeadLetterView, ident: str) -> str:
+    """An ID as the commands take it back: bare on a plain queue, ``partition/ID`` on a partitioned one."""
+    return f"{d.partition}/{ident}" if d.partition else ident
+
+
+def letter_why(d: DeadLetterView) -> str:
+    """Why it died, then what its last attempt said (usually the thing to fix)."""
+    last = d.last
+    if last is None or not (last.terminal or last.reason):
+        return d.letter.reason
+    return f"{d.letter.reason}; last attempt {last.terminal}: {last.reason}"
+
+
+def letter_fields(d: DeadLetterView) -> tuple[str, ...]:
+    """`dlq list` piped: one tab-separated line (no header, so `cut -f1` feeds `dlq show`)."""
+    letter, last = d.letter, d.last
+    return (letter_id(d, letter.dlq_id), letter_id(d, letter.entry_id), letter.source_id, f"attempt={letter.attempt}",
+            f"died={utc(d.died_ms, 'T')}", letter.reason, f"last={last.terminal}: {last.reason}" if last else "last=")
+
+
+def dead_letters_section(ds: Sequence[DeadLetterView], queue: str) -> Section:
+    """`dlq list` on a terminal: oldest first, when each died and why."""
+    rows = [(letter_id(d, d.letter.dlq_id), d.letter.source_id, d.letter.attempt, f"{duration(d.age_ms)} ago",
+             letter_why(d)) for d in ds]
+    return section(f"dead letters of queue {queue}: {len(ds)}, oldest first (`dlq show ID` tells more)",
+                   ("dead letter", "source_id", "attempts", "died", "why"), rows, whole=(0,))
+
+
+def letter_sections(d: DeadLetterView) -> list[Section]:
+    """`dlq show`: the dead letter, then every attempt it carries, oldest first."""
+    letter = d.letter
+    rows: list[tuple[Any, ...]] = ([("partition", d.partition)] if d.partition else []) + [
+        ("entry", letter.entry_id), ("source_id", letter.source_id or "-"), ("reason", letter.reason),
+        ("died", f"{utc(d.died_ms)} ({duration(d.age_ms)} ago)"),
+        ("attempts", f"{letter.attempt} ({d.counted_failures} counted toward max_attempts)"),
+        ("last worker", letter.worker_id or "-")]
+    if letter.group is not None:
+        rows += [("n", letter.group.n), ("prompt", _prompt(letter.group))]
+    else:
+        rows.append(("group", "its pristine payload does not decode"))
+    if d.garbage:
+        rows.append(("GARBAGE (unreadable in Redis)", "; ".join(d.garbage)))
+    rows.append(("next", f"fix the cause, then `rollout-queue dlq requeue {letter_id(d, letter.dlq_id)} --yes`"))
+    attempts = [(a.attempt, a.worker_id, a.terminal, "?" if ago is None else f"{duration(ago)} ago", a.reason)
+                for a, ago in zip(d.attempts, d.ago_ms)]
+    return [section(f"dead letter {letter_id(d, letter.dlq_id)}", ("", ""), rows),
+            section("its attempts", ("attempt", "worker", "terminal", "ended", "reason"), attempts)]
+
+
+#: `verify`'s checks: the promise each states, and the problem kinds (view_models.WHAT) that break it.
+VERIFY_CHECKS = (
+    ("every group in exactly one state", ("settled_owned", "commit_not_settled", "committed_without_line", "garbage")),
+    ("none committed twice", ("committed_twice",)),
+    ("none lost", ("lost",)),
+    ("none owned or waiting (--final)", ("not_settled",)),
+)
+
+
+#: Where a group in each state is, in a few words (DESIGN: States).
+STATE_MEANING = {"backlog": "never reserved yet", "ready": "requeued, waits for a worker",
+                 "executing": "on a worker", "completed": "in the buffer", "leased": "in a trainer's lease",
+                 "committed": "trained", "filtered": "consumed, never trained", "dead": "in the dead letters",
+                 "lost": "in none of these: a problem"}
+
+
+def verify_sections(r: VerifyReport) -> list[Section]:
+    """`verify`'s tables: the submitted groups by state, then each promise with its result."""
+    states = section(f"verify: the {r.submitted} groups of queue {r.queue}", ("state", "groups", "where"),
+                     [(s, n, STATE_MEANING.get(s, "")) for s, n in r.states.items()])
+    failing = {x.kind: x.groups for x in r.problems}
+    rows = []
+    for promise, kinds in VERIFY_CHECKS:
+        bad = sum(failing.get(k, 0) for k in kinds)
+        if bad:
+            rows.append((promise, f"FAIL: {bad} group(s)"))
+        elif kinds == ("not_settled",) and not r.final:
+            rows.append((promise, f"not checked: {r.unsettled} still move (add --final once the run is over)"))
+        else:
+            rows.append((promise, "ok"))
+    trimmed = (f"{r.commit_lines_trimmed} older lines trimmed past commits_maxlen ({r.committed_unlisted} committed "
+               "groups lost their line: a second commit of them cannot be seen)" if r.commit_lines_trimmed
+               else "none trimmed")
+    rows.append(("commits stream", f"{r.commit_lines} line(s) read, {trimmed}; {r.recommitted_after_restore} "
+                                   "group(s) committed again after a restore"))
+    return [states, section("the promise (DESIGN: Guarantees)", ("check", "result"), rows)]
+
+
+def verify_verdict(r: VerifyReport, width: int = 80) -> str:
+    """The verdict and each problem, wrapped to ``width``: what is wrong, some entry IDs, what to do."""
+    if r.ok:
+        return "\n".join(textwrap.wrap(clean(
+            f"PASS: the {r.submitted} submitted groups of queue {r.queue} are each in one state, none committed "
+            "twice, none lost" + (", all settled" if r.final else "")), width)) + "\n"
+    out = textwrap.wrap(clean(f"FAIL: {len(r.problems)} problem(s) in queue {r.queue} (`rollout-queue inspect ID` "
+                              "shows an entry; DESIGN.md, Guarantees, says what must hold):"), width)
+    for x in r.problems:
+        shown = f"e.g. {', '.join(x.examples)}" if x.examples else ""
+        out += textwrap.wrap(clean(f"- {x.kind}: {x.groups} group(s) {x.what}. {shown}"), width,
+                             subsequent_indent="  ")
+    return "\n".join(out) + "\n"
 
 
 def emit(sections: Sequence[Section], rich_ok: bool = True) -> None:
@@ -370,8 +493,9 @@ def rich_group(sections: Sequence[Section]) -> Any:
     tables = []
     for s in sections:
         table = Table(title=escape(s.title), title_justify="left", show_header=any(s.columns))
-        for c in s.columns:
-            table.add_column(escape(c))
+        for i, c in enumerate(s.columns):
+            widest = max((len(row[i]) for row in s.rows), default=0) if i in s.whole else None
+            table.add_column(escape(c), min_width=widest, no_wrap=i in s.whole)
         for row in s.rows:
             table.add_row(*(escape(v) for v in row))  # reasons and prompts may hold [brackets]
         tables.append(table)

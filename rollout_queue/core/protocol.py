@@ -503,6 +503,31 @@ def parse_stream_entries(reply: Any, command: str = "XRANGE") -> list[tuple[str,
     return out
 
 
+@dataclass(frozen=True)
+class StreamInfo:
+    """What XINFO STREAM says of a stream's size: its ``length``, the last ID it ever generated, and
+    how many entries were ever added (None on a server before Redis 7, which does not count them):
+    ``entries_added - length`` is how many were trimmed (MAXLEN) or deleted."""
+
+    length: int
+    last_id: str
+    entries_added: int | None
+
+
+@_shaped
+def parse_stream_info(reply: Any) -> StreamInfo:
+    """XINFO STREAM (a RESP3 map or a RESP2 flat list)."""
+    if isinstance(reply, Mapping):
+        f = {_word(k): v for k, v in reply.items()}
+    else:
+        flat = _items(reply)
+        if len(flat) % 2:
+            raise ValueError(f"odd field list {flat!r}")
+        f = {_word(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+    added = _int(f["entries-added"]) if "entries-added" in f else None
+    return StreamInfo(_int(f["length"]), _word(f["last-generated-id"]), added)
+
+
 @_shaped
 def parse_last_id(reply: Any, command: str = "XREVRANGE") -> str | None:
     """The ID of the one entry of ``XREVRANGE key + - COUNT 1``; None for an empty stream."""

@@ -132,12 +132,14 @@ def print_summary(console: Any, r: RunResult) -> None:
     if ledger is not None:
         rows += [
             ("source groups enqueued (expected)", f"{ledger.enqueued} ({ledger.expected})"),
-            ("committed exactly once / twice", f"{ledger.committed_once} / {ledger.committed_twice}"),
-            ("lost / still owned / dead / filtered",
-             f"{ledger.lost} / {ledger.still_owned} / {ledger.dead} / {ledger.filtered}"),
+            ("committed exactly once / twice",
+             f"{ledger.state('committed') - ledger.report.committed_twice} / {ledger.report.committed_twice}"),
+            ("lost / still owned / dead / filtered", " / ".join(
+                str(n) for n in (ledger.state("lost"), ledger.report.unsettled, ledger.state("dead"),
+                                 ledger.state("filtered")))),
         ]
     verdict = "[green]PASS[/]" if r.ok else "[red]FAIL[/]"
-    rows.append(("ledger check (commits stream + ledger vs. what was enqueued)", verdict))
+    rows.append(("ledger check (rollout-queue verify --final, and the trainer's record)", verdict))
     for label, value in rows:
         table.add_row(label, value)
     console.print(table)

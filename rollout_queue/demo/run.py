@@ -276,7 +276,7 @@ class DemoRun:
             trained = [e for r in self.result.records for e in r.entry_ids]
             builder = GroupBuilder(self.plan, self.records)
             expected = [builder.source_id(k) for k in range(builder.total)]
-            self.result.ledger = check_ledger(client, q.keys, expected, trained, stats)
+            self.result.ledger = check_ledger(q, client, expected, trained)
         finally:
             client.close()
             for queue in self._queues:

@@ -113,7 +113,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",
                   "finish_interrupted", "reindex", "sweep_owners")),
-    Role("operator", "read-only: stats, top, inspect, workers, leases, metrics, the redis-cli guide",
+    Role("operator", "read-only: stats, top, inspect, workers, leases, verify, dlq list, metrics, the redis-cli guide",
          ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True,
          read_only=True),
 )}

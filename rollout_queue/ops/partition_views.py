@@ -28,8 +28,8 @@ from rollout_queue.core.flows import Flow, T
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import DeadLetter
 from rollout_queue.ops import views
-from rollout_queue.ops.view_models import (AtRiskView, AttemptView, DrainStatus, EntryView, HoldView, LeaseView,
-                                           PelSummary, ReapedView, Snapshot, WorkerView)
+from rollout_queue.ops.view_models import (AtRiskView, AttemptView, DeadLetterView, DrainStatus, EntryView, HoldView,
+                                           LeaseView, PelSummary, ReapedView, Snapshot, WorkerView)
 from rollout_queue.scale.flows import each, guarded
 from rollout_queue.scale.layout import Layout, sum_maps, sum_stats
 
@@ -207,6 +207,19 @@ def dead_letters(layout: Layout, count: int = 100) -> Flow[list[DeadLetter]]:
     if layout.count == 1:
         return found[0]
     return [replace(d, queue=name) for name, ds in zip(layout.names, found) for d in ds]
+
+
+def letter_views(layout: Layout, letters: Sequence[DeadLetter]) -> Flow[list[DeadLetterView]]:
+    """Dead letters (of dead_letters or dead_letter) as people read them, each with its own
+    partition's clocks and, on a partitioned queue, its partition named; in the order given."""
+    if layout.count == 1:
+        return (yield from views.letter_views(layout.keys[0], letters))
+    shown: dict[str, DeadLetterView] = {}
+    for name, keys in zip(layout.names, layout.keys):
+        mine = [d for d in letters if d.queue == name]
+        for d, view in zip(mine, (yield from views.letter_views(keys, mine, name))):
+            shown[f"{name}/{d.dlq_id}"] = view
+    return [shown[f"{d.queue}/{d.dlq_id}"] for d in letters]
 
 
 # -- one entry or dead letter ------------------------------------------------------------------------

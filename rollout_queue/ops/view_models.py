@@ -1,7 +1,7 @@
 """Value types of the operator views (views.py): frozen, plain data, no I/O.
 
 They say what Redis holds in DESIGN's words (state, owner, attempt, lease, staleness); the CLI and the
-Prometheus exporter only format them. ``entry_state`` is the one place that maps a PEL owner name to
+Prometheus exporter only format them. ``OWNER_KINDS`` is the one place that maps a PEL owner name to
 a state (DESIGN: "How each state shows in Redis").
 
 Views parse leniently: a stored value that is not what a transition writes (a lease's
@@ -13,11 +13,12 @@ operator from seeing the rest. Text from Redis is kept as it is: renderers escap
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from rollout_queue.core.histograms import (SECOND_BUCKETS, TOKEN_BUCKETS, add_counts, bucket_count, max_edge,
                                            quantile_edge)
-from rollout_queue.core.models import SourceGroup
+from rollout_queue.core.models import DeadLetter, SourceGroup
 
 #: The hold id of `rollout-queue drain` (lua/drain.lua); client holds use random hex ids.
 DRAIN_HOLD = "operator-drain"
@@ -26,15 +27,35 @@ STATES = ("backlog", "ready", "executing", "completed", "leased", "committed", "
 WAITING = ("backlog", "ready", "executing", "completed", "leased")
 
 
+@dataclass(frozen=True)
+class OwnerKind:
+    """One kind of PEL owner: the owner's name (a prefix when it ends with ``:``) and the state an
+    entry it owns is in. ``settled``: the entry's ledger line already says its settlement while this
+    owner holds it (a group parked until the reaper finishes settling it); for every other kind a
+    settled ledger line on an owned entry is a broken ledger (``rollout-queue verify`` says so)."""
+
+    owner: str
+    state: str
+    settled: bool = False
+
+    def owns(self, name: str) -> bool:
+        return name.startswith(self.owner) if self.owner.endswith(":") else name == self.owner
+
+
+#: The queue's own PEL owners (DESIGN: "How each state shows in Redis"). Any other owner is a worker,
+#: executing an attempt. A new owner kind is one line here: every view and `verify` read this table.
+OWNER_KINDS = (OwnerKind("@ready", "ready"), OwnerKind("@done", "completed"), OwnerKind("@lease:", "leased"))
+WORKER = OwnerKind("", "executing")
+
+
+def owner_kind(owner: str) -> OwnerKind:
+    """The kind of a PEL owner name (WORKER for a worker id)."""
+    return next((k for k in OWNER_KINDS if k.owns(owner)), WORKER)
+
+
 def entry_state(owner: str) -> str:
     """The state of a pending entry, from its PEL owner (worker id, @ready, @done, @lease:<id>)."""
-    if owner == "@ready":
-        return "ready"
-    if owner == "@done":
-        return "completed"
-    if owner.startswith("@lease:"):
-        return "leased"
-    return "executing"
+    return owner_kind(owner).state
 
 
 def state_counts(stats: Any) -> dict[str, int]:
@@ -259,6 +280,27 @@ class AttemptView:
 
 
 @dataclass(frozen=True)
+class DeadLetterView:
+    """A dead letter for people (``dlq list``, ``dlq show``): the letter, when it died and every
+    attempt. ``died_ms``: the server's time of death (its dlq stream ID); ``age_ms``: how long ago,
+    by the server's clock; ``attempts``: the attempts it carries, each ``ago_ms`` before now by the
+    queue clock (None when unreadable); ``last``: the last of them, whose reason is usually what to fix."""
+
+    letter: DeadLetter
+    died_ms: int
+    age_ms: int
+    counted_failures: int
+    attempts: tuple[Attempt, ...]
+    ago_ms: tuple[int | None, ...]
+    partition: str = ""
+    garbage: tuple[str, ...] = ()
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+@dataclass(frozen=True)
 class AtRiskView:
     """An entry not settled whose counted failures leave it ``left`` more before it is dead-lettered
     (max_attempts - failures), with its last attempt's terminal and reason."""
@@ -365,3 +407,71 @@ class Snapshot:
     def unreachable(self) -> tuple[str, ...]:
         """The partitions left out of this snapshot because they did not answer."""
         return tuple(name for name, part in self.partitions if part is None)
+
+
+# -- verify (ops/verify.py) ---------------------------------------------------------------------------
+
+#: The settlements a ledger line may name (lua/include/ledger_settled.lua).
+SETTLEMENTS = ("committed", "filtered", "dead")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One way the records break the promise: how many groups, what it means and what to do, and
+    some of the entry IDs (``partition/ID`` on a partitioned queue)."""
+
+    kind: str
+    groups: int
+    what: str
+    examples: tuple[str, ...] = ()
+
+
+#: kind -> the sentence a problem of that kind says (after its count).
+WHAT = {
+    "lost": "LOST: submitted, but neither settled, owned in the PEL nor in the backlog",
+    "committed_twice": "committed more than once (in several commits lines, not explained by a restore)",
+    "settled_owned": "settled in the ledger but still owned in the PEL",
+    "committed_without_line": "settled committed in the ledger but in no commits line (the stream was not trimmed)",
+    "commit_not_settled": "named by a commits line but neither settled committed nor restored",
+    "garbage": "with an ids row or a ledger line that no script writes",
+    "not_settled": "not settled yet (--final: once a run is over every group is committed, filtered or dead)",
+}
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found. ``states``: the submitted groups by state (STATES, plus ``lost``);
+    ``ok`` when ``problems`` is empty. ``commits`` (entry ID -> commits lines naming it) is kept for
+    callers that compare it with their own record (the demo's trainer); it is not shown."""
+
+    queue: str
+    final: bool
+    submitted: int = 0
+    states: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATES + ("lost",), 0))
+    commit_lines: int = 0
+    commit_lines_trimmed: int = 0
+    committed_twice: int = 0
+    committed_unlisted: int = 0
+    recommitted_after_restore: int = 0
+    unmapped_commits: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    commits: Counter[str] = field(default_factory=Counter, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def unsettled(self) -> int:
+        """Groups owned or waiting: neither settled nor lost."""
+        return sum(n for state, n in self.states.items() if state not in SETTLEMENTS + ("lost",))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"queue": self.queue, "ok": self.ok, "verdict": "PASS" if self.ok else "FAIL", "final": self.final,
+                "submitted": self.submitted, "states": dict(self.states), "commit_lines": self.commit_lines,
+                "commit_lines_trimmed": self.commit_lines_trimmed, "committed_twice": self.committed_twice,
+                "committed_unlisted": self.committed_unlisted,
+                "recommitted_after_restore": self.recommitted_after_restore,
+                "unmapped_commits": self.unmapped_commits,
+                "problems": [{"kind": x.kind, "groups": x.groups, "what": x.what, "examples": list(x.examples)}
+                             for x in self.problems]}

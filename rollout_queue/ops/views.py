@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 import redis
@@ -43,6 +43,7 @@ from rollout_queue.ops.view_models import (
     Attempt,
     AtRiskView,
     AttemptView,
+    DeadLetterView,
     DrainStatus,
     EntryView,
     HoldView,
@@ -221,7 +222,7 @@ def pel_summary(keys: QueueKeys, limit: int = PEL_LIMIT) -> Flow[PelSummary]:
 def backlog_oldest(keys: QueueKeys) -> Flow[int | None]:
     """ms since the oldest backlog entry (the first after the group's last-delivered-id) was
     submitted, by the server's clock (a stream ID is the server's time at XADD); None: no backlog."""
-    after = yield from _last_delivered(keys)
+    after = yield from last_delivered(keys)
     first = p.parse_stream_entries((yield p.Command(("XRANGE", keys["src"], "(" + after, "+", "COUNT", 1))))
     if not first:
         return None
@@ -261,7 +262,7 @@ def at_risk(keys: QueueKeys, within: int = 1, limit: int = PEL_LIMIT) -> Flow[tu
         seen += len(pairs)
         candidates = []
         for entry_id, raw in pairs:
-            failures, history = _history(raw)
+            failures, history = attempt_history(raw)
             if cfg.max_attempts - failures <= within:
                 last = history[-1] if history else None
                 candidates.append(AtRiskView(entry_id, failures, max(0, cfg.max_attempts - failures),
@@ -493,7 +494,7 @@ def decode_fields(fields: Mapping[bytes, bytes]) -> SourceGroup | None:
         return None
 
 
-def _history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, ...]]:
+def attempt_history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, ...]]:
     """(counted failures, attempts) of a stored history: {"f": failures, "h": [attempts]}
     (lua/include/history.lua) or the bare attempt list a dead letter may carry. Lenient: what does
     not parse is left out (or 0) and noted in ``bad``."""
@@ -507,12 +508,42 @@ def _history(raw: Any, bad: Garbage | None = None) -> tuple[int, tuple[Attempt, 
     if not isinstance(items, list) or not isinstance(h, (dict, list)):
         bad.note("history", raw)
         return 0, ()
-    attempts = tuple(Attempt(bad.number("attempt", a.get("a")) or 0, _field(a, "w"), _field(a, "t"), _field(a, "r"),
-                             bad.number("attempt ms", a.get("ms")) or 0) for a in items if isinstance(a, dict))
+    attempts = _attempts(items, bad)
     if isinstance(h, dict):
         return bad.number("history failures", h.get("f")) or 0, attempts
     # A dead letter's bare list: the attempts DESIGN rule 4 counts toward max_attempts.
-    return sum(1 for a in attempts if a.terminal in COUNTED_TERMINALS), attempts
+    return _counted(attempts), attempts
+
+
+def _counted(attempts: Sequence[Attempt]) -> int:
+    """How many of ``attempts`` count toward max_attempts (DESIGN rule 4)."""
+    return sum(1 for a in attempts if a.terminal in COUNTED_TERMINALS)
+
+
+def _attempts(items: Sequence[Any], bad: Garbage) -> tuple[Attempt, ...]:
+    """The attempt records of a history list, leniently (records that are not objects are left out)."""
+    return tuple(Attempt(bad.number("attempt", a.get("a")) or 0, _field(a, "w"), _field(a, "t"), _field(a, "r"),
+                         bad.number("attempt ms", a.get("ms")) or 0) for a in items if isinstance(a, dict))
+
+
+def letter_view(d: DeadLetter, server_now: int, queue_now: int, partition: str = "") -> DeadLetterView:
+    """A dead letter for people: its time of death is its stream ID (server time, ``server_now`` the
+    server's TIME), its attempts' times are queue time (``queue_now``, DESIGN: the queue clock)."""
+    bad = Garbage()
+    attempts = _attempts(d.history, bad)
+    died = stream_id(d.dlq_id)[0]
+    return DeadLetterView(d, died, max(0, server_now - died), _counted(attempts), attempts,
+                          tuple(max(0, queue_now - a.ms) if a.ms else None for a in attempts), partition,
+                          tuple(bad.notes))
+
+
+def letter_views(keys: QueueKeys, letters: Sequence[DeadLetter], partition: str = "") -> Flow[list[DeadLetterView]]:
+    """``letters`` (dead letters of the queue ``keys``) as people read them, with the queue's clocks."""
+    if not letters:
+        return []
+    server_now = yield from server_time(keys)
+    queue_now = yield from server_ms(keys)
+    return [letter_view(d, server_now, queue_now, partition) for d in letters]
 
 
 def _requeued_as(raw: Any) -> str | None:
@@ -530,7 +561,8 @@ def _field(record: Mapping[str, Any], name: str) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _last_delivered(keys: QueueKeys) -> Flow[str]:
+def last_delivered(keys: QueueKeys) -> Flow[str]:
+    """The consumer group's last-delivered-id: every entry of the source stream after it is backlog."""
     groups = yield p.Command(("XINFO", "GROUPS", keys["src"]))
     for g in map(_flat, groups):
         if text(g["name"]) == "rollout":
@@ -549,7 +581,7 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     ledger = p.parse_text((yield p.Command(("HGET", keys["ledger"], entry_id))), "HGET ledger")
     bad = Garbage()
     raw_history = yield p.Command(("HGET", keys["history"], entry_id))
-    failures, history = _history(raw_history, bad)
+    failures, history = attempt_history(raw_history, bad)
     fields = p.raw_fields(src[0][1]) if src else {}
     state = entry_state(owner) if owner else (yield from _unowned_state(keys, entry_id, bool(src), ledger))
     more = yield from _details(keys, entry_id, state, owner or "", count, int(cfg.worker_timeout_s * 1000), bad)
@@ -590,7 +622,7 @@ def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, attempt: in
         found = yield from _find_dead_letter(keys, entry_id)
         if found is not None:
             letter, raw_history = found
-            failures, history = _history(raw_history, bad)
+            failures, history = attempt_history(raw_history, bad)
             return {"dlq_id": letter.dlq_id, "dead_reason": letter.reason, "group": letter.group,
                     "counted_failures": failures, "history": history}
     return {}
@@ -601,7 +633,7 @@ def _unowned_state(keys: QueueKeys, entry_id: str, in_stream: bool, ledger: str 
     if ledger and ledger.startswith("s|"):
         settlement = ledger.split("|")[1]
         return settlement if settlement in STATES else "unknown"  # a ledger line no script wrote
-    if in_stream and stream_id(entry_id) > stream_id((yield from _last_delivered(keys))):
+    if in_stream and stream_id(entry_id) > stream_id((yield from last_delivered(keys))):
         return "backlog"
     raise NotFound(f"entry {entry_id} is not in queue {keys.queue!r} (never submitted, or settled and its ledger "
                    "line pruned after settled_retention_s)")

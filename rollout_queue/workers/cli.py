@@ -8,7 +8,9 @@ once a runtime ran, the process ends within ``--exit-grace`` seconds.
 Exit codes: 0 drained cleanly, 1 fatal error (owned work was returned first),
 2 usage error (or queues that one worker cannot serve together), 3 cannot reach Redis, 4 a queue
 does not exist (the worker never creates one unless ``--create``: a mistyped ``--queue`` must not
-become a new empty queue that waits forever).
+become a new empty queue that waits forever). A queue that does not exist yet is waited for first,
+``--wait-for-queue`` seconds (default 300), because on a cluster the workers often start before the
+trainer that creates it; the wait is logged once, and exit 4 follows if it ends first.
 
 ``--url`` may name a Redis Cluster (``redis+cluster://host:port``) and ``--partitions P`` (env
 ROLLOUT_PARTITIONS) the queues' partition count. ``--queue run-a:3,run-b:1`` serves several queues
@@ -54,6 +56,7 @@ from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
 from rollout_queue.workers.environments import MAX_HUNG, EnvironmentHost, load_environment
 from rollout_queue.workers.rewards import Scorer, load_function
 from rollout_queue.workers.trajectory import TrajectoryLimits
+from rollout_queue.workers.options import DEFAULT_QUEUE_WAIT_S
 from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 from rollout_queue.workers.served import ServedQueuesRefused
 from rollout_queue.workers.states import RuntimeState
@@ -92,7 +95,13 @@ def add_arguments(p: argparse.ArgumentParser, inherited: Collection[str] = ()) -
                    metavar="P",
                    help="the queues' partition count (env ROLLOUT_PARTITIONS; default 1)")
     p.add_argument("--create", action="store_true",
-                   help="create a queue that does not exist (default: exit 4, nothing written)")
+                   help="create a queue that does not exist (default: wait --wait-for-queue, then exit 4, nothing "
+                        "written)")
+    p.add_argument("--wait-for-queue", type=float, metavar="SECONDS",
+                   default=default("wait_for_queue", env("ROLLOUT_WAIT_FOR_QUEUE") or DEFAULT_QUEUE_WAIT_S),
+                   help="a queue that does not exist yet is waited for this long (its trainer creates it), with "
+                        "one log line saying so, then exit 4 (env ROLLOUT_WAIT_FOR_QUEUE; default "
+                        f"{DEFAULT_QUEUE_WAIT_S:g}; 0: exit 4 at once)")
     p.add_argument("--engine", choices=["vllm", "torch", "scripted"], default="vllm",
                    help="generation backend; 'scripted' is the model-free test engine")
     p.add_argument("--model", default="", help="model folder (save_pretrained) or hub name")
@@ -198,7 +207,7 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
                             sampling=sampling, weights_mode=args.weights_mode, drain_timeout_s=args.drain_timeout,
                             block_ms=args.block_ms, heartbeat_interval_s=args.heartbeat_interval,
                             reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace,
-                            weights_push=args.weights_push)
+                            weights_push=args.weights_push, queue_wait_s=args.wait_for_queue)
     scorer = Scorer(load_function(args.reward) if args.reward else None,
                     load_function(args.filter) if args.filter else None)
     engine_options = parse_engine_args(args.engine_arg)
@@ -298,7 +307,8 @@ def _run_to_exit_code(runtime: WorkerRuntime, args: argparse.Namespace, deadline
     try:
         asyncio.run(serve(runtime, deadline))
     except QueueNotFound as exc:
-        print(f"rollout-queue worker: {exc}", file=sys.stderr)
+        waited = f" (waited {args.wait_for_queue:g} s for it: --wait-for-queue)" if args.wait_for_queue else ""
+        print(f"rollout-queue worker: {exc}{waited}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except WorkerFailed as exc:
         if isinstance(exc.__cause__, ServedQueuesRefused):

@@ -88,6 +88,17 @@ class StateChanged(Event):
 
 
 @dataclass(frozen=True)
+class WaitingForQueue(Event):
+    """The queue does not exist yet: the worker waits for its trainer to create it (logged once)."""
+
+    missing: str
+    wait_s: float
+    message: ClassVar[str] = ("queue does not exist yet: waiting for the process that creates it (the trainer, or "
+                              "one given --create); check --queue and --url if it never comes")
+    level: ClassVar[int] = logging.WARNING
+
+
+@dataclass(frozen=True)
 class WorkerStarted(Event):
     policy: str
     version: int

@@ -7,6 +7,7 @@ no behaviour beyond turning the options into a ``SubmissionScheduler``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rollout_queue.core.errors import WorkerFailed  # noqa: F401 (importable with the options, as before)
@@ -14,6 +15,11 @@ from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
 from rollout_queue.workers.scheduler import Policy, SubmissionScheduler, check_max_waiting
 from rollout_queue.workers.versions import WeightsMode
+
+#: Seconds a worker waits for a queue that does not exist yet (``--wait-for-queue``): long enough for
+#: a trainer that loads a large model before it creates the queue, short enough that a mistyped
+#: --queue still ends, with exit 4, within minutes.
+DEFAULT_QUEUE_WAIT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,9 @@ class WorkerOptions:
     weights_push: bool = True
     reconcile_interval_s: float | None = None
     reconcile_grace_s: float = DEFAULT_GRACE_S
+    #: a worker that may not create its queue (``create=False``) and finds it missing waits this long
+    #: for its trainer to create it (pods and Slurm arrays start in any order), then gives up; 0: at once
+    queue_wait_s: float = DEFAULT_QUEUE_WAIT_S
 
     def __post_init__(self) -> None:
         if self.weights_mode not in ("abort", "continue", "keep-kv"):
@@ -52,6 +61,8 @@ class WorkerOptions:
         if self.drain_timeout_s < 0 or self.abort_grace_s < 0 or self.block_ms < 1:
             raise ValueError("drain_timeout_s and abort_grace_s must be >= 0 and block_ms >= 1")
         check_max_waiting(self.policy, self.max_waiting)
+        if not 0 <= self.queue_wait_s < math.inf:  # also refuses NaN: the wait must end
+            raise ValueError(f"queue_wait_s must be a number of seconds >= 0, got {self.queue_wait_s!r}")
         interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
         if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
             raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")

@@ -11,21 +11,24 @@ What a worker runs between generation and ``complete``:
   (keep) or a reason such as ``"zero_std"`` or ``"all rewards equal"`` (reject: the group is settled ``filtered``,
   consumed and never trained). ``True`` rejects with the function's name as the reason.
 
-Rules:
-1. A reward or filter that raises, or returns something that is not a finite number (or reason),
-   raises ``ScoringError``; the runtime ends the attempt ``failed`` with its message, which counts
-   toward ``max_attempts``, so a prompt that always breaks the reward ends in the dead letters.
-   Whatever comes back is read here and nowhere else: an int too large for a float (``10**400``),
-   a NaN, a string, a scalar where a group reward owes a list, an iterator that raises. Nothing a
-   reward returns can raise anything but ``ScoringError`` out of ``Scorer``.
+Rules (docs/USAGE.md, "Rewards and filters", says them for users; examples/rewards.py is the
+tested example):
+1. A reward returns a finite ``int`` or ``float`` per output (``bool`` is refused: ``True`` is almost
+   always a bug); a group reward a sequence of exactly one per output. A reward or filter that
+   raises, or returns anything else (or a reason that is no text), raises ``ScoringError``; the
+   runtime ends the attempt ``failed`` with its message, which counts toward ``max_attempts``, so a
+   prompt that always breaks the reward ends in the dead letters. Whatever comes back is read here
+   and nowhere else: an int too large for a float (``10**400``), a NaN, a string, a scalar where a
+   group reward owes a list, an iterator that raises. Nothing a reward returns can raise anything
+   but ``ScoringError`` out of ``Scorer``.
 2. Synchronous functions run on one dedicated daemon thread (``Scorer``, a ``tasks.Lane``), never on
    the event loop (a slow reward must not stall generation) and never two at once (user code need
    not be thread-safe). So a reward that never returns holds this worker's scoring (a reward has no
    deadline of its own), but never its drain or its exit: the thread is a daemon.
 3. No tokenizer here: the runtime decodes text on its own thread and hands it in.
 
-Specs: ``package.module:function``, or the bare name of a built-in (``nonzero_std``,
-``arithmetic_exact_match``, ``length_reward``, ``target_token_fraction``).
+Specs: ``package.module:function``, imported from the worker's Python path, or the bare name of a
+built-in (``nonzero_std``, ``arithmetic_exact_match``, ``length_reward``, ``target_token_fraction``).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from rollout_queue import Durability, Progress, Receipt, Reservation
 from rollout_queue.api.queue import default_process_id
+from rollout_queue.core.errors import QueueNotFound
 from rollout_queue.ops.logs import fields
 from rollout_queue.workers.attempt import Attempt, Phase, RuntimeStats, Settler
 from rollout_queue.workers.engines.base import Engine
@@ -55,6 +56,7 @@ from rollout_queue.workers.events import (
     Observer,
     Reserved,
     StateChanged,
+    WaitingForQueue,
     WorkerClosed,
     WorkerStarted,
     log_event,
@@ -78,6 +80,8 @@ __all__ = ["WorkerFailed", "WorkerOptions", "WorkerRuntime"]  # the options live
 
 log = logging.getLogger("rollout_queue.workers.runtime")
 S = RuntimeState
+#: Seconds between two looks for a queue that does not exist yet (one connection and one read each).
+QUEUE_POLL_S = 1.0
 
 
 class WorkerRuntime:
@@ -213,8 +217,7 @@ class WorkerRuntime:
     async def _open_and_serve(self) -> None:
         # The queues first: a mistyped --queue (QueueNotFound) must not wait for an engine's start-up.
         # Opening registers nothing, so an engine that fails to start leaves nothing to return.
-        self._worker = await ServedQueues.open(self.url, self.weights, self.worker_id, partitions=self.partitions,
-                                               create=self.create, durability=self.durability)
+        self._worker = await self._open_queues()
         try:
             try:
                 await self.engine.start()
@@ -229,6 +232,28 @@ class WorkerRuntime:
             await self._serve()
         finally:
             await self._worker.aclose()
+
+    async def _open_queues(self) -> ServedQueues:
+        """Open the queues served. One that does not exist yet (a trainer not started, or still
+        creating its partitions) is waited for, up to ``options.queue_wait_s``, logged once, asked
+        again every QUEUE_POLL_S; then, or at a drain request meanwhile, QueueNotFound as before."""
+        deadline = time.monotonic() + self.options.queue_wait_s
+        waiting = False
+        while True:
+            try:
+                return await ServedQueues.open(self.url, self.weights, self.worker_id, partitions=self.partitions,
+                                               create=self.create, durability=self.durability)
+            except QueueNotFound as exc:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping.is_set():
+                    raise
+                if not waiting:
+                    self._emit(WaitingForQueue(exc.queue, self.options.queue_wait_s))
+                    waiting = True
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), min(QUEUE_POLL_S, left))
+                except asyncio.TimeoutError:
+                    pass
 
     async def _serve(self) -> None:
         assert self._worker is not None

@@ -201,9 +201,11 @@ def test_dlq_list_and_show_name_the_partition(state: Partitioned, cli: Cli) -> N
     code, out, _ = cli(state.url, state.name, "dlq", "list", "--json")
     assert code == 0 and json.loads(out)[0]["queue"] == state.dead_partition
     for ref in (dlq_ref, dlq_ref.split("/", 1)[1]):
-        code, out, err = cli(state.url, state.name, "dlq", "show", ref)
+        code, out, err = cli(state.url, state.name, "dlq", "show", ref, "--json")
         assert code == 0, err
         assert json.loads(out)["entry_id"] == state.dead_entry and json.loads(out)["queue"] == state.dead_partition
+        code, out, err = cli(state.url, state.name, "dlq", "show", ref)  # for people: the partition named
+        assert code == 0 and f"== dead letter {dlq_ref}" in out and f"partition    {state.dead_partition}" in out
     assert cli(state.url, state.name, "dlq", "show", f"{state.dead_partition}/1-0")[0] == 4
 
 

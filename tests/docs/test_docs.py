@@ -138,12 +138,13 @@ def test_every_bench_region_is_known_and_closed() -> None:
 
 
 def test_a_page_that_shows_a_file_shows_it_verbatim() -> None:
-    """docs/integrations/trl.md's code is examples/trl_grpo.py, the script the TRL test runs."""
+    """docs/integrations/trl.md's code is examples/trl_grpo.py, the script the TRL test runs; USAGE.md's
+    reward functions are examples/rewards.py, the module the reward tests load."""
     shown = {}
     for doc in DOCS:
         for m in CODE_OF.finditer(doc.read_text()):
             shown[m.group(1)] = (doc, m.group(2))
-    assert "examples/trl_grpo.py" in shown
+    assert {"examples/trl_grpo.py", "examples/rewards.py"} <= set(shown)
     for path, (doc, code) in shown.items():
         assert code == (REPO / path).read_text(), f"{doc.relative_to(REPO)} shows an old copy of {path}"
 

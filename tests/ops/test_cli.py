@@ -4,6 +4,7 @@ state-changing command does (and refuses), and the exit codes and log lines scri
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -429,12 +430,19 @@ def test_drain_closes_admission_until_stopped(cli: Cli, known_state: KnownState)
 
 def test_dlq_list_show_requeue_purge(cli: Cli, known_state: KnownState) -> None:
     st = known_state
-    code, out, _ = run(cli, st, "dlq", "list")
-    assert code == 0 and out.split("\t")[:4] == [st.dlq_id, st.ids[0], "prompt-0", "attempt=2"]
-    code, out, _ = run(cli, st, "dlq", "show", st.dlq_id)
+    code, out, _ = run(cli, st, "dlq", "list")  # piped: tab-separated, no header, for `cut -f1`
+    fields = out.rstrip("\n").split("\t")
+    assert code == 0 and fields[:4] == [st.dlq_id, st.ids[0], "prompt-0", "attempt=2"]
+    assert re.fullmatch(r"died=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", fields[4]) and fields[5] == "max_attempts"
+    assert fields[6] == "last=failed: prompt too long for the engine"
+    code, out, _ = run(cli, st, "dlq", "show", st.dlq_id, "--json")
     d = json.loads(out)
     assert code == 0 and d["reason"] == "max_attempts" and d["fields"] is None
     assert [h["r"] for h in d["history"]] == ["prompt too long for the engine"] * 2
+    assert d["died_ms"] == int(st.dlq_id.split("-")[0])
+    code, out, _ = run(cli, st, "dlq", "show", st.dlq_id)  # for people: a table, times as dates and ages
+    assert code == 0 and f"== dead letter {st.dlq_id}" in out and "ago)" in out
+    assert out.count("prompt too long for the engine") == 2 and f"dlq requeue {st.dlq_id} --yes" in out
     assert run(cli, st, "dlq", "show", "1-0")[0] == 4
     code, out, err = run(cli, st, "dlq", "requeue", "--all", "--yes")
     dlq_id, new_id = out.strip().split("\t")
@@ -452,6 +460,8 @@ def test_dlq_list_show_requeue_purge(cli: Cli, known_state: KnownState) -> None:
     assert st.workers[ALIVE].fail(res.receipt, "still broken") == "dead"
     code, out, err = run(cli, st, "dlq", "purge", "--all", "--yes")
     assert code == 0 and out == "purged\t1\n"
+    code, out, err = run(cli, st, "dlq", "list")  # empty: stdout stays empty (pipes), stderr says so
+    assert (code, out) == (0, "") and f"no dead letters in queue {st.queue}" in err
     s = json.loads(run(cli, st, "stats", "--json")[1])
     assert s["dead"] == 0 and s["counters"]["dead_purged"] == 1
     code, out, err = run(cli, st, "dlq", "purge", "1-0", "--yes")

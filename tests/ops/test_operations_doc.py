@@ -56,7 +56,12 @@ def check_trained(out: list[str], st: KnownState, r: redis.Redis) -> None:
 
 
 def check_silent_workers(out: list[str], st: KnownState, r: redis.Redis) -> None:
-    assert out[0] == SILENT and len(out) == 2 and float(out[1]) > 0
+    # Reaped first: host-z died and was reaped at once (its registration is gone, only `reaped` knows);
+    # then the one silent worker nothing has reaped yet, with its last heartbeat.
+    blank = out.index("")
+    assert out[0].startswith("== reaped workers") and any(f" {REAPED} " in line for line in out[2:blank]), out
+    silent = pairs(out[blank + 1:])  # host-a too when the CLI's start took longer than the 0.5 s timeout
+    assert SILENT in silent and float(silent[SILENT]) > 0 and REAPED not in silent
 
 
 def check_consumers(out: list[str], st: KnownState, r: redis.Redis) -> None:
@@ -116,6 +121,15 @@ def check_config(out: list[str], st: KnownState, r: redis.Redis) -> None:
     assert (meta["max_attempts"], meta["worker_timeout_ms"], meta["max_staleness"], meta["version"],
             meta["weights_uri"], meta["failed"]) == ("2", "500", "2", "3", "s3://weights/v3", "3")
     assert r.hget(f"{st.prefix}:intake", "submitted") == b"9"
+
+
+def check_verify(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    text = "\n".join(out)
+    table = out[:out.index("== the promise (DESIGN: Guarantees)")]  # the first table: groups by state
+    rows = {line.split()[0]: line.split()[1] for line in table[2:] if line.strip()}
+    assert rows == {"backlog": "2", "ready": "1", "executing": "2", "completed": "1", "leased": "1",
+                    "committed": "1", "filtered": "0", "dead": "1", "lost": "0"}, text
+    assert "PASS: the 9 submitted groups" in text and "none lost" in text
 
 
 def check_cli_dlq_requeue(out: list[str], st: KnownState, r: redis.Redis) -> None:
@@ -185,6 +199,10 @@ def check_waits(out: list[str], st: KnownState, r: redis.Redis) -> None:
     assert f"! worker {SILENT} SILENT" in text and f"! admission HELD by {TRAINER}" in text
 
 
+#: The most redis-cli processes a block may start: a recipe must not start one per key (minutes at
+#: 100k payload keys); the memory recipe sends every MEMORY USAGE through one.
+MAX_REDIS_CLI = {"memory": 3}
+
 #: Blocks whose state needs one more step first (run just before the block, in CHECKS order).
 SETUP: dict[str, Callable[[KnownState], None]] = {"holds": setup_holds}
 
@@ -196,6 +214,7 @@ CHECKS: dict[str, tuple[int | None, Check]] = {
     "attempts": (None, check_attempts), "buffer-empty": (None, check_buffer_empty), "leases": (None, check_leases),
     "backlog": (None, check_backlog), "dlq": (None, check_dlq), "memory": (None, check_memory),
     "config": (None, check_config), "stragglers": (None, check_stragglers), "at-risk": (None, check_at_risk),
+    "verify": (None, check_verify),
     "reaped": (None, check_reaped), "progress": (None, check_progress), "samples": (None, check_samples),
     "cli-requeue": (6, check_cli_requeue),
     "cli-dlq-requeue": (None, check_cli_dlq_requeue), "holds": (None, check_holds), "waits": (None, check_waits),
@@ -232,13 +251,16 @@ def shims(tmp_path: Path, known_state: KnownState, r: redis.Redis, server: Local
         rules = acl.role_rules(known_state.queue, role, password=f"pw-{role}")
         r.execute_command("ACL", "SETUSER", rules.user, *rules.rules)
         urls[role] = f"redis://{rules.user}:pw-{role}@{host}/0"
-    for name, body in (("redis-cli", f'exec "{_redis_cli()}" -u "$RQ_OPERATOR_URL" --no-auth-warning "$@"'),
+    calls = tmp_path / "redis-cli.calls"
+    for name, body in (("redis-cli", f'echo x >> "{calls}"\nexec "{_redis_cli()}" -u "$RQ_OPERATOR_URL" '
+                                     '--no-auth-warning "$@"'),
                        ("rollout-queue", f'exec "{sys.executable}" -m rollout_queue "$@"')):
         path = tmp_path / name
         path.write_text(f"#!/bin/sh\n{body}\n")
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     root = Path(__file__).resolve().parents[2]
     yield {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "RQ_OPERATOR_URL": urls["operator"],
+           "RQ_CLI_CALLS": str(calls),
            "REDIS_URL": urls["admin"], "ROLLOUT_QUEUE": known_state.queue, "Q": known_state.prefix,
            "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for role in ("operator", "admin"):
@@ -252,9 +274,12 @@ def test_the_guide_answers_its_questions(known_state: KnownState, shims: dict[st
         if name in SETUP:
             SETUP[name](known_state)
         env = {**os.environ, **shims, "E": known_state.ids[entry] if entry is not None else "unset"}
+        Path(shims["RQ_CLI_CALLS"]).write_text("")
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", code[name]], env=env, capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, (name, done.stderr)
+        started = len(Path(shims["RQ_CLI_CALLS"]).read_text().split())
+        assert started <= MAX_REDIS_CLI.get(name, 100), f"block {name!r} started {started} redis-cli processes"
         out = done.stdout.rstrip("\n").split("\n")
         try:
             check(out, known_state, r)

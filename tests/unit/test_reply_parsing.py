@@ -21,7 +21,7 @@ from rollout_queue.core.models import Receipt
 
 PACKAGE = Path(rollout_queue.__file__).resolve().parent
 #: Every module that drives replies but must leave their reading to protocol.py.
-CHECKED = ("core/flows/*.py", "ops/actions.py", "ops/views.py", "ops/partition_views.py", "scale/*.py")
+CHECKED = ("core/flows/*.py", "ops/actions.py", "ops/views.py", "ops/partition_views.py", "ops/verify.py", "scale/*.py")
 #: scale/fleet.py's flows yield requests to the fleet reserver (reservation lists come back), no Redis reply.
 EXEMPT = ("scale/fleet.py",)
 #: Conversions that read a raw reply as a value (a parser's job).
@@ -117,7 +117,7 @@ def test_no_module_reads_a_raw_reply_itself(path: Path) -> None:
 
 def test_the_scan_covers_every_flow_module() -> None:
     names = {str(x.relative_to(PACKAGE)) for x in checked_modules()}
-    assert {"ops/actions.py", "ops/views.py", "scale/flows.py", "scale/multi_lease.py"} <= names
+    assert {"ops/actions.py", "ops/views.py", "ops/verify.py", "scale/flows.py", "scale/multi_lease.py"} <= names
     assert {f"core/flows/{m}.py" for m in ("base", "queue", "worker", "trainer", "hold", "reaper", "owned",
                                           "producer")} <= names
 
@@ -165,6 +165,7 @@ PARSERS: list[tuple[Callable[..., Any], tuple[Any, ...], list[Any], int]] = [
     (p.parse_hscan, (), [b"0", [b"1-0", b"{\"f\": 1}"]], 2),
     (p.parse_owned, ("w1",), [[b"1-0", b"w1", 5, 1]], 0),
     (p.parse_stream_entries, (), [[b"1-0", KV]], 0),
+    (p.parse_stream_info, (), [b"length", 3, b"last-generated-id", b"5-0", b"entries-added", 7], 4),
     (p.parse_last_id, (), [[b"1-0", KV]], 0),
     (p.parse_dead_letters, (), [[b"1-0", KV]], 0),
 ]

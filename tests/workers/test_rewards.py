@@ -166,3 +166,32 @@ def test_length_and_target_token_rewards() -> None:
     assert rewards.target_token_fraction(target, out(0, tokens=())) == 0.0
     with pytest.raises(ValueError):
         rewards.target_token_fraction(GROUP, out(0))
+
+
+# -- the documented examples (examples/rewards.py, shown in docs/USAGE.md) -------------------------
+
+
+def test_the_documented_reward_functions_do_what_usage_md_says() -> None:
+    """Loaded by their --reward specs, as a worker loads them, and run through the Scorer."""
+    answer = SourceGroup("a-1", "What is 40 plus 2?", 3, {"answer": 42})
+    outputs = [out(0, "it is 42", (1, 2, 3)), out(1, "41", (1,)), out(2, "42", (1,))]
+    exact = Scorer(load_function("examples.rewards:exact_answer"))
+    assert run(exact.score(answer, outputs)) == [1.0, 0.0, 1.0]
+    shortest = load_function("examples.rewards:shortest_right")
+    assert rewards.is_group_reward(shortest)  # @group_reward: one call for the whole group
+    assert run(Scorer(shortest).score(answer, outputs)) == [0.5, 0.0, 1.0]
+    judged = load_function("examples.rewards:judged")
+    assert asyncio.iscoroutinefunction(judged) and run(Scorer(judged).score(answer, outputs)) == [1.0, 0.0, 1.0]
+    keep = Scorer(filter=load_function("examples.rewards:some_right"))
+    assert run(keep.check(answer, [sample(0, 0.0), sample(1, 1.0)])) is None
+    assert run(keep.check(answer, [sample(0, 0.0), sample(1, 0.0)])) == "no sample right"
+    # What USAGE.md says fails an attempt: a group without the metadata the reward reads.
+    with pytest.raises(ScoringError, match="KeyError"):
+        run(exact.score(SourceGroup("a-2", "no answer stored", 1), [out(0, "7")]))
+    for scorer in (exact, keep):
+        scorer.close()
+
+
+@pytest.mark.parametrize("result", [7, -1, 0.25])
+def test_a_reward_may_return_an_int_or_a_float(result: float) -> None:
+    assert run(Scorer(lambda g, o: result).score(GROUP, [out(0)])) == [float(result)]

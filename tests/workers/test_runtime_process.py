@@ -10,6 +10,8 @@ import json
 import signal
 import subprocess
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -40,6 +42,17 @@ def name() -> str:
     return f"p-{uuid.uuid4().hex[:10]}"
 
 
+def drain_once(proc: subprocess.Popen[str], ready: Callable[[], Any], message: str,
+               timeout: float = 20.0) -> tuple[int, str]:
+    """Wait until ``ready()``, then SIGTERM ``proc`` and finish it: (exit code, stderr). Killed on the way out."""
+    try:
+        wait_until(ready, timeout, message=message)
+        proc.send_signal(signal.SIGTERM)
+        return finish(proc)
+    finally:
+        proc.kill()
+
+
 def finish(proc: subprocess.Popen[str], timeout: float = 20.0) -> tuple[int, str]:
     try:
         _, err = proc.communicate(timeout=timeout)
@@ -56,12 +69,7 @@ def test_sigterm_drains_finishes_in_flight_work_requeues_the_rest_and_exits_0(ur
              + [SourceGroup("stuck", "stuck forever", 2)])
     proc = spawn_worker(url, name, "drainer", "--engine-arg", "latency_s=0.4", "--engine-arg", 'hang_prompt="stuck"',
                         "--drain-timeout", "6", "--json-logs")  # 0.4 s groups: room on a loaded CI machine
-    try:
-        wait_until(lambda: q.stats().executing_groups == 3, 20, message="three groups executing")
-        proc.send_signal(signal.SIGTERM)
-        code, err = finish(proc)
-    finally:
-        proc.kill()
+    code, err = drain_once(proc, lambda: q.stats().executing_groups == 3, "three groups executing")
     assert code == 0, err
     st = q.stats()
     # The quick attempts finished inside the deadline; the stuck one went back to ready, uncounted.
@@ -132,6 +140,21 @@ def test_a_recorded_version_that_fails_while_applying_at_start_stops_the_worker_
     st = q.stats()
     assert (st.backlog + st.ready, st.executing_groups, st.dead) == (2, 0, 0), err
     assert "w-apply" not in pel_owners(url, name) and "w-apply" not in registered_workers(url, name)
+
+
+def test_a_reward_and_filter_named_on_the_command_line_score_every_group(url: str, name: str) -> None:
+    """docs/USAGE.md's example module, loaded by a worker process from its Python path: every
+    sample scored by examples.rewards:exact_answer (the scripted engine answers with random digits,
+    never the answer), so examples.rewards:some_right filters every group."""
+    q = open_queue(url, name)
+    submit(q, 3, n=2)
+    proc = spawn_worker(url, name, "scorer", "--reward", "examples.rewards:exact_answer",
+                        "--filter", "examples.rewards:some_right")
+    code, err = drain_once(proc, lambda: q.stats().filtered == 3, "three groups scored and filtered", 30)
+    assert code == 0, err
+    st = q.stats()
+    assert st.filtered_by_reason == {"no_sample_right": 3} and st.dead == 0 and st.terminals["failed"] == 0, st
+    q.close()
 
 
 def test_the_worker_command_reports_usage_errors(url: str, name: str) -> None:

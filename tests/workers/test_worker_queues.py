@@ -1,15 +1,19 @@
-"""The worker PROCESS and its queues: a missing queue is an error (exit 4, nothing written), and
-``--queue a:3,b:1`` serves two queues by weight, each settled through its own queue."""
+"""The worker PROCESS and its queues: a missing queue is waited for (bounded, logged once), then an
+error (exit 4, nothing written), and ``--queue a:3,b:1`` serves two queues by weight, each settled
+through its own queue."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
+import threading
 import uuid
 
 import pytest
 import redis
 
-from rollout_queue import SourceGroup
+from rollout_queue import AsyncRolloutQueue, QueueNotFound, RolloutQueue, SourceGroup
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.workers.served import ServedReceipt, parse_queue_spec, receipt_scope
 from rollout_queue.core.models import Receipt
@@ -47,18 +51,66 @@ def test_queue_specs_parse_names_and_weights() -> None:
 
 def test_a_mistyped_queue_exits_4_with_the_reason_and_creates_nothing(url: str) -> None:
     name = f"typo-{uuid.uuid4().hex[:8]}"
-    code, err = finish(spawn_worker(url, name, "w-typo"))
+    code, err = finish(spawn_worker(url, name, "w-typo", "--wait-for-queue", "0"))
     assert code == 4, err
-    assert "does not exist" in err and name in err and "--create" in err
+    assert "does not exist" in err and name in err and "--create" in err and "waiting" not in err
     assert keys_of(url, name) == []
-    # One missing queue of several is refused the same way; the existing one is left as it was.
+    # One missing queue of several is refused the same way, after the bounded wait (logged once, and
+    # named in the last line); the existing one is left as it was.
     present = f"here-{uuid.uuid4().hex[:8]}"
     open_queue(url, present).close()
     before = sorted(keys_of(url, present))
-    code, err = finish(spawn_worker(url, f"{present}:3,{name}:1", "w-typo2"))
+    code, err = finish(spawn_worker(url, f"{present}:3,{name}:1", "w-typo2", "--json-logs",
+                                    env={"ROLLOUT_WAIT_FOR_QUEUE": "1.5"}), timeout=60)
     assert code == 4 and name in err, err
+    waits = [json.loads(line) for line in err.splitlines() if line.startswith("{") and "WaitingForQueue" in line]
+    assert len(waits) == 1 and waits[0]["missing"] == name and waits[0]["wait_s"] == 1.5, err
+    assert err.strip().splitlines()[-1].endswith("(waited 1.5 s for it: --wait-for-queue)"), err
     assert keys_of(url, name) == [] and sorted(keys_of(url, present)) == before
     assert "w-typo2" not in registered_workers(url, present)
+
+
+def test_a_worker_started_before_its_queue_waits_for_it_then_serves(url: str) -> None:
+    """Pods and Slurm arrays start in any order: a worker up before its trainer logs once that it
+    waits, creates nothing meanwhile, and serves as soon as the trainer has created the queue."""
+    name = f"later-{uuid.uuid4().hex[:8]}"
+    proc = spawn_worker(url, name, "w-early", "--wait-for-queue", "120", "--json-logs")
+    logged: list[str] = []
+    reader = threading.Thread(target=lambda: logged.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()  # the worker's stderr, line by line, while it runs
+    try:
+        def waiting() -> bool:
+            assert proc.poll() is None, "".join(logged)
+            return any("WaitingForQueue" in line for line in logged)
+
+        wait_until(waiting, 60, message="the worker to log that it waits for its queue")
+        assert keys_of(url, name) == []  # waiting writes nothing: no queue of that name appears
+        q = open_queue(url, name)  # the trainer comes up and creates the queue
+        q.submit([SourceGroup("g-0", "What is 1 plus 1?", 2)])
+        wait_until(lambda: q.stats().completed == 1, 60, message="the early worker to serve the group")
+        assert "w-early" in registered_workers(url, name)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+    finally:
+        proc.kill()
+    reader.join(10)
+    assert code == 0, "".join(logged)
+    assert sum("WaitingForQueue" in line for line in logged) == 1  # said once, before the queue came
+    q.close()
+
+
+def test_an_open_that_finds_no_queue_leaves_no_connection_behind(url: str) -> None:
+    """A waiting worker asks every second: each try's connection is closed with its QueueNotFound."""
+    name = f"none-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(url)
+    before = len(client.client_list())
+    for _ in range(5):
+        with pytest.raises(QueueNotFound):
+            asyncio.run(AsyncRolloutQueue.from_url(url, name, create=False))
+        with pytest.raises(QueueNotFound):
+            RolloutQueue.from_url(url, name, create=False)
+    assert len(client.client_list()) <= before
+    client.close()
 
 
 def test_create_lets_the_worker_create_its_queue(url: str) -> None:
