@@ -19,7 +19,10 @@ What it guarantees, given the queue's scripts (docs/DESIGN.md, "Checkpoints"):
 3. A lease the trainer never acks (it died, or raised) goes back to ready: rollback() now, or the
    reaper at the lease deadline. Nothing is lost, nothing is half committed.
 4. next() never waits forever: after ``wait_s`` it raises StreamStarved with the queue's state
-   (no workers, nothing queued, or generation behind), at once when the data is known exhausted.
+   (no workers, nothing queued, or generation behind), at once when the data is known exhausted:
+   the source is done and fewer groups than a batch are left, counting as left every group queued,
+   executing, buffered or leased by anyone else (a dead predecessor's lease comes back at its
+   deadline), but not this stream's own open leases.
 
 It decides nothing across round trips: each call is one queue operation (one script per
 partition); the class only remembers which of its own leases are open.
@@ -111,10 +114,19 @@ class TrainingStream:
             done = self.exhausted()
             if done or waited >= self.wait_s:
                 stats = self.queue.stats()
-                left = stats.backlog + stats.ready + stats.executing_groups + stats.completed
+                left = self._left(stats)
                 if waited >= self.wait_s or left < want:
                     raise StreamStarved(self.queue.name, want, waited, stats, exhausted=done and left < want)
         return None
+
+    def _left(self, stats: QueueStats) -> int:
+        """Groups that may still reach this stream: queued, executing, buffered, and leased by anyone
+        but this stream itself (a dead predecessor's lease comes back at its deadline; this stream's
+        own open leases are acked, not returned). Leases taken with take() are not in ``open``, so
+        they count as coming back: the stream then waits out ``wait_s`` rather than failing early."""
+        own = sum(len(lease) for lease in self.open)
+        return (stats.backlog + stats.ready + stats.executing_groups + stats.completed
+                + max(0, stats.leased - own))
 
     def __iter__(self) -> Iterator[Lease]:
         while True:
