@@ -197,7 +197,10 @@ class RankedStream:
         return dropped
 
     def restore(self, step: int) -> int:
-        """Every rank, at start: rank 0 requeues what was committed after checkpoint ``step``."""
-        back = self.stream.restore(step) if self.stream is not None and step > 0 else 0
+        """Every rank, at start: rank 0 requeues what was committed after checkpoint ``step`` (0: a
+        run that starts from scratch, or resumes one that crashed before its first checkpoint, so
+        everything that run committed is trained again). Returns the groups requeued (0 on the
+        other ranks)."""
+        back = self.stream.restore(step) if self.stream is not None else 0
         self.dist.barrier(group=self.group)
         return back

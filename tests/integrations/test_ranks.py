@@ -108,3 +108,36 @@ def test_a_rank_killed_mid_step_rolls_the_step_back_on_every_rank(q: RolloutQueu
     assert [step for step, _ in commit_lines(q)] == [1]  # step 2 trained by rank 0, never committed
     s = q.stats()
     assert s.committed == GROUPS and s.leased == 0 and s.completed + s.ready + s.backlog == 2 * GROUPS
+
+
+@pytest.fixture
+def world_of_one() -> Any:
+    """torch.distributed in this process, a gloo world of one rank (RankedStream's collectives run)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def test_restore_0_requeues_what_a_run_committed_before_its_first_checkpoint(q: RolloutQueue,
+                                                                             world_of_one: Any) -> None:
+    """Issue 29 item 15: a ranked trainer that crashed before its first checkpoint resumes from
+    scratch (step 0): every group it committed must be trained again, as TrainingStream.restore(0) does."""
+    from rollout_queue.integrations.ranks import RankedStream
+
+    fill(q, 2 * GROUPS)
+    crashed = RankedStream(q, groups_per_step=GROUPS, wait_s=30)
+    for step in (1, 2):
+        with crashed.step(step):
+            pass
+    assert q.stats().committed == 2 * GROUPS and [s for s, _ in commit_lines(q)] == [1, 2]
+    resumed = RankedStream(q, groups_per_step=GROUPS, wait_s=30)
+    assert resumed.restore(0) == 2 * GROUPS
+    s = q.stats()
+    assert s.committed == 0 and s.kept == 0 and s.ready == 2 * GROUPS
