@@ -14,8 +14,8 @@ and the workers' behaviour logprobs, on ``rollout_buffer``. What TRL's own worke
 1. A group is committed only once all its samples were handed to the trainer and the optimizer
    step that trained them ended (``worker.callback``: ``on_step_end``); ``on_save`` rolls back the
    groups still waiting in the buffer (untouched: requeued, not counted) and checkpoints the queue;
-   a resumed run restores the queue to its checkpoint step. TRL's own worker restarts from a prompt
-   index and loses what was buffered.
+   every run restores the queue to the step it starts from (0 for a fresh start). TRL's own
+   worker restarts from a prompt index and loses what was buffered.
 2. A group the trainer would drop as too stale (``model_version - version > max_staleness``,
    TRL's ``RolloutQueueDataset`` rule) is not handed out: it is rolled back and regenerated with fresh
    weights, so a stale drop never loses a prompt or pins the resume position (trl#7274).
@@ -267,8 +267,9 @@ class _SettleCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **_: Any) -> None:
-        if state.global_step > 0:
-            self.worker.stream.restore(state.global_step)
+        # From scratch too (step 0): a run that crashed before its first checkpoint committed groups
+        # the weights now training never saw.
+        self.worker.stream.restore(state.global_step)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **_: Any) -> None:
