@@ -22,7 +22,8 @@ How the pieces map (docs/TRL.md):
    treats as its ``tool_mask``: observation tokens are attended to and never trained.
 3. Settlement. ``on_step_end`` commits the step's lease with ``step = global_step``; ``on_save``
    (after TRL wrote the checkpoint) lets the queue drop the data it covers; ``train()`` rolls the
-   open lease back on any exception; every ``train()`` first restores the queue to the step it
+   open lease back on any exception (counted when the data may be the cause: a group that breaks
+   every step it is in is dead-lettered after max_attempts, not retried for ever); every ``train()`` first restores the queue to the step it
    starts from (``resume_from_checkpoint``'s, or 0 for a fresh start, which also covers a run
    that crashed before its first checkpoint): every group committed after it is requeued, so data
    consumption matches TRL's checkpoints. A fresh start on a queue a checkpoint already dropped
@@ -62,6 +63,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from trl import GRPOTrainer
 
+from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
 from rollout_queue.core.models import CompletedGroup
@@ -244,12 +246,13 @@ class QueueGRPOTrainer(GRPOTrainer):
             self.feed.stop()
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """TRL's train(); any exception rolls the open lease back before it propagates."""
+        """TRL's train(); any exception rolls the open lease back before it propagates: an errored
+        rollback (counted, DESIGN rule 4) when the data may be the cause, plain on an interrupt."""
         try:
             return super().train(*args, **kwargs)
-        except BaseException:
+        except BaseException as exc:
             if self.stream is not None:  # rank 0 (or the only process) holds the leases
-                self.stream.rollback()
+                self.stream.rollback(error_reason(exc))
             raise
         finally:
             self._end()

@@ -55,7 +55,7 @@ import numpy as np
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-from rollout_queue.api.lease import Hold, Lease
+from rollout_queue.api.lease import Hold, Lease, error_reason
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, RolloutQueueError
 from rollout_queue.integrations.stream import TrainingStream
@@ -188,7 +188,11 @@ class QueueRolloutWorker:
                 lease = self.stream.take(stop=self._stop)  # settled here, group by group, not by ack()
                 if lease is None:
                     break
-                samples = rollout_samples(lease, self._group_ids, scale_by_std=self.scale_by_std)
+                try:
+                    samples = rollout_samples(lease, self._group_ids, scale_by_std=self.scale_by_std)
+                except Exception as exc:  # the data: handed back counted (DESIGN rule 4), then surfaced
+                    self._rollback(_Held(lease, 0), "its samples could not be built", error_reason(exc))
+                    raise
                 held = _Held(lease, len(samples))
                 with self._lock:
                     self._leases.append(held)
@@ -219,9 +223,10 @@ class QueueRolloutWorker:
             held.taken += 1
             return True
 
-    def _rollback(self, held: _Held, why: str) -> None:
+    def _rollback(self, held: _Held, why: str, error: str | None = None) -> None:
+        """Hand a lease back: plain (stop, staleness, checkpoint), or errored with ``error``."""
         try:
-            held.lease.rollback()
+            held.lease.rollback(error)
         except (RolloutQueueError, OSError) as exc:
             log.warning("rollback failed; the reaper requeues the lease at its deadline", exc_info=exc,
                         extra=fields(queue=self.queue.name, lease=held.lease.lease_id, reason=why))

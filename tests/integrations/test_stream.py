@@ -168,3 +168,22 @@ def test_this_streams_own_open_leases_do_not_count_as_coming_back(q: RolloutQueu
     with pytest.raises(StreamStarved) as info:
         stream.next()  # 1 completed left, 2 of its own leased: exhausted now, not after 60 s
     assert info.value.exhausted and time.monotonic() - started < 10
+
+
+def test_a_rollback_with_a_reason_is_counted_and_one_without_is_not(q: RolloutQueue, redis_url: str) -> None:
+    """rollback(reason) after an error the data may have caused: the groups go back to the buffer,
+    each counted (DESIGN rule 4); rollback() (the trainer stops): requeued to be generated again."""
+    import redis as redis_client
+
+    fill(q, 4)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5)
+    errored = [g.entry_id for g in stream.next().groups]
+    assert stream.rollback("ValueError: loss is nan") == 2
+    plain = [g.entry_id for g in stream.next().groups]
+    assert len(set(plain) & set(errored)) == 1, "marked groups are held apart: one per lease while others are there"
+    assert stream.rollback() == 2
+    raw = redis_client.Redis.from_url(redis_url)
+    marks = {k.decode(): v for k, v in raw.zrange(q.keys["suspects"], 0, -1, withscores=True)}
+    assert marks == {e: 1.0 for e in errored}
+    s = q.stats()
+    assert s.completed == 2 and s.ready == 2 and s.dead == 0

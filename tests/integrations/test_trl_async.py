@@ -179,3 +179,20 @@ def test_a_fresh_start_after_a_crash_before_the_first_checkpoint_trains_its_comm
     fresh.callback.on_train_begin(TrainingArguments(output_dir="unused", report_to=[]), state, TrainerControl())
     s = q.stats()
     assert s.committed == 0 and s.kept == 0 and s.counters.get("restored") == 2
+
+
+def test_a_group_the_filler_cannot_turn_into_samples_goes_back_counted(q: RolloutQueue) -> None:
+    """Issue 29 item 12: a group without prompt token ids cannot become TRL's samples; its lease is
+    handed back as an errored rollback (counted, so it cannot loop for ever), and check_health raises."""
+    helpers.fill(q, 1, n=N, tokenized=False)
+    worker = QueueRolloutWorker(q, wait_s=5)
+    worker.start()
+    try:
+        wait_until(lambda: worker.error is not None, timeout=10, message="the filler stopped on the group")
+        with pytest.raises(Exception, match="prompt_token_ids"):
+            worker.check_health(10)
+    finally:
+        worker.stop()
+    [marked] = q.client.zrange(q.keys["suspects"], 0, -1)
+    s = q.stats()
+    assert s.leased == 0 and s.completed == 1 and q.client.zscore(q.keys["suspects"], marked) == 1

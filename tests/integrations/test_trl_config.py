@@ -19,6 +19,7 @@ from trl import GRPOConfig  # noqa: E402
 from rollout_queue import QueueConfig, RolloutQueue  # noqa: E402
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput  # noqa: E402
 from rollout_queue.integrations.trl import QueueGRPOTrainer, worker_reward  # noqa: E402
+from rollout_queue.ops.views import entry  # noqa: E402
 from tests.integrations.helpers import committed_steps, fill  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -168,6 +169,10 @@ def test_a_run_resumed_after_crashing_before_its_first_checkpoint_trains_its_com
         first.train()
     assert first.queue.stats().committed == 2  # step 1's lease: committed at step 1, no checkpoint covers it
     assert not list((tmp_path / "out").glob("checkpoint-*"))
+    # Item 12: the exception rolled step 2's lease back as an errored rollback, counted per group.
+    step2 = first.queue.run(entry(first.queue.keys, _marked(first.queue)[0]))
+    assert [(a.terminal, a.reason) for a in step2.history][-1:] == [("trainer_error", "RuntimeError: crash at step 2")]
+    assert len(_marked(first.queue)) == 2
     second = make(tiny, tmp_path, redis_url, queue_name, max_steps=1, save_steps=10, feed=False)
     second.train()  # --resume finds no checkpoint: a fresh start on the same queue
     assert [step for step, _ in committed_steps(second.queue)] == [1, 1]
@@ -186,3 +191,8 @@ def test_a_save_steps_ratio_of_an_epoch_based_run_is_checked_before_the_first_st
         trainer.train()
     assert trainer.state.global_step == 0 and not list((tmp_path / "out").glob("checkpoint-*"))
     assert committed_steps(trainer.queue) == []
+
+
+def _marked(q: RolloutQueue) -> list[str]:
+    """The entry IDs a trainer error marked (rollout:{q}:suspects), read through the queue's client."""
+    return sorted(m.decode() for m in q.client.zrange(q.keys["suspects"], 0, -1))
