@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rollout_queue import LeaseLost, QueueConfig, Receipt, Reservation
 from tests.contract.conftest import snapshot
@@ -290,3 +292,39 @@ def test_prune_forgets_a_settled_groups_mark(open_queue, raw, queue_name) -> Non
     wait_until(lambda: server_ms(raw) > start + 2, message="past the retention")
     assert q.reap().pruned == 1
     assert raw.zscore(keys(queue_name)["suspects"], entry_id) is None
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(batch=st.integers(2, 5), extra=st.integers(0, 6), where=st.integers(0, 10**6),
+       order=st.sampled_from(["fifo", "lifo"]), n=st.integers(0, 10**9))
+def test_a_poison_group_alone_reaches_the_bound_wherever_it_sits(open_queue, raw, queue_name, batch: int,
+                                                                  extra: int, where: int, order: str,
+                                                                  n: int) -> None:
+    """Any batch size k and buffer order, the poison group anywhere with at least (k - 1)(k + 1) other
+    groups after its first lease in the walk: holding apart needs companions (DESIGN, "A group that
+    breaks the trainer", Limits: its k - 1 batch-mates may each take a lease of fresh groups before it
+    is retried, then two more leases). It alone is dead-lettered, after exactly max_attempts errored
+    leases, and no innocent group carries more than one mark."""
+    name = f"{queue_name}-{n}"
+    q = open_queue(QueueConfig(buffer_order=order), name=name)
+    try:
+        ids = fill_buffer(q, batch + (batch - 1) * (batch + 1) + extra)
+        walk = ids if order == "fifo" else ids[::-1]
+        poison = walk[where % (extra + 1)]  # its first lease ends within the first batch + extra groups
+        crashes = 0
+        while (lease := q.lease(batch)) is not None:
+            if poison in [g.entry_id for g in lease.groups]:
+                crashes += 1
+                lease.rollback(reason="poison")
+            else:
+                lease.commit()
+        assert crashes == 3 and [d.entry_id for d in q.dead_letters()] == [poison]
+        marks = [v for _, v in raw.zrange(keys(name)["suspects"], 0, -1, withscores=True)]
+        assert marks and max(marks) == 1
+        s = q.stats()
+        assert s.committed + s.completed == len(ids) - 1 and s.completed < batch
+    finally:
+        doomed = list(raw.scan_iter(match=f"rollout:{{{name}}}:*", count=1000))
+        if doomed:
+            raw.unlink(*doomed)

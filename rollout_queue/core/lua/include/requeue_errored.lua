@@ -42,7 +42,9 @@ local function lease_versions(lease_key)
   return out
 end
 
--- `n` buffer scores that the lease walk meets before every group buffered now, first to last.
+-- `n` buffer scores that the lease walk meets before every group buffered now, first to last. In
+-- fifo they may go below 0: bufver's arrival part (mod 2^32) then wraps, so such a group counts as
+-- the latest arrival of its version for the overflow victim and the stale order (harmless).
 local function head_scores(n, cfg)
   local scores = {}
   local arrivals = tonumber(redis.call('HGET', K.meta, 'arrivals')) or 0
@@ -83,16 +85,19 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
     for i, e in ipairs(entries) do ids[i] = e.id end
     local seen = hmget_many(K.suspects, ids, 'ZMSCORE')
     for i, e in ipairs(entries) do
-      local errors = (tonumber(seen[i]) or 0) + 1
-      if errors >= cfg.max_attempts then
+      e.errors, e.pos = (tonumber(seen[i]) or 0) + 1, i
+      if e.errors >= cfg.max_attempts then
         e.dies = true
         table.insert(dead, e)
       else
         table.insert(back, e)
-        table.insert(marks, errors)
+        table.insert(marks, e.errors)
         table.insert(marks, e.id)
       end
     end
+    -- The most marked first: the likeliest poison group is the next lease's one marked member, beside
+    -- fresh groups, before the fresh groups run out (then held-apart groups would share leases).
+    table.sort(back, function(x, y) return x.errors > y.errors or (x.errors == y.errors and x.pos < y.pos) end)
     completers(entries)
     if #back <= cfg.max_completed_groups - redis.call('ZCARD', K.buffer) then
       append_histories(entries, owner, TRAINER_ERROR, reason, false, nil, now)
