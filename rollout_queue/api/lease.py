@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from rollout_queue.api.results import Result
-from rollout_queue.core.errors import OutcomeUnknown, OwnershipLost, RankFailed
+from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, RolloutQueueError
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.scale import flows as pf
@@ -23,11 +23,16 @@ if TYPE_CHECKING:
 
 def error_reason(exc: BaseException) -> str | None:
     """What an errored rollback records for ``exc``, raised while a trainer held a lease; None when the
-    rollback is plain (not counted): the trainer is shutting down (KeyboardInterrupt, SystemExit,
-    GeneratorExit), the lease is gone anyway (LeaseLost), Redis is in trouble (OutcomeUnknown), or a
-    rank of a data-parallel step failed (RankFailed: ranks.py rolled the lease back with its own
-    reason). Anything else may be the data's fault, so it counts (DESIGN rule 4)."""
-    if not isinstance(exc, Exception) or isinstance(exc, (OwnershipLost, OutcomeUnknown, RankFailed)):
+    rollback is plain (not counted). Plain: the trainer is shutting down (KeyboardInterrupt,
+    SystemExit, GeneratorExit), and every error of this package but bad data, since those are about
+    the queue, never about the groups held (LeaseLost, OutcomeUnknown, a state conflict, StreamStarved,
+    RankFailed: ranks.py already rolled back with its own reason, IntegrationConfigError, ...).
+    InvalidInput about a group's content (a sample without a reward, a payload that does not decode)
+    and any other Exception may be the data's fault, so they count (DESIGN rule 4)."""
+    if not isinstance(exc, Exception):
+        return None
+    if isinstance(exc, RolloutQueueError) and (not isinstance(exc, InvalidInput)
+                                               or isinstance(exc, IntegrationConfigError)):
         return None
     return f"{type(exc).__name__}: {exc}"
 

@@ -328,3 +328,17 @@ def test_a_poison_group_alone_reaches_the_bound_wherever_it_sits(open_queue, raw
         doomed = list(raw.scan_iter(match=f"rollout:{{{name}}}:*", count=1000))
         if doomed:
             raw.unlink(*doomed)
+
+
+def test_an_errored_rollback_over_partitions_counts_each_partitions_members(open_queue, raw, queue_name) -> None:
+    """A composite lease rolls back member by member: each partition marks and re-buffers its own."""
+    q = open_queue(QueueConfig(max_executing_samples=64, max_retained_groups=64, max_completed_groups=64),
+                   partitions=2)
+    fill_buffer(q, 8)
+    lease = q.lease(6)
+    assert len(lease.members) == 2, "drawn from both partitions"
+    assert lease.rollback(reason="boom") == 6
+    marked = {i: {m.decode() for m in raw.zrange(keys(f"{queue_name}#{i}")["suspects"], 0, -1)} for i in (0, 1)}
+    assert sum(len(v) for v in marked.values()) == 6 and all(marked.values())
+    s = q.stats()
+    assert (s.completed, s.leased, s.dead) == (8, 0, 0)

@@ -292,3 +292,19 @@ def test_a_version_is_never_published_over_another_folder(redis_url: str, queue_
     with pytest.raises(VersionRegression):  # version 1 is recorded with other weights: pick a new version
         publish_weights(q, model, 1, tmp_path / "weights")
     q.close()
+
+
+def test_only_errors_the_data_may_cause_count() -> None:
+    """error_reason: errors about the queue (a lost lease, Redis, a refused checkpoint, starvation, a
+    setting) and a stopping trainer roll back plain; anything else, bad data included, counts."""
+    from rollout_queue.api.lease import error_reason
+    from rollout_queue.core.errors import (IntegrationConfigError, LeaseLost, LeasesOpen, OutcomeUnknown, RankFailed,
+                                           StreamStarved)
+
+    plain = [KeyboardInterrupt(), SystemExit(1), GeneratorExit(), LeaseLost("L", "expired"), OutcomeUnknown("down"),
+             LeasesOpen(3, 2), StreamStarved("q", 2, 1.0, None), RankFailed("a rank died"),
+             IntegrationConfigError("checkpoint with a lease open")]
+    assert [error_reason(e) for e in plain] == [None] * len(plain)
+    assert error_reason(InvalidInput("group 1-0 has samples without a reward")) == (
+        "InvalidInput: group 1-0 has samples without a reward")
+    assert error_reason(RuntimeError("CUDA out of memory")) == "RuntimeError: CUDA out of memory"
