@@ -61,18 +61,24 @@ local function head_scores(n, cfg)
 end
 
 local function rebuffer(entries, lease_key, cfg)
+  local ids = {}
+  for i, e in ipairs(entries) do ids[i] = e.id end
+  local claimed = claim_entries('@done', ids)  -- JUSTID: each delivery count (its payload's attempt) is kept
   local versions, scores = lease_versions(lease_key), head_scores(#entries, cfg)
-  local ids, buffer, bufver = {}, {}, {}
+  local buffer, bufver, gone = {}, {}, {}
   for i, e in ipairs(entries) do
-    ids[i] = e.id
-    table.insert(buffer, scores[i])
-    table.insert(buffer, e.id)
-    table.insert(bufver, fmt_score(buffer_version_score(versions[e.id] or 0, scores[i])))
-    table.insert(bufver, e.id)
+    if claimed[e.id] then
+      table.insert(buffer, scores[i])
+      table.insert(buffer, e.id)
+      table.insert(bufver, fmt_score(buffer_version_score(versions[e.id] or 0, scores[i])))
+      table.insert(bufver, e.id)
+    else
+      table.insert(gone, e)  -- deleted from the stream by hand: XCLAIM dropped it; nothing to buffer
+    end
   end
-  claim_entries('@done', ids)  -- JUSTID: each delivery count (the attempt of its payload) is kept
   call_batched({'ZADD', K.buffer}, buffer)
   call_batched({'ZADD', K.bufver}, bufver)
+  drop_payloads(gone)
   wake(K.wake_done)
 end
 
