@@ -18,6 +18,7 @@ import pytest
 
 from rollout_queue import RolloutQueue
 from tests.helpers import wait_until
+from tests.integrations import helpers
 from tests.integrations.helpers import fill, read_commits
 from tests.integrations.test_stream import CFG
 
@@ -115,16 +116,8 @@ def test_a_rank_killed_mid_step_rolls_the_step_back_on_every_rank(q: RolloutQueu
 @pytest.fixture
 def world_of_one() -> Any:
     """torch.distributed in this process, a gloo world of one rank (RankedStream's collectives run)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=60))
-    try:
+    with helpers.world_of_one() as dist:
         yield dist
-    finally:
-        dist.destroy_process_group()
 
 
 def test_restore_0_requeues_what_a_run_committed_before_its_first_checkpoint(q: RolloutQueue,

@@ -4,9 +4,7 @@ test function: kill -9 and restart are part of the steps. The long variant is th
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -34,19 +32,14 @@ def world_of_one() -> Iterator[bool]:
     """torch.distributed in this process as a gloo world of one rank, so the machine drives
     RankedStream (the trainer contract across ranks) too; False where torch is not installed."""
     try:
-        import torch.distributed as dist
+        import torch.distributed  # noqa: F401
     except ImportError:
         yield False
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=60))
-    try:
+    from tests.integrations.helpers import world_of_one as gloo_world
+
+    with gloo_world():
         yield True
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(900)  # a failure is shrunk for up to 300 s (hypothesis' cap) before it is shown
