@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from rollout_queue.api.results import Result
+from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, RolloutQueueError
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.scale import flows as pf
@@ -18,6 +19,22 @@ from rollout_queue.scale import multi_lease as ml
 
 if TYPE_CHECKING:
     from rollout_queue.api.queue import RolloutQueue
+
+
+def error_reason(exc: BaseException) -> str | None:
+    """What an errored rollback records for ``exc``, raised while a trainer held a lease; None when the
+    rollback is plain (not counted). Plain: the trainer is shutting down (KeyboardInterrupt,
+    SystemExit, GeneratorExit), and every error of this package but bad data, since those are about
+    the queue, never about the groups held (LeaseLost, OutcomeUnknown, a state conflict, StreamStarved,
+    RankFailed: ranks.py already rolled back with its own reason, IntegrationConfigError, ...).
+    InvalidInput about a group's content (a sample without a reward, a payload that does not decode)
+    and any other Exception may be the data's fault, so they count (DESIGN rule 4)."""
+    if not isinstance(exc, Exception):
+        return None
+    if isinstance(exc, RolloutQueueError) and (not isinstance(exc, InvalidInput)
+                                               or isinstance(exc, IntegrationConfigError)):
+        return None
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _sync_only(obj: Any, how: str) -> None:
@@ -95,12 +112,18 @@ class Lease:
             return ids[0]
         return ",".join(f"{name}/{commit_id}" for name, commit_id in zip(self.partitions, ids))
 
-    def rollback(self) -> Result[int]:
-        """The groups were not trained: requeue them (not counted toward max_attempts)."""
-        return self.queue.run(self._rollback())
+    def rollback(self, reason: str | None = None) -> Result[int]:
+        """The groups were not trained: hand them back. Returns how many went back.
 
-    def _rollback(self) -> Flow[int]:
-        n = yield from ml.rollback(self.members, self.committed)
+        Without ``reason`` (the trainer stops, or gives the lease up): they are requeued to be
+        generated again, not counted. With ``reason`` (the trainer raised on this data; see
+        ``error_reason``): an errored rollback, DESIGN rule 4: they go back to the buffer with their
+        completions, each counted, held apart in later leases, and a group that was in max_attempts
+        such leases is dead-lettered with the reason (not in the count returned)."""
+        return self.queue.run(self._rollback(reason))
+
+    def _rollback(self, reason: str | None = None) -> Flow[int]:
+        n = yield from ml.rollback(self.members, self.committed, reason)
         self.closed = "rolled_back"
         return n
 
@@ -125,7 +148,7 @@ class Lease:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if not self.closed:
-            self.commit() if exc_type is None else self.rollback()
+            self.commit() if exc is None else self.rollback(error_reason(exc))
 
     async def __aenter__(self) -> "Lease":
         _async_only(self, "with")
@@ -134,7 +157,7 @@ class Lease:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         if not self.closed:
-            await (self.commit() if exc_type is None else self.rollback())  # type: ignore[misc]
+            await (self.commit() if exc is None else self.rollback(error_reason(exc)))  # type: ignore[misc]
 
 
 class Hold:

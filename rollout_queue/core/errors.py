@@ -417,7 +417,7 @@ class StreamStarved(RolloutQueueError, TimeoutError):
     def __init__(self, queue: str, groups: int, waited_s: float, stats: Any, exhausted: bool = False) -> None:
         self.queue, self.groups, self.waited_s, self.stats, self.exhausted = queue, groups, waited_s, stats, exhausted
         state = (f"backlog {stats.backlog}, ready {stats.ready}, executing {stats.executing_groups}, "
-                 f"completed {stats.completed}, workers alive {stats.workers_alive}") if stats is not None else "?"
+                 f"completed {stats.completed}, leased {stats.leased}, workers alive {stats.workers_alive}") if stats is not None else "?"
         if exhausted:
             hint = ("the producer has enqueued its whole plan and fewer groups than a batch are left: "
                     "train fewer steps, or feed more data (more epochs or a new producer name)")

@@ -43,6 +43,7 @@ KEY_SUFFIXES: dict[str, str] = {
     "holders": "holders",
     "push": "push",
     "push_members": "push:members",
+    "suspects": "suspects",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

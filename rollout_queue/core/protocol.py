@@ -691,11 +691,11 @@ def parse_commit(reply: Any, lease_id: str) -> str:
 
 
 @_shaped
-def parse_rollback(reply: Any, lease_id: str) -> tuple[int, bool]:
-    """rollback: (groups requeued by this call, done)."""
-    word, n, done = _fields("rollback", reply, {"lease_id": lease_id}, _word, _int, _flag)
+def parse_rollback(reply: Any, lease_id: str) -> tuple[int, int, bool]:
+    """rollback: (groups handed back by this call, groups it dead-lettered, done)."""
+    word, n, dead, done = _fields("rollback", reply, {"lease_id": lease_id}, _word, _int, _int, _flag)
     _one_of("rollback", word, ("rolled_back", "replay"))
-    return n, done
+    return n, dead, done
 
 
 @_shaped

@@ -15,9 +15,10 @@ How exactly-once holds across ranks:
    (the lease's policy version, then core/codec.py ``encode_completed``: orjson + packed arrays, no
    pickle) over the process group;
    rank r takes groups r, r + W, r + 2W, ... of it: disjoint, deterministic, together the lease.
-2. After the step every rank votes (an all-reduce MIN of 1 = done, 0 = failed). Rank 0 commits
-   only on a unanimous 1, and then tells every rank the commit held; otherwise it rolls back and
-   every rank raises RankFailed. A rank that dies mid-step (SIGKILL) breaks the collective: the
+2. After the step every rank votes (an all-reduce MIN of 2 = done, 1 = raised, 0 = stopped).
+   Rank 0 commits only on a unanimous 2, and then tells every rank the commit held; otherwise it
+   rolls back (errored, with the reason the lowest raising rank broadcasts, when no rank stopped:
+   DESIGN rule 4 counts it) and every rank raises RankFailed. A rank that dies mid-step (SIGKILL) breaks the collective: the
    survivors' call fails (gloo/NCCL report the lost peer, or the group's timeout fires), rank 0
    rolls the lease back, and nothing is committed. If rank 0 itself dies, the lease goes back at
    its deadline (the reaper). A step is committed whole or not at all.
@@ -37,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.codec import decode_completed, encode_completed
 from rollout_queue.core.errors import IntegrationConfigError, RankFailed, RolloutQueueError
@@ -87,23 +89,22 @@ class RankedStream:
 
     # -- collectives (CPU tensors) ----------------------------------------------------------------
 
-    def _broadcast(self, packet: bytes | None) -> bytes | None:
-        """Rank 0's packet (None: it failed) to every rank."""
+    def _broadcast(self, packet: bytes | None, src: int = 0) -> bytes | None:
+        """Group rank ``src``'s packet (None there: it failed) to every rank; the others pass None."""
         import torch
 
         size = torch.tensor([len(packet) if packet is not None else _FAILED], dtype=torch.int64)
-        self.dist.broadcast(size, src=self._src, group=self.group)
+        self.dist.broadcast(size, src=self._global(src), group=self.group)
         if int(size) == _FAILED:
             return None
-        data = (torch.frombuffer(bytearray(packet), dtype=torch.uint8) if packet is not None
-                else torch.empty(int(size), dtype=torch.uint8))
-        self.dist.broadcast(data, src=self._src, group=self.group)
+        data = (torch.frombuffer(bytearray(packet), dtype=torch.uint8) if packet
+                else torch.empty(int(size), dtype=torch.uint8))  # frombuffer refuses an empty buffer
+        self.dist.broadcast(data, src=self._global(src), group=self.group)
         return packet if packet is not None else data.numpy().tobytes()
 
-    @property
-    def _src(self) -> int:
-        """The global rank of this group's rank 0 (broadcasts name global ranks)."""
-        return self.dist.get_global_rank(self.group, 0) if self.group is not None else 0
+    def _global(self, rank: int) -> int:
+        """The global rank of this group's ``rank`` (broadcasts name global ranks)."""
+        return self.dist.get_global_rank(self.group, rank) if self.group is not None else rank
 
     def _all(self, flag: bool) -> bool:
         """True when every rank passed True."""
@@ -112,6 +113,25 @@ class RankedStream:
         vote = torch.tensor([1 if flag else 0], dtype=torch.int64)
         self.dist.all_reduce(vote, op=self.dist.ReduceOp.MIN, group=self.group)
         return bool(int(vote))
+
+    def _vote(self, done: bool, reason: str | None) -> tuple[bool, str | None]:
+        """(every rank done; if not, the reason of an errored rollback, or None for a plain one).
+
+        One all-reduce MIN of [state, rank]: state 2 done, 1 failed with an error the data may have
+        caused (``reason``), 0 stopped without one (interrupted, or the collective's own trouble); the
+        lowest rank that failed with an error then broadcasts its reason. A stop anywhere makes the
+        rollback plain: a trainer shutting down is not the data's fault (DESIGN rule 4)."""
+        import torch
+
+        state = 2 if done else (1 if reason is not None else 0)
+        vote = torch.tensor([state, self.rank if state == 1 else self.world], dtype=torch.int64)
+        self.dist.all_reduce(vote, op=self.dist.ReduceOp.MIN, group=self.group)
+        state, first = int(vote[0]), int(vote[1])
+        if state != 1:
+            return state == 2, None
+        text = self._broadcast(reason.encode("utf-8", "backslashreplace") if self.rank == first and reason else None,
+                               first)
+        return False, f"rank {first}: {(text or b'').decode('utf-8', 'replace')}"
 
     # -- the contract, across ranks ------------------------------------------------------------
 
@@ -134,11 +154,13 @@ class RankedStream:
         groups = decode_completed(got[_VERSION.size:])
         return RankShare(step, self.rank, self.world, tuple(groups[self.rank::self.world]), len(groups), version)
 
-    def ack(self, step: int, done: bool = True) -> None:
-        """Every rank, after its part of the step: commit once if every rank is done, else roll back.
+    def ack(self, step: int, done: bool = True, reason: str | None = None) -> None:
+        """Every rank, after its part of the step: commit once if every rank is done, else roll back:
+        errored (counted, DESIGN rule 4) with the reason of the lowest rank that failed with one
+        (``reason``: ``error_reason`` of its exception), plain if a rank stopped or died.
         Raises RankFailed on every rank when some rank failed or the commit did not hold."""
         try:
-            unanimous = self._all(done)
+            unanimous, why = self._vote(done, reason)
         except Exception as exc:  # a peer died: the collective is broken
             self._rollback(step, f"a rank is gone ({exc})")
             raise RankFailed(f"step {step}: a rank did not finish (lost peer); the lease was rolled back") from exc
@@ -151,7 +173,7 @@ class RankedStream:
                 except RolloutQueueError as exc:  # LeaseLost: the groups went back while the ranks trained
                     error = exc
             else:
-                self._rollback(step, "a rank failed its part")
+                self._rollback(step, "a rank failed its part", why)
         try:
             held = self._all(committed) if self.rank == 0 else self._all(True)
         except Exception as exc:
@@ -161,11 +183,12 @@ class RankedStream:
         if error is not None:
             raise error
 
-    def _rollback(self, step: int, why: str) -> None:
+    def _rollback(self, step: int, why: str, error: str | None = None) -> None:
+        """Rank 0: hand the step's lease back; with ``error`` an errored rollback (counted)."""
         if self.stream is not None and self.stream.open:
-            back = self.stream.rollback()
+            back = self.stream.rollback(None if error is None else f"step {step}, {error}")
             log.warning("rolled back the step's lease", extra=fields(queue=self.queue.name, step=step,
-                                                                      requeued=back, reason=why))
+                                                                      requeued=back, reason=error or why))
 
     @contextmanager
     def step(self, step: int) -> Iterator[RankShare]:
@@ -176,13 +199,13 @@ class RankedStream:
             yield share
         except BaseException as exc:
             try:
-                self.ack(step, done=False)
+                self.ack(step, done=False, reason=error_reason(exc))
             except RankFailed:
                 pass
             except Exception as inner:  # the collective itself is broken: rank 0 already rolled back
                 log.warning("vote after a failed step failed", exc_info=inner)
             if self.stream is not None and self.stream.open:
-                self.stream.rollback()
+                self.stream.rollback()  # the vote broke before it could: the trainer's death, plain
             raise RankFailed(f"step {step} failed on rank {self.rank}: {exc!r}") from exc
         self.ack(step)
 
@@ -197,7 +220,10 @@ class RankedStream:
         return dropped
 
     def restore(self, step: int) -> int:
-        """Every rank, at start: rank 0 requeues what was committed after checkpoint ``step``."""
-        back = self.stream.restore(step) if self.stream is not None and step > 0 else 0
+        """Every rank, at start: rank 0 requeues what was committed after checkpoint ``step`` (0: a
+        run that starts from scratch, or resumes one that crashed before its first checkpoint, so
+        everything that run committed is trained again). Returns the groups requeued (0 on the
+        other ranks)."""
+        back = self.stream.restore(step) if self.stream is not None else 0
         self.dist.barrier(group=self.group)
         return back

@@ -16,10 +16,15 @@ What it guarantees, given the queue's scripts (docs/DESIGN.md, "Checkpoints"):
    ``step``, so the queue keeps the payloads until a checkpoint covers that step.
 2. restore(step) after a crash requeues every group acked after ``step``: the weights resumed from
    never saw them, so relative to those weights each group is trained exactly once.
-3. A lease the trainer never acks (it died, or raised) goes back to ready: rollback() now, or the
-   reaper at the lease deadline. Nothing is lost, nothing is half committed.
+3. A lease the trainer never acks (it died, or raised) goes back: rollback() now, or the reaper at
+   the lease deadline. Nothing is lost, nothing is half committed. rollback(reason) after an error
+   the data may have caused counts it (DESIGN rule 4): a group that breaks every step it is in is
+   dead-lettered after max_attempts, never retried for ever.
 4. next() never waits forever: after ``wait_s`` it raises StreamStarved with the queue's state
-   (no workers, nothing queued, or generation behind), at once when the data is known exhausted.
+   (no workers, nothing queued, or generation behind), at once when the data is known exhausted:
+   the source is done and fewer groups than a batch are left, counting as left every group queued,
+   executing, buffered or leased by anyone else (a dead predecessor's lease comes back at its
+   deadline), but not this stream's own open leases.
 
 It decides nothing across round trips: each call is one queue operation (one script per
 partition); the class only remembers which of its own leases are open.
@@ -111,10 +116,19 @@ class TrainingStream:
             done = self.exhausted()
             if done or waited >= self.wait_s:
                 stats = self.queue.stats()
-                left = stats.backlog + stats.ready + stats.executing_groups + stats.completed
+                left = self._left(stats)
                 if waited >= self.wait_s or left < want:
                     raise StreamStarved(self.queue.name, want, waited, stats, exhausted=done and left < want)
         return None
+
+    def _left(self, stats: QueueStats) -> int:
+        """Groups that may still reach this stream: queued, executing, buffered, and leased by anyone
+        but this stream itself (a dead predecessor's lease comes back at its deadline; this stream's
+        own open leases are acked, not returned). Leases taken with take() are not in ``open``, so
+        they count as coming back: the stream then waits out ``wait_s`` rather than failing early."""
+        own = sum(len(lease) for lease in self.open)
+        return (stats.backlog + stats.ready + stats.executing_groups + stats.completed
+                + max(0, stats.leased - own))
 
     def __iter__(self) -> Iterator[Lease]:
         while True:
@@ -134,14 +148,16 @@ class TrainingStream:
         self.last_acked = step
         return ids
 
-    def rollback(self) -> int:
-        """The step failed: requeue every open lease (not counted toward max_attempts). A lease
-        already gone is left to the reaper. Returns how many groups went back."""
+    def rollback(self, reason: str | None = None) -> int:
+        """The step failed: hand back every open lease. ``reason`` (the trainer raised on this data:
+        ``error_reason(exc)``) makes it an errored rollback, counted toward max_attempts per group
+        (DESIGN rule 4); None (the trainer stops) requeues them uncounted. A lease already gone is
+        left to the reaper. Returns how many groups went back."""
         back = 0
         while self.open:
             lease = self.open.pop(0)
             try:
-                back += int(lease.rollback())
+                back += int(lease.rollback(reason))
             except (RolloutQueueError, OSError) as exc:
                 log.warning("rollback failed; the reaper requeues the lease at its deadline", exc_info=exc,
                             extra=fields(queue=self.queue.name, lease=lease.lease_id))

@@ -22,9 +22,13 @@ How the pieces map (docs/TRL.md):
    treats as its ``tool_mask``: observation tokens are attended to and never trained.
 3. Settlement. ``on_step_end`` commits the step's lease with ``step = global_step``; ``on_save``
    (after TRL wrote the checkpoint) lets the queue drop the data it covers; ``train()`` rolls the
-   open lease back on any exception; a resumed ``train(resume_from_checkpoint=...)`` restores the
-   queue to the checkpoint's step first (every group committed after it is requeued), so data
-   consumption matches TRL's checkpoints. A SIGKILLed trainer's lease returns at its deadline.
+   open lease back on any exception (counted when the data may be the cause: a group that breaks
+   every step it is in is dead-lettered after max_attempts, not retried for ever); every ``train()`` first restores the queue to the step it
+   starts from (``resume_from_checkpoint``'s, or 0 for a fresh start, which also covers a run
+   that crashed before its first checkpoint): every group committed after it is requeued, so data
+   consumption matches TRL's checkpoints. A fresh start on a queue a checkpoint already dropped
+   data from raises CheckpointPruned (resume from that checkpoint instead). A SIGKILLed trainer's
+   lease returns at its deadline.
 4. Weights. After each ``publish_every`` steps the unwrapped model is saved to a fresh folder and
    published as the next policy version; workers load it before their next reservation.
 5. Staleness. TRL corrects against the generator's logprobs only on its vLLM path. Here the
@@ -42,7 +46,9 @@ rank 0 feeds the dataset and publishes weights.
 Refused with IntegrationConfigError, because exactly-once could not hold: with several processes a
 group split between two of them, evaluation during training (it would lease training groups), a
 lease spanning a checkpoint (``steps_per_generation * num_iterations`` not aligned with
-``gradient_accumulation_steps`` and ``save_steps``), a user ``rollout_func``.
+``gradient_accumulation_steps`` and ``save_steps``, a ratio ``save_steps`` checked as TRL resolves
+it: at construction when ``max_steps`` is set, else at train begin, before the first step), a user
+``rollout_func``.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from trl import GRPOTrainer
 
+from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
 from rollout_queue.core.models import CompletedGroup
@@ -167,12 +174,8 @@ class QueueGRPOTrainer(GRPOTrainer):
                 f"steps_per_generation * num_iterations = {generate_every} and gradient_accumulation_steps = "
                 f"{accumulate}: one must divide the other, so each lease ends on an optimizer step")
         span = max(1, generate_every // accumulate)
-        if span > 1:
-            saving = _value(args.save_strategy) == "steps"
-            if (saving and int(args.save_steps) % span) or (args.max_steps > 0 and args.max_steps % span):
-                raise IntegrationConfigError(
-                    f"a lease spans {span} optimizer steps: save_steps ({args.save_steps}) and max_steps "
-                    f"({args.max_steps}) must be multiples of it, or a checkpoint would cover half a lease")
+        max_steps = args.max_steps if args.max_steps > 0 else None  # epoch-based: known at train begin
+        _check_span(span, _resolved_save_steps(args.save_strategy, args.save_steps, max_steps), max_steps)
         return span
 
     # -- the training lifecycle (called by _QueueCallback) --------------------------------------
@@ -187,11 +190,16 @@ class QueueGRPOTrainer(GRPOTrainer):
         return max(1, self.args.per_device_train_batch_size * self.args.steps_per_generation // self.num_generations)
 
     def _begin(self, state: TrainerState) -> None:
+        # TRL has resolved save_steps and max_steps now (a ratio of an epoch-based run was unknown at
+        # construction): refuse before the first step, so no checkpoint ever covers half a lease.
+        _check_span(self.lease_span, _resolved_save_steps(self.args.save_strategy, state.save_steps, state.max_steps),
+                    state.max_steps)
         self.first_step = state.global_step
-        if state.global_step > 0:  # resumed: the weights never saw what was committed after the checkpoint
-            back = self._settler.restore(state.global_step)
-            log.info("restored the queue to the checkpoint", extra=fields(queue=self.queue.name,
-                                                                            step=state.global_step, requeued=back))
+        # Resumed from checkpoint k (0: from scratch, or after a crash before the first checkpoint):
+        # the weights never saw what was committed after k, so it is trained again.
+        back = self._settler.restore(state.global_step)
+        log.info("restored the queue to the checkpoint", extra=fields(queue=self.queue.name,
+                                                                        step=state.global_step, requeued=back))
         self.policy_version = int(self.queue.version)
         if self.feed_dataset and self.accelerator.is_main_process:
             self._start_feed(state)
@@ -238,12 +246,13 @@ class QueueGRPOTrainer(GRPOTrainer):
             self.feed.stop()
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """TRL's train(); any exception rolls the open lease back before it propagates."""
+        """TRL's train(); any exception rolls the open lease back before it propagates: an errored
+        rollback (counted, DESIGN rule 4) when the data may be the cause, plain on an interrupt."""
         try:
             return super().train(*args, **kwargs)
-        except BaseException:
+        except BaseException as exc:
             if self.stream is not None:  # rank 0 (or the only process) holds the leases
-                self.stream.rollback()
+                self.stream.rollback(error_reason(exc))
             raise
         finally:
             self._end()
@@ -354,6 +363,26 @@ class QueueGRPOTrainer(GRPOTrainer):
             hi = math.inf if high is None else high
             return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
         raise IntegrationConfigError(f"unknown vllm_importance_sampling_mode {mode!r}")
+
+
+def _resolved_save_steps(strategy: Any, save_steps: float | None, max_steps: int | None) -> int | None:
+    """The steps between checkpoints as TRL resolves them (``TrainerState.compute_steps``): below 1,
+    ``save_steps`` is a ratio of max_steps, rounded up. None when nothing is saved by steps, or for a
+    ratio of a max_steps not known yet."""
+    if _value(strategy) != "steps" or save_steps is None:
+        return None
+    if save_steps >= 1:
+        return int(save_steps)
+    return math.ceil(max_steps * save_steps) if max_steps else None
+
+
+def _check_span(span: int, save_steps: int | None, max_steps: int | None) -> None:
+    """Refuse checkpoints or a last step inside a lease of ``span`` optimizer steps: such a
+    checkpoint would cover half a lease (its other half may still go back to ready)."""
+    if span > 1 and ((save_steps and save_steps % span) or (max_steps and max_steps % span)):
+        raise IntegrationConfigError(
+            f"a lease spans {span} optimizer steps: save_steps ({save_steps}, as TRL resolves it) and max_steps "
+            f"({max_steps}) must be multiples of it, or a checkpoint would cover half a lease")
 
 
 def _trained_tokens(output: dict[str, Any]) -> torch.Tensor:

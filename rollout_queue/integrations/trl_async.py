@@ -14,8 +14,8 @@ and the workers' behaviour logprobs, on ``rollout_buffer``. What TRL's own worke
 1. A group is committed only once all its samples were handed to the trainer and the optimizer
    step that trained them ended (``worker.callback``: ``on_step_end``); ``on_save`` rolls back the
    groups still waiting in the buffer (untouched: requeued, not counted) and checkpoints the queue;
-   a resumed run restores the queue to its checkpoint step. TRL's own worker restarts from a prompt
-   index and loses what was buffered.
+   every run restores the queue to the step it starts from (0 for a fresh start). TRL's own
+   worker restarts from a prompt index and loses what was buffered.
 2. A group the trainer would drop as too stale (``model_version - version > max_staleness``,
    TRL's ``RolloutQueueDataset`` rule) is not handed out: it is rolled back and regenerated with fresh
    weights, so a stale drop never loses a prompt or pins the resume position (trl#7274).
@@ -55,7 +55,7 @@ import numpy as np
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-from rollout_queue.api.lease import Hold, Lease
+from rollout_queue.api.lease import Hold, Lease, error_reason
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, RolloutQueueError
 from rollout_queue.integrations.stream import TrainingStream
@@ -189,7 +189,11 @@ class QueueRolloutWorker:
                 lease = self.stream.take(stop=self._stop)  # settled here, group by group, not by ack()
                 if lease is None:
                     break
-                samples = rollout_samples(lease, self._group_ids, scale_by_std=self.scale_by_std)
+                try:
+                    samples = rollout_samples(lease, self._group_ids, scale_by_std=self.scale_by_std)
+                except Exception as exc:  # the data: handed back counted (DESIGN rule 4), then surfaced
+                    self._rollback(_Held(lease, 0), "its samples could not be built", error_reason(exc))
+                    raise
                 held = _Held(lease, len(samples))
                 with self._lock:
                     self._leases.append(held)
@@ -220,9 +224,10 @@ class QueueRolloutWorker:
             held.taken += 1
             return True
 
-    def _rollback(self, held: _Held, why: str) -> None:
+    def _rollback(self, held: _Held, why: str, error: str | None = None) -> None:
+        """Hand a lease back: plain (stop, staleness, checkpoint), or errored with ``error``."""
         try:
-            held.lease.rollback()
+            held.lease.rollback(error)
         except (RolloutQueueError, OSError) as exc:
             log.warning("rollback failed; the reaper requeues the lease at its deadline", exc_info=exc,
                         extra=fields(queue=self.queue.name, lease=held.lease.lease_id, reason=why))
@@ -268,8 +273,9 @@ class _SettleCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **_: Any) -> None:
-        if state.global_step > 0:
-            self.worker.stream.restore(state.global_step)
+        # From scratch too (step 0): a run that crashed before its first checkpoint committed groups
+        # the weights now training never saw.
+        self.worker.stream.restore(state.global_step)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **_: Any) -> None:

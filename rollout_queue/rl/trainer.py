@@ -277,17 +277,22 @@ def training_step(lease: "Lease | None", step: int | None = None) -> Iterator["L
 
     ``step`` is recorded with the commit, so the data stays restorable until ``save_checkpoint``
     covers it (pass None if the trainer never checkpoints: the payloads are dropped at once).
-    Raises ValueError for a None lease (nothing was leased in time), LeaseLost if the lease expired
-    during the step: the update was applied to data the queue took back, so resume from a checkpoint
-    (or extend() leases whose steps outlast lease_timeout_s).
+    An exception from the block may be the data's fault: the rollback is an errored one, with the
+    exception as its reason (``error_reason``: counted, so a group that always breaks the step is
+    dead-lettered after max_attempts such leases, DESIGN rule 4); an interrupt or exit rolls back
+    plain. Raises ValueError for a None lease (nothing was leased in time), LeaseLost if the lease
+    expired during the step: the update was applied to data the queue took back, so resume from a
+    checkpoint (or extend() leases whose steps outlast lease_timeout_s).
     """
+    from rollout_queue.api.lease import error_reason
+
     if lease is None:
         raise ValueError("no lease: nothing was leased before block_ms ran out")
     try:
         yield lease
-    except BaseException:
+    except BaseException as exc:
         try:
-            lease.rollback()
+            lease.rollback(error_reason(exc))
         except (RolloutQueueError, OSError) as exc:  # the lease is gone: the reaper requeues it
             log.warning("rollback after a failed step failed; the reaper requeues the lease", exc_info=exc,
                         extra=fields(lease=getattr(lease, "lease_id", "")))

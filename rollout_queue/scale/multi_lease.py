@@ -110,12 +110,14 @@ def commit(members: Sequence[tuple[QueueKeys, str, str]], done: dict[int, str], 
     return [done[k] for k in range(len(members))]
 
 
-def rollback(members: Sequence[tuple[QueueKeys, str, str]], done: dict[int, str]) -> Flow[int]:
-    """Roll back every member not committed yet. Returns how many groups went back to ready."""
+def rollback(members: Sequence[tuple[QueueKeys, str, str]], done: dict[int, str],
+             reason: str | None = None) -> Flow[int]:
+    """Roll back every member not committed yet (with ``reason``: an errored rollback, flows.rollback).
+    Returns how many groups went back."""
     total = 0
     for k in _open_members(members, done):
         keys, lease_id, token = members[k]
-        total += yield from flows.rollback(keys, lease_id, token)
+        total += yield from flows.rollback(keys, lease_id, token, reason)
     return total
 
 

@@ -134,6 +134,7 @@ CASES: dict[str, tuple[Callable[[Any], Ctx], Call, tuple[type[Exception], ...]]]
     "close(terminal)": (executing, lambda c, x: c.w.close(x), ()),
     "lease.commit(step)": (leased, lambda c, x: c.lease.commit(x), ()),
     "lease.extend(seconds)": (leased, lambda c, x: c.lease.extend(x), ()),
+    "lease.rollback(reason)": (leased, lambda c, x: c.lease.rollback(x), ()),
     "hold.wait_terminal(timeout_s)": (held, lambda c, x: c.hold.wait_terminal(x), ()),
     "hold.record_weight_update(version)": (held, lambda c, x: c.hold.record_weight_update(x), ()),
     "hold.record_weight_update(weights_uri)": (held, lambda c, x: c.hold.record_weight_update(1, x), ()),

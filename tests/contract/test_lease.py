@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import orjson
 import pytest
 
 from rollout_queue import QueueConfig, RolloutQueue
@@ -43,7 +44,7 @@ def test_header_matches_builder() -> None:
     check_header(
         "lease",
         ["src", "meta", "ready", "buffer", "bufver", "workers", "reserves", "leases", "holds",
-         "history", "ledger", "dlq", "wake_work", "wake_done", "progress", "reaped", "retired"],
+         "history", "ledger", "dlq", "suspects", "wake_work", "wake_done", "progress", "reaped", "retired"],
         ["lease_id", "token", "trainer_id", "groups", "partial", "timeout_ms"],
     )
 
@@ -260,14 +261,33 @@ def test_with_commits_on_normal_exit(open_queue, raw, queue_name) -> None:
 
 
 def test_with_rolls_back_on_exception(open_queue, raw, queue_name) -> None:
+    """An error in the block may be the data's fault: an errored rollback (DESIGN rule 4), so the
+    group goes back to the buffer with its completion and counts one trainer error."""
     q = open_queue()
     [entry_id] = fill_buffer(q, 1)
     with pytest.raises(RuntimeError, match="optimizer blew up"):
         with q.lease(1) as lease:
             raise RuntimeError("optimizer blew up")
     assert lease.closed == "rolled_back"
+    assert owners(raw, queue_name, [entry_id]) == ["@done"]
+    assert zmembers(raw, queue_name, "buffer") == [entry_id]
+    assert raw.zscore(keys(queue_name)["suspects"], entry_id) == 1
+    last = orjson.loads(raw.hget(keys(queue_name)["history"], entry_id))["h"][-1]
+    assert (last["t"], last["r"]) == ("trainer_error", "RuntimeError: optimizer blew up")
+    assert q.stats().leased == 0
+
+
+def test_with_rolls_back_plain_on_an_interrupt(open_queue, raw, queue_name) -> None:
+    """A KeyboardInterrupt (or SystemExit) is the trainer stopping, not the data: plain, not counted."""
+    q = open_queue()
+    [entry_id] = fill_buffer(q, 1)
+    with pytest.raises(KeyboardInterrupt):
+        with q.lease(1) as lease:
+            raise KeyboardInterrupt
+    assert lease.closed == "rolled_back"
     assert owners(raw, queue_name, [entry_id]) == ["@ready"]
     assert zmembers(raw, queue_name, "ready") == [entry_id]
+    assert raw.zscore(keys(queue_name)["suspects"], entry_id) is None
     assert q.stats().leased == 0
 
 
@@ -330,7 +350,7 @@ def test_a_batch_mixing_ghosts_stale_groups_and_attempts(open_queue, raw, queue_
         assert zmembers(raw, queue_name, role) == []
     assert int(meta(raw, queue_name)["ghosts"]) == ghosts_before + 3
 
-    execute(q, p.build(q.keys, "rollback", lease_id="mix-1", token="tok", count=64))
+    execute(q, p.build(q.keys, "rollback", lease_id="mix-1", token="tok", reason="", count=64))
     table = pel(raw, queue_name)
     assert [table[i] for i in (a, c, d, e)] == [("@ready", 1), ("@ready", 2), ("@ready", 1), ("@ready", 3)]
     again = {r.entry_id: r.receipt.attempt for r in q.worker("w-again").reserve(8)}
@@ -449,3 +469,38 @@ def test_a_lease_expired_before_the_read_is_undecodable_and_left_to_the_reaper(o
     assert _finish(q, flow, payloads) is None
     assert raw.hget(keys(queue_name).lease(parsed.lease_id), "state") == b"expired"
     assert owners(raw, queue_name, ids) == ["@ready", "@ready"]
+
+
+def test_groups_of_an_errored_lease_are_held_apart_while_more_groups_can_come(open_queue, raw, queue_name) -> None:
+    """DESIGN rule 4 (issue 29 item 12): a lease takes at most one group marked by an errored rollback
+    while an attempt is executing (more groups will come), so a group that breaks the trainer is not
+    leased again beside the same companions; once nothing else can come, they fill the lease."""
+    q = open_queue()
+    a, b, c = fill_buffer(q, 3)
+    q.lease(2).rollback(reason="ValueError: boom")  # a and b are marked, back at the head of the buffer
+    [x] = submit(q, 1)
+    w = q.worker("w-late")
+    [res] = w.reserve(1)  # executing: another group is coming
+    assert q.lease(3) is None, "a and c only: b is held apart while x is executing"
+    partial = q.lease(3, partial=True)
+    assert [g.entry_id for g in partial.groups] == [a, c]
+    partial.commit()
+    complete_all(w, [res])
+    full = q.lease(2)
+    assert [g.entry_id for g in full.groups] == [b, x]
+    full.commit()
+    assert q.stats().committed == 4
+
+
+def test_held_apart_groups_fill_a_lease_when_the_buffer_is_full(open_queue, raw, queue_name) -> None:
+    q = open_queue(QueueConfig(max_completed_groups=3))
+    a, b, c = fill_buffer(q, 3)
+    lease = q.lease(3)
+    submit(q, 1)
+    w = q.worker("w-late")
+    [res] = w.reserve(1)  # executing while the buffer is empty
+    lease.rollback(reason="ValueError: boom")  # all three marked: the buffer is full again
+    assert w.reserve(1) == [], "reserve stops at a full buffer: nothing else can come"
+    again = q.lease(3)
+    assert again is not None and [g.entry_id for g in again.groups] == [a, b, c]
+    w.abort(res.receipt, "done")

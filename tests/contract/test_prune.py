@@ -34,7 +34,7 @@ CFG = QueueConfig(settled_retention_s=RETENTION_S, max_attempts=1)
 
 
 def test_header_matches_builder() -> None:
-    check_header("prune", ["meta", "ledger", "history", "ids", "settled"], ["count"])
+    check_header("prune", ["meta", "ledger", "history", "ids", "settled", "suspects"], ["count"])
     check_header("reap_scan", ["meta", "workers", "leases", "holds", "bufver", "settled", "kept", "retired"],
                  ["count"])
     check_header("sweep_owners", ["src", "meta", "workers", "leases"], ["count"])

@@ -39,8 +39,8 @@ class FakeLease:
         self.calls.append(("commit", step))
         return "1-0"
 
-    def rollback(self) -> int:
-        self.calls.append(("rollback", None))
+    def rollback(self, reason: str | None = None) -> int:
+        self.calls.append(("rollback", reason))
         return len(self.groups)
 
 
@@ -205,15 +205,43 @@ def test_training_step_commits_with_the_step_after_the_block() -> None:
 
 
 def test_training_step_rolls_back_on_any_error_and_reraises() -> None:
-    for error in (RuntimeError("nan loss"), KeyboardInterrupt()):
+    """An error the data may have caused is an errored rollback (its reason: counted, DESIGN rule 4);
+    an interrupt or exit is the trainer stopping: plain."""
+    for error, reason in ((RuntimeError("nan loss"), "RuntimeError: nan loss"), (KeyboardInterrupt(), None),
+                          (SystemExit(2), None)):
         lease = FakeLease([])
         with pytest.raises(type(error)):
             with training_step(lease, step=1):  # type: ignore[arg-type]
                 raise error
-        assert lease.calls == [("rollback", None)]
+        assert lease.calls == [("rollback", reason)]
     with pytest.raises(ValueError, match="no lease"):
         with training_step(None):
             pass
+
+
+def test_a_group_that_breaks_every_training_step_is_dead_lettered_not_retried_for_ever(
+        redis_url: str, queue_name: str) -> None:
+    """Issue 29 item 12 through training_step: a group whose data makes the step raise comes back
+    counted each time and is dead-lettered with the step's error after max_attempts; the groups
+    beside it are trained."""
+    from tests.integrations.helpers import fill
+
+    q = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=2))
+    fill(q, 12)
+    poison = "s5"
+    step = 0
+    while (lease := q.lease(groups=2)) is not None:
+        step += 1
+        try:
+            with training_step(lease, step=step):
+                if any(g.group.source_id == poison for g in lease.groups):
+                    raise ValueError("reward is nan")
+        except ValueError:
+            pass
+    [letter] = q.dead_letters()
+    assert letter.source_id == poison and letter.reason == "trainer_error: ValueError: reward is nan"
+    s = q.stats()
+    assert s.dead == 1 and s.committed + s.completed == 11 and s.completed < 2
 
 
 # -- weights: atomic folders, recorded through a hold --------------------------------------------------
@@ -264,3 +292,19 @@ def test_a_version_is_never_published_over_another_folder(redis_url: str, queue_
     with pytest.raises(VersionRegression):  # version 1 is recorded with other weights: pick a new version
         publish_weights(q, model, 1, tmp_path / "weights")
     q.close()
+
+
+def test_only_errors_the_data_may_cause_count() -> None:
+    """error_reason: errors about the queue (a lost lease, Redis, a refused checkpoint, starvation, a
+    setting) and a stopping trainer roll back plain; anything else, bad data included, counts."""
+    from rollout_queue.api.lease import error_reason
+    from rollout_queue.core.errors import (IntegrationConfigError, LeaseLost, LeasesOpen, OutcomeUnknown, RankFailed,
+                                           StreamStarved)
+
+    plain = [KeyboardInterrupt(), SystemExit(1), GeneratorExit(), LeaseLost("L", "expired"), OutcomeUnknown("down"),
+             LeasesOpen(3, 2), StreamStarved("q", 2, 1.0, None), RankFailed("a rank died"),
+             IntegrationConfigError("checkpoint with a lease open")]
+    assert [error_reason(e) for e in plain] == [None] * len(plain)
+    assert error_reason(InvalidInput("group 1-0 has samples without a reward")) == (
+        "InvalidInput: group 1-0 has samples without a reward")
+    assert error_reason(RuntimeError("CUDA out of memory")) == "RuntimeError: CUDA out of memory"

@@ -3,12 +3,33 @@ hand) and Redis's own record of what was committed when."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from rollout_queue import RolloutQueue, Sample, SourceGroup
 from tests.cluster.test_composite_lease import read_commits
 
-__all__ = ["committed_steps", "fill", "read_commits"]
+__all__ = ["committed_steps", "fill", "read_commits", "world_of_one"]
+
+
+@contextmanager
+def world_of_one() -> Iterator[Any]:
+    """torch.distributed in this process, a gloo world of one rank (so RankedStream's collectives run
+    in a test), torn down after; yields ``torch.distributed``."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
 
 
 def fill(q: RolloutQueue, count: int, *, n: int = 2, version: int = 0, tokenized: bool = False) -> None:

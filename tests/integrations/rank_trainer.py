@@ -2,7 +2,8 @@
 
 A DDP-wrapped linear model over gloo learns from each rank's share of the step's lease; each rank
 writes what it trained (step, entry ids) to --out before the step's vote. ``--slow-step K`` makes this
-rank stall inside step K (after training, before the vote) so the test can SIGKILL it there.
+rank stall inside step K (after training, before the vote) so the test can SIGKILL it there;
+``--raise-step K`` makes it raise inside step K (data it cannot train on).
 Exit codes: 0 done, 3 RankFailed (the step was rolled back).
 """
 
@@ -31,6 +32,7 @@ def main() -> int:
     for name in ("--rank", "--world", "--port", "--steps", "--groups"):
         p.add_argument(name, type=int, required=True)
     p.add_argument("--slow-step", type=int, default=0)
+    p.add_argument("--raise-step", type=int, default=0, help="raise ValueError inside this step (bad data)")
     a = p.parse_args()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world,
                             timeout=timedelta(seconds=60))
@@ -50,6 +52,8 @@ def main() -> int:
                 opt.step()
                 out.write(orjson.dumps({"step": step, "rank": a.rank, "entries": [g.entry_id for g in share.groups],
                                         "lease_groups": share.lease_groups, "version": share.version}) + b"\n")
+                if step == a.raise_step:
+                    raise ValueError(f"rank {a.rank} cannot train step {step}")
                 if step == a.slow_step:
                     out.write(orjson.dumps({"step": step, "rank": a.rank, "stalled": True}) + b"\n")
                     time.sleep(120)

@@ -18,6 +18,7 @@ import pytest
 
 from rollout_queue import RolloutQueue
 from tests.helpers import wait_until
+from tests.integrations import helpers
 from tests.integrations.helpers import fill, read_commits
 from tests.integrations.test_stream import CFG
 
@@ -34,13 +35,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_ranks(url: str, name: str, out: Path, steps: int, slow: dict[int, int] | None = None) -> list[Any]:
+def start_ranks(url: str, name: str, out: Path, steps: int, slow: dict[int, int] | None = None,
+                raises: dict[int, int] | None = None) -> list[Any]:
     port, env = free_port(), {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     procs = []
     for rank in (0, 1):
         argv = [sys.executable, "tests/integrations/rank_trainer.py", "--url", url, "--queue", name, "--out", str(out),
                 "--rank", str(rank), "--world", "2", "--port", str(port), "--steps", str(steps),
-                "--groups", str(GROUPS), "--slow-step", str((slow or {}).get(rank, 0))]
+                "--groups", str(GROUPS), "--slow-step", str((slow or {}).get(rank, 0)),
+                "--raise-step", str((raises or {}).get(rank, 0))]
         procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     return procs
@@ -108,3 +111,74 @@ def test_a_rank_killed_mid_step_rolls_the_step_back_on_every_rank(q: RolloutQueu
     assert [step for step, _ in commit_lines(q)] == [1]  # step 2 trained by rank 0, never committed
     s = q.stats()
     assert s.committed == GROUPS and s.leased == 0 and s.completed + s.ready + s.backlog == 2 * GROUPS
+
+
+@pytest.fixture
+def world_of_one() -> Any:
+    """torch.distributed in this process, a gloo world of one rank (RankedStream's collectives run)."""
+    with helpers.world_of_one() as dist:
+        yield dist
+
+
+def test_restore_0_requeues_what_a_run_committed_before_its_first_checkpoint(q: RolloutQueue,
+                                                                             world_of_one: Any) -> None:
+    """Issue 29 item 15: a ranked trainer that crashed before its first checkpoint resumes from
+    scratch (step 0): every group it committed must be trained again, as TrainingStream.restore(0) does."""
+    from rollout_queue.integrations.ranks import RankedStream
+
+    fill(q, 2 * GROUPS)
+    crashed = RankedStream(q, groups_per_step=GROUPS, wait_s=30)
+    for step in (1, 2):
+        with crashed.step(step):
+            pass
+    assert q.stats().committed == 2 * GROUPS and [s for s, _ in commit_lines(q)] == [1, 2]
+    resumed = RankedStream(q, groups_per_step=GROUPS, wait_s=30)
+    assert resumed.restore(0) == 2 * GROUPS
+    s = q.stats()
+    assert s.committed == 0 and s.kept == 0 and s.ready == 2 * GROUPS
+
+
+def test_a_rank_that_raises_rolls_the_step_back_counted_with_its_reason(q: RolloutQueue, redis_url: str,
+                                                                       tmp_path: Path) -> None:
+    """Issue 29 item 12 across ranks: rank 1 raises on its share of step 2; the vote says so, rank 1
+    broadcasts its reason, and rank 0 rolls the lease back as an errored rollback (counted, DESIGN
+    rule 4) with that reason; every rank raises RankFailed, nothing of step 2 is committed."""
+    import redis as redis_client
+
+    fill(q, 3 * GROUPS)
+    out = tmp_path / "trained.jsonl"
+    procs = start_ranks(redis_url, q.name, out, steps=3, raises={1: 2})
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 3 and "RankFailed" in err, err[-3000:]
+    assert [step for step, _ in commit_lines(q)] == [1]
+    step2 = [line["entries"] for line in lines(out) if line.get("step") == 2 and line.get("rank") == 0]
+    raw = redis_client.Redis.from_url(redis_url)
+    marks = {k.decode(): v for k, v in raw.zrange(q.keys["suspects"], 0, -1, withscores=True)}
+    assert len(marks) == GROUPS and all(v == 1 for v in marks.values())
+    assert not step2 or set(step2[0]) <= set(marks)
+    last = orjson.loads(raw.hget(q.keys["history"], next(iter(marks))))["h"][-1]
+    assert last["t"] == "trainer_error" and last["r"] == "step 2, rank 1: ValueError: rank 1 cannot train step 2"
+    s = q.stats()
+    assert s.committed == GROUPS and s.leased == 0 and s.completed == 2 * GROUPS
+
+
+def test_a_step_that_raises_in_a_world_of_one_is_an_errored_rollback(q: RolloutQueue, redis_url: str,
+                                                                     world_of_one: Any) -> None:
+    import redis as redis_client
+
+    from rollout_queue.core.errors import RankFailed
+    from rollout_queue.integrations.ranks import RankedStream
+
+    fill(q, GROUPS)
+    ranked = RankedStream(q, groups_per_step=GROUPS, wait_s=30)
+    with pytest.raises(RankFailed):
+        with ranked.step(1):
+            raise ValueError("bad batch")
+    raw = redis_client.Redis.from_url(redis_url)
+    assert raw.zcard(q.keys["suspects"]) == GROUPS
+    with pytest.raises(RankFailed):
+        with ranked.step(2):
+            raise KeyboardInterrupt  # the trainer stops: plain, nothing counted again
+    assert [int(v) for _, v in raw.zrange(q.keys["suspects"], 0, -1, withscores=True)] == [1] * GROUPS
+    assert q.stats().ready == GROUPS

@@ -123,3 +123,67 @@ def test_an_asyncio_queue_and_bad_sizes_are_refused(redis_url: str, queue_name: 
     aq = asyncio.run(opened())
     with pytest.raises(IntegrationConfigError, match="sync queue"):
         TrainingStream(aq)
+
+
+def test_a_dead_predecessors_lease_is_not_counted_as_exhausted_data(redis_url: str, queue_name: str) -> None:
+    """Issue 29 item 16: a resumed trainer with the source exhausted must count the groups a dead
+    predecessor still leases as coming back (at its deadline), not raise StreamStarved(exhausted)."""
+    import threading
+
+    from rollout_queue import Sample
+
+    q = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=4, lease_timeout_s=30.0))
+    fill(q, 3)
+    q.lease(groups=2, timeout_s=1.0, trainer_id="dead-trainer")  # it died holding 2 of the 3 groups
+    stop = threading.Event()
+
+    def worker() -> None:  # regenerates what comes back once the dead trainer's lease expires
+        w = q.worker("w-regen")
+        while not stop.is_set():
+            for r in w.reserve(max_groups=4, block_ms=100):
+                w.complete(r.receipt, [Sample(slot=k, token_ids=(1,), logprobs=(-0.5,), reward=float(k), version=0)
+                                       for k in range(r.group.n)])
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    try:
+        stream = TrainingStream(q, groups_per_step=2, wait_s=60, block_ms=100, exhausted=lambda: True)
+        lease = stream.next()  # 1 completed + 2 leased by the dead trainer: enough, so it waits for them
+        assert len(lease) == 2
+        stream.ack(1)
+    finally:
+        stop.set()
+        thread.join(10)
+    s = q.stats()
+    assert s.committed == 2 and s.leased == 0
+
+
+def test_this_streams_own_open_leases_do_not_count_as_coming_back(q: RolloutQueue) -> None:
+    """The groups this stream itself holds open will be acked, not returned: with the source
+    exhausted and too few others left, next() still fails at once."""
+    fill(q, 3)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=60, block_ms=100, exhausted=lambda: True)
+    stream.next()
+    started = time.monotonic()
+    with pytest.raises(StreamStarved) as info:
+        stream.next()  # 1 completed left, 2 of its own leased: exhausted now, not after 60 s
+    assert info.value.exhausted and time.monotonic() - started < 10
+
+
+def test_a_rollback_with_a_reason_is_counted_and_one_without_is_not(q: RolloutQueue, redis_url: str) -> None:
+    """rollback(reason) after an error the data may have caused: the groups go back to the buffer,
+    each counted (DESIGN rule 4); rollback() (the trainer stops): requeued to be generated again."""
+    import redis as redis_client
+
+    fill(q, 4)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5)
+    errored = [g.entry_id for g in stream.next().groups]
+    assert stream.rollback("ValueError: loss is nan") == 2
+    plain = [g.entry_id for g in stream.next().groups]
+    assert len(set(plain) & set(errored)) == 1, "marked groups are held apart: one per lease while others are there"
+    assert stream.rollback() == 2
+    raw = redis_client.Redis.from_url(redis_url)
+    marks = {k.decode(): v for k, v in raw.zrange(q.keys["suspects"], 0, -1, withscores=True)}
+    assert marks == {e: 1.0 for e in errored}
+    s = q.stats()
+    assert s.completed == 2 and s.ready == 2 and s.dead == 0

@@ -161,3 +161,38 @@ def test_weights_sent_are_published_as_a_folder_the_workers_load(q: RolloutQueue
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
     transfer.destroy()
+
+
+def test_a_fresh_start_after_a_crash_before_the_first_checkpoint_trains_its_commits_again(q: RolloutQueue) -> None:
+    """Issue 29 item 17 for the async trainer: TRL begins a run resumed without a checkpoint at
+    global_step 0; what the crashed run committed (kept, never covered by a checkpoint) is requeued."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    with running(q, 4, buffer_groups=4) as worker:
+        batches, collator = trl_pipeline(worker, [0], groups_per_batch=2)
+        collator([next(batches)])
+        assert worker.settle(1) == 2  # then the process dies: no checkpoint was ever taken
+    assert q.stats().committed == 2
+    fresh = QueueRolloutWorker(q)
+    state = TrainerState()
+    assert state.global_step == 0
+    fresh.callback.on_train_begin(TrainingArguments(output_dir="unused", report_to=[]), state, TrainerControl())
+    s = q.stats()
+    assert s.committed == 0 and s.kept == 0 and s.counters.get("restored") == 2
+
+
+def test_a_group_the_filler_cannot_turn_into_samples_goes_back_counted(q: RolloutQueue) -> None:
+    """Issue 29 item 12: a group without prompt token ids cannot become TRL's samples; its lease is
+    handed back as an errored rollback (counted, so it cannot loop for ever), and check_health raises."""
+    helpers.fill(q, 1, n=N, tokenized=False)
+    worker = QueueRolloutWorker(q, wait_s=5)
+    worker.start()
+    try:
+        wait_until(lambda: worker.error is not None, timeout=10, message="the filler stopped on the group")
+        with pytest.raises(Exception, match="prompt_token_ids"):
+            worker.check_health(10)
+    finally:
+        worker.stop()
+    [marked] = q.client.zrange(q.keys["suspects"], 0, -1)
+    s = q.stats()
+    assert s.leased == 0 and s.completed == 1 and q.client.zscore(q.keys["suspects"], marked) == 1

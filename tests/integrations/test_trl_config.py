@@ -13,12 +13,14 @@ pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
 from datasets import Dataset  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from rollout_queue import QueueConfig, RolloutQueue  # noqa: E402
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput  # noqa: E402
 from rollout_queue.integrations.trl import QueueGRPOTrainer, worker_reward  # noqa: E402
+from rollout_queue.ops.views import entry  # noqa: E402
+from tests.integrations.helpers import committed_steps, fill  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -45,7 +47,7 @@ def reward(completions: list[str], **_: Any) -> list[float]:
 
 
 def make(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, **config: Any) -> QueueGRPOTrainer:
-    extra = {k: config.pop(k) for k in ("rollout_func", "eval_dataset") if k in config}
+    extra = {k: config.pop(k) for k in ("rollout_func", "eval_dataset", "callbacks", "feed", "wait_s") if k in config}
     settings = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 8, "beta": 0.0,
                 "max_steps": 4, "save_steps": 2, **config}
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], **settings)
@@ -60,6 +62,8 @@ def make(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, **config: 
     ({"eval_strategy": "steps", "eval_steps": 1, "eval_dataset": Dataset.from_list([{"prompt": "e"}])},
      "evaluation during training"),
     ({"num_iterations": 2, "save_steps": 3}, "spans 2 optimizer steps"),
+    # issue 29 item 18: 0.5 of 2 steps is a checkpoint at step 1, inside the first two-step lease
+    ({"num_iterations": 2, "max_steps": 2, "save_steps": 0.5}, "spans 2 optimizer steps"),
     ({"steps_per_generation": 3, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 4},
      "one must divide the other"),
     ({"loss_type": "vespo", "vllm_importance_sampling_mode": "token_truncate"}, "vespo"),
@@ -140,3 +144,55 @@ def test_trajectories_reach_trls_tool_mask_so_observations_are_never_trained(tin
     prompt_ids, completion_ids, tool_mask, *_ = trainer._generate(["q0"] * 4)
     assert completion_ids == [[10, 11, 12, 13, 14]] * 4 and prompt_ids == [[5, 6, 7]] * 4
     assert tool_mask == [[1, 1, 0, 0, 1]] * 4
+
+
+class _CrashAt(TrainerCallback):  # type: ignore[misc]
+    """Raises at the end of optimizer step ``step``: a trainer that crashes mid-run."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if state.global_step == self.step:
+            raise RuntimeError(f"crash at step {self.step}")
+
+
+def test_a_run_resumed_after_crashing_before_its_first_checkpoint_trains_its_commits_again(
+        tiny: Path, tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    """Issue 29 item 17: TRL resumes a run that crashed before its first checkpoint from scratch
+    (global_step 0); the groups that run committed must be requeued (restore(0)), else they are
+    never trained by the weights that go on."""
+    first = make(tiny, tmp_path, redis_url, queue_name, max_steps=3, save_steps=10, callbacks=[_CrashAt(2)],
+                 feed=False)
+    fill(first.queue, 6, n=4, tokenized=True)
+    with pytest.raises(RuntimeError, match="crash at step 2"):
+        first.train()
+    assert first.queue.stats().committed == 2  # step 1's lease: committed at step 1, no checkpoint covers it
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+    # Item 12: the exception rolled step 2's lease back as an errored rollback, counted per group.
+    step2 = first.queue.run(entry(first.queue.keys, _marked(first.queue)[0]))
+    assert [(a.terminal, a.reason) for a in step2.history][-1:] == [("trainer_error", "RuntimeError: crash at step 2")]
+    assert len(_marked(first.queue)) == 2
+    second = make(tiny, tmp_path, redis_url, queue_name, max_steps=1, save_steps=10, feed=False)
+    second.train()  # --resume finds no checkpoint: a fresh start on the same queue
+    assert [step for step, _ in committed_steps(second.queue)] == [1, 1]
+    s = second.queue.stats()
+    assert s.committed == 2, "the crashed run's step-1 groups were not requeued at the fresh start"
+    assert s.counters.get("restored") == 2
+
+
+def test_a_save_steps_ratio_of_an_epoch_based_run_is_checked_before_the_first_step(
+        tiny: Path, tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    """Issue 29 item 18: without max_steps, TRL resolves a save_steps ratio only at train begin; a
+    checkpoint inside a two-step lease is refused there, before any step or checkpoint."""
+    trainer = make(tiny, tmp_path, redis_url, queue_name, num_iterations=2, max_steps=-1, num_train_epochs=3,
+                   save_steps=0.34, feed=False, wait_s=2.0)
+    with pytest.raises(IntegrationConfigError, match="spans 2 optimizer steps"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and not list((tmp_path / "out").glob("checkpoint-*"))
+    assert committed_steps(trainer.queue) == []
+
+
+def _marked(q: RolloutQueue) -> list[str]:
+    """The entry IDs a trainer error marked (rollout:{q}:suspects), read through the queue's client."""
+    return sorted(m.decode() for m in q.client.zrange(q.keys["suspects"], 0, -1))

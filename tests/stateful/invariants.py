@@ -30,6 +30,9 @@ def check_states(t: Truth, m: LedgerModel) -> dict[str, str]:
     assert t.settled == m.recorded(), "the settled records (waiting for prune) differ from the model"
     states = {eid: derive_state(t, eid) for eid in t.ids.values()}
     assert set(t.history) <= set(m.entries), "an attempt history names an entry the model never had"
+    # Errored rollbacks' marks (issue 29 item 12): one per errored lease, gone at death or prune.
+    assert t.suspects == {eid: float(e.marks) for eid, e in m.entries.items() if e.marks}, (
+        f"suspects {t.suspects} != model {({eid: e.marks for eid, e in m.entries.items() if e.marks})}")
     for eid, e in m.entries.items():
         assert t.ledger.get(eid) == e.ledger, f"ledger of {eid}: {t.ledger.get(eid)!r} != model {e.ledger!r}"
         # The attempt history is kept until prune (issue 12 item 7): a late settlement is judged by it.
@@ -50,6 +53,7 @@ def check_states(t: Truth, m: LedgerModel) -> dict[str, str]:
             assert e.state != LEASED or owner == f"@lease:{e.lease_id}", f"{eid} owner {owner}"
         if eid in t.bufver:
             assert int(t.bufver[eid] // VERSION_SHIFT) == e.min_version, f"{eid}: buffered min_version"
+            assert t.bufver[eid] == e.min_version * VERSION_SHIFT + e.arrival % VERSION_SHIFT, f"{eid}: bufver"
             assert t.buffer[eid] == e.arrival, f"{eid}: buffer order"
     return states
 

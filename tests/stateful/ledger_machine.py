@@ -34,7 +34,7 @@ from rollout_queue import Hold, QueueConfig, RetryPolicy, RolloutQueue
 
 from .invariants import check_commits, check_states, check_stats
 from .ledger_model import LedgerModel
-from .model_entries import BACKLOG, COMPLETED, DEAD, EXECUTING, READY
+from .model_entries import BACKLOG, COMPLETED, DEAD, EXECUTING, LEASED, READY
 from .redis_truth import observe
 from .trainer_steps import TrainerSteps
 from .worker_steps import PAYLOAD_LIMIT, WorkerSteps
@@ -115,8 +115,10 @@ ACTIONS: list[tuple[str, int, Callable[[LedgerMachine], bool]]] = [
      and m.model.executing_samples() < m.model.cfg.max_executing_samples),
     ("settle_attempt", 8, _has(EXECUTING)),
     ("lease", 5, _has(COMPLETED)),
+    ("lease_beside_marked", 3, lambda m: sum(1 for e in m.model.buffer() if e.marks) >= 2),
+    ("errored_pair", 2, lambda m: m.model.count(COMPLETED) >= 2),
     ("commit", 4, lambda m: bool(m.model.active_leases())),
-    ("rollback", 1, lambda m: bool(m.model.active_leases())),
+    ("rollback", 2, lambda m: bool(m.model.active_leases())),
     ("extend", 1, lambda m: bool(m.model.active_leases())),
     ("closed_lease_call", 1, lambda m: bool(m.model.closed_leases())),
     ("late_settlement", 2, lambda m: bool(m.model.old_receipts())),
@@ -133,6 +135,8 @@ ACTIONS: list[tuple[str, int, Callable[[LedgerMachine], bool]]] = [
     ("hold_wait_or_release", 8, lambda m: bool(m.model.holds)),
     ("checkpoint", 1, lambda m: m.model.step > 0),
     ("restore", 1, lambda m: m.model.step > 0),
+    ("trainer_restore", 2, lambda m: m.model.step > 0),
+    ("resumed_trainer_next", 2, lambda m: bool(m.model.in_state(COMPLETED, LEASED))),
     ("server_restart", 1, lambda m: bool(m.model.entries) and m.restarts < 2),
     ("long_outage", 1, lambda m: bool(m.model.in_state(COMPLETED)) and m.restarts < 2),
     ("interrupted_op", 2, lambda m: bool(m.model.active_leases() or m.model.in_state(EXECUTING))

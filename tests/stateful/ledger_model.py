@@ -32,7 +32,7 @@ from .model_entries import (
     completer,
     id_key,
 )
-from .trainer_model import TrainerModel
+from .trainer_model import VERSION_SHIFT, TrainerModel, bufver_order
 
 
 @dataclass
@@ -79,7 +79,8 @@ class LedgerModel(TrainerModel):
 
     def buffer(self) -> list[Entry]:
         """Completed groups in the order lease walks them."""
-        done = sorted((e for e in self.entries.values() if e.state == COMPLETED), key=lambda e: e.arrival)
+        # Equal scores (a lifo errored rollback's head may meet a later arrival) order by member, as in Redis.
+        done = sorted((e for e in self.entries.values() if e.state == COMPLETED), key=lambda e: (e.arrival, e.entry_id))
         return done[::-1] if self.cfg.buffer_order == "lifo" else done
 
     def executing_receipts(self) -> list[Receipt]:
@@ -158,7 +159,7 @@ class LedgerModel(TrainerModel):
         if floor is None:
             return 0
         stale = sorted((e for e in self.in_state(COMPLETED) if e.min_version < floor),
-                       key=lambda x: (x.min_version, x.arrival))[:budget]
+                       key=bufver_order)[:budget]
         for e in stale:
             self._evict(e, "stale")
         return len(stale)
@@ -249,8 +250,8 @@ class LedgerModel(TrainerModel):
         evicted = ""
         done = [x for x in self.entries.values() if x.state == COMPLETED]
         if len(done) >= self.cfg.max_completed_groups:
-            victim = min(done, key=lambda x: (x.min_version, x.arrival))
-            if (victim.min_version, victim.arrival) < (min_version, self.arrivals):
+            victim = min(done, key=bufver_order)
+            if bufver_order(victim)[:2] < (min_version, self.arrivals % VERSION_SHIFT):
                 self._evict(victim, "overflow")
                 evicted = victim.entry_id
             else:

@@ -73,6 +73,7 @@ class Entry:
     recorded: bool = False         # in the settled stream, waiting for prune (settled_retention_s)
     pruned: bool = False           # its ledger line and source_id mapping were pruned
     history: list[Attempt] = field(default_factory=list)  # until prune, as the ledger line
+    marks: int = 0                 # leases rolled back on a trainer error that held it (suspects), until prune
 
     @property
     def n(self) -> int:

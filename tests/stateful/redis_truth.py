@@ -19,8 +19,10 @@ import redis
 from rollout_queue.core.keys import QueueKeys
 
 from .model_entries import BACKLOG, COMMITTED, COMPLETED, DEAD, EXECUTING, FILTERED, LEASED, READY, id_key
+from .trainer_model import VERSION_SHIFT  # lua/include/buffer_score.lua
 
-VERSION_SHIFT = 2**32  # lua/include/buffer_score.lua
+__all__ = ["VERSION_SHIFT", "Truth", "check_no_ghosts", "derive_state", "observe", "snapshot", "states_of"]
+
 
 
 def _s(value: Any) -> str:
@@ -51,6 +53,7 @@ class Truth:
     holds: dict[str, float]
     settled: dict[str, str]                     # entry_id -> source_id of each record waiting for prune
     history: dict[str, Any]                     # entry_id -> {"f": counted failures, "h": [attempts]}
+    suspects: dict[str, float]                  # entry_id -> leases rolled back on a trainer error that held it
 
     @property
     def dead_ids(self) -> Counter[str]:
@@ -123,6 +126,7 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         meta=_hash(r, keys["meta"]), workers=_zset(r, keys["workers"]), holds=_zset(r, keys["holds"]),
         settled=_records(r, keys["settled"]),
         history={_s(k): json.loads(v) for k, v in r.hgetall(keys["history"]).items()},
+        suspects=_zset(r, keys["suspects"]),
     )
 
 

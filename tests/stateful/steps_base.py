@@ -32,6 +32,7 @@ class Steps:
     model: LedgerModel
     holds: dict[str, Hold]   # the client's handle of each hold the model knows
     restarts: int
+    ranks: bool = False      # torch.distributed is set up (a world of one rank): RankedStream steps run
 
     @property
     def keys(self) -> QueueKeys:

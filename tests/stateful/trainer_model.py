@@ -23,7 +23,19 @@ from .model_entries import (
     LeaseRecord,
     attempt_line,
     completer,
+    id_key,
 )
+
+#: lua/lease.lua: marked groups passed over in one call at most
+HELD_APART = 1024
+#: lua/include/buffer_score.lua: bufver packs min_version * 2^32 + arrival mod 2^32
+VERSION_SHIFT = 2**32
+
+
+def bufver_order(e: Entry) -> tuple[int, int, str]:
+    """An entry's place in bufver: (min_version, arrival mod 2^32), equal scores by member. An errored
+    rollback's head may give a negative arrival in fifo: Lua's modulo wraps it, as Python's does."""
+    return e.min_version, e.arrival % VERSION_SHIFT, e.entry_id
 
 
 class TrainerModel:
@@ -47,9 +59,12 @@ class TrainerModel:
         """A lease the bounds can never satisfy is refused at once (LeaseUnsatisfiable)."""
         return self.lease_limit()[1] < (1 if partial else groups)
 
+    held_apart: int = 0  # marked groups the last lease passed over and left in the buffer
+
     def lease(self, groups: int, partial: bool) -> list[str] | None:
         """The members a lease gets, in order (stale groups are requeued first), or None. The caller
         checks ``unsatisfiable`` first, and binds the members to the client's lease id with ``leased``."""
+        self.held_apart = 0
         self.evict_stale()
         if self.holds:
             return None
@@ -61,14 +76,27 @@ class TrainerModel:
             if not partial or available < 1:
                 return None
             want = available
+        # lua/lease.lua: groups marked by an errored rollback are held apart, one per lease, while
+        # another group can come (an attempt executing and room in the buffer); else they fill it.
+        buffered, executing = self.count(COMPLETED), self.count(EXECUTING)
         members: list[Entry] = []
+        apart: list[Entry] = []
+        took_marked = False
         for e in order:
             if len(members) >= want:
                 break
             if floor is not None and e.min_version < floor:
                 self._evict(e, "stale")
+            elif e.marks and took_marked and len(apart) < HELD_APART:
+                apart.append(e)
             else:
+                took_marked = took_marked or bool(e.marks)
                 members.append(e)
+        if len(members) < want and apart and (executing == 0 or buffered >= self.cfg.max_completed_groups):
+            members += apart[:want - len(members)]
+        self.held_apart = len([e for e in apart if e not in members])  # for the machine's coverage events
+        if not members or (len(members) < groups and not partial):
+            return None
         for e in members:
             e.state = LEASED
         return [e.entry_id for e in members]
@@ -98,14 +126,62 @@ class TrainerModel:
         lease.state = "committed"
         return "committed", ""
 
-    def rollback(self, lease_id: str) -> tuple[str, int | str]:
-        """('rolled_back', n) | ('replay', 0) | ('lost', state)."""
+    def rollback(self, lease_id: str, reason: str | None = None, batch: int = 32,
+                 errored_calls: int | None = None) -> tuple[str, int | str]:
+        """('rolled_back', groups handed back) | ('replay', 0) | ('lost', state).
+
+        With ``reason`` an errored rollback (lua/include/requeue_errored.lua), in calls of ``batch``
+        members (PEL order: entry IDs); only the first ``errored_calls`` calls when the trainer died
+        after them and a reaper finished the rest plain (expire_lease)."""
         lease = self.leases[lease_id]
         if lease.state == "rolled_back":
             return "replay", 0
         if lease.state != "active":
             return "lost", lease.state
-        return "rolled_back", self._requeue_lease(lease, "rolled_back")
+        if reason is None:
+            return "rolled_back", self._requeue_lease(lease, "rolled_back")
+        members = sorted(self._lease_members(lease), key=lambda e: id_key(e.entry_id))
+        back = 0
+        for k in range(0, len(members), batch):
+            chunk = members[k:k + batch]
+            if errored_calls is not None and k // batch >= errored_calls:
+                self._requeue_plain(chunk, lease.lease_id, "rolled_back")
+            else:
+                back += self._errored(chunk, lease.lease_id, reason)
+        lease.state = "rolled_back"
+        return "rolled_back", back
+
+    def _errored(self, chunk: list[Entry], lease_id: str, reason: str) -> int:
+        """One errored rollback call: marks, then the head of the buffer (or ready without room), or
+        dead at max_attempts marks. Returns how many were handed back."""
+        owner = f"@lease:{lease_id}"
+        dying = [e for e in chunk if e.marks + 1 >= self.cfg.max_attempts]
+        back = [e for e in chunk if e not in dying]
+        for e in chunk:
+            e.history.append(Attempt(e.attempt, owner, "trainer_error", completer(e.ledger, e.attempt)))
+        if len(back) <= self.cfg.max_completed_groups - self.count(COMPLETED):
+            head = sorted(back, key=lambda e: -e.marks)  # stable: the most marked first, then ID order
+            for e, score in zip(head, self._head_scores(len(back))):
+                e.state, e.lease_id, e.arrival = COMPLETED, None, score
+        else:
+            for e in back:
+                self._requeue(e, counted=False)
+        for e in back:
+            e.marks += 1
+        for e in dying:
+            self._settle_dead(e, f"trainer_error: {reason}", e.attempt, owner)
+            e.marks = 0
+        self.counters["rolled_back"] += len(chunk)
+        return len(back)
+
+    def _head_scores(self, n: int) -> list[int]:
+        """Buffer scores the lease walk meets before every buffered group (requeue_errored.lua)."""
+        arrivals = [e.arrival for e in self.entries.values() if e.state == COMPLETED]
+        if self.cfg.buffer_order == "lifo":
+            base = max(arrivals) if arrivals else self.arrivals
+            return [base + n - i + 1 for i in range(1, n + 1)]
+        base = min(arrivals) if arrivals else self.arrivals + 1
+        return [base - n + i - 1 for i in range(1, n + 1)]
 
     def expire(self, lease_id: str) -> int:
         """The reaper (or reserve/lease opportunistically) rolls back a lease past its deadline."""
@@ -122,7 +198,7 @@ class TrainerModel:
         floor = self.stale_floor()
         stale = 0
         if floor is not None:
-            for e in sorted(self.in_state(COMPLETED), key=lambda x: (x.min_version, x.arrival)):
+            for e in sorted(self.in_state(COMPLETED), key=bufver_order):
                 if e.min_version < floor:
                     self._evict(e, "stale")
                     stale += 1
@@ -143,7 +219,7 @@ class TrainerModel:
         gone = [e for e in self.entries.values() if e.recorded]
         for e in gone:
             e.recorded, e.pruned, e.ledger = False, True, None
-            e.history, e.failures = [], 0  # the attempt history goes with the ledger line
+            e.history, e.failures, e.marks = [], 0, 0  # the history and marks go with the ledger line
             if self.by_source.get(e.group.source_id) == e.entry_id:
                 del self.by_source[e.group.source_id]
         return len(gone)
@@ -204,12 +280,18 @@ class TrainerModel:
         self.counters["restored"] += len(restored)
         return len(restored)
 
+    def _lease_members(self, lease: LeaseRecord) -> list[Entry]:
+        return [self.entries[i] for i in lease.members if self.entries[i].state == LEASED
+                and self.entries[i].lease_id == lease.lease_id]
+
     def _requeue_lease(self, lease: LeaseRecord, terminal: str) -> int:
-        members = [self.entries[i] for i in lease.members if self.entries[i].state == LEASED
-                   and self.entries[i].lease_id == lease.lease_id]
-        for e in members:
-            e.history.append(Attempt(e.attempt, f"@lease:{lease.lease_id}", terminal, completer(e.ledger, e.attempt)))
-            self._requeue(e, counted=False)
-        self.counters[terminal] += len(members)
+        members = self._lease_members(lease)
+        self._requeue_plain(members, lease.lease_id, terminal)
         lease.state = terminal
         return len(members)
+
+    def _requeue_plain(self, members: list[Entry], lease_id: str, terminal: str) -> None:
+        for e in members:
+            e.history.append(Attempt(e.attempt, f"@lease:{lease_id}", terminal, completer(e.ledger, e.attempt)))
+            self._requeue(e, counted=False)
+        self.counters[terminal] += len(members)

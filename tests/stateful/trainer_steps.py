@@ -1,5 +1,8 @@
-"""The trainer, operator and crash steps of the ledger machine: leases, commits, expiry, reaping,
-policy versions, admission holds, checkpoints, lost replies and server restarts.
+"""The trainer, operator and crash steps of the ledger machine: leases, commits, plain and errored
+rollbacks (a trainer that raised on the data: counted, held apart, dead-lettered at max_attempts),
+expiry, reaping, policy versions, admission holds, checkpoints, the trainer contract (TrainingStream
+and RankedStream in a world of one rank: restore at any step, 0 included; a resumed trainer next to a
+dead predecessor's lease), lost replies and server restarts.
 
 Each step draws its arguments, asks the model what must happen, runs the real call and compares;
 the invariants run after it. This module must not check invariants itself (invariants.py does).
@@ -26,6 +29,7 @@ from rollout_queue import (
     LeaseUnsatisfiable,
     VersionRegression,
 )
+from rollout_queue.core.errors import StreamStarved
 from rollout_queue.core import flows, protocol
 from tests.helpers import wait_until
 
@@ -38,6 +42,33 @@ class TrainerSteps(Steps):
 
     def lease(self, data: st.DataObject) -> None:
         groups = data.draw(st.integers(1, 2), label="groups")
+        self.lease_groups(data, groups)
+
+    def errored_pair(self, data: st.DataObject) -> None:
+        """Two groups leased together break the trainer (an errored rollback marks both and puts them
+        back at the head of the buffer), then the next lease: the two are held apart while another
+        group can come (issue 29 item 12)."""
+        if self.refused_lease(2, False):
+            return
+        members = self.model.lease(2, False)
+        lease = self.q.lease(2)
+        self.check_lease(members, lease)
+        if lease is None:
+            return
+        status, n = self.model.rollback(lease.lease_id, "ValueError: a poison group")
+        assert status == "rolled_back" and lease.rollback("ValueError: a poison group") == n
+        event("errored rollback of two groups")
+        if data.draw(st.sampled_from([True, True, False]), label="a worker reserves first"):
+            self.reserve(data)  # an attempt executing: another group can come, so the two are held apart
+        self.lease_groups(data, data.draw(st.sampled_from([2, 2, 1, 3]), label="groups"))
+
+    def lease_beside_marked(self, data: st.DataObject) -> None:
+        """A lease of several groups while groups marked by errored rollbacks are buffered: at most one
+        of them per lease while another group can come (issue 29 item 12, lua/lease.lua)."""
+        event("lease beside marked groups")
+        self.lease_groups(data, data.draw(st.integers(2, 3), label="groups"))
+
+    def lease_groups(self, data: st.DataObject, groups: int) -> None:
         partial_ok = data.draw(st.booleans(), label="partial")
         if self.refused_lease(groups, partial_ok):
             return
@@ -56,6 +87,8 @@ class TrainerSteps(Steps):
 
     def check_lease(self, members: list[str] | None, lease: Any) -> None:
         """The lease holds exactly the model's members, pristine and fresh; then the model binds them."""
+        if self.model.held_apart:
+            event("lease held marked groups apart")
         if members is None:
             assert lease is None, f"the model expected no lease, got {lease!r}"
             event("lease -> none")
@@ -88,9 +121,13 @@ class TrainerSteps(Steps):
         event("commit with a step" if step is not None else "commit")
 
     def rollback(self, data: st.DataObject) -> None:
+        """Plain (the trainer gave up), or errored: the trainer raised on the data (issue 29 item 12),
+        so every member is marked, goes back to the head of the buffer and dies at max_attempts marks."""
         record = data.draw(st.sampled_from(self.model.active_leases()), label="lease")
-        status, n = self.model.rollback(record.lease_id)
-        assert status == "rolled_back" and record.handle.rollback() == n
+        reason = data.draw(st.sampled_from([None, "ValueError: nan loss"]), label="reason")
+        status, n = self.model.rollback(record.lease_id, reason)
+        event("errored rollback" if reason else "rollback")
+        assert status == "rolled_back" and record.handle.rollback(reason) == n
 
     def extend(self, data: st.DataObject) -> None:
         record = data.draw(st.sampled_from(self.model.active_leases()), label="lease")
@@ -109,7 +146,7 @@ class TrainerSteps(Steps):
             call: Callable[[], Any] = lease.commit
         elif op == "rollback":
             status, detail = self.model.rollback(record.lease_id)
-            call = lease.rollback
+            call = partial(lease.rollback, data.draw(st.sampled_from([None, "late error"]), label="reason"))
         else:
             status, detail, call = "lost", record.state, partial(lease.extend, 60)
         event(f"closed lease {op} -> {status}")
@@ -287,6 +324,59 @@ class TrainerSteps(Steps):
         else:
             assert self.q.checkpoint(step) == expected
 
+    # -- the trainer contract (integrations/stream.py, ranks.py): issue 29 items 15, 16 ------------
+
+    def trainer_restore(self, data: st.DataObject) -> None:
+        """A trainer resumed from checkpoint ``step`` (0: from scratch, or after a crash before its
+        first checkpoint) restores through the contract: TrainingStream.restore, or RankedStream.restore
+        in a torch.distributed world of one rank; either requeues every group committed after it."""
+        from rollout_queue.integrations.ranks import RankedStream
+        from rollout_queue.integrations.stream import TrainingStream
+
+        how = data.draw(st.sampled_from(["stream", "ranks"] if self.ranks else ["stream"]), label="through")
+        step = data.draw(st.one_of(st.just(0), st.integers(0, self.model.step)), label="step")  # 0 often
+        expected = self.model.restore(step)
+        event(f"{how} restore({'0' if step == 0 else 'k'}) -> {'pruned' if expected is None else 'ok'}")
+        trainer: Any = (TrainingStream(self.q, wait_s=1.0) if how == "stream"
+                        else RankedStream(self.q, groups_per_step=1, wait_s=1.0))
+        if expected is None:
+            with pytest.raises(CheckpointPruned):
+                self.unchanged(partial(trainer.restore, step))
+        else:
+            assert trainer.restore(step) == expected
+            self.model.step = step
+
+    def resumed_trainer_next(self, data: st.DataObject) -> None:
+        """A trainer resumed with its source exhausted, while another trainer's lease (a dead
+        predecessor's) may be out: next() leases what the model leases; otherwise StreamStarved,
+        ``exhausted`` only when fewer groups than a batch may still come: queued, executing,
+        buffered, and leased by others (they come back at their deadline), not its own open leases."""
+        from rollout_queue.integrations.stream import TrainingStream
+
+        m = self.model
+        queued = sum(m.count(state) for state in ("backlog", "ready", "executing", "completed"))
+        # One more than is queued while others hold leases: only their leased groups can fill it.
+        tight = [queued + 1] * 3 if m.active_leases() and queued + 1 <= m.lease_limit()[1] else []
+        groups = data.draw(st.sampled_from([1, 2, 3] + tight), label="groups")
+        stream = TrainingStream(self.q, groups_per_step=groups, wait_s=0.3, block_ms=50, exhausted=lambda: True,
+                                trainer_id="resumed-trainer")
+        for _ in range(data.draw(st.integers(1, 2), label="next() calls")):
+            if self.model.unsatisfiable(groups, False):
+                with pytest.raises(LeaseUnsatisfiable):
+                    self.unchanged(stream.next)
+                return
+            members = self.model.lease(groups, False)
+            if members is not None:
+                self.check_lease(members, stream.next())
+                continue
+            own = sum(len(x.groups) for x in stream.open)
+            left = sum(m.count(state) for state in ("backlog", "ready", "executing", "completed", "leased")) - own
+            with pytest.raises(StreamStarved) as exc:
+                stream.next()
+            assert exc.value.exhausted == (left < groups), f"{left} groups may still come, {groups} wanted"
+            event(f"resumed trainer starved, {'exhausted' if left < groups else 'waiting out others'}")
+            return
+
     def restore(self, data: st.DataObject) -> None:
         step = data.draw(st.integers(0, self.model.step), label="step")
         expected = self.model.restore(step)
@@ -314,9 +404,12 @@ class TrainerSteps(Steps):
         finish: Callable[[], Any]
         if op == "rollback":
             record = data.draw(st.sampled_from(m.active_leases()), label="lease")
-            m.rollback(record.lease_id)
-            flow = flows.rollback(self.keys, record.lease_id, record.handle.token)
-            finish = record.handle.rollback
+            reason = data.draw(st.sampled_from([None, "ValueError: nan loss"]), label="reason")
+            # An errored rollback cut short is finished plain by the reaper (the trainer died), errored
+            # by the caller again (the record keeps the first call's reason, whatever is resent).
+            m.rollback(record.lease_id, reason, batch=1, errored_calls=calls if finisher == "reaper" else None)
+            flow = flows.rollback(self.keys, record.lease_id, record.handle.token, reason)
+            finish = partial(record.handle.rollback, None)
         elif op == "close_worker":
             worker = data.draw(st.sampled_from(sorted({e.worker or "" for e in m.in_state(EXECUTING)})), label="worker")
             terminal = data.draw(st.sampled_from(["aborted", "lost"]), label="terminal")

@@ -78,7 +78,8 @@ def test_a_missing_or_garbage_payload_hands_the_lease_back_and_leases_again(miss
     flow.send(_granted(call, ["1-0", "2-0"]))
     rollback = flow.send([encode_completion(SAMPLES), missing])
     assert rollback.script.name == "rollback" and rollback.args[:2] == call.args[:2]  # lease id, token
-    again = flow.send([b"ok", b"rolled_back", 2, 1])
+    assert rollback.args[2] == "", "undecodable members are the data's storage, not the trainer's error: plain"
+    again = flow.send([b"ok", b"rolled_back", 2, 0, 1])
     assert again.script.name == "lease" and again.args[0] != call.args[0], "a new lease id"
     assert _result(flow, [b"insufficient", 1, b"4-0"]) is None
 

@@ -99,7 +99,7 @@ def flow(keys):
     good = """
 def flow(keys):
     reply = yield p.build(keys, "x")
-    n, done = p.parse_rollback(reply, "L")
+    n, dead, done = p.parse_rollback(reply, "L")
     last = p.parse_last_id((yield p.Command(("XREVRANGE",))))
     if not (yield p.Command(("EXISTS",))):
         return last or "0-0"
@@ -134,7 +134,7 @@ PARSERS: list[tuple[Callable[..., Any], tuple[Any, ...], list[Any], int]] = [
     (p.parse_ended, ("fail", R), [b"ok", b"ready"], 2),
     (p.parse_close_worker, ("w1",), [b"ok", 1, 0, 1], 4),
     (p.parse_commit, ("L",), [b"ok", b"committed", b"5-0", 2], 4),
-    (p.parse_rollback, ("L",), [b"ok", b"rolled_back", 2, 1], 4),
+    (p.parse_rollback, ("L",), [b"ok", b"rolled_back", 2, 0, 1], 5),
     (p.parse_extend, ("L",), [b"ok", 99_000], 2),
     (p.parse_hold_open, ("H",), [b"ok", 3, 99_000], 3),
     (p.parse_hold_poll, ("H",), [b"ok", 3, b"7-0"], 3),

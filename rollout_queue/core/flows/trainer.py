@@ -16,6 +16,7 @@ from rollout_queue.core.checks import (
 )
 from rollout_queue.core.errors import LeaseLost
 from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.models import check_reason
 from rollout_queue.core.flows.base import BATCH, Clock, Flow, MAX_NAME, _wait, new_id
 
 
@@ -64,13 +65,19 @@ def commit(keys: QueueKeys, lease_id: str, token: str, step: int | None) -> Flow
     return p.parse_commit(reply, lease_id)
 
 
-def rollback(keys: QueueKeys, lease_id: str, token: str) -> Flow[int]:
-    """Requeue every member of the lease, a bounded batch per call. Returns how many went back to
-    ready (0 on a replay). The first call already fences the lease: a later commit is refused."""
+def rollback(keys: QueueKeys, lease_id: str, token: str, reason: str | None = None) -> Flow[int]:
+    """Hand back every member of the lease, a bounded batch per call. Returns how many went back (0
+    on a replay). The first call already fences the lease: a later commit is refused.
+
+    ``reason`` None: a plain rollback (the trainer stops or gave up): the members go back to ready
+    to be generated again, not counted. A reason (the trainer raised on this data): an errored
+    rollback, counted per member (DESIGN rule 4); the first call's choice holds for the whole
+    rollback, and dead-lettered members are not in the count returned."""
+    text = "" if reason is None else (check_reason(reason) or "error")  # '' is the plain form on the wire
     total = 0
     while True:
-        reply = yield p.build(keys, "rollback", lease_id=lease_id, token=token, count=BATCH)
-        n, done = p.parse_rollback(reply, lease_id)
+        reply = yield p.build(keys, "rollback", lease_id=lease_id, token=token, reason=text, count=BATCH)
+        n, _, done = p.parse_rollback(reply, lease_id)
         total += n
         if done:
             return total

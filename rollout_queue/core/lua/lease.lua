@@ -13,6 +13,7 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  suspects   entry ID -> leases rolled back on a trainer error that held it
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
   progress   worker id -> reported counts (a reaped worker's is deleted)
@@ -39,6 +40,9 @@ Invariant:
   each member is owned by @lease:<lease_id>, is in no other index, and was fresh at lease time:
   version - min_version <= max_staleness (None: 0); stale groups met on the way went back to ready;
   buffer members the PEL does not give to @done (garbage) were dropped from buffer and bufver.
+  At most one member is in suspects (a group of a lease rolled back on a trainer error), unless no
+  attempt is executing or the buffer is full (no other group can come), or more than 1024 were
+  passed over: then the passed-over ones fill the lease, in the order walked.
 ]]
 -- @include bug
 -- @include now_ms
@@ -56,6 +60,7 @@ Invariant:
 -- @include claim_entries
 -- @include call_batched
 -- @include wake
+local HELD_APART = 1024  -- suspects passed over per call at most: the walk stays bounded
 local now = now_ms()
 local cfg = load_config()
 local lease_id, groups = A.lease_id, tonumber(A.groups)
@@ -92,7 +97,12 @@ end
 
 -- Walk the buffer in the queue's order; stale groups met on the way go back to ready. Per batch of
 -- the buffer: one XPENDING (owned_counts) and one ZMSCORE, so a member costs no command of its own.
+-- Suspects (groups of a lease a trainer rolled back because it raised on the data) are held apart:
+-- one per lease, the others passed over (a ZMSCORE per batch, only while any group is marked), so a
+-- group that breaks the trainer meets new companions each time (DESIGN rule 4).
 local members, versions, counts = {}, {}, {}
+local marked = redis.call('ZCARD', K.suspects) > 0
+local apart, took_suspect = {}, false
 local range = 'ZRANGE'
 if cfg.buffer_order == 'lifo' then range = 'ZREVRANGE' end
 local offset = 0
@@ -102,6 +112,7 @@ while #members < want do
   if not batch[1] then break end  -- ghosts dropped on the way made the buffer shorter than counted
   local done = owned_counts(batch, '@done')
   local scores = redis.call('ZMSCORE', K.bufver, unpack(batch))
+  local suspect = marked and redis.call('ZMSCORE', K.suspects, unpack(batch)) or {}
   local ghosts = {}
   for i, id in ipairs(batch) do
     if #members >= want then break end
@@ -113,7 +124,11 @@ while #members < want do
       local minv = score_min_version(scores[i] or 0)
       if floor and minv < floor then
         evict_buffered(id, 'stale', cfg, now)
+      elseif suspect[i] and took_suspect and #apart < HELD_APART then
+        table.insert(apart, {id, minv, done[id]})
+        offset = offset + 1
       else
+        took_suspect = took_suspect or (suspect[i] and true or false)
         table.insert(members, id)
         table.insert(versions, minv)
         counts[id] = done[id]
@@ -126,6 +141,19 @@ while #members < want do
     redis.call('ZREM', K.buffer, unpack(ghosts))
     redis.call('ZREM', K.bufver, unpack(ghosts))
     redis.call('HINCRBY', K.meta, 'ghosts', #ghosts)
+  end
+end
+if #members < want and apart[1] then
+  -- Held apart only while another group can come: an attempt is executing and the buffer has room
+  -- (reserve's backpressure stops at a full one). Otherwise nothing else would ever fill the lease.
+  local executing = tonumber(redis.call('HGET', K.meta, 'executing_groups')) or 0
+  if executing <= 0 or buffered >= cfg.max_completed_groups then
+    for _, a in ipairs(apart) do
+      if #members >= want then break end
+      table.insert(members, a[1])
+      table.insert(versions, a[2])
+      counts[a[1]] = a[3]
+    end
   end
 end
 if #members == 0 or (#members < groups and A.partial ~= '1') then

@@ -7,6 +7,7 @@ KEYS:
   history    entry ID -> counted failures and attempt reasons (kept until pruned, with the ledger line)
   ids        hash source_id -> entry ID
   settled    settle times of settled groups (entry ID -> source_id), for prune
+  suspects   entry ID -> leases rolled back on a trainer error that held it (forgotten with the line)
 ARGV:
   count      at most this many groups per call (at least 32: record_settled's chunk)
 Returns:
@@ -61,6 +62,7 @@ for j, id in ipairs(forget) do
 end
 call_batched({'HDEL', K.ledger}, forget)
 call_batched({'HDEL', K.history}, forget)
+call_batched({'ZREM', K.suspects}, forget)
 call_batched({'HDEL', K.ids}, unmap)
 call_batched({'XDEL', K.settled}, records)
 -- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.

@@ -4,7 +4,9 @@
 append_histories: record why each of a batch of attempts ended without a completion (all ended by
 one owner, with one terminal and reason), in one HMGET and one HSET of K.history.
 Sets on each record e: e.failures (its counted failures now) and, when `dead_at` is given and they
-reach it, e.dead = true and e.history = the JSON list of its attempts for the dead letter. A dying
+reach it (or the caller already set e.dies: a group dead-lettered for another bound, such as
+max_attempts errored leases), e.dead = true and e.history = the JSON list of its attempts for the
+dead letter. A dying
 entry's history is written back too: it is kept after settlement until prune (issue 12 item 7: a
 settlement retried after later attempts still finds its own). `e.c`, when set, is the worker whose
 completion this attempt was (the group is requeued from @done, a lease or a restore), so a retried
@@ -35,7 +37,7 @@ local function append_histories(entries, worker, terminal, reason, counted, dead
     if h == nil then
       e.failures = counted and 1 or 0
       local record = '{"a":' .. e.attempt .. (e.c and (',"c":' .. cjson.encode(e.c)) or '') .. tail
-      if dead_at and e.failures >= dead_at then dying = '[' .. record .. ']' end
+      if e.dies or (dead_at and e.failures >= dead_at) then dying = '[' .. record .. ']' end
       value = '{"f":' .. e.failures .. ',"h":[' .. record .. ']}'
     else
       if type(h.h) ~= 'table' then h.h = {} end
@@ -50,7 +52,7 @@ local function append_histories(entries, worker, terminal, reason, counted, dead
         h = {f = h.f, h = {h.h[#h.h]}}
         encoded = cjson.encode(h)
       end
-      if dead_at and e.failures >= dead_at then dying = cjson.encode(h.h) end
+      if e.dies or (dead_at and e.failures >= dead_at) then dying = cjson.encode(h.h) end
       value = encoded
     end
     e.dead, e.history = dying ~= nil, dying

@@ -24,11 +24,17 @@ local function close_lease(lease_key, lease_id, terminal, now)
   redis.call('ZADD', K.leases, 0, lease_id)
 end
 
+-- The lease's last step, once its @lease consumer owns nothing: out of the deadline index, the
+-- consumer deleted, the record kept lease_record_ttl_ms (a repeated commit still answers).
+local function lease_emptied(lease_key, lease_id, cfg)
+  redis.call('ZREM', K.leases, lease_id)
+  redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', '@lease:' .. lease_id)
+  if redis.call('EXISTS', lease_key) == 1 then redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms) end
+end
+
 local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg, now)
   local owner = '@lease:' .. lease_id
   local entries = pending_entries(owner, budget)
-  local ids = {}
-  for i, e in ipairs(entries) do ids[i] = e.id end
   local n = #entries
   if n > 0 then
     drop_payloads(entries)
@@ -37,11 +43,7 @@ local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg,
     redis.call('HINCRBY', K.meta, terminal, n)
   end
   local done = n < budget
-  if done then
-    redis.call('ZREM', K.leases, lease_id)
-    redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', owner)
-    if redis.call('EXISTS', lease_key) == 1 then redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms) end
-  end
+  if done then lease_emptied(lease_key, lease_id, cfg) end
   return n, done
 end
 
