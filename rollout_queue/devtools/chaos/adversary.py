@@ -177,10 +177,11 @@ def build(command: str, role: str, keys: QueueKeys, recon: Recon, rng: random.Ra
         script = SCRIPTS[role.split(":", 1)[1]]
         args = [rng.choice(GARBAGE) + ("x" * rng.choice((0, 0, 300))) for _ in range(rng.randrange(0, 9))]
         return ["EVALSHA", script.sha, str(len(script.keys)), *(keys[k] for k in script.keys), *args]
-    if role == "payload":
+    if role == "payload":  # an owned entry's payload (a buffered or leased one's is read by a trainer)
         got = recon.owned()
         eid, attempt = got if got else (recon.entry(), 1)
-        return ["SET", keys.payload(eid, attempt), rng.choice(GARBAGE)]
+        key = keys.payload(eid, attempt)
+        return ["SET", key, rng.choice(GARBAGE)] if command == "set" else [command.upper(), key]
     key, garbage = keys[role], rng.choice(GARBAGE)
     lines: dict[str, Callable[[], list[str]]] = {
         "xack": lambda: ["XACK", key, GROUP, recon.stream_id(role)],
@@ -226,10 +227,15 @@ def targets(line: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def send(r: redis.Redis, grants: Grants, line: Sequence[str]) -> Sent:
-    """Send one command line with the credential ``r`` holds."""
+    """Send one command line with the credential ``r`` holds (an EVALSHA of a script the server's
+    cache lost in a restart is loaded, as the worker role may, and sent again)."""
     predicted = grants.permits(line[0], *targets(line))
     try:
-        reply = r.execute_command(*line)
+        try:
+            reply = r.execute_command(*line)
+        except redis.exceptions.NoScriptError:
+            r.script_load(next(s.source for s in SCRIPTS.values() if s.sha == line[1]))
+            reply = r.execute_command(*line)
         return Sent(predicted, "ran", repr(reply)[:200], reply)
     except redis.exceptions.NoPermissionError as exc:
         return Sent(predicted, "refused", str(exc)[:200])

@@ -87,7 +87,7 @@ def trajectory_mismatch(metadata: dict[str, Any], token_ids: Sequence[int], logp
     a hostile or poison group trained at all, turns that do not cover the tokens, a logprob on an
     observation, more model turns than the group asks for, or a reward that is not ``reward_of``."""
     if metadata.get("hostile") or metadata.get("poison"):
-        return f"a {metadata.get('hostile') or 'poison'} group was trained with a trajectory"
+        return f"a hostile group ({metadata.get('hostile') or 'poison'}) was trained with a trajectory"
     if sum(t.n_tokens for t in turns) != len(token_ids):
         return "turns do not cover the tokens"
     at = 0
