@@ -60,7 +60,7 @@ class RunConfig:
     worker_overcommit: tuple[bool, ...] = (True, False, True)
     worker_groups: int = 4                    # max_groups per reserve
     group_sizes: tuple[int, ...] = DEFAULT_SIZES  # each group's n is drawn from these (empty: the old 2-4)
-    trainers: int = 2                         # trainer 0 publishes weights; every trainer leases and checkpoints
+    trainers: int = 2                         # trainer 0 publishes weights (no pusher); all lease and checkpoint
     reapers: int = 2
     mode: str = "always"                      # appendfsync: 'always' or 'everysec'
     kind: str | None = None                   # 'redis' or 'valkey' (None: what is installed)

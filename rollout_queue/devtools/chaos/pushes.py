@@ -98,7 +98,7 @@ def run_pushfault(args: argparse.Namespace) -> int:
         except WeightsError as exc:
             log.write("push_unreachable_failed", epoch=ticket.epoch, error=str(exc)[:300])
 
-    def invented(epoch: int) -> None:
+    def invented(q: Any, epoch: int) -> None:
         wid = f"chaos-invented:{secrets.token_hex(4)}"
         log.write("push_invented_invoke", worker=wid, epoch=epoch)
         try:
@@ -112,7 +112,6 @@ def run_pushfault(args: argparse.Namespace) -> int:
             log.write("push_invented_joined", worker=wid, epoch=ticket.epoch, rank=ticket.rank)
 
     def body() -> None:
-        nonlocal q
         import torch.distributed  # noqa: F401  # before the first round: a member is on time
 
         q = roles.connect(args, f"{ghost_id}|work")
@@ -132,7 +131,7 @@ def run_pushfault(args: argparse.Namespace) -> int:
             seen = epoch
             log.write("push_round_seen", epoch=epoch, version=int(raw[2] or 0))
             if rng.random() < args.invented_rate:
-                invented(epoch)
+                invented(q, epoch)
             if rng.random() < args.unreachable_rate:
                 ticket = ghost.join_push(epoch)
                 if ticket is not None:
@@ -142,7 +141,6 @@ def run_pushfault(args: argparse.Namespace) -> int:
         beat.join(timeout=5)
         ghost.close()
 
-    q: Any = None
     return roles.guarded(log, body)
 
 
