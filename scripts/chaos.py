@@ -8,14 +8,18 @@ random faults from a seed, then a history check of every log against the Redis t
     .venv/bin/python scripts/chaos.py --groups 3000 --weight redis_outage=3 --worker-slots 2+,4,6+ \
         --sizes 1,2,2,3,4,6,8 --deadline 900 --settle 90                  # long outages, mixed slots
     .venv/bin/python scripts/chaos.py --mode everysec --weight redis_kill=5 --groups 800 --seed 31
+    .venv/bin/python scripts/chaos.py --groups 600 --seed 3 --traj-workers 2 --pushes   # shipped workers, pushes
+    .venv/bin/python scripts/chaos.py --groups 600 --seed 4 --traj-workers 2 --weight credential=3  # + the adversary
     .venv/bin/python scripts/chaos.py --recheck /tmp/chaos-long              # check kept logs again
 
 Prints the report as JSON (``--json``) or a short table, and exits 0 only when the checker proves:
 lost = 0, trained twice = 0, stuck = 0 (nothing owned at the end, and no group without an observable
 change for longer than the run's bound, measured while it ran), dead letters only for poison prompts,
 no late settlement accepted, no downtime counted against a live worker, lease or hold (and, with
-everysec, that every lost acknowledgement lies in the last second before a kill). The harness lives
-in ``chaos/``.
+everysec, that every lost acknowledgement lies in the last second before a kill), every counted
+failure charged to a group that caused it, no shipped worker dead of its groups, every push round
+ended by its deadline and every live worker on the last version, and what a worker credential did.
+The harness lives in ``rollout_queue/devtools/chaos/`` (docs/CHAOS.md).
 """
 
 from __future__ import annotations
@@ -33,6 +37,25 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 harness = importlib.import_module("rollout_queue.devtools.chaos.harness")
 nemesis = importlib.import_module("rollout_queue.devtools.chaos.nemesis")
 roles = importlib.import_module("rollout_queue.devtools.chaos.roles")
+
+
+#: Options that are RunConfig fields of the same name (their defaults are RunConfig's): the shipped
+#: workers, the pusher and push-fault member, the adversary's commands, the code the children run.
+FLEET_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("--traj-workers", "shipped workers (python -m rollout_queue.workers, scripted engine, chaos environment)"),
+    ("--traj-slots", "each shipped worker's --max-samples"),
+    ("--hostile-every", "every k-th group breaks the shipped workers' environment or reward (0: none)"),
+    ("--env-step-timeout-s", "the shipped workers' --env-step-timeout"),
+    ("--pushes", "a pusher publishes the versions, over torch.distributed pushes to the shipped workers"),
+    ("--publish-interval-s", "pusher: seconds between versions"),
+    ("--push-every", "pusher: every k-th version goes by push"),
+    ("--push-join-s", "a push round's join window"),
+    ("--push-deadline-s", "a push round's deadline"),
+    ("--unreachable-rate", "share of rounds a live member that cannot reach the trainer joins"),
+    ("--invented-rate", "share of rounds an id that never heartbeat tries to join"),
+    ("--adversary-commands", "the adversary (--weight credential=W) sends only these, e.g. 'xack src,del meta'"),
+    ("--code-root", "run the children from this tree's rollout_queue (git archive <commit>), this chaos/ overlaid"),
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,6 +91,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--submit-rate", type=float, default=0.0,
                    help="groups submitted per second at most, so the run lasts on a fast machine (0: no pace)")
     p.add_argument("--cli-reaper", action="store_true", help="reapers as `python -m rollout_queue reaper`")
+    for flag, help_ in FLEET_OPTIONS:
+        name = flag[2:].replace("-", "_")
+        default = getattr(harness.RunConfig, name)
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true", help=help_)
+        else:
+            p.add_argument(flag, type=type(default) if default is not None else str, default=default,
+                           help=f"{help_} (default %(default)s)")
     p.add_argument("--log-dir", default=None, help="keep the logs here (default: temp dir, removed on success)")
     p.add_argument("--keep-logs", action="store_true")
     p.add_argument("--json", action="store_true", help="print the whole summary as JSON")
@@ -97,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         outage_factor=(lo, hi), progress_slack_s=a.progress_slack,
         fault_interval_s=a.fault_interval, weights=weights, deadline_s=a.deadline, settle_s=a.settle,
         worker_timeout_s=a.worker_timeout, lease_timeout_s=a.lease_timeout, lease_batch=a.lease_batch,
-        train_ms=a.train_ms, gen_ms=a.gen_ms, submit_rate=a.submit_rate, cli_reaper=a.cli_reaper, log_dir=a.log_dir)
+        train_ms=a.train_ms, gen_ms=a.gen_ms, submit_rate=a.submit_rate, cli_reaper=a.cli_reaper, log_dir=a.log_dir,
+        **{name: getattr(a, name) for name in (flag[2:].replace("-", "_") for flag, _ in FLEET_OPTIONS)})
     result = harness.run(cfg, keep_logs=a.keep_logs)
     summary = result.summary()
     if a.json:

@@ -385,3 +385,169 @@ def test_a_stall_inside_an_everysec_loss_window_is_explained() -> None:
     slow = replay(records, [("3500-0", {"lease": "L1", "ids": f"{E0},{E1}"})], [], truth.ids, bound_s=0.9, end=4.0)
     assert slow.stalls  # submit at 1.0 -> grant at 2.0 is over 0.9 s, but inside the window's reach
     assert check(records, truth, SPEC, slow).violations == []
+
+
+# -- issue 29: counted failures charged to their groups, shipped workers, pushes, the adversary -------
+
+T = "chaos-t0:7:cc"  # a shipped worker (pid 7)
+HSPEC = Spec(groups=2, seed=SEED, poison_every=0, lease_timeout_s=4.0, hostile_every=2)  # group 1: "hang"
+
+
+def shipped(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The clean history with a shipped worker process that started (and did nothing else)."""
+    return records + [{**rec("spawned", 0.5, "traj", worker=T, shipped=True), "pid": 7},
+                      {**rec("start", 0.6, "traj", worker=T, shipped=True, version=0), "pid": 7}]
+
+
+def attempt(truth: Truth, eid: str, *items: tuple[int, str, str, str]) -> Truth:
+    """Give ``eid`` a history of (attempt, worker, terminal, reason) records, as the queue writes it."""
+    truth.history[eid] = {"f": 0, "h": [{"a": a, "w": w, "t": t, "r": r, "ms": 1000} for a, w, t, r in items]}
+    return truth
+
+
+HANG = "environment step exceeded its 1 s deadline"
+
+
+def test_a_hostile_group_failing_its_own_way_on_a_shipped_worker_is_charged_to_it() -> None:
+    records, truth = clean_history()
+    report = check(shipped(records), attempt(truth, E1, (1, T, "failed", HANG)), HSPEC)
+    assert report.violations == [] and report.charges == {"hang": 1}
+
+
+@pytest.mark.parametrize("eid,worker,terminal,reason", [
+    (E0, T, "failed", HANG),                      # a healthy group: nothing of its own made it fail
+    (E1, W, "failed", HANG),                      # a test-engine worker ignores hostility
+    (E1, T, "failed", "environment step raised RuntimeError('x')"),  # not the way this group breaks
+    (E1, T, "malformed", "outputs do not cover the slots"),  # no group is designed to be malformed
+    (E0, T, "lost", "fatal worker error: OverflowError('int too large to convert to float')"),  # issue 29's
+    (E0, T, "lost", "worker silent past worker_timeout"),  # a live worker's group, nothing explains it
+])
+def test_a_counted_failure_of_a_group_that_did_not_cause_it_fails_the_run(eid: str, worker: str, terminal: str,
+                                                                          reason: str) -> None:
+    records, truth = clean_history()
+    report = check(shipped(records), attempt(truth, eid, (2, worker, terminal, reason)), HSPEC)
+    found = [v for v in report.violations if "counted failure charged to a group that did not cause it" in v]
+    assert len(found) == 1 and report.charges == {"innocent": 1}, report.violations
+    assert all(x in found[0] for x in (f"entry {eid}", "attempt 2", worker, f"terminal {terminal}", reason[:20]))
+
+
+def test_a_poison_prompt_failing_in_either_engine_is_charged_to_it() -> None:
+    records, truth = clean_history()
+    _only(records, truth, E0)
+    _dead(truth, E1, S1)
+    attempt(truth, E1, (1, W, "failed", "test engine: poison prompt"),
+            (2, T, "failed", "request failed: scripted failure: the prompt contains '<poison>'"))
+    report = check(shipped(records), truth, PSPEC)
+    assert report.violations == [] and report.charges == {"poison": 2}
+
+
+@pytest.mark.parametrize("how", ["kill", "pause", "outage", "uncounted"])
+def test_a_lost_attempt_is_explained_by_what_happened_to_its_worker(how: str) -> None:
+    records, truth = shipped(clean_history()[0]), clean_history()[1]
+    reason = "worker silent past worker_timeout"
+    if how in ("kill", "pause"):
+        records.append(rec("signal", 3.0, "harness", slot="traj0", child=7, sig="SIGKILL" if how == "kill" else "SIGSTOP"))
+    elif how == "outage":
+        _outage(records, 3.0, 5.0)  # reaped 1 s after Redis came back: within the grace
+        truth.reaped = [{"worker": T, "ids": E0, "terminal": "lost", "stream_id": "6000-0"}]
+    else:
+        reason = "worker did not come back after a Redis outage (not counted)"
+    report = check(records, attempt(truth, E0, (1, T, "lost", reason)), HSPEC)
+    assert report.violations == []
+    assert report.charges == ({} if how == "uncounted" else {f"lost:{how}": 1})
+
+
+def test_a_hostile_group_may_be_dead_lettered_a_healthy_one_may_not() -> None:
+    records, truth = clean_history()
+    _only(records, truth, E0)
+    _dead(truth, E1, S1)
+    report = check(shipped(records), truth, HSPEC)
+    assert report.violations == [] and (report.dead, report.dead_hostile, report.dead_valid) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("code,killed,fails", [(0, False, False), (-9, True, False), (-15, False, False),
+                                               (-9, False, True), (1, False, True), (3, False, True)])
+def test_a_shipped_worker_ends_only_drained_or_killed(code: int, killed: bool, fails: bool) -> None:
+    records = shipped(clean_history()[0])
+    if killed:
+        records.append(rec("signal", 3.0, "harness", slot="traj0", child=7, sig="SIGKILL", kind="worker_kill"))
+    records.append(rec("exit", 3.1, "harness", slot="traj0", child=7, code=code))
+    found = [v for v in violations(records, clean_history()[1]) if "shipped worker traj0" in v]
+    assert bool(found) == fails, found
+
+
+def test_a_fatal_error_of_a_shipped_worker_fails_the_run() -> None:
+    records = shipped(clean_history()[0]) + [{**rec("fatal", 3.0, "traj", worker=T, error="OverflowError()"),
+                                              "pid": 7}]
+    assert any("stopped on a fatal error" in v for v in violations(records, clean_history()[1]))
+
+
+def pushes(*extra: dict[str, Any], seconds: float = 1.0, applied: int = 1) -> list[dict[str, Any]]:
+    """The clean history with one pushed version 1 (one round, done) that worker T applied."""
+    uri = "file:///chaos/weights/v1"
+    out = shipped(clean_history()[0]) + [
+        rec("push_invoke", 4.0, "pusher", version=1, uri=uri, deadline_s=2.0),
+        rec("push_ok", 4.0 + seconds, "pusher", version=1, acked=[T], dropped=[], rounds=[
+            {"epoch": 1, "outcome": "done", "seconds": seconds, "members": [T], "acked": [T], "unreached": [],
+             "error": None}]),
+        rec("publish_record", 5.5, "pusher", version=1, uri=uri),
+        {**rec("push_received", 5.0, "traj", worker=T, version=1, epoch=1), "pid": 7},
+        {**rec("weights_applied", 5.6, "traj", worker=T, version=applied, uri=f"file:///chaos/weights/v{applied}"),
+         "pid": 7},
+        rec("final_version", 9.0, "harness", version=1, live=[7], waited_s=0.1)]
+    return out + list(extra)
+
+
+def test_a_clean_push_passes() -> None:
+    report = check(pushes(), clean_history()[1], SPEC)
+    assert report.violations == [] and report.pushes["rounds"] == {"done": 1}
+
+
+@pytest.mark.parametrize("history,expected", [
+    (lambda: pushes(seconds=6.0), "past its 2.0 s deadline"),
+    (lambda: pushes(applied=2), "which no publisher asked the queue to record"),
+    (lambda: pushes(rec("push_invented_joined", 4.5, "pushfault", worker="chaos-invented:x", epoch=1, rank=2)),
+     "only live workers may take a rank"),
+    (lambda: pushes(rec("publish_record", 8.0, "pusher", version=2, uri="file:///chaos/weights/v2"),
+                    rec("final_version", 9.5, "harness", version=2, live=[7], waited_s=20)),
+     "is on version 1; the queue recorded 2"),
+    (lambda: pushes(rec("push_invoke", 8.0, "pusher", version=2, uri="u", deadline_s=2.0)), "never returned"),
+])
+def test_push_rules_fail_the_run(history: Any, expected: str) -> None:
+    found = violations(history(), clean_history()[1])
+    assert any(expected in v for v in found), found
+
+
+def test_a_retry_round_that_admits_an_unreached_member_fails_the_run() -> None:
+    records = pushes()
+    records[-5]["rounds"] = [
+        {"epoch": 1, "outcome": "failed", "seconds": 2.0, "members": [T, "g"], "acked": [], "unreached": ["g"],
+         "error": "timeout"},
+        {"epoch": 2, "outcome": "failed", "seconds": 2.0, "members": [T, "g"], "acked": [], "unreached": ["g"],
+         "error": "timeout"}]
+    assert any("which never reached the trainer" in v for v in violations(records, clean_history()[1]))
+
+
+def adv(line: list[str], predicted: str, outcome: str, ids: list[str], scope: str = "entry") -> dict[str, Any]:
+    return rec("adv_cmd", 2.5, "adversary", sent=2.5, command=line[0].lower(), key="src", line=line,
+               predicted=predicted, outcome=outcome, detail="", ids=ids, scope=scope)
+
+
+def test_a_command_the_rules_refuse_that_ran_fails_the_run_and_one_refused_passes() -> None:
+    records, truth = clean_history()
+    refused = check(records + [adv(["XACK", "src", "rollout", E0], "refused", "refused", [E0])], truth, SPEC)
+    assert refused.violations == [] and refused.adversary["refused"] == 1
+    ran = check(records + [adv(["XACK", "src", "rollout", E0], "refused", "ran", [E0])], truth, SPEC)
+    assert any("which role_rules refuses" in v for v in ran.violations)
+
+
+def test_a_violation_about_an_entry_an_adversary_command_touched_names_the_command() -> None:
+    """XACK of an entry a worker owns (what a worker credential may do on main): the group is lost,
+    and the checker says which command did it."""
+    records, truth = clean_history()
+    _only(records, truth, E0)
+    truth.ledger[E1] = f"a|1|{W}|executing"
+    report = check(records + [adv(["XACK", "rollout:{q}:src", "rollout", E1], "allowed", "ran", [E1])], truth, SPEC)
+    lost = [v for v in report.violations if f"group {S1} was neither committed nor dead-lettered" in v]
+    assert lost and "[the adversary's XACK rollout:{q}:src rollout" in lost[0]
+    assert report.adversary["violations_blamed"] >= 1

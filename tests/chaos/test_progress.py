@@ -125,3 +125,14 @@ def test_a_retried_attempt_does_not_move_the_backlog() -> None:
     p.feed(rec("reserve_ok", 4.0, grants=[["100-0", 2, "old", 1]]))  # a retry: not the backlog moving
     assert p.tick(5.9) == [] and abs(p.oldest_open(5.9) - 4.9) < 1e-9  # 'new' last moved at 1.0
     assert [g.sid for g in p.tick(6.5)] == ["new"]
+
+
+def test_a_shipped_worker_s_grant_and_abort_are_changes_of_the_group_its_submit_named() -> None:
+    """A shipped worker's events name the entry, never the source id (shipped.py): the submit did."""
+    p = Progress(bound_s=5.0)
+    p.feed(rec("submit_ok", 10.0, sids=[S0], ids=[E0]))
+    p.feed(rec("reserve_ok", 14.0, grants=[[E0, 1, None, 2]], shipped=True))
+    p.feed(rec("abort_ok", 18.0, eid=E0, attempt=1, shipped=True))
+    p.feed(rec("reserve_ok", 22.0, grants=[[E0, 2, None, 2]], shipped=True))
+    assert p.tick(26.0) == [] and p.oldest_open(26.0) == 4.0  # each was a change: no gap over 5 s
+    assert p.groups[S0].state == "executing"

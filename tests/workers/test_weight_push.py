@@ -331,6 +331,37 @@ def test_an_engine_generates_after_a_push_exactly_what_it_does_after_a_folder_re
         runner.run(engine.close(), timeout=120)
 
 
+def test_the_scripted_engine_takes_part_in_rounds_only_when_asked(queue: RolloutQueue, runner: Any) -> None:
+    """The test engine with ``push=True`` (what the chaos run's shipped workers use) joins a round over
+    real gloo like the model engines: it receives and stages, loads the recorded URI from what was
+    staged (counted in ``pushed_loads``), and a URI it was not pushed from its folder. Without
+    ``push`` it declares no support and refuses a ticket, as before."""
+    from rollout_queue.workers.engines.scripted import ScriptedEngine
+
+    plain = ScriptedEngine()
+    assert not plain.supports_push
+    with pytest.raises(WeightsError, match="push=True"):
+        runner.run(plain.receive_push(PushTicket(1, 1, 1, "/w/v1", "127.0.0.1:1", "gloo", 1000)), timeout=10)
+    engine = ScriptedEngine(push=True)
+    runner.run(engine.start(), timeout=120)
+    assert engine.supports_push
+    w = queue.worker("scripted")
+    w.heartbeat()
+    push = WeightPush(queue, join_s=5, deadline_s=20, host="127.0.0.1", expect=1)
+    thread, out = push_in_thread(push, {"w": torch.full((64,), 2.0)}, 2, "/weights/v2")
+    runner.run(engine.receive_push(wait_ticket(w)), timeout=60)
+    thread.join(30)
+    assert out["report"].acked == ("scripted",)
+    assert runner.run(engine.load_weights("/weights/v3"), timeout=10) and engine.pushed_loads == 0  # not pushed
+    assert runner.run(engine.load_weights("/weights/v2"), timeout=10) and engine.pushed_loads == 0  # taken: gone
+    thread, out = push_in_thread(push, {"w": torch.full((64,), 4.0)}, 4, "/weights/v4")
+    runner.run(engine.receive_push(wait_ticket(w, newer_than=3)), timeout=60)
+    thread.join(30)
+    assert runner.run(engine.load_weights("/weights/v4"), timeout=10) and engine.pushed_loads == 1
+    assert engine.weights_uri == "/weights/v4"
+    runner.run(engine.close(), timeout=10)
+
+
 # -- through the shipped worker processes ----------------------------------------------------------
 
 

@@ -10,8 +10,11 @@ what Redis holds at the end (commits stream, ledger, PEL, indexes, dlq). The che
 3. stuck = 0: nothing is owned at the end: empty PEL, ready, buffer, backlog and lease index; and,
    measured during the run (progress.py), no group went without an observable change for longer
    than the run's bound, derived from its timeouts and its longest outage.
-3b. dead letters are exactly the poison prompts: a valid group dead-lettered is a failure, whatever
-   its history says (an outage counted against its workers, issue 12 item 5, looks just like that).
+3b. dead letters only for groups that caused them (the poison prompts, and the hostile groups a
+   shipped worker ran): any other group dead-lettered is a failure, whatever its history says (an
+   outage counted against its workers, issue 12 item 5, looks just like that). And every counted
+   failure is charged to a group that caused it (charges.py): a counted failure of an innocent
+   group fails the run, naming entry, attempt, worker, terminal and reason.
 4. no late settlement was accepted: no settlement was accepted after a later attempt of the same
    entry had been reserved; every accepted settlement matches the receipt the ledger recorded
    (or a later attempt superseded it); the ledger's receipt of every committed entry is one its
@@ -28,6 +31,13 @@ what Redis holds at the end (commits stream, ledger, PEL, indexes, dlq). The che
    (``max_samples``), except one group alone to a worker that overcommits; a lease no bound can ever
    satisfy is refused with LeaseUnsatisfiable at once (the trainer's probe), and a partial lease
    within the bounds never is.
+8. the shipped workers never die of their groups: one exits 0 or by the nemesis's SIGKILL (or
+   SIGTERM before it handled signals), never with a fatal error.
+9. weight pushes (pushes.check_pushes): rounds end by their deadline, invented ids never join, a
+   member that never reached the trainer is left out of the retry, no worker applies a version no
+   publisher recorded, every live shipped worker ends on the last recorded version.
+10. a worker credential used adversarially (adversary.check_adversary): what the rules refuse is
+   refused, and every violation names the command that ran against its entry.
 It only reads; it never changes Redis or the logs.
 """
 
@@ -38,6 +48,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from rollout_queue.devtools.chaos import adversary, pushes
+from rollout_queue.devtools.chaos.charges import Charges
+from rollout_queue.devtools.chaos.envs import hostile_kind
 from rollout_queue.devtools.chaos.progress import Gap, Progress
 from rollout_queue.devtools.chaos.roles import HOLD_TIMEOUT_S, is_poison, source_id
 from rollout_queue.devtools.chaos.truth import Truth
@@ -60,6 +73,8 @@ class Spec:
     poison_every: int
     lease_timeout_s: float  # the run's QueueConfig.lease_timeout_s
     slack_s: float = 0.5
+    hostile_every: int = 0  # every k-th group is hostile to the shipped workers (envs.hostile_kind)
+    worker_timeout_s: float = 2.0
 
 
 @dataclass
@@ -76,6 +91,7 @@ class Report:
     late_refused: int = 0
     late_accepted: int = 0
     dead_valid: int = 0
+    dead_hostile: int = 0                     # hostile groups the shipped workers failed max_attempts times
     commits: int = 0
     commits_refused: int = 0
     rollbacks: int = 0
@@ -92,6 +108,10 @@ class Report:
     outages: list[dict[str, Any]] = field(default_factory=list)  # Redis down: how, planned and real length
     progress: dict[str, Any] = field(default_factory=dict)
     lost_acks: list[dict[str, Any]] = field(default_factory=list)
+    charges: dict[str, int] = field(default_factory=dict)      # counted failures by what they are charged to
+    shipped: dict[str, Any] = field(default_factory=dict)      # the shipped workers' settlements and exits
+    pushes: dict[str, Any] = field(default_factory=dict)
+    adversary: dict[str, Any] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -118,9 +138,10 @@ class History:
         self.reserves: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.sid_of: dict[str, str] = {}
         for rec in self.by_op["reserve_ok"]:
-            for eid, attempt, sid, *_ in rec["grants"]:  # [eid, attempt, sid] or [..., n]
+            for eid, attempt, sid, *_ in rec["grants"]:  # [eid, attempt, sid] or [..., n]; sid None: shipped
                 self.reserves[eid].append((attempt, rec["t"]))
-                self.sid_of[eid] = sid
+                if sid:
+                    self.sid_of[eid] = sid
         for rec in self.by_op["submit_ok"]:
             self.sid_of.update(zip(rec["ids"], rec["sids"]))
         self.leases = {rec["lease"]: rec for rec in self.by_op["lease_ok"]}
@@ -208,7 +229,8 @@ class Checker:
         for check in (self.check_processes, self.check_submits, self.check_commit_lines, self.check_dead,
                       self.check_groups, self.check_stuck, self.check_ledger, self.check_settlements,
                       self.check_late_commits, self.check_counters, self.check_downtime, self.check_bounds,
-                      self.check_trainer_refusals, self.check_progress):
+                      self.check_trainer_refusals, self.check_progress, self.check_charges, self.check_shipped,
+                      self.check_pushes, self.check_adversary):  # the adversary last: it blames the others
             check()
         return self.report
 
@@ -221,12 +243,13 @@ class Checker:
         for rec in self.h.by_op["crash"]:
             r.violate(f"{rec['role']} {rec['pid']} crashed with {rec['error_type']}: {rec['error']}")
         for rec in self.h.by_op["payload_mismatch"]:
-            r.violate(f"lease {rec['lease']} carried samples that are not the test engine's for their "
-                      f"attempt: {rec['ids']}")
+            r.violate(f"lease {rec['lease']} carried samples that are not what their attempt generated: "
+                      f"{rec.get('why') or rec['ids']}")
         r.unknown_exits = len(self.h.by_op["exit_unknown"])
         for rec in self.h.by_op["exit"]:
             # 0: done; 3: OutcomeUnknown (roles.py rule 1) or unreachable Redis (CLI); SIGKILL/SIGTERM: ours.
-            if rec.get("role") == "harness" and rec.get("code") not in (0, 3, -9, -15):
+            # A shipped worker is held to more (check_shipped).
+            if rec.get("role") == "harness" and rec.get("code") not in (0, 3, -9, -15) and not rec["slot"].startswith("traj"):
                 r.violate(f"{rec['slot']} (pid {rec['child']}) exited with code {rec['code']}: see its .out file")
         for role in ("producer", "worker", "trainer"):
             if not any(rec["role"] == role for rec in self.h.by_op["start"]):
@@ -299,14 +322,16 @@ class Checker:
             sid = source_id(spec.seed, i)
             poison = is_poison(i, spec.poison_every)
             leases = trained.get(sid, set())
+            hostile = not poison and hostile_kind(i, spec.hostile_every) is not None
             if sid in dead:
                 r.dead += 1
                 r.dead_poison += poison
-                if not poison:
+                r.dead_hostile += hostile
+                if not poison and not hostile:
                     r.dead_valid += 1
                     line = dead_lines[sid]
-                    r.violate(f"valid group {sid} ({line['entry_id']}) was dead-lettered: only poison prompts "
-                              f"may be; reason {line['reason']!r} at attempt {line['attempt']}, history "
+                    r.violate(f"valid group {sid} ({line['entry_id']}) was dead-lettered: only poison and hostile "
+                              f"groups may be; reason {line['reason']!r} at attempt {line['attempt']}, history "
                               f"{line['history']}")
                 if leases:
                     r.violate(f"group {sid} is both dead-lettered and trained in {sorted(leases)}")
@@ -342,6 +367,9 @@ class Checker:
     def check_ledger(self) -> None:
         r, h = self.report, self.h
         invoked = {(rec["eid"], rec["attempt"], rec["worker"]) for rec in h.ops("complete_invoke")}
+        # A shipped worker logs no invoke (no event precedes a settlement): a receipt it was granted.
+        invoked |= {(g[0], g[1], rec["worker"]) for rec in h.by_op["reserve_ok"] if rec.get("shipped")
+                    for g in rec["grants"]}
         # A receipt is granted once, unless a data loss (everysec) rolled the delivery count back and
         # the same (entry, attempt, worker) was granted again: only a refusal after the last grant counts.
         granted: dict[tuple[str, int, str], float] = {}
@@ -385,7 +413,8 @@ class Checker:
             op = rec["op"][:-3]
             sent = [t for t in invokes.get((op, rec["eid"], rec["attempt"], rec["worker"]), []) if t <= rec["t"]]
             t0 = max(sent, default=rec["t"])
-            earlier = h.superseded_before(rec["eid"], rec["attempt"], t0)
+            # A shipped worker's record is written when the answer came, not when the call was sent.
+            earlier = [] if rec.get("shipped") else h.superseded_before(rec["eid"], rec["attempt"], t0)
             if earlier and not all(self.in_window(t) for t in earlier):
                 r.violate(f"late {op} accepted: {rec['eid']} attempt {rec['attempt']} by {rec['worker']} "
                           f"sent at {t0:.3f}, after attempt {rec['attempt'] + 1}+ was reserved at {min(earlier):.3f}")
@@ -543,6 +572,41 @@ class Checker:
     def _gap_in_window(self, gap: Gap) -> bool:
         end = gap.end if gap.end is not None else float("inf")
         return any(w.loss_from - 0.05 <= end and gap.start <= w.kill_t + self.spec.slack_s for w in self.windows)
+
+
+    # -- 13. counted failures, shipped workers, pushes, the adversary ------------------------------
+
+    def check_charges(self) -> None:
+        Charges(self).run()
+
+    def check_shipped(self) -> None:
+        """A shipped worker never dies of its groups (issue 29): it exits 0 (drained), or by a SIGKILL
+        the harness sent (a fault, or a straggler at shutdown), or by SIGTERM before it handled
+        signals; never 1 (a fatal error) nor 3. Its settlements are counted by kind."""
+        r, h = self.report, self.h
+        killed = {rec["child"] for rec in h.by_op["signal"] if rec.get("sig") == "SIGKILL"}
+        exits = Counter[str]()
+        for rec in h.by_op["exit"]:
+            if rec.get("role") != "harness" or not rec["slot"].startswith("traj"):
+                continue
+            code = rec.get("code")
+            exits[str(code)] += 1
+            if code not in (0, -15) and not (code == -9 and rec["child"] in killed):
+                r.violate(f"shipped worker {rec['slot']} (pid {rec['child']}) exited with code {code}"
+                          f"{' without a SIGKILL from the harness' if code == -9 else ''}: see its .out file")
+        for rec in h.by_op["fatal"]:
+            r.violate(f"shipped worker {rec.get('worker')} stopped on a fatal error: {rec.get('error')}")
+        shipped = [rec for rec in h.ops("complete_ok", "fail_ok", "abort_ok", "complete_refused", "malformed")
+                   if rec.get("shipped")]
+        r.shipped = {"settled": dict(Counter(rec["op"] for rec in shipped)), "exits": dict(exits),
+                     "reserved": sum(len(rec["grants"]) for rec in h.by_op["reserve_ok"] if rec.get("shipped"))}
+
+    def check_pushes(self) -> None:
+        if self.h.by_op["push_invoke"] or self.h.by_op["weights_applied"]:
+            pushes.check_pushes(self)
+
+    def check_adversary(self) -> None:
+        adversary.check_adversary(self)
 
 
 def check(records: list[dict[str, Any]], truth: Truth, spec: Spec, progress: Progress | None = None) -> Report:

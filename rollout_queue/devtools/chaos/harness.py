@@ -2,9 +2,11 @@
 
 Owns the run's timeline: start Redis (LocalServer, AOF ``always`` or ``everysec``), open the queue,
 spawn the producer, P test-engine workers (each with its own slot count, some overcommitting), T
-trainers and R reapers (``python -m rollout_queue reaper``), inject faults until every group is
-settled or the fault phase ends, let the queue settle without faults, stop everything with SIGTERM,
-then run the checker on the logs and the Redis truth. While the run goes, the progress watchdog
+trainers and R reapers (``python -m rollout_queue reaper``), and what fleet.py adds (shipped
+workers, a pusher and a push-fault member, the adversary), inject faults until every group is
+settled or the fault phase ends, let the queue settle without faults, let the shipped workers catch
+up with the last version (fleet.converge), stop everything with SIGTERM, then run the checker on
+the logs and the Redis truth. While the run goes, the progress watchdog
 (progress.py) tails the logs and the commits/dlq streams and logs a ``stall`` line the moment any
 group has gone longer than the run's bound without an observable change; the checker fails the run
 on every such gap. It must not fix anything it finds: the checker's verdict is the run's result.
@@ -29,9 +31,9 @@ from rollout_queue import QueueConfig
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.local_server import LocalServer
 
-from rollout_queue.devtools.chaos import checker
+from rollout_queue.devtools.chaos import checker, fleet
 from rollout_queue.devtools.chaos.aof import AofTail
-from rollout_queue.devtools.chaos.nemesis import DEFAULT_WEIGHTS, FAULT_KINDS, Nemesis, NemesisConfig
+from rollout_queue.devtools.chaos.nemesis import DEFAULT_WEIGHTS, FAULT_KINDS, PUSH_KINDS, Nemesis, NemesisConfig
 from rollout_queue.devtools.chaos.oplog import LogTail, OpLog, read_logs
 from rollout_queue.devtools.chaos.progress import Progress, bound_for, replay
 from rollout_queue.devtools.chaos.roles import DEFAULT_SIZES
@@ -58,7 +60,7 @@ class RunConfig:
     worker_overcommit: tuple[bool, ...] = (True, False, True)
     worker_groups: int = 4                    # max_groups per reserve
     group_sizes: tuple[int, ...] = DEFAULT_SIZES  # each group's n is drawn from these (empty: the old 2-4)
-    trainers: int = 2                         # trainer 0 publishes weights; every trainer leases and checkpoints
+    trainers: int = 2                         # trainer 0 publishes weights (no pusher); all lease and checkpoint
     reapers: int = 2
     mode: str = "always"                      # appendfsync: 'always' or 'everysec'
     kind: str | None = None                   # 'redis' or 'valkey' (None: what is installed)
@@ -84,6 +86,27 @@ class RunConfig:
     # groups / submit_rate seconds on any machine, so faults land on work that is still in flight.
     submit_rate: float = 0.0
     log_dir: str | None = None                # kept when given; a temp dir removed on success otherwise
+    # Issue 29: shipped workers (``rollout_queue.workers``, the scripted engine, envs.ChaosEnv and
+    # chaos_reward) beside the test-engine ones, groups hostile to them, weight pushes, an adversary.
+    traj_workers: int = 0                     # shipped worker processes
+    traj_slots: int = 8                       # their --max-samples (and the scripted engine's concurrency)
+    hostile_every: int = 11                   # every k-th group is hostile to them (envs.hostile_kind; 0: none)
+    env_step_timeout_s: float = 1.0           # their --env-step-timeout; a hostile hang lasts 3 x it
+    pushes: bool = False                      # a pusher publishes the versions (trainer 0 then does not)
+    publish_interval_s: float = 3.0           # pusher: seconds between versions
+    push_every: int = 1                       # pusher: every k-th version also goes by torch.distributed push
+    push_join_s: float = 1.5
+    push_deadline_s: float = 5.0
+    unreachable_rate: float = 0.3             # pushfault: share of rounds a member that cannot connect joins
+    invented_rate: float = 1.0                # pushfault: share of rounds an id that never heartbeat tries
+    code_root: str | None = None              # run the children from this tree's package (chaos/ overlaid)
+    adversary_commands: str = ""              # only these attacks ("xack src,del meta"; '': every one)
+
+    def nemesis_weights(self) -> dict[str, float]:
+        """The kinds the nemesis draws: ``credential`` paces the adversary instead, and the push
+        faults need a pusher."""
+        return {k: v for k, v in self.weights.items()
+                if v > 0 and k != "credential" and (self.pushes or k not in PUSH_KINDS)}
 
     def max_outage_s(self) -> float:
         """The longest Redis is down in this run (a long outage if that fault is drawn, else a kill)."""
@@ -141,6 +164,8 @@ class RunResult:
             "late_settlements_refused": r.late_refused, "late_flag_accepted": r.late_accepted,
             "commits": r.commits, "commits_refused_lease_lost": r.commits_refused, "rollbacks": r.rollbacks,
             "outcome_unknown_exits": r.unknown_exits, "reaped": self.reaped, "stall_restarts": self.stall_restarts,
+            "dead_hostile": r.dead_hostile, "charges": r.charges, "shipped": r.shipped, "pushes": r.pushes,
+            "adversary": r.adversary,
             "acks_lost": len(lost_acks),
             "acks_lost_by_kind": dict(Counter(a["kind"] for a in lost_acks)),
             "acks_lost_unexplained": sum(not a["explained"] for a in lost_acks),
@@ -166,22 +191,18 @@ def _liveness(progress: Mapping[str, Any]) -> str:
     return f"no group without progress for longer than {bound} s (worst {worst} s)"
 
 
-def snapshot_code(dest: Path) -> Path:
+def snapshot_code(dest: Path, root: Path = ROOT) -> Path:
     """Copy the package the children import (rollout_queue, chaos inside it) into ``dest``: a run exercises
     one build from start to end, even while the working tree changes under it (a restarted worker
-    with other Lua would meet a queue that stores another library version)."""
-    shutil.copytree(ROOT / "rollout_queue", dest / "rollout_queue", ignore=shutil.ignore_patterns("__pycache__"))
+    with other Lua would meet a queue that stores another library version). With another ``root``
+    (an older tree: ``git archive <commit>``), its package runs under this harness's chaos/."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(root / "rollout_queue", dest / "rollout_queue", ignore=ignore)
+    if root != ROOT:
+        chaos = dest / "rollout_queue" / "devtools" / "chaos"
+        shutil.rmtree(chaos, ignore_errors=True)
+        shutil.copytree(Path(__file__).resolve().parent, chaos, ignore=ignore)
     return dest
-
-
-def _argv_role(role: str, url: str, queue: str, cfg: RunConfig, index: int, **extra: Any) -> Any:
-    def argv(log: Path) -> list[str]:
-        out = ["-m", "rollout_queue.devtools.chaos.roles", role, "--url", url, "--queue", queue, "--log", str(log),
-               "--seed", str(cfg.seed), "--index", str(index), "--worker-timeout-s", str(cfg.worker_timeout_s)]
-        for k, v in extra.items():
-            out += [f"--{k.replace('_', '-')}", str(v)]
-        return out
-    return argv
 
 
 def _argv_cli_reaper(url: str, queue: str) -> Any:
@@ -198,14 +219,17 @@ class Run:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log = OpLog(self.log_dir / "harness.jsonl", "harness")
         self.queue = f"chaos-{cfg.seed}-{int(time.time())}"
-        self.server = LocalServer(cfg.kind, appendfsync=cfg.mode,
-                                  extra_config=[("auto-aof-rewrite-percentage", "0")] if cfg.mode == "everysec" else [])
+        self.credential = fleet.Credential(self.queue, self.log_dir) if cfg.weights.get("credential", 0) > 0 else None
+        extra = [("auto-aof-rewrite-percentage", "0")] if cfg.mode == "everysec" else []
+        if self.credential is not None:
+            extra.append(("aclfile", str(self.credential.path)))
+        self.server = LocalServer(cfg.kind, appendfsync=cfg.mode, extra_config=extra)
         self.stall_restarts = 0
         self.end_t: float | None = None  # when the loop ended (wall clock): the watchdog judges up to here
 
     def start(self) -> None:
         cfg, url = self.cfg, self.server.start().url
-        code = snapshot_code(self.log_dir / "code")
+        code = snapshot_code(self.log_dir / "code", Path(cfg.code_root) if cfg.code_root else ROOT)
         self.sup = Supervisor(code, self.log_dir, self.log, self.rng)
         # The queue is created by the snapshot's code, so its stored library version is the one every
         # child brings (this process may have imported an older or newer rollout_queue).
@@ -216,33 +240,37 @@ class Run:
             raise RuntimeError(f"creating queue {self.queue} failed (exit {init}); see {self.log_dir}/init.out")
         self.log.write("run_start", config=asdict(cfg), queue=self.queue, url=url, kind=self.server.kind,
                        code=str(code))
-        self.sup.add(Slot("producer", 0, _argv_role("producer", url, self.queue, cfg, 0, groups=cfg.groups,
+        self.sup.add(Slot("producer", 0, fleet.role_argv("producer", url, self.queue, cfg, 0, groups=cfg.groups,
                                                     poison_every=cfg.poison_every, batch=32, backlog=96,
                                                     sizes=",".join(map(str, cfg.group_sizes)),
-                                                    rate=cfg.submit_rate, start_t=time.time())))
+                                                    rate=cfg.submit_rate, start_t=time.time(),
+                                                    hostile_every=cfg.hostile_every if cfg.traj_workers else 0,
+                                                    hang_s=fleet.hang_s(cfg))))
         for i in range(cfg.workers):
             slots = cfg.worker_slots[i % len(cfg.worker_slots)] if cfg.worker_slots else 0
             over = cfg.worker_overcommit[i % len(cfg.worker_overcommit)] if cfg.worker_overcommit else False
-            self.sup.add(Slot("worker", i, _argv_role("worker", url, self.queue, cfg, i, gen_ms=cfg.gen_ms,
+            self.sup.add(Slot("worker", i, fleet.role_argv("worker", url, self.queue, cfg, i, gen_ms=cfg.gen_ms,
                                                       max_samples=slots, overcommit=int(over),
                                                       max_groups=cfg.worker_groups)))
         probe = cfg.queue_config().max_completed_groups + 1  # no bound can ever allow it
         for i in range(cfg.trainers):
             # One trainer publishes weights (two would race for the same next version); all lease,
             # commit and checkpoint, so a checkpoint meets another trainer's open lease.
-            self.sup.add(Slot("trainer", i, _argv_role("trainer", url, self.queue, cfg, i, batch=cfg.lease_batch,
+            self.sup.add(Slot("trainer", i, fleet.role_argv("trainer", url, self.queue, cfg, i, batch=cfg.lease_batch,
                                                        train_ms=cfg.train_ms, lease_probe=probe,
-                                                       publish_every=5 if i == 0 else 0)))
+                                                       publish_every=5 if i == 0 and not cfg.pushes else 0)))
         for i in range(cfg.reapers):
             if cfg.cli_reaper:
                 self.sup.add(Slot("reaper", i, _argv_cli_reaper(url, self.queue), log_suffix=".reaper.log"))
             else:
-                self.sup.add(Slot("reaper", i, _argv_role("reaper", url, self.queue, cfg, i)))
+                self.sup.add(Slot("reaper", i, fleet.role_argv("reaper", url, self.queue, cfg, i)))
+        fleet.add_roles(self, url)
         self.aof = AofTail(self.server.dir).start() if cfg.mode == "everysec" else None
+        keys = QueueKeys(self.queue)
         self.nemesis = Nemesis(self.sup, self.server, self.log, self.rng, NemesisConfig(
-            interval_s=cfg.fault_interval_s, weights=cfg.weights, worker_timeout_s=cfg.worker_timeout_s,
+            interval_s=cfg.fault_interval_s, weights=cfg.nemesis_weights(), worker_timeout_s=cfg.worker_timeout_s,
             loss_window_s=cfg.loss_window_s if cfg.mode == "everysec" else None,
-            outage_factor=cfg.outage_factor), self.aof)
+            outage_factor=cfg.outage_factor), self.aof, push_keys=(keys["push"], keys["push_members"]))
         self.watch = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
         self.progress = Progress(cfg.progress_bound_s())
         self.tail = LogTail(self.log_dir)
@@ -333,6 +361,7 @@ class Run:
         end_t = self.end_t or time.time()
         self.log.write("loop_end", finished=finished, end_t=end_t)
         self.nemesis.release_all()
+        fleet.converge(self)
         self.sup.stop_all()
         if self.aof:
             self.aof.stop()
@@ -347,10 +376,9 @@ class Run:
         _settle_truth(self.progress, truth)
         self.progress.finish(end_t)
         records = read_logs(self.log_dir)
-        report = checker.check(records, truth, checker.Spec(self.cfg.groups, self.cfg.seed, self.cfg.poison_every,
-                                                           lease_timeout_s=self.cfg.lease_timeout_s),
-                               self.progress)
+        report = checker.check(records, truth, spec_of(asdict(self.cfg)), self.progress)
         faults = Counter(self.nemesis.counts)
+        faults["credential"] = sum(rec["op"] == "adv_cmd" and rec["outcome"] != "unavailable" for rec in records)
         self.log.write("run_end", finished=finished, ok=report.ok, duration_s=duration)
         return RunResult(asdict(self.cfg), report, dict(faults), duration, finished, str(self.log_dir),
                          _reaped(self.log_dir, records), self.stall_restarts, self.stalls_live)
@@ -383,6 +411,13 @@ def _reaped(log_dir: Path, records: list[dict[str, Any]]) -> dict[str, int]:
     return dict(totals)
 
 
+def spec_of(cfg: Mapping[str, Any]) -> checker.Spec:
+    """What the checker must know of a run's config (a RunConfig as its run_start record has it)."""
+    return checker.Spec(cfg["groups"], cfg["seed"], cfg["poison_every"], lease_timeout_s=cfg["lease_timeout_s"],
+                        hostile_every=cfg.get("hostile_every", 0) if cfg.get("traj_workers") else 0,
+                        worker_timeout_s=cfg["worker_timeout_s"])
+
+
 def run(cfg: RunConfig, keep_logs: bool = False) -> RunResult:
     """Run one chaos run and check it. Logs are removed on success unless kept or a dir was given."""
     r = Run(cfg)
@@ -402,7 +437,7 @@ def recheck(log_dir: Path) -> checker.Report:
     """Run the checker again on a finished run's logs and saved Redis truth (no Redis needed)."""
     records = read_logs(log_dir)
     cfg = next(rec["config"] for rec in records if rec["op"] == "run_start")
-    spec = checker.Spec(cfg["groups"], cfg["seed"], cfg["poison_every"], lease_timeout_s=cfg["lease_timeout_s"])
+    spec = spec_of(cfg)
     truth = load_truth(log_dir / "truth.json")
     bound = next((rec["bound_s"] for rec in records if rec["op"] == "progress_bound"), None)
     end = next((rec["end_t"] for rec in records if rec["op"] == "loop_end"), None)

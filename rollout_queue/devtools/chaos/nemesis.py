@@ -18,6 +18,12 @@ Kinds (DESIGN, Failure handling; issue 6):
                 other faults (and the supervisor's restarts) go on while Redis is down.
   conn_kill     CLIENT KILL one connection of a worker, the trainer or the producer: a call in
                 flight loses its reply after Redis ran it, so the client's retry must replay
+  push_member_kill   SIGKILL a shipped worker while it is a member of a weights push round (open or
+                sealed, not yet closed): the round ends for the others by its deadline, its retry
+                reaches the live members that missed it (waits up to PUSH_AIM_S for such a round)
+  push_member_pause  the same with SIGSTOP, SIGCONT after worker_timeout_s + 1-2.5 s
+The worker faults (worker_kill, worker_pause) hit test-engine and shipped workers alike. The
+``credential`` weight is not drawn here: it paces the adversary process (adversary.py; harness.py).
 Every fault is written to the harness log with its wall-clock time; the checker uses them.
 It owns no process itself: it signals the supervisor's slots and the LocalServer it was given.
 """
@@ -41,9 +47,14 @@ from rollout_queue.devtools.chaos.oplog import OpLog
 from rollout_queue.devtools.chaos.supervisor import Slot, Supervisor
 
 FAULT_KINDS = ("worker_kill", "worker_pause", "trainer_kill", "reaper_kill", "redis_kill", "redis_outage",
-               "conn_kill")
+               "conn_kill", "push_member_kill", "push_member_pause", "credential")
+#: Kinds that need a role of the run: the push faults a pusher, credential the adversary (its pace).
+PUSH_KINDS = ("push_member_kill", "push_member_pause")
 DEFAULT_WEIGHTS: Mapping[str, float] = {"worker_kill": 3, "worker_pause": 2, "trainer_kill": 2,
-                                        "reaper_kill": 1, "redis_kill": 1.2, "redis_outage": 0.6, "conn_kill": 3}
+                                        "reaper_kill": 1, "redis_kill": 1.2, "redis_outage": 0.6, "conn_kill": 3,
+                                        "push_member_kill": 0.5, "push_member_pause": 0.5, "credential": 0}
+#: Roles whose processes the worker faults hit: the test-engine workers and the shipped ones.
+WORKER_ROLES = ("worker", "traj")
 #: Two Redis kills at least this far apart: each restart must replay and settle before the next.
 REDIS_KILL_SPACING_S = 3.0
 #: A long outage starts at least this long after the last restart: the clients reconnect, the
@@ -51,6 +62,8 @@ REDIS_KILL_SPACING_S = 3.0
 REDIS_OUTAGE_SPACING_S = 8.0
 #: A drawn outage waits up to this long for work in flight (see Nemesis._redis_outage).
 OUTAGE_AIM_S = 5.0
+#: A drawn push-member fault waits up to this long for a round with a shipped worker as a member.
+PUSH_AIM_S = 15.0
 
 
 @dataclass
@@ -62,6 +75,12 @@ class NemesisConfig:
     redis_down_s: tuple[float, float] = (0.2, 1.5)
     outage_factor: tuple[float, float] = (1.5, 3.0)  # redis_outage: down this many x worker_timeout_s
     cover_all: bool = True                     # begin with one fault of every kind (in seeded order)
+
+
+def _member_pid(worker_id: bytes) -> int | None:
+    """The pid in a shipped worker's id (``chaos-t<i>:<pid>:<nonce>``), or None for any other member."""
+    parts = worker_id.decode(errors="replace").split(":")
+    return int(parts[1]) if len(parts) == 3 and parts[0].startswith("chaos-t") and parts[1].isdigit() else None
 
 
 def _last_op(slot: Slot) -> str | None:
@@ -81,8 +100,9 @@ def _last_op(slot: Slot) -> str | None:
 
 class Nemesis:
     def __init__(self, sup: Supervisor, server: LocalServer, log: OpLog, rng: random.Random,
-                 cfg: NemesisConfig, aof: AofTail | None = None) -> None:
+                 cfg: NemesisConfig, aof: AofTail | None = None, push_keys: tuple[str, str] = ("", "")) -> None:
         self.sup, self.server, self.log, self.rng, self.cfg, self.aof = sup, server, log, rng, cfg, aof
+        self.push_keys = push_keys  # the queue's push and push:members keys (read raw, never written)
         self.counts: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
         self.next_at = time.monotonic() + rng.expovariate(1 / cfg.interval_s)
@@ -94,6 +114,8 @@ class Nemesis:
         self.outage_kinds = ["stop", "kill"]
         rng.shuffle(self.outage_kinds)  # which the first outage is comes from the seed; then they alternate
         self.outages: list[dict[str, object]] = []  # every finished outage: how, planned and real length
+        self.push_aim: tuple[str, float] | None = None  # (kind, until): a push-member fault waiting for a round
+        self.push_polled = 0.0
         self.admin = redis.Redis.from_url(server.url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self.cover = [k for k in FAULT_KINDS if cfg.cover_all and cfg.weights.get(k, 0) > 0]
         self.first_round = list(self.cover)
@@ -110,6 +132,9 @@ class Nemesis:
             self._try_trainer_kill(now)
         if self.outage_aim_until is not None:
             self._try_outage(now)
+        if self.push_aim is not None and now - self.push_polled >= 0.05:
+            self.push_polled = now
+            self._try_push_member(now)
         if active and now >= self.next_at:
             kind = self._next_kind()
             landed = getattr(self, f"_{kind}")(now)
@@ -143,12 +168,12 @@ class Nemesis:
 
     # -- the faults: each returns True when it was injected --------------------------------------
 
-    def _pick(self, role: str) -> Slot | None:
-        slots = self.sup.running(role)
+    def _pick(self, *roles: str) -> Slot | None:
+        slots = self.sup.running(*roles)
         return self.rng.choice(slots) if slots else None
 
     def _worker_kill(self, now: float) -> bool:
-        slot = self._pick("worker")
+        slot = self._pick(*WORKER_ROLES)
         return slot is not None and self.sup.signal(slot, signal.SIGKILL, "worker_kill")
 
     def _reaper_kill(self, now: float) -> bool:
@@ -156,14 +181,54 @@ class Nemesis:
         return slot is not None and self.sup.signal(slot, signal.SIGKILL, "reaper_kill")
 
     def _worker_pause(self, now: float) -> bool:
-        slot = self._pick("worker")
-        if slot is None:
-            return False
+        slot = self._pick(*WORKER_ROLES)
+        return slot is not None and self._pause(slot, now, "worker_pause")
+
+    def _pause(self, slot: Slot, now: float, kind: str, **extra: object) -> bool:
         pause = self.cfg.worker_timeout_s + self.rng.uniform(1.0, 2.5)
-        if not self.sup.signal(slot, signal.SIGSTOP, "worker_pause", pause_s=round(pause, 3)):
+        if not self.sup.signal(slot, signal.SIGSTOP, kind, pause_s=round(pause, 3), **extra):
             return False
         self.conts.append((now + pause, slot))
         return True
+
+    def _push_member_kill(self, now: float) -> bool | None:
+        return self._aim_push("push_member_kill", now)
+
+    def _push_member_pause(self, now: float) -> bool | None:
+        return self._aim_push("push_member_pause", now)
+
+    def _aim_push(self, kind: str, now: float) -> bool | None:
+        if self.push_aim is not None or not self.sup.running("traj"):
+            return False
+        self.push_aim = (kind, now + PUSH_AIM_S)
+        return None  # counted when it lands (see _try_push_member)
+
+    def _try_push_member(self, now: float) -> None:
+        """The aimed push-member fault, once a round still in progress has a running shipped worker
+        as a member (the member's pid is in its worker id: shipped.worker_id)."""
+        assert self.push_aim is not None
+        kind, until = self.push_aim
+        try:
+            state, epoch = self.admin.hmget(self.push_keys[0], "state", "epoch")
+            members = self.admin.hkeys(self.push_keys[1]) if state in (b"open", b"sealed") else []
+        except redis.RedisError:
+            members = []
+        by_pid = {s.pid: s for s in self.sup.running("traj")}
+        targets = [by_pid[pid] for pid in (_member_pid(m) for m in members) if pid in by_pid]
+        if not targets:
+            if now > until:
+                self.push_aim = None
+                self.skipped[kind] += 1
+                if kind in self.cover and not self.counts[kind]:
+                    self.first_round.insert(0, kind)  # the cover round tries it again after the others
+            return
+        self.push_aim = None
+        slot = self.rng.choice(targets)
+        epoch_n = int(epoch or 0)
+        landed = (self.sup.signal(slot, signal.SIGKILL, kind, epoch=epoch_n) if kind == "push_member_kill"
+                  else self._pause(slot, now, kind, epoch=epoch_n))
+        if landed:
+            self.counts[kind] += 1
 
     def _trainer_kill(self, now: float) -> bool | None:
         if self.trainer_kill_until is not None or not self.sup.running("trainer"):

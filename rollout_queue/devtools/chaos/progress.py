@@ -105,7 +105,7 @@ class BacklogHead:
 # The state a group waits in after each observed operation.
 _STATE_AFTER = {"submit_ok": "backlog", "reserve_ok": "executing", "complete_ok": "completed",
                 "fail_ok": "ready", "complete_refused": "ready", "fail_refused": "ready", "lease_ok": "leased",
-                "commit_refused": "ready", "rollback_ok": "ready"}
+                "commit_refused": "ready", "rollback_ok": "ready", "abort_ok": "ready"}
 
 
 @dataclass
@@ -134,7 +134,10 @@ class Progress:
             self._resolve()
         elif op == "reserve_ok":
             for grant in rec["grants"]:
-                eid, attempt, sid = grant[0], int(grant[1]), grant[2]
+                # A shipped worker's grant names no source id (its event has none): the submit did.
+                eid, attempt, sid = grant[0], int(grant[1]), grant[2] or self.sid_of.get(grant[0])
+                if sid is None:
+                    continue
                 self.sid_of[eid] = sid
                 if (eid, attempt) not in self.attempts:  # a replayed reserve is no change
                     self.attempts.add((eid, attempt))
@@ -143,7 +146,7 @@ class Progress:
                         self.head.granted(key, t)
                     self._change(sid, t, "executing")
             self._resolve()
-        elif op in ("complete_ok", "fail_ok", "complete_refused", "fail_refused"):
+        elif op in ("complete_ok", "fail_ok", "complete_refused", "fail_refused", "abort_ok"):
             sid = rec.get("sid") or self.sid_of.get(rec.get("eid", ""))
             if sid:
                 self._change(sid, t, _STATE_AFTER[op])

@@ -23,6 +23,7 @@ reaper`` runs) and copies its log records into the operation log.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import random
@@ -58,6 +59,7 @@ from rollout_queue import (
 from rollout_queue.ops.reaper import run_reaper
 from rollout_queue.demo.walkthrough import test_engine_generate
 
+from rollout_queue.devtools.chaos.envs import POISON_MARK, hostile_kind, trajectory_mismatch
 from rollout_queue.devtools.chaos.oplog import OpLog
 
 #: Longer than any Redis restart or outage of a run (kill, clean stop, down for up to 3 x
@@ -94,11 +96,18 @@ def is_poison(i: int, poison_every: int) -> bool:
     return poison_every > 0 and i % poison_every == poison_every - 1
 
 
-def source_group(seed: int, i: int, poison_every: int, sizes: Sequence[int] | None = None) -> SourceGroup:
+def source_group(seed: int, i: int, poison_every: int, sizes: Sequence[int] | None = None, hostile_every: int = 0,
+                 hang_s: float = 0.0) -> SourceGroup:
     """Group ``i`` of a run: ``group_n`` parent slots; every ``poison_every``-th prompt makes the test
-    engine fail (so it must end as a dead letter with its reasons)."""
-    return SourceGroup(source_id(seed, i), f"chaos prompt {seed}/{i}", n=group_n(seed, i, sizes),
-                       metadata={"i": i, "poison": is_poison(i, poison_every)})
+    engine and the scripted engine fail (so it must end as a dead letter with its reasons); every
+    ``hostile_every``-th breaks the shipped worker's environment or reward in its own way
+    (envs.py; a test-engine worker completes it like any other). ``turns``: the model turns of its
+    trajectory when a shipped worker runs it; ``hang_s``: how long a hanging tool call of it hangs."""
+    poison = is_poison(i, poison_every)
+    prompt = f"chaos prompt {seed}/{i}" + (f" {POISON_MARK}" if poison else "")
+    hostile = None if poison else hostile_kind(i, hostile_every)
+    return SourceGroup(source_id(seed, i), prompt, n=group_n(seed, i, sizes),
+                       metadata={"i": i, "poison": poison, "hostile": hostile, "turns": 1 + i % 3, "hang_s": hang_s})
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -106,12 +115,12 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-def _connect(args: argparse.Namespace, name: str) -> RolloutQueue:
+def connect(args: argparse.Namespace, name: str) -> RolloutQueue:
     # client_name lets the nemesis find this process's connection in CLIENT LIST (CLIENT KILL).
     return RolloutQueue.from_url(args.url, args.queue, retry=RETRY, client_name=name)
 
 
-def _stop_event() -> threading.Event:
+def stop_event() -> threading.Event:
     stop = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -122,7 +131,7 @@ def _stop_event() -> threading.Event:
     return stop
 
 
-def _guarded(log: OpLog, body: Callable[[], None]) -> int:
+def guarded(log: OpLog, body: Callable[[], None]) -> int:
     """Run a role's loop; map its ending to an exit code and a last log line (rule 1 and 3)."""
     try:
         body()
@@ -146,10 +155,10 @@ def run_producer(args: argparse.Namespace) -> int:
     group j is submitted no earlier than ``--start-t`` + j / rate (wall clock, so a restarted
     producer catches up to where the pace stands instead of pacing from 0 again)."""
     log = OpLog(args.log, "producer")
-    stop = _stop_event()
+    stop = stop_event()
 
     def body() -> None:
-        q = _connect(args, f"chaos-producer:{os.getpid()}|work")
+        q = connect(args, f"chaos-producer:{os.getpid()}|work")
         log.write("start", groups=args.groups)
         sizes = parse_sizes(args.sizes)
         i = 0
@@ -161,7 +170,7 @@ def run_producer(args: argparse.Namespace) -> int:
             if q.stats().backlog >= args.backlog:
                 stop.wait(0.05)
                 continue
-            batch = [source_group(args.seed, j, args.poison_every, sizes)
+            batch = [source_group(args.seed, j, args.poison_every, sizes, args.hostile_every, args.hang_s)
                      for j in range(i, min(i + args.batch, args.groups))]
             sids = [g.source_id for g in batch]
             log.write("submit_invoke", sids=sids)
@@ -171,7 +180,7 @@ def run_producer(args: argparse.Namespace) -> int:
         if i >= args.groups:
             log.write("done", groups=args.groups)
 
-    return _guarded(log, body)
+    return guarded(log, body)
 
 
 # -- worker --------------------------------------------------------------------------------------
@@ -231,12 +240,12 @@ def run_worker(args: argparse.Namespace) -> int:
     worker_id = f"chaos-w{args.index}:{os.getpid()}:{secrets.token_hex(2)}"
     log = OpLog(args.log, "worker", worker=worker_id, max_samples=args.max_samples,
                 overcommit=bool(args.overcommit))
-    stop = _stop_event()
+    stop = stop_event()
     rng = random.Random(f"{args.seed}:{worker_id}")
     beat = HeartbeatThread(args, worker_id, log)
 
     def body() -> None:
-        q = _connect(args, f"{worker_id}|work")
+        q = connect(args, f"{worker_id}|work")
         w = q.worker(worker_id)
         log.write("start")
         beat.start()
@@ -257,7 +266,7 @@ def run_worker(args: argparse.Namespace) -> int:
         requeued, dead = w.close()
         log.write("close_ok", requeued=requeued, dead=dead)
 
-    return _guarded(log, body)
+    return guarded(log, body)
 
 
 # -- trainer -------------------------------------------------------------------------------------
@@ -272,19 +281,25 @@ def _next_step(q: RolloutQueue) -> int:
     return int(step) + 1 if step else 1
 
 
-def _payload_mismatches(lease: Any) -> list[str]:
-    """Entry ids whose samples are not what the test engine generates for that exact attempt:
-    the trainer must train the completion of the receipt the ledger recorded, nothing else."""
-    bad = []
+def _payload_mismatches(lease: Any) -> dict[str, str]:
+    """Entry ids whose samples are not what the test engine generates for that exact attempt, or,
+    for a trajectory (a shipped worker's sample), not what a healthy chaos environment gives
+    (envs.trajectory_mismatch): the trainer must train the completion of the receipt the ledger
+    recorded, nothing else, and never a hostile group's."""
+    bad = {}
     for g in lease.groups:
-        slots = sorted(s.slot for s in g.samples)
-        ok = slots == list(range(g.group.n))
+        whys = [] if sorted(s.slot for s in g.samples) == list(range(g.group.n)) else ["slots do not cover n"]
         for s in g.samples:
+            if s.turns:
+                whys.append(trajectory_mismatch(dict(g.group.metadata), s.token_ids, s.logprobs, s.reward, s.turns)
+                            or "")
+                continue
             probe = Reservation(Receipt(g.entry_id, g.attempt, "chaos-check"), g.group, s.version)
             want = test_engine_generate(probe, s.slot)
-            ok = ok and want.token_ids == s.token_ids and want.reward == s.reward
-        if not ok:
-            bad.append(g.entry_id)
+            if want.token_ids != s.token_ids or want.reward != s.reward:
+                whys.append(f"slot {s.slot} is not the test engine's sample for attempt {g.attempt}")
+        if any(whys):
+            bad[g.entry_id] = "; ".join(sorted({w for w in whys if w}))
     return bad
 
 
@@ -319,7 +334,7 @@ def _train_one(q: RolloutQueue, trainer_id: str, step: int, args: argparse.Names
     log.write("lease_ok", lease=lease.lease_id, members=members, version=lease.version)
     bad = _payload_mismatches(lease)
     if bad:
-        log.write("payload_mismatch", lease=lease.lease_id, ids=bad)
+        log.write("payload_mismatch", lease=lease.lease_id, ids=list(bad), why=bad)
     log.write("train_begin", lease=lease.lease_id, step=step)
     time.sleep(rng.uniform(args.train_ms / 4, args.train_ms) / 1000)  # "training": the kill window
     ids = [m[0] for m in members]
@@ -359,32 +374,41 @@ def _checkpoint(q: RolloutQueue, step: int, log: OpLog) -> bool:
     return True
 
 
-def _weight_update(q: RolloutQueue, log: OpLog) -> None:
-    """The weight-update boundary through an admission hold. A hold that expired first (the update
-    took longer than its timeout while Redis was up, or a crash lost it) is logged and the update
-    waits for the next step; the checker fails the run when it was lost with less than its timeout
-    of Redis's up-time behind it (downtime must not expire a hold)."""
+def weights_uri(version: int) -> str:
+    """Where a version's weights are: the same for a version whoever publishes it (the scripted
+    engine loads any URI; a pushed version is applied from what was staged for this URI)."""
+    return f"file:///chaos/weights/v{version}"
+
+
+def weight_update(q: RolloutQueue, log: OpLog, version: int | None = None) -> None:
+    """The weight-update boundary through an admission hold: record ``version`` (default: the next
+    one). A hold that expired first (the update took longer than its timeout while Redis was up, or
+    a crash lost it) is logged and the update waits for the next step; the checker fails the run
+    when it was lost with less than its timeout of Redis's up-time behind it (downtime must not
+    expire a hold). ``publish_record`` is written before the version is recorded: no worker may
+    apply a version no publisher ever asked to record."""
     log.write("publish_invoke", hold_timeout_s=HOLD_TIMEOUT_S)
     try:
         with q.hold(timeout_s=HOLD_TIMEOUT_S) as hold:
             log.write("hold_open", hold=hold.hold_id, waiting=hold.waiting)
             drained = hold.wait_terminal(timeout_s=2.0)
-            version = q.version + 1
-            hold.record_weight_update(version, f"file:///chaos/weights/v{version}")
+            version = q.version + 1 if version is None else version
+            log.write("publish_record", version=version, uri=weights_uri(version))
+            hold.record_weight_update(version, weights_uri(version))
     except HoldLost as exc:
         log.write("publish_refused", hold=exc.hold_id)
         return
-    log.write("publish_ok", version=version, drained=drained)
+    log.write("publish_ok", version=version, uri=weights_uri(version), drained=drained)
 
 
 def run_trainer(args: argparse.Namespace) -> int:
     trainer_id = f"chaos-trainer:{os.getpid()}:{secrets.token_hex(2)}"
     log = OpLog(args.log, "trainer", trainer=trainer_id)
-    stop = _stop_event()
+    stop = stop_event()
     rng = random.Random(f"{args.seed}:{trainer_id}")
 
     def body() -> None:
-        q = _connect(args, f"{trainer_id}|work")
+        q = connect(args, f"{trainer_id}|work")
         step = _next_step(q)
         log.write("start", step=step)
         if args.lease_probe > 0:
@@ -396,10 +420,10 @@ def run_trainer(args: argparse.Namespace) -> int:
             if owed or step % args.checkpoint_every == 0:
                 owed = not _checkpoint(q, step, log)  # refused: try again after the next step
             if args.publish_every > 0 and step % args.publish_every == 0:
-                _weight_update(q, log)
+                weight_update(q, log)
             step += 1
 
-    return _guarded(log, body)
+    return guarded(log, body)
 
 
 # -- reaper --------------------------------------------------------------------------------------
@@ -419,16 +443,16 @@ class _ToOpLog(logging.Handler):
 
 def run_reaper_role(args: argparse.Namespace) -> int:
     log = OpLog(args.log, "reaper")
-    stop = _stop_event()
+    stop = stop_event()
     logging.getLogger("rollout_queue.ops.reaper").addHandler(_ToOpLog(log))
     logging.getLogger("rollout_queue.ops.reaper").setLevel(logging.INFO)
 
     def body() -> None:
-        q = _connect(args, f"chaos-reaper{args.index}:{os.getpid()}|reap")
+        q = connect(args, f"chaos-reaper{args.index}:{os.getpid()}|reap")
         log.write("start")
         run_reaper(q, args.reap_interval_s, stop)
 
-    return _guarded(log, body)
+    return guarded(log, body)
 
 
 def run_init(args: argparse.Namespace) -> int:
@@ -440,12 +464,20 @@ def run_init(args: argparse.Namespace) -> int:
         RolloutQueue.from_url(args.url, args.queue, config, retry=RETRY).close()
         log.write("start", rollout_queue=rollout_queue.__file__)
 
-    return _guarded(log, body)
+    return guarded(log, body)
+
+
+#: role -> "module:function" of its entry point; the modules apart from this one import only when
+#: their role runs (pushes.py imports torch, which a test-engine worker must never pay for).
+ROLES = {"producer": "roles:run_producer", "worker": "roles:run_worker", "trainer": "roles:run_trainer",
+         "reaper": "roles:run_reaper_role", "init": "roles:run_init", "traj": "shipped:run_shipped",
+         "pusher": "pushes:run_pusher", "pushfault": "pushes:run_pushfault", "adversary": "adversary:run_adversary"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rollout_queue.devtools.chaos.roles", description=__doc__.split("\n")[0])
-    parser.add_argument("role", choices=["init", "producer", "worker", "trainer", "reaper"])
+    parser = argparse.ArgumentParser(prog="python -m rollout_queue.devtools.chaos.roles", description=__doc__.split("\n")[0],
+                                     epilog="traj: the shipped worker's own options follow a `--`")
+    parser.add_argument("role", choices=sorted(ROLES))
     parser.add_argument("--config", default="{}", help="init: the queue config in its stored form (JSON)")
     parser.add_argument("--url", required=True)
     parser.add_argument("--queue", required=True)
@@ -473,14 +505,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--publish-every", type=int, default=5, help="trainer: 0 = never publish weights")
     parser.add_argument("--reap-interval-s", type=float, default=0.5)
+    parser.add_argument("--hostile-every", type=int, default=0,
+                        help="producer: every k-th group breaks the shipped worker's environment or reward (envs.py)")
+    parser.add_argument("--hang-s", type=float, default=0.0, help="producer: how long a hostile tool call hangs")
+    parser.add_argument("--publish-interval-s", type=float, default=3.0, help="pusher: seconds between versions")
+    parser.add_argument("--push-every", type=int, default=1, help="pusher: every k-th version also goes by push")
+    parser.add_argument("--push-join-s", type=float, default=1.5)
+    parser.add_argument("--push-deadline-s", type=float, default=5.0)
+    parser.add_argument("--push-expect", type=int, default=0, help="pusher: seal once this many joined (0: all live)")
+    parser.add_argument("--push-floats", type=int, default=4096, help="pusher: float32s pushed per version")
+    parser.add_argument("--unreachable-rate", type=float, default=0.0,
+                        help="pushfault: share of rounds joined by a live member that cannot reach the trainer")
+    parser.add_argument("--invented-rate", type=float, default=0.0,
+                        help="pushfault: share of rounds an id that never heartbeat tries to join")
+    parser.add_argument("--user", default="", help="adversary: the ACL user (the worker role's)")
+    parser.add_argument("--password", default="", help="adversary: its password")
+    parser.add_argument("--interval-s", type=float, default=1.0, help="adversary: mean seconds between commands")
+    parser.add_argument("--until", type=float, default=float("inf"), help="adversary: wall-clock time to stop at")
+    parser.add_argument("--commands", default="", help="adversary: only these, e.g. 'xack src,evalsha script'")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    role = {"producer": run_producer, "worker": run_worker, "trainer": run_trainer,
-            "reaper": run_reaper_role, "init": run_init}[args.role]
-    return role(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:cut])
+    module, _, name = ROLES[args.role].partition(":")
+    home = sys.modules[__name__] if module == "roles" else importlib.import_module(f"rollout_queue.devtools.chaos.{module}")
+    role = getattr(home, name)
+    return role(args, argv[cut + 1:]) if args.role == "traj" else role(args)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from rollout_queue.devtools.chaos.oplog import OpLog
 
@@ -101,8 +101,8 @@ class Supervisor:
             if restart and slot.restart_at is not None and now >= slot.restart_at:
                 self.spawn(slot)
 
-    def running(self, role: str) -> list[Slot]:
-        return [s for s in self.slots if s.role == role and s.pid is not None and not s.paused]
+    def running(self, *roles: str) -> list[Slot]:
+        return [s for s in self.slots if s.role in roles and s.pid is not None and not s.paused]
 
     def signal(self, slot: Slot, sig: signal.Signals, kind: str, **extra: object) -> bool:
         pid = slot.pid
@@ -116,17 +116,19 @@ class Supervisor:
         self.log.write("signal", slot=slot.name, child=pid, sig=sig.name, kind=kind, **extra)
         return True
 
-    def stop_all(self, timeout_s: float = 15.0) -> None:
-        """SIGCONT the paused, SIGTERM everyone (workers close and requeue), SIGKILL stragglers."""
-        for slot in self.slots:
+    def stop_all(self, roles: Iterable[str] | None = None, timeout_s: float = 15.0) -> None:
+        """SIGCONT the paused, SIGTERM everyone (or the slots of ``roles``: workers close and
+        requeue), SIGKILL stragglers; a stopped slot is never restarted."""
+        slots = [s for s in self.slots if roles is None or s.role in roles]
+        for slot in slots:
             slot.restart_at = None
             if slot.pid is not None:
                 if slot.paused:
                     self.signal(slot, signal.SIGCONT, "shutdown")
                 self.signal(slot, signal.SIGTERM, "shutdown")
         deadline = time.monotonic() + timeout_s
-        for slot in self.slots:
-            if slot.proc is None:
+        for slot in slots:
+            if slot.proc is None or slot.done:
                 continue
             try:
                 slot.proc.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -7,7 +7,7 @@ redis-py commands. It never calls a queue script and never writes. Key names com
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,10 @@ class Truth:
     commits: list[dict[str, str]]              # one line per committed lease: lease, ids, step, ..., stream_id
     dlq: list[dict[str, Any]]                  # entry_id, source_id, reason, attempt, history (decoded), stream_id
     meta: dict[str, str]
+    # entry_id -> its attempts ({a, w, t, r, ms}, the last 32) and counted failures (DESIGN key history)
+    history: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reaped: list[dict[str, str]] = field(default_factory=list)  # the reaped stream: worker, ids, terminal, stream_id
+    push: dict[str, str] = field(default_factory=dict)          # the last push round's record
 
     @property
     def backlog(self) -> list[str]:
@@ -60,6 +64,18 @@ def _dlq_line(fields: dict[bytes, bytes], stream_id: Any = b"") -> dict[str, Any
             "reason": _s(f.get("reason", b"")), "attempt": int(f.get("attempt", b"0") or 0),
             "worker": _s(f.get("worker", b"")), "history": history if isinstance(history, list) else [],
             "stream_id": _s(stream_id)}
+
+
+def _history(raw: bytes) -> dict[str, Any]:
+    """One entry's history value ({"f": counted failures, "h": attempts}); garbage reads as none."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {"f": None, "h": [], "garbage": _s(raw)[:200]}
+    if isinstance(value, list):  # the older bare list
+        return {"f": None, "h": value}
+    return value if isinstance(value, dict) and isinstance(value.get("h"), list) else {"f": None, "h": [],
+                                                                                         "garbage": _s(raw)[:200]}
 
 
 def observe(url: str, queue: str) -> Truth:
@@ -89,6 +105,9 @@ def observe(url: str, queue: str) -> Truth:
                      for i, f in r.xrange(keys["commits"])],
             dlq=[_dlq_line(f, i) for i, f in r.xrange(keys["dlq"])],
             meta={_s(k): _s(v) for k, v in r.hgetall(keys["meta"]).items()},
+            history={_s(k): _history(v) for k, v in r.hgetall(keys["history"]).items()},
+            reaped=[{**{_s(k): _s(v) for k, v in f.items()}, "stream_id": _s(i)} for i, f in r.xrange(keys["reaped"])],
+            push={_s(k): _s(v) for k, v in r.hgetall(keys["push"]).items()},
         )
     finally:
         r.close()

@@ -11,7 +11,10 @@ finishes, aborts, weight loads.
 It keeps base.py's rules like a real engine: one sample per call; aborts are data
 (``finish_reason="abort"`` with the tokens "so far"); cancelling the caller aborts the request;
 at most ``max_concurrency`` requests run, the rest wait in arrival order; after a fatal error every
-waiting and future call raises ``EngineError``. It never imports torch.
+waiting and future call raises ``EngineError``. It never imports torch, except with ``push=True``:
+then it takes part in weights pushes like the torch and vLLM engines (it receives and stages every
+round's tensors, and a version recorded with the pushed URI is loaded from what was staged, which
+``pushed_loads`` counts; there is no model to put them in), for chaos runs and drills of pushes.
 
 Vocabulary: 0 ``<pad>``, 1 ``<s>``, 2 ``</s>``, then byte ``b`` is token ``b + 3``; ``encode``
 prepends ``<s>``, so any text round-trips through ``decode``.
@@ -21,14 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rollout_queue.core.errors import WeightsError
 from rollout_queue.core.models import PushTicket
+from rollout_queue.workers.engines._push import PushStage
 from rollout_queue.workers.engines.base import EngineError, FinishReason, RequestFailed, SampleOutput, SamplingConfig
 
 BOS, EOS, OFFSET = 1, 2, 3
@@ -74,6 +80,7 @@ class ScriptedEngine:
         block_loop_s: float = 0.0,
         block_loop_calls: int | None = None,
         seed: int = 0,
+        push: bool = False,
     ) -> None:
         if max_concurrency < 1 or tokens < 0:
             raise ValueError("max_concurrency must be >= 1 and tokens >= 0")
@@ -87,6 +94,9 @@ class ScriptedEngine:
         self.refuse_load = refuse_load  # URIs containing it are refused before anything is applied
         self.block_loop_s, self.block_loop_calls = block_loop_s, block_loop_calls
         self.weights_uri = model
+        self.push = push
+        self._push: PushStage[Any] = PushStage()
+        self.pushed_loads = 0  # versions loaded from a push staged for their URI
         self.loads: list[str] = []
         self.calls = self.finished = self.aborted = self.failed = 0
         self.running = self.peak_running = 0
@@ -109,6 +119,8 @@ class ScriptedEngine:
     async def start(self) -> None:
         if self._closed:
             raise EngineError("the engine is closed")
+        if self.push:  # now, not inside the first round, whose deadline must not pay for the import
+            await asyncio.to_thread(importlib.import_module, "torch.distributed")
         self._started = True
 
     def encode(self, prompt: str) -> list[int]:
@@ -148,14 +160,18 @@ class ScriptedEngine:
 
     @property
     def supports_push(self) -> bool:
-        return False  # it holds no tensors: its workers load every version by URI
+        return self.push  # without push=True its workers load every version by URI
 
     @property
     def prefills_per_step(self) -> bool:
         return False  # no prefill to share: a sample's cost does not depend on who starts with it
 
     async def receive_push(self, ticket: PushTicket) -> None:
-        raise WeightsError("the scripted engine holds no tensors to push into")
+        if not self.push:
+            raise WeightsError("the scripted engine takes part in pushes only with push=True")
+        from rollout_queue.weights.push import receive
+
+        await self._push.receive(ticket.uri, asyncio.to_thread(receive, ticket))
 
     async def check_weights(self, uri: str) -> None:
         self._check_usable()
@@ -170,6 +186,8 @@ class ScriptedEngine:
         await self.check_weights(uri)
         if self.load_latency_s:
             await asyncio.sleep(self.load_latency_s)
+        if await self._push.take(uri) is not None:
+            self.pushed_loads += 1
         self.weights_uri = uri
         self.loads.append(uri)
         return True
