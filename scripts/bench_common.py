@@ -8,6 +8,7 @@ targets; those live in the scenario modules and in bench.py.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import random
@@ -40,6 +41,16 @@ def store_run(path: Path, name: str, environment: Mapping[str, Any], **body: Any
     store_section(path, name, {"command": command, "date": time.strftime("%Y-%m-%d"),
                                "environment": dict(environment), **body})
     print(f"wrote the {name} section of {path}; now run python scripts/bench_tables.py")
+
+
+def write_rows(name: str, environment: Mapping[str, Any], rows: Any, json_path: str | None,
+               results: str | os.PathLike[str] | None) -> None:
+    """A benchmark's rows with its environment: to ``json_path``, and as section ``name`` of the
+    ``results`` file (store_run), each when given."""
+    if json_path:
+        Path(json_path).write_text(json.dumps({"environment": dict(environment), "rows": rows}, indent=2))
+    if results:
+        store_run(Path(results), name, environment, rows=rows)
 
 
 def store_section(path: Path, name: str, result: Mapping[str, Any]) -> None:

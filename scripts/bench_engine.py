@@ -514,17 +514,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['tokens_per_s']:>9.0f} {row['x_bare']:>7.3f} {row.get('versions', 0):>8}   "
                   f"x bare {row['x_bare_min']:.3f} - {row['x_bare_max']:.3f}   {cores_text(row['cores'])}   "
                   f"{steps_text(row['engine_steps'])}", flush=True)
-    from bench_common import run_environment, store_run
+    from bench_common import run_environment, write_rows
 
     env = run_environment(load, groups=a.groups, n=a.n, max_tokens=a.max_tokens, slots=a.slots,
                           publish_every_s=a.publish_every, target=TARGET, repeats=a.repeats,
                           **({"max_waiting": a.max_waiting} if a.max_waiting is not None else {}))
     print(f"target: queue >= {TARGET:.2f} x bare; load average {env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f}, "
           f"{env['cpus']} CPUs")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"environment": env, "rows": rows}, indent=2))
-    if a.results:
-        store_run(Path(a.results), "engine", env, rows=rows)
+    write_rows("engine", env, rows, a.json, a.results)
     return 0
 
 

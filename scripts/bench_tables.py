@@ -6,7 +6,7 @@
 A region is the text between ``<!-- bench:NAME -->`` and ``<!-- /bench -->`` in one of DOCS; NAME
 picks its renderer (RENDERERS below). ``scripts/bench.py`` writes the scenarios and targets of
 results.json, ``scripts/cluster_bench.py`` its ``cluster`` section, and bench_engine, bench_trl,
-bench_overlap and bench_weights (with ``--results benchmarks/results.json``) theirs; after any of
+bench_overlap, bench_weights and bench_waste (with ``--results benchmarks/results.json``) theirs; after any of
 them, run this script and commit the docs with the results. ``tests/docs/test_docs.py`` runs ``--check``.
 
 Standard library only: the check runs in the default test suite without Redis.
@@ -264,6 +264,48 @@ def render_weights(results: dict[str, Any]) -> str:
                      "x folder"], "lrrlrrrrr", rows))
 
 
+# -- scripts/bench_waste.py ------------------------------------------------------------------------
+
+WASTE_HEAD = ("engine", "workload", "arm", "steps", "s/step", "trained tokens", "gen / trained", "aborted",
+              "evicted", "other", "KS", "long decile", "wait max", "wait p99", "never trained", "long trained")
+
+
+def waste_cells(r: dict[str, Any]) -> list[str]:
+    """One arm's cells (bench_waste.py prints the same while it runs)."""
+    if "error" in r:
+        return [r["engine"], r["workload"], r["arm"], "failed: " + r["error"][:120]] + [""] * (len(WASTE_HEAD) - 4)
+
+    def f(x: float, digits: int = 2) -> str:
+        return "n/a" if x is None or x != x else f"{x:.{digits}f}"
+
+    exits = [c for c in r.get("exit_codes", []) if c != 0]
+    flags = ((" (stalled)" if r["stalled"] else "") + (" (drain deadline)" if r["drain_deadline"] else "")
+             + (f" (worker exit {', '.join(map(str, exits))})" if exits else ""))
+    return [r["engine"], r["workload"], r["arm"] + flags, str(r["steps"]), f(r["s_per_step"]),
+            f"{r['trained_tokens']:,}", f(r["gen_per_trained"]), f(r["aborted_per_trained"]),
+            f(r["evicted_per_trained"]), f(r["other_per_trained"]), f(r["ks"]), f(r["long_decile"]),
+            str(r["wait_max"]), f(r["wait_p99"], 1), str(r["never_trained"]),
+            f"{r['long_trained']} / {r['long_first']}"]
+
+
+def render_waste(results: dict[str, Any]) -> str:
+    s = section(results, "waste", "scripts/bench_waste.py")
+    env = s["environment"]
+    head = ran(s) + (f"{env['steps']} steps of {env['batch_groups']} groups x {env['n']} samples per arm, a version "
+                     f"every step, `max_staleness={env['max_staleness']}`, {env['turn_tokens']} tokens per model turn; "
+                     + "; ".join(f"{e}: {x['workers']} worker{'s' if x['workers'] > 1 else ''} x {x['slots']} slots, "
+                                 f"{x['train_s']:g} s per step"
+                                 + (f", {x['turn_s']:g} s per turn" if x.get("turn_s") else "")
+                                 for e, x in env["engines"].items()) + ".\n\n")
+    engine = results.get("engine")
+    bare = next((r for r in engine["rows"] if (r["engine"], r["arm"]) == ("vllm", "queue+weights")), None) if engine else None
+    tail = ("" if bare is None else
+            f"\nvLLM through the queue with a version every {engine['environment']['publish_every_s']:g} s: "
+            f"{bare['x_bare']:.3f}x bare (`{engine['command'].strip()}`, {engine['date']}; the goal is >= 0.9).\n")
+    return head + table(list(WASTE_HEAD), "lll" + "r" * (len(WASTE_HEAD) - 3),
+                        [waste_cells(r) for r in s["rows"]]) + tail
+
+
 # -- scripts/cluster_bench.py ---------------------------------------------------------------------
 
 
@@ -357,6 +399,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "trl": render_trl,
     "overlap": render_overlap,
     "weights": render_weights,
+    "waste": render_waste,
     "cluster-environment": render_cluster_environment,
     "cluster": render_cluster,
     "cluster-ratios": render_cluster_ratios,

@@ -61,12 +61,23 @@ class Output:
         return self.finish_reason == "abort"
 
 
+def _per_ending() -> dict[str, int]:
+    """One counter per way an attempt ends: each verdict's, and ``stale``."""
+    return dict.fromkeys([v.counter for v in VERDICTS] + ["stale"], 0)
+
+
 @dataclass
 class RuntimeStats:
-    """Counters a test or a log line reads; ``reserves`` lists (monotonic time, groups granted)."""
+    """Counters a test or a log line reads; ``reserves`` lists (monotonic time, groups granted).
+
+    ``generated``: tokens the engine produced for the attempts settled, by how each ended (the keys of
+    ``settled``), aborted requests' partial outputs included and observations not: what the worker
+    kept (``completed``) and what it threw away. Tokens of requests cut by a cancellation (a fatal
+    error) are unknown and not counted. The worker reports them when it closes (``WorkerClosed``)."""
 
     reserves: list[tuple[float, int]] = field(default_factory=list)
-    settled: dict[str, int] = field(default_factory=lambda: dict.fromkeys([v.counter for v in VERDICTS] + ["stale"], 0))
+    settled: dict[str, int] = field(default_factory=_per_ending)
+    generated: dict[str, int] = field(default_factory=_per_ending)
     weight_updates: int = 0
     weight_refusals: int = 0  # versions whose weights the engine refused (nothing applied)
     pushes_received: int = 0  # versions received over torch.distributed (weights/push.py)
@@ -105,6 +116,8 @@ class Attempt:
     #: what the engine raised under one of this attempt's own requests (not RequestFailed): the
     #: runtime counts an engine failure against this attempt only (execution.engine_request)
     engine_error: BaseException | None = None
+    #: tokens the engine returned for this attempt's requests so far (execution.engine_request)
+    generated_tokens: int = 0
 
     @property
     def receipt(self) -> Receipt:
@@ -161,18 +174,22 @@ class Settler:
         try:
             outcome = await verdict.send(self.worker, a.receipt)
         except StaleReceipt as exc:
-            self.stats.settled["stale"] += 1
+            self._count("stale", a)
             self.emit(StaleSettlement(a.receipt, str(exc)))
             return
         except MalformedCompletion as exc:  # the script already ended it malformed and requeued it
-            self.stats.settled[Fail.counter] += 1
+            self._count(Fail.counter, a)
             self.emit(CompletionRefused(a.receipt, str(exc)))
             return
         except PayloadTooLarge as exc:  # nothing was written and we still own it: fail it instead
             await self.settle(a, Fail(str(exc)))
             return
-        self.stats.settled[verdict.counter] += 1
+        self._count(verdict.counter, a)
         self.emit(Settled(a.receipt, verdict, outcome))
+
+    def _count(self, ending: str, a: Attempt) -> None:
+        self.stats.settled[ending] += 1
+        self.stats.generated[ending] += a.generated_tokens
 
 
 def to_sample(slot: int, out: Output, reward: float | None) -> Sample:

@@ -138,16 +138,22 @@ class CloseFailed(_Fatal):
 
 @dataclass(frozen=True)
 class WorkerClosed(Event):
+    """The worker returned its work and deregistered. ``generated``: RuntimeStats.generated at close,
+    the tokens its engine produced by how their attempts ended, logged as ``tokens_<ending>`` (what a
+    benchmark adds up to compare generated with trained tokens: scripts/bench_waste.py)."""
+
     terminal: str
     requeued: int
     dead: int
     reconciled: int
     settled: tuple[tuple[str, int], ...]  # RuntimeStats.settled at close, as pairs
+    generated: tuple[tuple[str, int], ...] = ()  # RuntimeStats.generated at close, as pairs
     message: ClassVar[str] = "worker closed"
 
     def log_fields(self) -> dict[str, Any]:
         return {"terminal": self.terminal, "requeued": self.requeued, "dead": self.dead,
-                "reconciled": self.reconciled, **dict(self.settled)}
+                "reconciled": self.reconciled, **dict(self.settled),
+                **{f"tokens_{ending}": tokens for ending, tokens in self.generated}}
 
 
 @dataclass(frozen=True)

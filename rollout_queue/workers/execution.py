@@ -35,14 +35,18 @@ async def engine_request(engine: Engine, a: Attempt, request_id: str, prompt: Se
                          params: SamplingConfig) -> SampleOutput:
     """``engine.generate`` for one of ``a``'s requests. Anything it raises but ``RequestFailed`` (and
     a cancellation) is the engine failing under this request: kept as ``a.engine_error`` before it
-    propagates, so the runtime can tell the attempt it is attributed to (DESIGN, Failure handling)."""
+    propagates, so the runtime can tell the attempt it is attributed to (DESIGN, Failure handling).
+    The tokens it returns, an aborted request's partial ones too, are added to ``a.generated_tokens``:
+    every engine request of an attempt passes here, single turns and trajectory turns alike."""
     try:
-        return await engine.generate(request_id, prompt, params)
+        out = await engine.generate(request_id, prompt, params)
     except RequestFailed:
         raise
     except Exception as exc:
         a.engine_error = exc
         raise
+    a.generated_tokens += len(out.token_ids)
+    return out
 
 
 class AttemptExecutor:

@@ -347,7 +347,8 @@ class WorkerRuntime:
             self._emit(CloseFailed(exc))
             self._fatal = self._fatal or exc
             return
-        self._emit(WorkerClosed(terminal, requeued, dead, self.stats.reconciled, tuple(self.stats.settled.items())))
+        self._emit(WorkerClosed(terminal, requeued, dead, self.stats.reconciled, tuple(self.stats.settled.items()),
+                                tuple(self.stats.generated.items())))
 
     async def _close_engine(self) -> None:
         try:

@@ -4,12 +4,15 @@ starts."""
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from rollout_queue.devtools.local_server import LocalServer
+from tests.helpers import wait_until
 from tests.workers.runtime_helpers import (
     RuntimeThread,
     open_queue,
@@ -18,7 +21,7 @@ from tests.workers.runtime_helpers import (
     train,
     worker_server,  # noqa: F401  # a fixture, used by name
 )
-from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig
 from rollout_queue.workers.engines.scripted import ScriptedEngine
 from rollout_queue.workers.events import (
     DrainRequested,
@@ -137,3 +140,54 @@ def test_a_drain_requested_during_start_up_is_kept_and_an_observer_error_changes
     assert states(seen) == [(S.STARTING, S.DRAINING), (S.DRAINING, S.CLOSING), (S.CLOSING, S.STOPPED)]
     st = q.stats()
     assert not [e for e in seen if isinstance(e, Reserved)] and (st.ready + st.backlog, st.completed) == (1, 0)
+
+
+class Producing(ScriptedEngine):
+    """Counts the tokens of every output it hands back, by finish reason: what the worker must report."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.produced: Counter[str] = Counter()
+
+    async def generate(self, request_id: str, prompt_token_ids: Any, params: SamplingConfig) -> SampleOutput:
+        out = await super().generate(request_id, prompt_token_ids, params)
+        self.produced[out.finish_reason] += len(out.token_ids)
+        return out
+
+
+def first_attempts_long(prompt: str, request_id: str) -> float:
+    """Request ids are <entry>/<attempt>/<slot>: a first attempt runs 30 s, a retry at once."""
+    return 30.0 if request_id.split("/")[1] == "1" else 0.0
+
+
+def first_attempts_many(prompt: str, request_id: str) -> str:
+    """A first attempt would write 30,000 tokens in its 30 s (one a millisecond), a retry two."""
+    return "x" * 30_000 if request_id.split("/")[1] == "1" else "ok"
+
+
+def test_a_closed_worker_reports_the_tokens_its_engine_generated_by_how_each_attempt_ended(
+        url: str, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 30's waste count: tokens of attempts a weight update aborted are reported as aborted (the
+    partial outputs the engine handed back, exactly), those trained as completed, at close and in
+    the `worker closed` log line, so a benchmark can add up every token generated."""
+    q = open_queue(url, name, max_attempts=1)  # an aborted attempt never counts: no dead letter
+    submit(q, 2, n=2)
+    engine = Producing(latency_fn=first_attempts_long, text_fn=first_attempts_many)
+    events: list[Event] = []
+    opts = WorkerOptions(block_ms=200, sampling=SamplingConfig(max_tokens=30_000), weights_mode="abort")
+    rt = RuntimeThread(WorkerRuntime(url, name, engine, opts, on_event=events.append)).start()
+    wait_until(lambda: engine.running == 4, 10, message="four first-attempt requests running")
+    q.publish_version(1, "file:///weights/v1")  # aborts them mid-generation
+    committed, trained = train(q, {"g-0", "g-1"})
+    with caplog.at_level(logging.INFO, logger="rollout_queue.workers.runtime"):
+        assert rt.drain() is None
+    closed = next(e for e in events if isinstance(e, WorkerClosed))
+    generated = dict(closed.generated)
+    assert generated == rt.runtime.stats.generated
+    assert generated["aborted"] == engine.produced["abort"] > 0  # the partial outputs, every token of them
+    assert generated["completed"] == engine.produced["stop"] == sum(len(s.token_ids) for g in trained for s in g.samples)
+    assert sum(generated.values()) == sum(engine.produced.values())
+    assert dict(closed.settled)["aborted"] == 2 and {g.attempt for g in trained} == {2}
+    (line,) = [r for r in caplog.records if r.getMessage() == "worker closed"]
+    fields = line.fields  # type: ignore[attr-defined]
+    assert (fields["tokens_aborted"], fields["tokens_completed"]) == (generated["aborted"], generated["completed"])

@@ -233,6 +233,8 @@ def test_a_broken_environment_fails_the_attempt_with_its_reason_until_dead_lette
 
 
 def test_a_drain_mid_step_aborts_the_trajectory_uncounted(url: str, name: str) -> None:
+    """...and the worker counts the tokens of its finished model turn as generated and thrown away
+    (aborted), and of a trajectory trained its model turns only, never the observations."""
     q = open_queue(url, name, max_attempts=1)
     q.submit([SourceGroup("g", "hang then finish", 1)])
     rt = start(url, name, envs.HangingAsync, step_timeout_s=60, drain_timeout_s=0.3)
@@ -241,10 +243,13 @@ def test_a_drain_mid_step_aborts_the_trajectory_uncounted(url: str, name: str) -
     assert rt.drain() is None  # the drain deadline aborts the step in flight: within the 60 s step timeout
     st = q.stats()
     assert (st.ready, st.dead, st.terminals["aborted"]) == (1, 0, 1)  # max_attempts=1: an abort never counts
+    assert rt.runtime.stats.generated["aborted"] == len(ids("m0.")) and sum(rt.runtime.stats.generated.values()) == 3
     rt = start(url, name, envs.ScriptedTool)
     committed, (g,) = train(q, {"g"})
     assert rt.drain() is None
     assert committed == {"g": 1} and g.attempt == 2 and g.samples[0].turns
+    assert rt.runtime.stats.generated["completed"] == g.samples[0].model_tokens == len(ids("m0.m1.m2."))
+    assert g.samples[0].model_tokens < len(g.samples[0].token_ids)  # the observations were not generated
 
 
 def test_a_worker_killed_mid_trajectory_is_reaped_and_the_group_trained_once(url: str, name: str) -> None:

@@ -1,0 +1,328 @@
+"""Waste (issue 30, section 4): tokens generated per token trained, the lengths trained and how long
+groups wait, through the shipped processes, one arm per configuration.
+
+Each arm is one run on a private Redis (``LocalServer``): ``rollout-queue worker`` processes
+(``python -m rollout_queue.workers`` with the row's engine, ``--json-logs``), the producer
+(``run_producer`` on a thread, a JSONL dataset under a backlog bound), the reaper (``run_reaper``
+on a thread) and a trainer (this process) that leases ``batch_groups`` groups, spends ``train_s``
+on its "optimizer step", commits, and publishes a new policy version, every step. Admission is held
+closed until every worker is up. After the last step the producer stops, the workers drain
+(SIGTERM: what is in flight finishes into the buffer) and whatever fresh completion is still
+buffered is *left over*: leased once more (a lease evicts what went stale) and rolled back.
+
+Arms differ by configuration only (``ARMS``; ``--arm NAME=JSON`` adds one): the workers'
+``--weights-mode`` and any other worker options, changes to the queue's config (``admission``:
+``batch_groups`` = the lease size, under the staleness bound) and whether versions are published.
+``reference`` publishes none: nothing is aborted, goes stale or is evicted, and it trains on until
+every one of the plan's first ``steps x batch_groups`` groups is trained; their lengths are what the
+other arms' trained lengths are compared with (the same prompts, no updates). keep-kv runs on vLLM
+only: the torch engine keeps its KV in every mode and the scripted engine has none.
+
+Workloads, multi-turn so that every engine runs them (``--env``, the classes below):
+``heavy``: one group in ten is 10-30 model turns, the others one (10-30x the median length);
+``tool``: two model turns around a tool call of 1.5 s on 4 early prompts and 20 ms on the rest
+(issue 30's long/short environment).
+
+Figures per arm (bench_tables.py renders them into docs/PERFORMANCE.md):
+
+- ``gen/trained``: the tokens the engines generated (the ``tokens_<ending>`` of each worker's
+  ``worker closed`` log line: workers/events.py) less those left over, over the tokens trained
+  (the committed samples' model tokens). Per trained token, what was not trained: ``aborted``
+  (partial outputs of aborted attempts), ``evicted`` (completed, then evicted as stale by the reaper
+  or a lease, or on overflow: completed tokens neither trained nor left over), ``other`` (failed,
+  filtered, stale receipts).
+- ``KS``: the two-sample Kolmogorov-Smirnov distance between the trained samples' lengths (model
+  tokens) and the reference's lengths of the plan's first ``steps x batch_groups`` groups;
+  ``long decile``: the share of trained samples at or above the reference's 90th percentile length,
+  over the reference's own share (1.0: the longest decile trained as often as it occurs).
+- ``wait``: steps from the step a group was submitted at (the producer's call) to the step that
+  trained it, max and p99 over the groups trained; ``never``: of the plan's first ``steps x
+  batch_groups`` groups (what a waste-free FIFO run trains), those not trained by the end; ``long``:
+  of the long ones among them, those trained.
+
+Tokens count over an arm's whole run; lengths, waits and groups never trained over its first
+``steps`` steps (the reference trains on past them only for its lengths). An arm whose trainer has
+not done its steps after twice their own time plus a minute is ended there, ``stalled``; one whose
+workers all exited ends at once, and a worker that did not drain cleanly shows its exit code.
+
+    python scripts/bench_waste.py --results benchmarks/results.json   # full run (~12 min on 2 cores)
+    python scripts/bench_waste.py --quick                             # scripted arms only, < 1 min
+    python scripts/bench_waste.py --engines scripted --arms reference,default --steps 20
+    python scripts/bench_waste.py --arm 'pace={"weights_mode": "continue", "queue": {"batch_groups": 4}}'
+
+vLLM's throughput through the queue with a version every 2 s is scripts/bench_engine.py's
+``queue+weights`` row (its table shows it; the waste table quotes it). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from rollout_queue.workers.environments import ModelTurn, Step
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a bar per published version otherwise
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+ENGINES = ("scripted", "torch", "vllm")
+#: vLLM's context: the longest trajectory (30 turns of 16 tokens after a prompt of ~15) with room.
+MAX_MODEL_LEN = 1024
+
+
+# -- the workloads' environments (imported by the worker processes: --env bench_waste:Turns) ----------
+
+
+class Turns:
+    """``heavy``: ``metadata["turns"]`` model turns, no observation between them (the model goes on)."""
+
+    def __init__(self) -> None:
+        self.turns = 1
+
+    def reset(self, group: Any, slot: int) -> None:
+        self.turns = int(group.metadata.get("turns", 1))
+
+    def step(self, turn: ModelTurn) -> Step:
+        return Step(done=turn.index + 1 >= self.turns)
+
+
+class SlowTool:
+    """``tool``: after the first model turn a tool call of ``metadata["tool_s"]`` seconds (blocking, on
+    the environment's own thread as every synchronous call), then the answer turn."""
+
+    def __init__(self) -> None:
+        self.tool_s = 0.02
+
+    def reset(self, group: Any, slot: int) -> None:
+        self.tool_s = float(group.metadata.get("tool_s", 0.02))
+
+    def step(self, turn: ModelTurn) -> Step:
+        if turn.index == 0:
+            time.sleep(self.tool_s)  # the tool's own latency: what this workload is about
+            return Step(observation=" tool: ok.")
+        return Step(done=True)
+
+
+def heavy_records(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """One long group (10-30 turns) at a random place in every ten, the others one turn."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    for i in range(count):
+        if i % 10 == 0:
+            long_at = i + rng.randrange(10)
+        long = i == long_at
+        out.append({"id": f"h{i:06d}", "prompt": f"Story {i}: once upon a time", "kind": "long" if long else "short",
+                    "turns": rng.randint(10, 30) if long else 1})
+    return out
+
+
+def tool_records(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Four long groups among the first 32 (a 1.5 s tool call), every other one 20 ms."""
+    long = {3, 11, 19, 27}
+    return [{"id": f"t{i:06d}", "prompt": f"Task {i}: call the tool, then answer.",
+             "kind": "long" if i in long else "short", "tool_s": 1.5 if i in long else 0.02} for i in range(count)]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The worker's ``--env``, the dataset's records (the first ``count``), the most model turns."""
+
+    env: str
+    records: Callable[[int], list[dict[str, Any]]]
+    max_turns: int
+
+
+WORKLOADS = {"heavy": Workload("bench_waste:Turns", heavy_records, 30),
+             "tool": Workload("bench_waste:SlowTool", tool_records, 2)}
+
+
+# -- arms and sizes ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration. ``queue``: QueueConfig fields over the bench's own; ``admission``: admission
+    control sized from the lease (``batch_groups``) under the staleness bound."""
+
+    weights_mode: str = "abort"
+    admission: bool = False
+    updates: bool = True
+    queue: Mapping[str, Any] = field(default_factory=dict)
+    worker_args: tuple[str, ...] = ()
+    engines: tuple[str, ...] = ENGINES
+
+
+ARMS: dict[str, Arm] = {
+    "reference": Arm(updates=False),
+    "default": Arm(),  # today's defaults: --weights-mode abort, no admission control
+    "continue": Arm(weights_mode="continue"),
+    "keep-kv": Arm(weights_mode="keep-kv", engines=("vllm",)),
+    "admission": Arm(admission=True),
+}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Per engine: worker processes, engine slots each, seconds of a trainer step (generation can make
+    about twice what it consumes), (scripted) seconds of a model turn, and the workloads run when
+    ``--workloads`` names none (the tool workload's time is its tool's: the scripted engine runs it)."""
+
+    workers: int
+    slots: int
+    train_s: float
+    turn_s: float = 0.0
+    workloads: tuple[str, ...] = tuple(WORKLOADS)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    steps: int = 30
+    batch_groups: int = 4
+    n: int = 4
+    max_staleness: int = 2
+    turn_tokens: int = 16
+    engines: Mapping[str, EngineSpec] = field(default_factory=lambda: {
+        "scripted": EngineSpec(workers=2, slots=8, train_s=0.25, turn_s=0.04),
+        "torch": EngineSpec(workers=1, slots=16, train_s=0.8, workloads=("heavy",)),
+        "vllm": EngineSpec(workers=1, slots=16, train_s=1.2, workloads=("heavy",))})
+
+    @property
+    def trained_groups(self) -> int:
+        return self.steps * self.batch_groups
+
+
+QUICK = Sizes(steps=10, engines={"scripted": EngineSpec(workers=2, slots=8, train_s=0.1, turn_s=0.02)})
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one arm runs: the server, the engine and its model, the workload, the arm, the sizes."""
+
+    url: str
+    engine: str
+    model: Path | None
+    workload: str
+    arm_name: str
+    arm: Arm
+    sizes: Sizes
+    tmp: Path
+
+    @property
+    def spec(self) -> EngineSpec:
+        return self.sizes.engines[self.engine]
+
+
+def engine_args(cell: Cell) -> list[str]:
+    """The worker's engine options: the scripted engine's turn, or bench_engine.py's settings."""
+    spec = cell.spec
+    if cell.engine == "scripted":
+        options: dict[str, Any] = {"tokens": cell.sizes.turn_tokens, "latency_s": spec.turn_s,
+                                   "jitter_s": spec.turn_s / 2, "max_concurrency": spec.slots}
+        model: list[str] = []
+    else:
+        from bench_engine import engine_settings
+
+        options = engine_settings(cell.engine, spec.slots, 0)
+        if cell.engine == "vllm":
+            # bench_engine's budget covers its 64-token samples; a trajectory here grows to ~500 tokens,
+            # and a recompute of every running request (continue mode) past the budget is chunked,
+            # which kills vLLM 0.32's CPU EngineCore on seeded requests (bench_engine.engine_settings).
+            # Every running request at the longest context fits in one step; its per-step log stays off.
+            options["max_model_len"] = MAX_MODEL_LEN
+            options["engine_args"] = {"max_num_batched_tokens": spec.slots * MAX_MODEL_LEN}
+        model = ["--model", str(cell.model)]
+    return model + [word for key, value in options.items() for word in ("--engine-arg", f"{key}={json.dumps(value)}")]
+
+
+def worker_argv(cell: Cell, queue: str, index: int) -> list[str]:
+    workload = WORKLOADS[cell.workload]
+    return [sys.executable, "-m", "rollout_queue.workers", "--url", cell.url, "--queue", queue,
+            "--worker-id", f"{queue}-w{index}", "--engine", cell.engine, "--json-logs", "--seed", "0",
+            "--temperature", "1.0", "--max-tokens", str(cell.sizes.turn_tokens), "--env", workload.env,
+            "--max-turns", str(workload.max_turns), "--weights-mode", cell.arm.weights_mode,
+            "--drain-timeout", "60", "--block-ms", "250", *engine_args(cell), *cell.arm.worker_args]
+
+
+def parse_arm(spec: str) -> tuple[str, Arm]:
+    """``NAME=JSON`` (the Arm's fields) -> (name, Arm); ValueError says what is wrong."""
+    name, sep, body = spec.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--arm {spec!r}: expected NAME=JSON, e.g. pace={{\"weights_mode\": \"continue\"}}")
+    try:
+        fields = json.loads(body)
+        arm = Arm(**{k: tuple(v) if k in ("worker_args", "engines") else v for k, v in fields.items()})
+    except (json.JSONDecodeError, TypeError, AttributeError) as exc:  # not JSON, not an object, no such field
+        raise ValueError(f"--arm {name}: {exc}") from exc
+    return name, arm
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the scripted engine's arms at small sizes (< 1 min)")
+    ap.add_argument("--engines", default=None, help=f"comma-separated, of {','.join(ENGINES)} (default: all; "
+                                                    "--quick: scripted)")
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated, of heavy,tool (default: scripted both, torch and vllm heavy)")
+    ap.add_argument("--arms", default=None, help="only these arms (reference first: the lengths need it)")
+    ap.add_argument("--arm", action="append", default=[], metavar="NAME=JSON", help="an arm of its own; repeatable")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per arm")
+    ap.add_argument("--kind", default="redis", choices=("redis", "valkey"), help="server binary (default redis)")
+    ap.add_argument("--model", default=None, help="a model folder for torch and vllm (default: a tiny Llama)")
+    ap.add_argument("--keep", default=None, metavar="DIR",
+                    help="run in DIR and keep it: each arm's worker logs, dataset and weights (default: a temporary one)")
+    ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument("--results", default=None,
+                    help="replace the `waste` section of this results file (benchmarks/results.json: the table of "
+                         "docs/PERFORMANCE.md is generated from it)")
+    a = ap.parse_args(argv)
+    a.sizes = QUICK if a.quick else Sizes()
+    if a.steps:
+        a.sizes = replace(a.sizes, steps=a.steps)
+    a.engine_list = (a.engines or ("scripted" if a.quick else ",".join(ENGINES))).split(",")
+    a.workload_list = a.workloads.split(",") if a.workloads else []
+    arms = dict(ARMS)
+    try:
+        arms.update(parse_arm(spec) for spec in a.arm)
+    except ValueError as exc:
+        ap.error(str(exc))
+    chosen = a.arms.split(",") if a.arms else list(arms)
+    unknown = (set(chosen) - set(arms)) | (set(a.engine_list) - set(a.sizes.engines)) | (set(a.workload_list) - set(WORKLOADS))
+    if unknown:
+        ap.error(f"unknown {', '.join(sorted(unknown))} (arms: {', '.join(arms)}; engines at these sizes: "
+                 f"{', '.join(a.sizes.engines)}; workloads: {', '.join(WORKLOADS)})")
+    a.arm_list = [(name, arms[name]) for name in sorted(chosen, key=lambda x: x != "reference")]
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    from bench_common import run_environment, write_rows
+    from bench_tables import WASTE_HEAD, waste_cells
+    from bench_waste_run import run_cells
+
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    print(" | ".join(WASTE_HEAD), flush=True)
+    rows = run_cells(a)
+    env = run_environment(load, **{k: v for k, v in asdict(a.sizes).items() if k != "engines"},
+                          engines={e: asdict(a.sizes.engines[e]) for e in a.engine_list}, quick=a.quick,
+                          wall_s=time.perf_counter() - started)
+    print(f"load average {env['loadavg_start']:.2f} -> {env['loadavg_end']:.2f}, {env['cpus']} CPUs, "
+          f"{env['wall_s']:.0f} s")
+    write_rows("waste", env, rows, a.json, a.results)
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    # The run module imports this file as bench_waste (as the workers do for --env): one module, not two.
+    sys.modules.setdefault("bench_waste", sys.modules[__name__])
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""scripts/bench_waste.py: its figures' arithmetic, and its --quick run (the scripted engine's arms through
+the shipped processes) writing the documented rows with tokens that add up.
+
+It checks what holds whatever the machine's speed: every token trained was generated, an arm without
+updates throws nothing away, continue mode aborts nothing, abort mode aborts something; never a rate.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_tables import WASTE_HEAD, render_waste, waste_cells  # noqa: E402
+from bench_waste import heavy_records, parse_arm, tool_records  # noqa: E402
+from bench_waste_run import decile_share, ks_distance  # noqa: E402
+
+
+def test_ks_distance_is_the_largest_gap_between_the_two_empirical_cdfs() -> None:
+    assert ks_distance([1, 2, 3], [1, 2, 3]) == 0.0
+    assert ks_distance([1, 1], [5, 5]) == 1.0
+    # 10% of the reference is long; the sample trained none of it: the CDFs part by 0.1 below 20.
+    assert ks_distance([16] * 9, [16] * 9 + [320]) == pytest.approx(0.1)
+    assert ks_distance([], [1]) != ks_distance([], [1])  # NaN: nothing to compare
+
+
+def test_the_longest_decile_share_is_over_the_references_own_share() -> None:
+    reference = [16] * 90 + [320] * 10
+    assert decile_share([16] * 90 + [320] * 10, reference) == pytest.approx(1.0)
+    assert decile_share([16] * 95 + [320] * 5, reference) == pytest.approx(0.5)
+    assert decile_share([16] * 10, reference) == 0.0
+
+
+def test_the_workloads_hold_one_long_group_in_ten_and_four_slow_tools() -> None:
+    heavy = heavy_records(200)
+    for block in range(0, 200, 10):
+        kinds = [r["kind"] for r in heavy[block:block + 10]]
+        assert kinds.count("long") == 1
+    assert all(10 <= r["turns"] <= 30 for r in heavy if r["kind"] == "long")
+    assert {r["turns"] for r in heavy if r["kind"] == "short"} == {1}
+    tool = tool_records(100)
+    assert [r["id"] for r in tool if r["kind"] == "long"] == ["t000003", "t000011", "t000019", "t000027"]
+
+
+def test_an_arm_is_configuration_and_a_malformed_one_is_refused() -> None:
+    name, arm = parse_arm('pace={"weights_mode": "continue", "queue": {"batch_groups": 4}, "worker_args": ["--x"]}')
+    assert (name, arm.weights_mode, dict(arm.queue), arm.worker_args) == ("pace", "continue", {"batch_groups": 4},
+                                                                           ("--x",))
+    for bad in ("pace", "pace={", "pace=[1]", 'pace={"no_such_field": 1}'):
+        with pytest.raises(ValueError):
+            parse_arm(bad)
+
+
+def test_quick_runs_every_scripted_arm_and_the_tokens_add_up(tmp_path: Path) -> None:
+    out = tmp_path / "waste.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_waste.py", "--quick", "--json", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {(r["workload"], r["arm"]): r for r in report["rows"]}
+    assert set(rows) == {(w, a) for w in ("heavy", "tool") for a in ("reference", "default", "continue", "admission")}
+    env = report["environment"]
+    for (workload, arm), r in rows.items():
+        assert "error" not in r and r["engine"] == "scripted" and not r["stalled"], r
+        assert r["exit_codes"] == [0] * env["engines"]["scripted"]["workers"] and not r["drain_deadline"]
+        assert r["steps"] >= env["steps"] and r["trained_groups"] == r["steps"] * env["batch_groups"]
+        # Every token trained or left over was generated and completed: what is left is thrown away.
+        assert r["generated"]["completed"] >= r["trained_tokens"] + r["leftover_tokens"] > 0
+        assert r["gen_per_trained"] >= 1.0 and r["evicted_per_trained"] >= 0
+        assert 0 <= r["never_trained"] <= env["steps"] * env["batch_groups"] and r["wait_max"] >= 0
+        assert r["ks"] == r["ks"] and r["long_first"] == 4  # the reference ran first in each workload
+    for workload in ("heavy", "tool"):
+        reference = rows[(workload, "reference")]
+        # No version published: nothing aborted, stale or evicted; generated = trained + left over.
+        assert reference["gen_per_trained"] == 1.0 and reference["versions"] == 0
+        assert rows[(workload, "continue")]["aborted_per_trained"] == 0.0  # continue never aborts
+    # In abort mode the long trajectories span versions: some are aborted.
+    assert rows[("heavy", "default")]["aborted_per_trained"] > 0
+    assert rows[("heavy", "admission")]["admission"] is True
+    assert " | ".join(WASTE_HEAD) in proc.stdout
+    # The docs' table renders from such a section (bench_tables.py), the line under it included.
+    section = {"command": "python scripts/bench_waste.py --quick", "date": "today", **report}
+    text = render_waste({"waste": section})
+    assert text.count("| scripted |") == 8 and "max_staleness=" in text
+    assert all(waste_cells(r)[3] == str(r["steps"]) for r in report["rows"])
