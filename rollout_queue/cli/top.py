@@ -6,8 +6,8 @@ out for the terminal's exact size (no table borders): a header, then one line pe
 unreachable partition, dead letters), then states with their longest waits, rates and the policy
 line (and one saying so when the queue has no admission control), then as many worker and lease
 rows as the height leaves, urgent rows first (silent workers, overdue leases) and a "... N more"
-line for the rest. Every line is cut to the width. Pure
-functions of a Snapshot: no Redis, no terminal here (status.py draws them).
+line for the rest. Every line is cut to the width. Pure functions of a Snapshot: no Redis, no
+terminal here (status.py draws them).
 """
 
 from __future__ import annotations

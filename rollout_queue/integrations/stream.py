@@ -21,9 +21,10 @@ What it guarantees, given the queue's scripts (docs/DESIGN.md, "Checkpoints"):
    the data may have caused counts it (DESIGN rule 4): a group that breaks every step it is in is
    dead-lettered after max_attempts, never retried for ever.
 4. next() never waits forever: after ``wait_s`` it raises StreamStarved with the queue's state
-   (no workers, nothing queued, or generation behind), at once when the data is known exhausted: the source is done and fewer groups than a batch are left, counting as left
-   every group queued, executing, buffered or leased by anyone else (a dead predecessor's lease
-   comes back at its deadline), but not this stream's own open leases.
+   (no workers, nothing queued, or generation behind), at once when the data is known exhausted:
+   the source is done and fewer groups than a batch are left, counting as left every group queued,
+   executing, buffered or leased by anyone else (a dead predecessor's lease comes back at its
+   deadline), but not this stream's own open leases.
 5. Admission control: where the queue's config left ``batch_groups`` to the trainer (DERIVED, the
    default), the stream sets it once to its batch (the largest it leased) times ``publish_every``,
    the groups it commits per policy version, at the first ack after the loop published a version:
@@ -61,6 +62,7 @@ from rollout_queue.ops.logs import fields
 log = logging.getLogger("rollout_queue.integrations.stream")
 
 __all__ = ["TrainingStream", "derive_admission"]
+
 
 def derive_admission(queue: RolloutQueue, batch_groups: int) -> bool:
     """``queue.derive_admission(batch_groups)`` for a trainer-side helper (item 5), the batch_groups
@@ -193,7 +195,12 @@ class TrainingStream:
     def _size_admission(self) -> None:
         """Item 5: derive admission control once a version was published since the previous ack."""
         assert self._sizing is not None
-        version = int(self.queue.version)
+        try:
+            version = int(self.queue.version)
+        except (RolloutQueueError, OSError) as exc:  # the commit stands: ask again at the next ack
+            log.warning("admission control not derived yet: the queue's version could not be read", exc_info=exc,
+                        extra=fields(queue=self.queue.name))
+            return
         if self._version_seen is None or version <= self._version_seen:
             self._version_seen = version
             return

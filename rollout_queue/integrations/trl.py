@@ -40,11 +40,10 @@ How the pieces map (docs/TRL.md):
 6. Admission control. A queue whose config left ``batch_groups`` to the trainer (QueueConfig's
    default, DERIVED) gets it when the trainer is built: the groups it commits per published
    version, a generation batch (every process's) per lease times the leases between two published
-   versions (``lcm(publish_every, lease span) / lease span``). So the
-   workers run at most ``max_staleness + 1`` versions ahead of training instead of without bound
-   (each group further ahead would go stale and be generated again). A number or None
-   (no admission control) in the queue's config is the user's and is kept; a resumed trainer
-   adopts what the first run derived.
+   versions (``lcm(publish_every, lease span) / lease span``). So the workers run at most
+   ``max_staleness + 1`` versions ahead of training instead of without bound (each group further
+   ahead would go stale and be generated again). A number or None (no admission control) in the
+   queue's config is the user's and is kept; a resumed trainer adopts what the first run derived.
 
 Several processes (``accelerate launch``): rank 0 leases each generation batch for every process
 and commits it once all ranks finished the optimizer step (integrations/ranks.py); each process

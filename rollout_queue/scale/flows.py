@@ -195,6 +195,8 @@ def derive_admission(layout: Layout, batch_groups: int) -> Flow[tuple[int | None
     partition: a share of 0 would admit nothing there). Returns each partition's batch_groups in
     force after it (None: off)."""
     total = max(check_int(batch_groups, "batch_groups", 1), layout.count)
+    if layout.count == 1:
+        return ((yield from flows.derive_admission(layout.keys[0], total)),)
     got = yield from each(layout, "derive_admission",
                           lambda i: flows.derive_admission(layout.keys[i], share(total, layout.count, i)))
     return tuple(got[i] for i in range(layout.count))
