@@ -66,7 +66,12 @@ def main() -> None:
     if args.local:
         trainer = GRPOTrainer(**common)
     else:
-        queue = RolloutQueue.from_url(args.url, args.queue, QueueConfig(lease_timeout_s=args.lease_timeout, max_staleness=4))
+        # Admission control: a step trains `groups` groups per process and publishes a version, so the
+        # workers may run at most max_staleness + 1 steps ahead (leave batch_groups out and the trainer
+        # derives the same; batch_groups=None: no bound, every group further ahead goes stale).
+        per_version = args.groups * int(os.environ.get("WORLD_SIZE", "1"))
+        queue = RolloutQueue.from_url(args.url, args.queue, QueueConfig(lease_timeout_s=args.lease_timeout,
+                                                                        max_staleness=4, batch_groups=per_version))
         trainer = QueueGRPOTrainer(**common, queue=queue)
     resume = get_last_checkpoint(args.output) if args.resume and os.path.isdir(args.output) else None
     trainer.train(resume_from_checkpoint=resume)

@@ -166,6 +166,23 @@ class RolloutQueue:
         """Record policy version ``version``; False if it was already the current one (a replay)."""
         return self.run(pf.publish_version(self.layout, version, weights_uri))
 
+    def derive_admission(self, batch_groups: int) -> Result[int | None]:
+        """Give the queue admission control where its config left it to the trainer
+        (``QueueConfig.batch_groups`` DERIVED, the default): ``batch_groups`` is the number of
+        groups the trainer commits per published version, so generation runs at most
+        max_staleness + 1 versions' worth of groups ahead of training. A queue whose batch_groups
+        was set (a number, or None: off) keeps it; so does one a trainer derived before (a resumed
+        trainer adopts it). Returns the batch_groups in force (None: admission control off), and
+        ``config`` says it from then on. The trainer-side helpers call it (TrainingStream,
+        RankedStream, the TRL adapters); raises InvalidInput for a batch_groups below 1."""
+        return self.run(self._derive_admission(batch_groups))
+
+    def _derive_admission(self, batch_groups: int) -> Flow[int | None]:
+        stored = yield from pf.derive_admission(self.layout, batch_groups)
+        self.configs = tuple(c.replace(batch_groups=v) for c, v in zip(self.configs, stored))
+        self.config = self.configs[0] if self.layout.count == 1 else logical_config(self.configs)
+        return self.config.batch_groups  # type: ignore[return-value]  # a number or None once derived
+
     @property
     def version(self) -> Result[int]:
         """The current policy version (0 before the first publish; the lowest over the partitions)."""

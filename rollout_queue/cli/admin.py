@@ -15,7 +15,7 @@ import redis.cluster
 
 from rollout_queue.ops import acl, actions, partition_views, views
 from rollout_queue.scale.layout import SPLIT_BOUNDS, logical_config, share
-from rollout_queue.core.config import QueueConfig
+from rollout_queue.core.config import DERIVED, QueueConfig
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.models import DeadLetter
 from rollout_queue.ops.escape import clean
@@ -242,6 +242,8 @@ def _config_show_partitioned(args: argparse.Namespace, view: Any) -> int:
 
 
 def _shown(value: Any) -> Any:
+    if value is DERIVED:  # batch_groups left to the trainer (config.py, Derived)
+        return "unset (none until a trainer derives it)"
     return "none" if value is None else value
 
 

@@ -120,6 +120,7 @@ def policy_section(snap: Snapshot) -> Section:
     rows = [("policy version", st.version if st.version_published else "none published"),
             ("buffer staleness", staleness),
             ("admission", _admission(drain, st.active_holds, snap.holds)),
+            ("admission control", admission_control(st)),
             ("last commit", "none yet" if st.since_commit_ms is None else f"{duration(st.since_commit_ms)} ago")]
     if snap.push is not None:
         rows.append(("last weights push", _push(snap.push)))
@@ -127,6 +128,14 @@ def policy_section(snap: Snapshot) -> Section:
     rows += [(f"attempts ended {k}", v) for k, v in sorted(st.terminals.items())]
     rows += [(f"filtered ({k})", v) for k, v in sorted(st.filtered_by_reason.items())]
     return section("policy, staleness, evictions", ("", "value"), rows)
+
+
+def admission_control(st: Any) -> str:
+    """The queue's admission control for people: its batch, or that there is none (DESIGN: Capacity)."""
+    batch = st.admission_batch
+    if batch is None:
+        return "no admission control: generation may run ahead of training without bound (batch_groups unset or none)"
+    return f"batch_groups {batch}: at most (version + max_staleness + 1) x {batch} groups admitted, less those committed"
 
 
 def _push(push: PushView) -> str:

@@ -137,9 +137,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if not args.url or not args.queue:
         raise UsageError("train needs --url and --queue (or REDIS_URL and ROLLOUT_QUEUE)")
+    # Admission control at one step's batch: the trainer publishes a version per step, so the workers
+    # run at most max_staleness + 1 steps ahead (DESIGN: Capacity); --no-admission-control: none.
     config = QueueConfig(max_staleness=None if args.max_staleness < 0 else args.max_staleness,
-                         batch_groups=args.batch_groups, max_completed_groups=args.max_completed_groups,
-                         lease_timeout_s=args.lease_timeout)
+                         batch_groups=None if args.no_admission_control else args.batch_groups,
+                         max_completed_groups=args.max_completed_groups, lease_timeout_s=args.lease_timeout)
     # The trainer is the process that creates the queue (with --partitions P on a Redis Cluster).
     q = RolloutQueue(client(args), args.queue, config, partitions=partitions(args), durability=durability(args))
     settings = GrpoSettings(steps=args.steps, batch_groups=args.batch_groups, lr=args.lr,
@@ -248,6 +250,9 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-groups", type=int, default=8, help="groups per optimizer step (and admission batch)")
+    p.add_argument("--no-admission-control", action="store_true",
+                   help="create the queue without admission control (batch_groups none): generation may then "
+                        "run ahead of training without bound, and groups that go stale are generated again")
     p.add_argument("--max-staleness", type=int, default=2, help="-1: strictly on-policy")
     p.add_argument("--max-completed-groups", type=int, default=256)
     p.add_argument("--lease-timeout", type=float, default=600.0, help="seconds a lease may outlast its step")

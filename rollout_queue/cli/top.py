@@ -4,9 +4,10 @@ An operator opens `top` during an incident, often in a small pane. So the frame 
 out for the terminal's exact size (no table borders): a header, then one line per urgent condition
 (a silent worker, an overdue lease, a held admission and by whom, a drain, a stalled trainer, an
 unreachable partition, dead letters), then states with their longest waits, rates and the policy
-line, then as many worker and lease rows as the height leaves, urgent rows first (silent workers,
-overdue leases) and a "... N more" line for the rest. Every line is cut to the width. Pure
-functions of a Snapshot: no Redis, no terminal here (status.py draws them).
+line (and one saying so when the queue has no admission control), then as many worker and lease
+rows as the height leaves, urgent rows first (silent workers, overdue leases) and a "... N more"
+line for the rest. Every line is cut to the width. Pure functions of a Snapshot: no Redis, no
+terminal here (status.py draws them).
 """
 
 from __future__ import annotations
@@ -164,6 +165,10 @@ def top_lines(snap: Snapshot, rates: Mapping[str, float | None], spark: Sequence
         urgent = urgent[:room_urgent - 1] + [f"! ... {len(urgent) - room_urgent + 1} more urgent lines"]
     lines += urgent or ["ok: nothing urgent"]
     lines += summary
+    # No admission control: a line of its own (an 80-column terminal shows it whole), where it leaves
+    # the worker and lease rows their room (it is no alarm: the queue works, it may waste generation).
+    if st.admission_batch is None and height - len(lines) > 5:
+        lines.append("admit   no admission control: generation may run ahead of training without bound")
     # The samples line only where it leaves the worker and lease rows their room (it is no alarm).
     samples = samples_line(snap)
     if samples and height - len(lines) > 5:

@@ -6,9 +6,10 @@ values and converts them to and from their stored form. It does no I/O.
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import asdict, dataclass, fields
-from typing import Literal, Mapping
+from typing import Final, Literal, Mapping
 
 from rollout_queue.core.checks import check_int, check_optional_int, check_optional_seconds, check_seconds, describe
 from rollout_queue.core.errors import InvalidInput
@@ -16,12 +17,44 @@ from rollout_queue.core.errors import InvalidInput
 BufferOrder = Literal["fifo", "lifo"]
 
 
+class Derived(enum.Enum):
+    """``QueueConfig.batch_groups`` left to the trainer (DERIVED, the default).
+
+    ``batch_groups`` has three meanings, and None ("no admission control") cannot also mean "not
+    set": an explicit None is an opt-out that must survive every later open. So the default is
+    this sentinel. It is stored as -1 (admission off until a trainer sizes it); a trainer-side
+    helper (TrainingStream, RankedStream, the TRL adapters) then sets it once to the groups it
+    commits per published version (``RolloutQueue.derive_admission``), and a number or None given
+    explicitly is never changed by them. Opening an existing queue with batch_groups left DERIVED
+    adopts whatever is stored (derived, set or off), so a resumed trainer whose config does not
+    name it never meets ConfigMismatch. Falsy, like None: admission control is off while unset."""
+
+    DERIVED = "derived"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "DERIVED"
+
+    __str__ = __repr__
+
+
+#: The default of ``QueueConfig.batch_groups``: sized by the trainer (see Derived).
+DERIVED: Final = Derived.DERIVED
+#: batch_groups as stored: -1 unset (DERIVED), 0 off (None), n >= 1 set.
+_STORED_DERIVED, _STORED_OFF = -1, 0
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """Bounds and policies of one queue (DESIGN: Capacity, Buffer and staleness, Failure handling).
 
     ``max_staleness=None`` is strictly on-policy: a completion generated before the current policy
-    version is requeued at lease time. ``batch_groups=None`` disables admission control.
+    version is requeued at lease time. ``batch_groups``: admission control, at most (version +
+    max_staleness + 1) * batch_groups groups admitted less those committed; ``None`` disables it,
+    ``DERIVED`` (the default) leaves it to the trainer-side helpers, which size it from their lease
+    size and publish cadence (Derived; off until they do).
     ``settled_retention_s`` is how long a settled group's ledger line and source_id mapping are
     kept (the window in which a repeated settlement replays and a resubmitted source_id is
     deduplicated); the reaper prunes them after it. ``None`` keeps them for the queue's life.
@@ -31,7 +64,7 @@ class QueueConfig:
     max_retained_groups: int = 100_000
     max_completed_groups: int = 1024
     max_staleness: int | None = None
-    batch_groups: int | None = None
+    batch_groups: int | None | Derived = DERIVED
     buffer_order: BufferOrder = "fifo"
     lease_timeout_s: float = 600.0
     worker_timeout_s: float = 60.0
@@ -50,7 +83,9 @@ class QueueConfig:
         for name in _POSITIVE_INTS:
             self._set(name, check_int(getattr(self, name), f"QueueConfig.{name}", 1))
         self._set("max_staleness", check_optional_int(self.max_staleness, "QueueConfig.max_staleness (or None)", 0))
-        self._set("batch_groups", check_optional_int(self.batch_groups, "QueueConfig.batch_groups (or None)", 1))
+        if self.batch_groups is not DERIVED:
+            self._set("batch_groups", check_optional_int(self.batch_groups,
+                                                         "QueueConfig.batch_groups (or None, or DERIVED)", 1))
         for name in _SECONDS:
             self._set(name, check_seconds(getattr(self, name), f"QueueConfig.{name}"))
         self._set("settled_retention_s", check_optional_seconds(
@@ -68,7 +103,7 @@ class QueueConfig:
             "max_retained_groups": str(self.max_retained_groups),
             "max_completed_groups": str(self.max_completed_groups),
             "max_staleness": str(-1 if self.max_staleness is None else self.max_staleness),
-            "batch_groups": str(0 if self.batch_groups is None else self.batch_groups),
+            "batch_groups": str(stored_batch_groups(self.batch_groups)),
             "buffer_order": self.buffer_order,
             "lease_timeout_ms": str(_ms(self.lease_timeout_s)),
             "worker_timeout_ms": str(_ms(self.worker_timeout_s)),
@@ -122,6 +157,11 @@ class QueueConfig:
         return type(self)(**{**asdict(self), **changes})  # type: ignore[arg-type]
 
 
+def stored_batch_groups(value: int | None | Derived) -> int:
+    """batch_groups in its stored form: -1 for DERIVED, 0 for None (off), else the number."""
+    return _STORED_DERIVED if value is DERIVED else _STORED_OFF if value is None else int(value)  # type: ignore[arg-type]
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
 
@@ -149,7 +189,7 @@ def _decode(name: str, raw: str | None) -> object:
     if name == "max_staleness":
         return None if number < 0 else number
     if name == "batch_groups":
-        return None if number == 0 else number
+        return DERIVED if number == _STORED_DERIVED else None if number == _STORED_OFF else number
     if name == "settled_retention_s":
         return None if number == 0 else number / 1000
     return number / 1000 if name in _STORED else number

@@ -540,6 +540,15 @@ class QueueStats:
     #: (stats.lua lists at most 64 distinct versions; newer groups are counted at the 65th).
     buffer_versions: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def admission_batch(self) -> int | None:
+        """The queue's admission control batch (``QueueConfig.batch_groups``, the stored value the
+        counters carry; the logical one on a partitioned queue); None while admission control is
+        off or left to a trainer that has not derived it yet: generation may then run ahead of
+        training without bound."""
+        value = self.counters.get("batch_groups", 0)
+        return value if value > 0 else None
+
 
 @dataclass(frozen=True)
 class ReapReport:

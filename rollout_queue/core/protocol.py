@@ -890,6 +890,12 @@ def parse_config_set(reply: Any, queue: str) -> tuple[int, tuple[str, str, str] 
     return _fields("config_set", reply, {}, _int)[0], None
 
 
+def parse_derive_admission(reply: Any, queue: str) -> tuple[int, bool]:
+    """derive_admission: (batch_groups stored now: -1 unset, 0 off, n; whether this call set it)."""
+    stored, changed = _fields("derive_admission", reply, {"queue": queue}, _int, _flag)
+    return stored, changed
+
+
 @_shaped
 def parse_drain_start(reply: Any) -> tuple[int, int]:
     """drain start: (deadline_ms, executing groups now)."""

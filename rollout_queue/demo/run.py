@@ -175,6 +175,8 @@ class DemoRun:
 
     def _start_fleet(self) -> None:
         o = self.o
+        # Strictly on-policy, a sample that spans an update is stale whatever the mode: abort frees the
+        # engine at once. With a staleness bound, continue (the workers' default) throws nothing away.
         weights_mode = "abort" if o.max_staleness is None else "continue"
         split = self.split
         task = demo_task(o.task)

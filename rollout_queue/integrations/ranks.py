@@ -71,7 +71,9 @@ class RankedStream:
 
     def __init__(self, queue: RolloutQueue, *, groups_per_step: int, group: Any = None, wait_s: float = 600.0,
                  lease_timeout_s: float | None = None, trainer_id: str | None = None,
-                 exhausted: Callable[[], bool] | None = None) -> None:
+                 exhausted: Callable[[], bool] | None = None, publish_every: int | None = 1) -> None:
+        """``publish_every``: steps between published policy versions, for admission control
+        (TrainingStream's item 5: rank 0's stream derives it); None: the caller sizes it."""
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -85,7 +87,7 @@ class RankedStream:
         self.queue = queue
         self.stream = TrainingStream(queue, groups_per_step=groups_per_step, wait_s=wait_s,
                                      lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
-                                     exhausted=exhausted) if self.rank == 0 else None
+                                     exhausted=exhausted, publish_every=publish_every) if self.rank == 0 else None
 
     # -- collectives (CPU tensors) ----------------------------------------------------------------
 

@@ -25,6 +25,13 @@ What it guarantees, given the queue's scripts (docs/DESIGN.md, "Checkpoints"):
    the source is done and fewer groups than a batch are left, counting as left every group queued,
    executing, buffered or leased by anyone else (a dead predecessor's lease comes back at its
    deadline), but not this stream's own open leases.
+5. Admission control: where the queue's config left ``batch_groups`` to the trainer (DERIVED, the
+   default), the stream sets it once to its batch (the largest it leased) times ``publish_every``,
+   the groups it commits per policy version, at the first ack after the loop published a version:
+   generation then runs at most max_staleness + 1 versions ahead of training instead of without
+   bound (each group further ahead would go stale and be generated again). A loop that publishes
+   no version never gets it (admission counts versions: it would close after max_staleness + 1
+   batches). A number or None in the queue's config is the user's and is kept.
 
 It decides nothing across round trips: each call is one queue operation (one script per
 partition); the class only remembers which of its own leases are open.
@@ -40,9 +47,11 @@ from typing import Any
 
 from rollout_queue.api.lease import Lease
 from rollout_queue.api.queue import RolloutQueue, default_process_id
+from rollout_queue.core.config import DERIVED
 from rollout_queue.core.errors import (
     IntegrationConfigError,
     LeasesOpen,
+    OutcomeUnknown,
     RolloutQueueError,
     ScriptError,
     StreamStarved,
@@ -52,7 +61,29 @@ from rollout_queue.ops.logs import fields
 
 log = logging.getLogger("rollout_queue.integrations.stream")
 
-__all__ = ["TrainingStream"]
+__all__ = ["TrainingStream", "derive_admission"]
+
+
+def derive_admission(queue: RolloutQueue, batch_groups: int) -> bool:
+    """``queue.derive_admission(batch_groups)`` for a trainer-side helper (item 5), the batch_groups
+    in force logged. True once settled: derived now or before, or kept as the user set it (a number,
+    or None: off). A credential that may not run it (a trainer role from before derive_admission
+    existed) only costs the bound: logged with how to set it by hand, and settled. False when Redis
+    was out of reach past the retry window (logged; ask again later). The step goes on either way."""
+    try:
+        got = queue.derive_admission(batch_groups)
+    except ScriptError as exc:  # refused (ops/acl.py): not this trainer's to change
+        log.warning("admission control not derived: this credential may not set it; set it by hand with "
+                    f"`rollout-queue config set batch_groups={batch_groups} --yes`", exc_info=exc,
+                    extra=fields(queue=queue.name, batch_groups=batch_groups))
+        return True
+    except OutcomeUnknown as exc:
+        log.warning("admission control not derived yet: the queue did not answer; asking again later",
+                    exc_info=exc, extra=fields(queue=queue.name, batch_groups=batch_groups))
+        return False
+    log.info("admission control" + ("" if got else ": off (the queue's config says batch_groups=None)"),
+             extra=fields(queue=queue.name, batch_groups=got, derived=batch_groups))
+    return True
 
 
 class TrainingStream:
@@ -62,16 +93,22 @@ class TrainingStream:
     before StreamStarved. ``lease_timeout_s``: each lease's deadline (it must outlast the step;
     extend() otherwise). ``exhausted``: a callable that says the data source is done (the in-process
     producer's flag), so a batch that can never fill fails at once instead of after ``wait_s``.
+    ``publish_every``: acks between the policy versions the loop publishes, which sizes admission
+    control (module docstring, item 5); None: this stream leaves it alone (its owner sizes it).
     """
 
     def __init__(self, queue: RolloutQueue, *, groups_per_step: int = 1, wait_s: float = 600.0,
                  lease_timeout_s: float | None = None, block_ms: int = 1000, trainer_id: str | None = None,
-                 exhausted: Callable[[], bool] | None = None) -> None:
+                 exhausted: Callable[[], bool] | None = None, publish_every: int | None = 1) -> None:
         if queue.driver.is_async:
             raise IntegrationConfigError("TrainingStream drives a sync queue (RolloutQueue.from_url(...)): trainer "
                                          "loops are synchronous; open the queue without asyncio")
         if groups_per_step < 1 or wait_s <= 0:
             raise IntegrationConfigError(f"groups_per_step must be >= 1 and wait_s > 0, got {groups_per_step}, {wait_s}")
+        if publish_every is not None and (isinstance(publish_every, bool) or not isinstance(publish_every, int)
+                                          or publish_every < 1):
+            raise IntegrationConfigError(f"publish_every must be an integer >= 1 (acks between published versions) "
+                                         f"or None, got {publish_every!r}")
         self.queue = queue
         self.groups_per_step = groups_per_step
         self.wait_s = wait_s
@@ -83,6 +120,10 @@ class TrainingStream:
         self.open: list[Lease] = []
         #: the step of the last ack (None before the first)
         self.last_acked: int | None = None
+        #: acks per published version while admission control is still to be derived, else None
+        self._sizing: int | None = publish_every if queue.config.batch_groups is DERIVED else None
+        self._largest = groups_per_step   # the largest batch leased: the admission batch
+        self._version_seen: int | None = None
 
     # -- in ------------------------------------------------------------------------------------
 
@@ -106,6 +147,7 @@ class TrainingStream:
         """poll() for a caller that settles each lease itself (one group at a time, one rollout at a
         time): the lease is not added to ``open``, so ack() and rollback() leave it alone."""
         want = groups or self.groups_per_step
+        self._largest = max(self._largest, want)
         started = time.monotonic()
         while stop is None or not stop.is_set():
             lease = self.queue.lease(groups=want, timeout_s=self.lease_timeout_s, block_ms=self.block_ms,
@@ -146,7 +188,24 @@ class TrainingStream:
             ids.append(str(lease.commit(step=step)))
             self.open.pop(0)
         self.last_acked = step
+        if self._sizing is not None:
+            self._size_admission()
         return ids
+
+    def _size_admission(self) -> None:
+        """Item 5: derive admission control once a version was published since the previous ack."""
+        assert self._sizing is not None
+        try:
+            version = int(self.queue.version)
+        except (RolloutQueueError, OSError) as exc:  # the commit stands: ask again at the next ack
+            log.warning("admission control not derived yet: the queue's version could not be read", exc_info=exc,
+                        extra=fields(queue=self.queue.name))
+            return
+        if self._version_seen is None or version <= self._version_seen:
+            self._version_seen = version
+            return
+        if derive_admission(self.queue, self._largest * self._sizing):
+            self._sizing = None
 
     def rollback(self, reason: str | None = None) -> int:
         """The step failed: hand back every open lease. ``reason`` (the trainer raised on this data:

@@ -37,6 +37,13 @@ How the pieces map (docs/TRL.md):
    token (the loss is linear in them for every loss type but VESPO, refused), so samples generated
    by older weights are corrected, not just masked. Metrics ``queue/*`` report staleness, the
    importance weights, lease waits and the queue's state.
+6. Admission control. A queue whose config left ``batch_groups`` to the trainer (QueueConfig's
+   default, DERIVED) gets it when the trainer is built: the groups it commits per published
+   version, a generation batch (every process's) per lease times the leases between two published
+   versions (``lcm(publish_every, lease span) / lease span``). So the workers run at most
+   ``max_staleness + 1`` versions ahead of training instead of without bound (each group further
+   ahead would go stale and be generated again). A number or None (no admission control) in the
+   queue's config is the user's and is kept; a resumed trainer adopts what the first run derived.
 
 Several processes (``accelerate launch``): rank 0 leases each generation batch for every process
 and commits it once all ranks finished the optimizer step (integrations/ranks.py); each process
@@ -65,11 +72,12 @@ from trl import GRPOTrainer
 
 from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.core.config import DERIVED
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.integrations.feed import DatasetFeed
 from rollout_queue.integrations.ranks import RankedStream
-from rollout_queue.integrations.stream import TrainingStream
+from rollout_queue.integrations.stream import TrainingStream, derive_admission
 from rollout_queue.ops.logs import fields
 from rollout_queue.rl.producer import ProducePlan
 from rollout_queue.weights.publisher import TRANSPORTS, Transport, WeightPublisher
@@ -137,14 +145,19 @@ class QueueGRPOTrainer(GRPOTrainer):
         self.feed: DatasetFeed | None = None
         trainer_id = trainer_id or f"trl-{os.getpid()}"
         self.ranked: RankedStream | None = None
+        groups = self.accelerator.num_processes * self._groups_per_generation()  # one lease, every rank's
         if self.accelerator.num_processes > 1:  # rank 0 leases and commits, each rank trains its share
-            groups = self.accelerator.num_processes * self._groups_per_generation()
             self.ranked = RankedStream(queue, groups_per_step=groups, wait_s=wait_s,
                                        lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
-                                       exhausted=self._exhausted)
+                                       exhausted=self._exhausted, publish_every=None)
         self.stream = (self.ranked.stream if self.ranked is not None else
-                       TrainingStream(queue, wait_s=wait_s, lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
-                                      exhausted=self._exhausted))
+                       TrainingStream(queue, groups_per_step=groups, wait_s=wait_s, lease_timeout_s=lease_timeout_s,
+                                      trainer_id=trainer_id, exhausted=self._exhausted, publish_every=None))
+        if self.accelerator.is_main_process and queue.config.batch_groups is DERIVED:
+            # Admission control (module docstring, item 6): the groups committed per published version.
+            # _step_end publishes on a lease's last step that is a multiple of publish_every: every
+            # lcm(publish_every, lease span) steps, one lease of ``groups`` per lease span.
+            derive_admission(queue, groups * math.lcm(publish_every, self.lease_span) // self.lease_span)
         self.policy_version = 0
         self.first_step = 0
         self._serving: list[CompletedGroup] | None = None

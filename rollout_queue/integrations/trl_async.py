@@ -21,6 +21,10 @@ and the workers' behaviour logprobs, on ``rollout_buffer``. What TRL's own worke
    weights, so a stale drop never loses a prompt or pins the resume position (trl#7274).
 3. ``check_health`` raises the feeding thread's error (StreamStarved when no batch came) instead of
    letting the trainer wait on an empty buffer.
+4. Admission control: at train begin, a queue whose config left ``batch_groups`` to the trainer
+   (QueueConfig's default) gets the groups TRL trains per weight sync (``size_admission``), so the
+   workers run at most ``max_staleness + 1`` versions ahead instead of without bound. A number or
+   None (off) in the queue's config is the user's and is kept.
 
 Whole groups per step: use TRL's ``FixedCountBatcher`` (``token_budget=0``) with a micro-batch size
 that is a multiple of ``num_generations``, so no group straddles two optimizer steps; a checkpoint
@@ -57,8 +61,9 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from rollout_queue.api.lease import Hold, Lease, error_reason
 from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.core.config import DERIVED
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, RolloutQueueError
-from rollout_queue.integrations.stream import TrainingStream
+from rollout_queue.integrations.stream import TrainingStream, derive_admission
 from rollout_queue.ops.logs import fields
 from rollout_queue.rl.trainer import grpo_advantages
 
@@ -133,7 +138,7 @@ class QueueRolloutWorker:
         self.buffer_groups = buffer_groups
         self.scale_by_std = scale_by_std
         self.stream = TrainingStream(queue, groups_per_step=1, wait_s=wait_s, lease_timeout_s=lease_timeout_s,
-                                     trainer_id=trainer_id, block_ms=200)
+                                     trainer_id=trainer_id, block_ms=200, publish_every=None)
         self.rollout_buffer = _Buffer(self)
         self.metrics_queue: queues.Queue[dict[str, Any]] = queues.Queue()
         self.model_version = 0
@@ -261,6 +266,25 @@ class QueueRolloutWorker:
             self._leases.clear()
             return self.stream.checkpoint(step)
 
+    def size_admission(self, args: TrainingArguments) -> None:
+        """Item 4: where the queue's config left ``batch_groups`` to the trainer, set it to the groups
+        TRL trains per weight sync: with FixedCountBatcher (``token_budget <= 0``) an optimizer step
+        takes per_device_train_batch_size x gradient_accumulation_steps x processes samples, and a
+        version is published every ``weight_sync_steps`` steps. With token budgeting the samples per
+        step are not fixed, so nothing is derived (logged: set batch_groups on the queue yourself)."""
+        if self.queue.config.batch_groups is not DERIVED:
+            return
+        sizes = [getattr(args, name, None) for name in ("num_generations", "weight_sync_steps")]
+        budget = getattr(args, "token_budget", None)
+        if None in sizes or budget is None or budget > 0:
+            log.warning("admission control not derived: the groups per weight sync are not fixed (token budgeting, "
+                        "or not an AsyncGRPOConfig); open the queue with QueueConfig(batch_groups=<groups per "
+                        "weight sync>)", extra=fields(queue=self.queue.name, token_budget=budget))
+            return
+        generations, sync_steps = (max(1, int(v)) for v in sizes)  # type: ignore[arg-type]
+        samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+        derive_admission(self.queue, -(-samples // generations) * sync_steps)
+
     @property
     def callback(self) -> TrainerCallback:
         """The TrainerCallback that settles groups, checkpoints and restores the queue."""
@@ -276,6 +300,8 @@ class _SettleCallback(TrainerCallback):
         # From scratch too (step 0): a run that crashed before its first checkpoint committed groups
         # the weights now training never saw.
         self.worker.stream.restore(state.global_step)
+        if state.is_world_process_zero:
+            self.worker.size_admission(args)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **_: Any) -> None:

@@ -108,7 +108,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
          _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
                   "publish_version", "checkpoint", "restore", "stats",
-                  "push_open", "push_seal", "push_close"),
+                  "push_open", "push_seal", "push_close", "derive_admission"),
          ("hget", "hmget", "mget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True),
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",

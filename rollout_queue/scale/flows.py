@@ -58,6 +58,7 @@ from rollout_queue.scale.layout import (
     Selector,
     largest_group,
     merge_heartbeats,
+    share,
     split_config,
     sum_stats,
 )
@@ -187,6 +188,18 @@ def version(layout: Layout) -> Flow[int]:
         return (yield from flows.version(layout.keys[0]))
     versions = yield from each(layout, "version", lambda i: flows.version(layout.keys[i]))
     return min(versions.values())
+
+
+def derive_admission(layout: Layout, batch_groups: int) -> Flow[tuple[int | None, ...]]:
+    """derive_admission on every partition, each with its share of ``batch_groups`` (at least 1 per
+    partition: a share of 0 would admit nothing there). Returns each partition's batch_groups in
+    force after it (None: off)."""
+    total = max(check_int(batch_groups, "batch_groups", 1), layout.count)
+    if layout.count == 1:
+        return ((yield from flows.derive_admission(layout.keys[0], total)),)
+    got = yield from each(layout, "derive_admission",
+                          lambda i: flows.derive_admission(layout.keys[i], share(total, layout.count, i)))
+    return tuple(got[i] for i in range(layout.count))
 
 
 def publish_version(layout: Layout, version: int, weights_uri: str | None, hold_id: str = "") -> Flow[bool]:

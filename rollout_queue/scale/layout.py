@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 from rollout_queue.core.checks import check_int
-from rollout_queue.core.config import QueueConfig
+from rollout_queue.core.config import DERIVED, QueueConfig
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.keys import QueueKeys, validate_queue_name
 from rollout_queue.core.models import HeartbeatInfo, QueueStats, Receipt
@@ -65,23 +65,31 @@ def split_config(config: QueueConfig, count: int) -> tuple[QueueConfig, ...]:
     """
     if count == 1:
         return (config,)
-    small = [name for name in SPLIT_BOUNDS if getattr(config, name) is not None and getattr(config, name) < count]
+    small = [name for name in SPLIT_BOUNDS if _bound(getattr(config, name)) and getattr(config, name) < count]
     if small:
         given = ", ".join(f"{name}={getattr(config, name)}" for name in small)
         raise InvalidInput(f"{given} is below partitions={count}: each partition enforces a share of the logical "
                            f"bound, and a share of 0 would stop it. Raise {' and '.join(small)} to >= {count} or "
                            "use fewer partitions (nothing was written)")
     return tuple(config.replace(**{name: share(getattr(config, name), count, i) for name in SPLIT_BOUNDS
-                                   if getattr(config, name) is not None}) for i in range(count))
+                                   if _bound(getattr(config, name))}) for i in range(count))
+
+
+def _bound(value: object) -> bool:
+    """A split bound that is a number (not None, off, nor batch_groups' DERIVED, left to the trainer)."""
+    return isinstance(value, int)
 
 
 def logical_config(shares: Sequence[QueueConfig]) -> QueueConfig:
     """The logical queue's config from its partitions' (stored) ones: the SPLIT_BOUNDS summed, every
     other field as partition 0 has it. The inverse of split_config for the config it split."""
-    summed: dict[str, int | None] = {}
+    summed: dict[str, object] = {}
     for name in SPLIT_BOUNDS:
         values = [getattr(c, name) for c in shares]
-        summed[name] = None if None in values else sum(values)  # batch_groups None: no admission control
+        # batch_groups None: no admission control; DERIVED: left to the trainer (on every partition
+        # until a trainer derives it; one that did not answer then may still say so)
+        summed[name] = (DERIVED if DERIVED in values else None if None in values
+                        else sum(values))  # type: ignore[arg-type]
     return shares[0].replace(**summed)
 
 
@@ -249,7 +257,9 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
     stored = logical.to_meta() if logical is not None else None
     for name in SPLIT_BOUNDS:
         if name in shares:
-            shares[name] = int(stored[name]) if stored else sum(s.counters.get(name, 0) for s in parts)
+            values = [s.counters.get(name, 0) for s in parts]
+            # a negative share (batch_groups -1: left to the trainer) is no amount: say so, not -P
+            shares[name] = int(stored[name]) if stored else min(values) if min(values) < 0 else sum(values)
     summed["counters"] = {**summed["counters"], **shares, "partitions": len(parts) + unreachable,
                           "partitions_unreachable": unreachable}
     return QueueStats(**summed)

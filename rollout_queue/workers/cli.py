@@ -146,9 +146,10 @@ def add_arguments(p: argparse.ArgumentParser, inherited: Collection[str] = ()) -
                         "nothing can kill) at which the worker stops and returns its work uncounted "
                         f"(default {MAX_HUNG})")
     w = p.add_argument_group("lifecycle")
-    w.add_argument("--weights-mode", choices=["abort", "continue", "keep-kv"], default="abort",
-                   help="at a new policy version: abort in-flight requests, continue them (vLLM recomputes "
-                        "their KV), or continue over the KV already computed (keep-kv)")
+    w.add_argument("--weights-mode", choices=["abort", "continue", "keep-kv"], default="continue",
+                   help="at a new policy version: continue in-flight requests (default: nothing generated is "
+                        "thrown away; vLLM recomputes their KV on the new weights), continue over the KV already "
+                        "computed (keep-kv), or abort them (their groups start over on the new weights)")
     w.add_argument("--no-weights-push", dest="weights_push", action="store_false",
                    help="never join torch.distributed weight pushes: load every version from its folder")
     w.add_argument("--worker-id", default=None, help="default host:pid:nonce")

@@ -40,7 +40,10 @@ class WorkerOptions:
     #: few samples at a time prefills its prompt again each time. 0: only into free slots
     max_waiting: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    weights_mode: WeightsMode = "abort"
+    #: at a new policy version: "continue" (default) keeps the requests in flight, so no generated
+    #: token is thrown away (their samples record every version; staleness counts from the oldest);
+    #: "abort" requeues them (uncounted), "keep-kv" continues over the KV already computed (versions.py)
+    weights_mode: WeightsMode = "continue"
     drain_timeout_s: float = 30.0
     abort_grace_s: float = 5.0
     block_ms: int = 1000

@@ -46,9 +46,10 @@ from rollout_queue.workers.events import (
 )
 from rollout_queue.workers.heartbeat import VersionNotice
 
-#: abort: in-flight attempts are aborted at an update (requeued uncounted); continue: they go on,
-#: their KV recomputed on the new weights (vLLM); keep-kv: they go on over the KV already computed
-#: (vLLM keeps it; the torch engine always does). Both record every version a sample ran under.
+#: continue (the default, WorkerOptions): in-flight attempts go on, their KV recomputed on the new
+#: weights (vLLM); keep-kv: they go on over the KV already computed (vLLM keeps it; the torch engine
+#: always does). Both record every version a sample ran under. abort: in-flight attempts are
+#: aborted at an update (requeued uncounted), their generation so far thrown away.
 WeightsMode = Literal["abort", "continue", "keep-kv"]
 
 #: Seconds between tries of a refused version (a folder may appear late on a network filesystem).

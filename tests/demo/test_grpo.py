@@ -110,3 +110,21 @@ def test_the_train_command_runs_the_trainer(redis_url: str, queue_name: str, mod
         worker.join(5)
     assert code == 0 and q.version == 2 and q.stats().committed == 4
     q.close()
+
+
+@pytest.mark.parametrize("flags, expected", [((), 2), (("--no-admission-control",), None)],
+                         ids=["admission", "opt-out"])
+def test_the_train_command_creates_its_queue_with_admission_control(redis_url: str, queue_name: str,
+                                                                    model_dir: Path, tmp_path: Path,
+                                                                    flags: tuple[str, ...],
+                                                                    expected: int | None) -> None:
+    """Issue 30: the trainer's queue admits at most max_staleness + 1 steps of groups ahead of training
+    (batch_groups = its batch), unless --no-admission-control."""
+    from rollout_queue.cli import main
+
+    code = main(["--url", redis_url, "--queue", queue_name, "train", "--model", str(model_dir),
+                 "--weights-dir", str(tmp_path / "w"), "--steps", "0", "--batch-groups", "2", "--threads", "1",
+                 *flags])
+    q = RolloutQueue.from_url(redis_url, queue_name, create=False)
+    assert code == 0 and q.config.batch_groups == expected
+    q.close()

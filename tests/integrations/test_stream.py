@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue
-from rollout_queue.core.errors import IntegrationConfigError, LeaseLost, LeasesOpen, StreamStarved
+from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
+from rollout_queue.core.errors import IntegrationConfigError, LeaseLost, LeasesOpen, LeaseUnsatisfiable, StreamStarved
 from rollout_queue.integrations.stream import TrainingStream
 from tests.integrations.helpers import committed_steps, fill
 
@@ -187,3 +187,78 @@ def test_a_rollback_with_a_reason_is_counted_and_one_without_is_not(q: RolloutQu
     assert marks == {e: 1.0 for e in errored}
     s = q.stats()
     assert s.completed == 2 and s.ready == 2 and s.dead == 0
+
+
+# -- admission control (item 5) -----------------------------------------------------------------
+
+
+def test_a_publishing_loop_sizes_admission_control_at_its_first_ack_after_a_version(
+        q: RolloutQueue, redis_url: str, queue_name: str) -> None:
+    """Issue 30: a queue whose config left batch_groups unset gets it from the stream (its batch x
+    publish_every), so the workers run at most max_staleness + 1 versions ahead of training."""
+    fill(q, 6)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5)
+    stream.next()
+    stream.ack(1)
+    assert q.stats().admission_batch is None  # no version published yet: nothing derived
+    q.publish_version(1)
+    stream.next()
+    stream.ack(2)
+    assert q.stats().admission_batch == 2 and q.config.batch_groups == 2
+    # The resumed trainer opens with the config it started with: it adopts the derived value.
+    again = RolloutQueue.from_url(redis_url, queue_name, CFG)
+    assert again.config.batch_groups == 2
+    again.close()
+    # Generation ahead is bounded: (version 1 + max_staleness 4 + 1) x 2 = 12 groups admitted in all,
+    # 4 committed and 2 buffered, so 6 more of the 20 waiting may be generated, no more.
+    q.submit([SourceGroup(f"more{i}", "p", 2) for i in range(20)])
+    assert len(q.worker("w2").reserve(max_groups=20, max_samples=100)) == 6
+
+
+def test_publish_every_multiplies_the_batch(q: RolloutQueue) -> None:
+    fill(q, 6)
+    stream = TrainingStream(q, groups_per_step=1, wait_s=5, publish_every=3)
+    for step in (1, 2):
+        stream.next(2 if step == 2 else None)  # the largest batch leased counts
+        stream.ack(step)
+        q.publish_version(step)
+    assert q.stats().admission_batch == 2 * 3
+
+
+def test_a_loop_that_publishes_no_version_is_never_stopped_by_admission(q: RolloutQueue) -> None:
+    """Admission counts versions: derived without any, it would close after max_staleness + 1 batches
+    (5 here); this loop runs 8 and admission control stays unset."""
+    fill(q, 16)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5)
+    for step in range(1, 9):
+        stream.next()
+        stream.ack(step)
+    assert q.stats().committed == 16 and q.stats().admission_batch is None
+
+
+@pytest.mark.parametrize("given", [None, 5], ids=["off", "set"])
+def test_the_users_batch_groups_is_kept(redis_url: str, queue_name: str, given: int | None) -> None:
+    q = RolloutQueue.from_url(redis_url, queue_name, CFG.replace(batch_groups=given))
+    fill(q, 4)
+    stream = TrainingStream(q, groups_per_step=2, wait_s=5)
+    for step in (1, 2):
+        stream.next()
+        stream.ack(step)
+        q.publish_version(step)
+    assert q.stats().admission_batch == given
+    q.close()
+
+
+def test_a_loop_that_publishes_slower_than_it_said_is_told_so_at_once(redis_url: str, queue_name: str) -> None:
+    """Admission closed for good (no version published) is no wait: the lease names batch_groups."""
+    q = RolloutQueue.from_url(redis_url, queue_name, CFG.replace(max_staleness=0, batch_groups=2))
+    fill(q, 2)
+    q.submit([SourceGroup(f"more{i}", "p", 2) for i in range(4)])
+    stream = TrainingStream(q, groups_per_step=2, wait_s=60)
+    stream.next()
+    stream.ack(1)  # (version 0 + 0 + 1) x 2 admitted and committed: none more until a version is published
+    started = time.monotonic()
+    with pytest.raises(LeaseUnsatisfiable, match="batch_groups.*publish a version first"):
+        stream.next()
+    assert time.monotonic() - started < 5
+    q.close()

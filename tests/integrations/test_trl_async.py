@@ -181,6 +181,22 @@ def test_a_fresh_start_after_a_crash_before_the_first_checkpoint_trains_its_comm
     assert s.committed == 0 and s.kept == 0 and s.counters.get("restored") == 2
 
 
+@pytest.mark.parametrize("budget, expected", [(0, 12), (None, None), (4096, None)], ids=["fixed", "auto", "tokens"])
+def test_train_begin_sizes_admission_control_from_trls_step(q: RolloutQueue, budget: int | None,
+                                                            expected: int | None) -> None:
+    """Issue 30: the queue (its config leaves batch_groups unset) gets the groups TRL trains per weight
+    sync: 8 x 2 samples per step / 4 generations x 3 steps per sync. With token budgeting the
+    groups per step are not fixed: nothing is derived (admission control stays unset)."""
+    from transformers import TrainerControl, TrainerState
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    args = AsyncGRPOConfig(output_dir="unused", report_to=[], use_cpu=True, bf16=False, token_budget=budget,
+                           per_device_train_batch_size=8, gradient_accumulation_steps=2, num_generations=N,
+                           weight_sync_steps=3)
+    QueueRolloutWorker(q).callback.on_train_begin(args, TrainerState(), TrainerControl())
+    assert q.stats().admission_batch == expected
+
+
 def test_a_group_the_filler_cannot_turn_into_samples_goes_back_counted(q: RolloutQueue) -> None:
     """Issue 29 item 12: a group without prompt token ids cannot become TRL's samples; its lease is
     handed back as an errored rollback (counted, so it cannot loop for ever), and check_health raises."""

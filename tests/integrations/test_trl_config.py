@@ -46,12 +46,14 @@ def reward(completions: list[str], **_: Any) -> list[float]:
     return [0.0 for _ in completions]
 
 
-def make(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, **config: Any) -> QueueGRPOTrainer:
-    extra = {k: config.pop(k) for k in ("rollout_func", "eval_dataset", "callbacks", "feed", "wait_s") if k in config}
+def make(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, queue_config: QueueConfig | None = None,
+         **config: Any) -> QueueGRPOTrainer:
+    extra = {k: config.pop(k) for k in ("rollout_func", "eval_dataset", "callbacks", "feed", "wait_s",
+                                        "publish_every") if k in config}
     settings = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 8, "beta": 0.0,
                 "max_steps": 4, "save_steps": 2, **config}
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], **settings)
-    queue = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=4))
+    queue = RolloutQueue.from_url(redis_url, queue_name, queue_config or QueueConfig(max_staleness=4))
     return QueueGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny), reward_funcs=[reward], args=args,
                             train_dataset=Dataset.from_list([{"prompt": f"q{i}"} for i in range(8)]),
                             processing_class=AutoTokenizer.from_pretrained(tiny), queue=queue, **extra)
@@ -73,6 +75,32 @@ def test_settings_that_would_break_exactly_once_are_refused(tiny: Path, tmp_path
                                                             match: str) -> None:
     with pytest.raises(IntegrationConfigError, match=match):
         make(tiny, tmp_path, redis_url, queue_name, **config)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({}, 2),                                                    # 8 rows / 4 generations, a version per step
+    ({"publish_every": 3}, 6),                                  # three leases per version
+    ({"num_iterations": 2, "save_steps": 4}, 2),                # a lease spans 2 steps, a version per lease
+    ({"num_iterations": 2, "save_steps": 4, "publish_every": 3}, 6),  # published every lcm(3, 2) = 6 steps
+])
+def test_a_queue_left_to_the_trainer_gets_admission_control_from_it(tiny: Path, tmp_path: Path, redis_url: str,
+                                                                    queue_name: str, config: dict[str, Any],
+                                                                    expected: int) -> None:
+    """Issue 30: QueueGRPOTrainer sizes batch_groups (the groups it commits per published version)
+    where the queue's config left it unset, so the workers run at most max_staleness + 1 versions
+    ahead; the resumed trainer, opening with the same config, adopts it (no ConfigMismatch)."""
+    trainer = make(tiny, tmp_path, redis_url, queue_name, **config)
+    assert trainer.queue.config.batch_groups == expected
+    assert trainer.queue.stats().admission_batch == expected
+    again = make(tiny, tmp_path, redis_url, queue_name, **{**config, "publish_every": 1})
+    assert again.queue.config.batch_groups == expected  # derived once: a later trainer keeps it
+
+
+@pytest.mark.parametrize("given", [None, 7], ids=["opt-out", "set"])
+def test_the_users_batch_groups_is_kept(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str,
+                                        given: int | None) -> None:
+    trainer = make(tiny, tmp_path, redis_url, queue_name, QueueConfig(max_staleness=4, batch_groups=given))
+    assert trainer.queue.config.batch_groups == given and trainer.queue.stats().admission_batch == given
 
 
 def batch(trainer: QueueGRPOTrainer, gap: float) -> tuple[dict[str, Any], Any]:

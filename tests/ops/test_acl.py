@@ -186,6 +186,18 @@ def test_roles_are_refused_what_they_must_not_do(urls: Urls, queue_name: str, r:
     assert dump(r, queue_name) != before  # the commit above, and nothing refused, changed the queue
 
 
+def test_only_the_trainer_derives_admission_control(urls: Urls, queue_name: str, r: redis.Redis) -> None:
+    """Issue 30: the trainer's credential sizes the admission control its queue's config left to it
+    (derive_admission: it can only turn an unset bound into a number); no other role may."""
+    before = dump(r, queue_name)
+    for role in ("producer", "worker", "reaper"):
+        q = RolloutQueue.from_url(urls[role], queue_name)
+        denied(lambda: q.derive_admission(4))
+    assert dump(r, queue_name) == before, "a refused call wrote something"
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    assert trainer.derive_admission(4) == 4 and trainer.stats().admission_batch == 4
+
+
 def test_the_documented_limit_is_real(urls: Urls, queue_name: str) -> None:
     """What OPERATIONS.md says ACLs cannot prevent: a credential may send, directly, the commands its
     own scripts use on their keys (no "only inside this script" permission exists). SCRIPT LOAD of

@@ -222,6 +222,28 @@ def test_holds_name_the_holder_since_when_and_why(cli: Cli, known_state: KnownSt
         st.q.hold(holder="a|b")
 
 
+def test_stats_and_top_say_when_a_queue_has_no_admission_control(cli: Cli, known_state: KnownState) -> None:
+    """Issue 30: a queue without admission control lets generation run ahead of training without
+    bound; stats and top say so, until a trainer derives it (or the operator sets it)."""
+    from rollout_queue.cli import status, top
+    from rollout_queue.ops import views
+
+    st = known_state  # CONFIG leaves batch_groups to the trainer: none yet
+
+    def frame() -> str:
+        snap = st.q.run(views.snapshot(st.q.layout.keys[0]))
+        return "\n".join(top.top_lines(snap, status.rates(None, (0.0, {})), [], st.queue, 80, 24))
+
+    code, out, _ = run(cli, st, "stats")
+    assert code == 0 and "no admission control" in out
+    assert "no admission control" in frame()
+    assert json.loads(run(cli, st, "stats", "--json")[1])["counters"]["batch_groups"] == -1
+    assert st.q.derive_admission(4) == 4
+    code, out, _ = run(cli, st, "stats")
+    assert "no admission control" not in out and "batch_groups 4: at most (version + max_staleness + 1) x 4" in out
+    assert "admission control" not in frame()
+
+
 def test_an_expired_hold_takes_its_holder_line_with_it(known_state: KnownState, r: redis.Redis) -> None:
     st = known_state
     st.q.hold(timeout_s=0.05, holder=TRAINER)

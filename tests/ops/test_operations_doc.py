@@ -82,8 +82,9 @@ def check_attempts(out: list[str], st: KnownState, r: redis.Redis) -> None:
 
 
 def check_buffer_empty(out: list[str], st: KnownState, r: redis.Redis) -> None:
-    # buffer 1; no hold (an empty list prints one empty line); then the six meta values; ready 1.
-    assert out == ["1", "", "2", "5", "100000", "1", "0", "3", "1"]
+    # buffer 1; no hold (an empty list prints one empty line); then the six meta values (batch_groups
+    # -1: left to a trainer, none derived); ready 1.
+    assert out == ["1", "", "2", "5", "100000", "1", "-1", "3", "1"]
 
 
 def check_leases(out: list[str], st: KnownState, r: redis.Redis) -> None:

@@ -22,6 +22,7 @@ from tests.workers.runtime_helpers import (
     open_queue,
     pel_owners,
     registered_workers,
+    spawn_worker,
     submit,
     train,
     worker_server,  # noqa: F401  # a fixture, used by name
@@ -168,6 +169,30 @@ def test_continue_mode_records_every_version_a_sample_saw(url: str, name: str) -
     assert {(s.version, s.versions) for s in by_source["late-0"].samples} == {(3, (3,))}
     assert rt.runtime.stats.settled["aborted"] == 0
     assert rt.drain() is None
+
+
+def test_the_default_worker_process_aborts_nothing_at_a_weight_update(url: str, name: str) -> None:
+    """Issue 30 section 3: ``rollout-queue worker`` with no --weights-mode keeps the requests in flight
+    at an update (continue): no attempt aborted, no generated token thrown away, and each sample
+    records both versions it ran under (its version the oldest, which the staleness bound judges)."""
+    q = open_queue(url, name, max_staleness=2)
+    submit(q, 1, n=2)
+    # Each request takes 6 s: the update (noticed and loaded in well under a second) lands inside it.
+    proc = spawn_worker(url, name, "w-default", "--engine-arg", "latency_s=6")
+    try:
+        wait_until(lambda: q.stats().executing_samples == 2, 60, message="the group generating")
+        q.publish_version(1, "file:///weights/v1")
+        committed, trained = train(q, {"g-0"}, timeout=60)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    st = q.stats()
+    assert st.terminals["aborted"] == 0 and st.terminals["failed"] == 0
+    (group,) = trained
+    assert group.attempt == 1  # generated once, never started over
+    assert {(s.version, s.versions) for s in group.samples} == {(0, (0, 1))}
+    assert "weights updated" in err and "continue" in err
 
 
 def test_refused_weights_keep_the_worker_on_its_version_until_a_version_loads(url: str, name: str) -> None:

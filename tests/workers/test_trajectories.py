@@ -389,14 +389,15 @@ def test_a_model_turn_outside_the_vocabulary_fails_the_attempt(url: str, name: s
 
 def test_weight_updates_landing_anywhere_in_trajectories_never_stop_a_worker(url: str, name: str) -> None:
     """Issue 29 item 13, its reproduction: two scripted-engine worker processes (--weights-mode abort,
-    the default), a two-turn environment whose constructor blocks 50 ms, a trainer publishing a
+    the default then; continue is now), a two-turn environment whose constructor blocks 50 ms, a trainer publishing a
     version per commit. Updates land while environments are built, stepped and between turns: each
     aborts its trajectories uncounted, no worker dies, nothing is lost, every group trains once."""
     q = open_queue(url, name)
     expected = {f"g{i}" for i in range(20)}
     q.submit([SourceGroup(g, f"Q {g}", 2, {"turns": 2}) for g in sorted(expected)])
     # Two groups at a time each, so trajectories are always in flight when a version is published.
-    procs = [spawn_worker(url, name, f"w{i}", "--env", "tests.workers.envs:SlowBuild", "--max-samples", "4")
+    procs = [spawn_worker(url, name, f"w{i}", "--env", "tests.workers.envs:SlowBuild", "--max-samples", "4",
+                          "--weights-mode", "abort")
              for i in range(2)]
     try:
         wait_until(lambda: len(serving_workers(url, name)) == 2, 60, message="both workers to serve")

@@ -34,6 +34,17 @@ def open_queue(keys: QueueKeys, config: QueueConfig | None, default: QueueConfig
     return QueueConfig.from_meta(meta)
 
 
+def derive_admission(keys: QueueKeys, batch_groups: int) -> Flow[int | None]:
+    """Set admission control to ``batch_groups`` if the queue's config left it to the trainer
+    (stored -1, QueueConfig's DERIVED); a number or None stored is kept. Returns the batch_groups
+    in force after the call (None: admission control off). One script: two trainers racing both
+    get the first one's value."""
+    batch_groups = check_int(batch_groups, "batch_groups", 1)
+    reply = yield p.build(keys, "derive_admission", library=LIBRARY_VERSION, batch_groups=batch_groups)
+    stored, _ = p.parse_derive_admission(reply, keys.queue)
+    return stored if stored > 0 else None
+
+
 #: Groups (and their bytes) per submit script call: a script adds ~5 µs per group, so a submit of any
 #: size holds Redis for about a millisecond per call (issue 12 item 8), not seconds for 150k groups.
 SUBMIT_BATCH = 256

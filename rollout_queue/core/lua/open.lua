@@ -8,7 +8,9 @@ READS:
 ARGV:
   library   string, the script library version of the client
   mode      'check' (the client brought a config: it must equal the stored one) or 'adopt'
-  *config   name, value pairs of the client's config (stored when the queue is new)
+  *config   name, value pairs of the client's config (stored when the queue is new); batch_groups
+            '-1' (left to the trainer, QueueConfig's DERIVED) is stored on a new queue but never
+            compared: whatever a trainer derived, set or turned off since stands
 Returns:
   {'ok', created 0|1, name, value, ...}     the stored config
   {'config_mismatch', field, stored, given}
@@ -34,7 +36,8 @@ else
   if A.mode == 'check' then
     for i = 1, #A.config, 2 do
       local have = redis.call('HGET', K.meta, A.config[i])
-      if have ~= A.config[i + 1] then
+      local unset = A.config[i] == 'batch_groups' and A.config[i + 1] == '-1'
+      if have ~= A.config[i + 1] and not unset then
         return {'config_mismatch', A.config[i], have or '', A.config[i + 1]}
       end
     end
