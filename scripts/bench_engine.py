@@ -228,12 +228,9 @@ class StepTap(logging.Filter):
 def engine_settings(engine: str, slots: int, seed: int) -> dict[str, Any]:
     """The engine options both arms use; the queue arm passes them as --engine-arg."""
     if engine == "vllm":
-        # A token budget no recompute burst can exceed: vLLM 0.32's CPU build kills its EngineCore
-        # when it discards a seeded request's sample after a partial (chunked) prefill (it rewinds the
-        # request's generator, and a CPU torch.Generator has no offset: "CPU Generator does not use
-        # offset"). After a weight reload every running request is recomputed at once, prompt plus
-        # generated tokens, which with the default budget is chunked. GPU generators have offsets.
-        # Per-step details (requests and tokens in the step, its time) from vLLM's own stat logger,
+        # A token budget in proportion to the slots. On vLLM's CPU build VLLMEngine never splits a
+        # prefill (its module docstring, rule 5: a split seeded prefill kills vLLM 0.32's CPU
+        # EngineCore), so the budget must be >= max_model_len there. Per-step details (requests and tokens in the step, its time) from vLLM's own stat logger,
         # in both arms alike: they say whether the engine ran as many sequences per step behind the
         # queue as bare (engine_steps).
         return {"max_num_seqs": slots, "seed": seed, "engine_args": {"max_num_batched_tokens": slots * 256,

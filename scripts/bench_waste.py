@@ -233,10 +233,9 @@ def engine_args(cell: Cell) -> list[str]:
 
         options = engine_settings(cell.engine, spec.slots, 0)
         if cell.engine == "vllm":
-            # bench_engine's budget covers its 64-token samples; a trajectory here grows to ~500 tokens,
-            # and a recompute of every running request (continue mode) past the budget is chunked,
-            # which kills vLLM 0.32's CPU EngineCore on seeded requests (bench_engine.engine_settings).
-            # Every running request at the longest context fits in one step; its per-step log stays off.
+            # bench_engine's budget covers its 64-token samples; a trajectory here grows to ~500 tokens.
+            # Every running request at the longest context fits in one step (the figures in
+            # PERFORMANCE.md were measured so); its per-step log stays off.
             options["max_model_len"] = MAX_MODEL_LEN
             options["engine_args"] = {"max_num_batched_tokens": spec.slots * MAX_MODEL_LEN}
         model = ["--model", str(cell.model)]

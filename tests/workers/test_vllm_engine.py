@@ -213,3 +213,69 @@ def test_default_multiprocess_mode(
     before, after = runner.run(scenario(), timeout=300)
     assert_same_greedy(before, runner.run(torch_reference(tiny_model, [long_prompt], GREEDY)))
     assert_same_greedy(after, runner.run(torch_reference(perturbed_model, [long_prompt], GREEDY)))
+
+
+def test_seeded_requests_survive_an_update_whose_recompute_exceeds_the_token_budget(
+    runner: LoopRunner, tiny_model: Path, perturbed_model: Path, long_prompt: list[int]
+) -> None:
+    """The default update (recompute mode) preempts every running request and prefills it again,
+    prompt plus generated tokens. With a small ``max_num_batched_tokens`` that burst is larger than
+    one step; vLLM 0.32's CPU build, splitting a seeded request's prefill across steps, rewound its
+    CPU ``torch.Generator`` and its EngineCore died. It must instead finish every request."""
+    budget, prompt = 256, long_prompt[:40]
+    probe_tokens = 60  # each seeded request still running has generated at least this many
+
+    async def scenario() -> tuple[list[SampleOutput], list[SampleOutput], SampleOutput]:
+        small = VLLMEngine(str(tiny_model), multiprocessing=False, max_model_len=budget, max_num_seqs=8,
+                           kv_cache_memory_bytes=64 * 2**20, engine_args={"max_num_batched_tokens": budget})
+        await small.start()
+        try:
+            # Admitted together they fit one step (6 x 40 tokens): only the update's recompute is large.
+            seeded = [asyncio.create_task(small.generate(f"seeded-{i}", prompt,
+                                                         SamplingConfig(max_tokens=200, temperature=1.0, seed=i)))
+                      for i in range(5)]
+            # Batched with them: once it is done, each seeded request has run probe_tokens steps.
+            await small.generate("probe", prompt, SamplingConfig(max_tokens=probe_tokens, temperature=0))
+            await small.load_weights(str(perturbed_model))
+            survivors = list(await asyncio.gather(*seeded))
+            # New seeded prompts together over the budget (3 x 150 tokens) are not split either.
+            fresh = await generate_all(small, "fresh", [long_prompt[i:i + 150] for i in range(3)],
+                                       SamplingConfig(max_tokens=8, temperature=1.0, seed=7))
+            after = await small.generate("after", prompt, GREEDY)
+        finally:
+            await small.close()
+        return survivors, fresh, after
+
+    survivors, fresh, after = runner.run(scenario(), timeout=300)
+    running = [s for s in survivors if len(s.token_ids) > probe_tokens + 2]
+    # The scenario did what it says: the requests preempted by the update held more than the budget.
+    assert sum(len(prompt) + probe_tokens for _ in running) > budget
+    for out in [*survivors, *fresh]:
+        assert out.finish_reason in ("length", "stop")
+        assert len(out.token_ids) == len(out.logprobs) >= 1
+    assert len(after.token_ids) == GREEDY.max_tokens
+
+
+@pytest.mark.parametrize("engine_args", [{"enable_chunked_prefill": True}, {"long_prefill_token_threshold": 64}])
+def test_settings_that_split_a_prefill_are_refused_on_the_cpu_build(
+    tiny_model: Path, engine_args: dict[str, object]
+) -> None:
+    """Either setting splits a seeded request's prefill across steps, which kills vLLM 0.32's CPU
+    EngineCore: refused when the engine is built, naming the option, not at the first update."""
+    (option,) = engine_args
+    with pytest.raises(ValueError, match=option):
+        VLLMEngine(str(tiny_model), multiprocessing=False, engine_args=engine_args)
+
+
+def test_a_gpu_engine_keeps_the_prefill_settings_it_was_given(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU generators rewind, so the CPU build's rule leaves a GPU user's configuration alone."""
+    from rollout_queue.workers.engines import vllm as module
+
+    monkeypatch.setattr(module.current_platform, "is_cpu", lambda: False)
+    unset = VLLMEngine(str(tiny_model), multiprocessing=False)
+    given = VLLMEngine(str(tiny_model), multiprocessing=False,
+                       engine_args={"enable_chunked_prefill": True, "long_prefill_token_threshold": 64})
+    assert unset._args.enable_chunked_prefill is None  # vLLM's own default
+    assert (given._args.enable_chunked_prefill, given._args.long_prefill_token_threshold) == (True, 64)
