@@ -170,12 +170,13 @@ class SampleColumns:
 
     def token_versions(self) -> "array[int]":
         """One policy version per token (array('i')), aligned with ``token_ids``: each sample's
-        segments expanded, or its ``version`` on every token when it has none
-        (``torch.frombuffer(cols.token_versions(), dtype=torch.int32)``)."""
+        segments expanded (models.token_versions: without them, its turns' versions or its
+        ``version``) (``torch.frombuffer(cols.token_versions(), dtype=torch.int32)``)."""
+        n = len(self.counts)
         out = array("i")
-        for segments, count, version in zip(self.segment_lists or ((),) * len(self.counts), self.counts,
-                                            self.versions):
-            out += token_versions(segments, count, version)
+        for segments, count, version, turns in zip(self.segment_lists or ((),) * n, self.counts, self.versions,
+                                                   self.turn_lists or ((),) * n):
+            out += token_versions(segments, count, version, turns)
         return out
 
     def samples(self) -> tuple[Sample, ...]:

@@ -207,7 +207,7 @@ class Sample:
     non-decreasing, the first one ``version`` (the oldest) and each one of ``versions`` when those
     are given (``check_segments``). A sample whose generation spanned weight updates (a continued
     attempt, ``--weights-mode continue``) has one segment per version; ``()`` means every token is at
-    ``version``. ``token_versions`` expands them, so a trainer can correct or mask each token by its
+    ``version`` (a trajectory's at its model turn's, ``Turn.version``). ``token_versions`` expands them, so a trainer can correct or mask each token by its
     own staleness (rl/trainer.py ``grpo_loss``). In a trajectory, offsets index ``token_ids`` and an
     observation's tokens carry the version of the turn before them (they are never trained).
     """
@@ -268,8 +268,9 @@ class Sample:
     @property
     def token_versions(self) -> tuple[int, ...]:
         """The policy version that generated each token, aligned with ``token_ids`` (``segments``
-        expanded; every token at ``version`` when there are none)."""
-        return tuple(token_versions(self.segments, len(self.token_ids), self.version))
+        expanded; without them, a trajectory's model turn's version on its tokens and every other
+        sample's ``version`` on all of them)."""
+        return tuple(token_versions(self.segments, len(self.token_ids), self.version, self.turns))
 
     @property
     def loss_mask(self) -> tuple[int, ...]:
@@ -383,11 +384,20 @@ def _check_turn_starts(segments: list[tuple[int, int]], turns: tuple[Turn, ...])
         at += turn.n_tokens
 
 
-def token_versions(segments: Sequence[tuple[int, int]], n_tokens: int, version: int) -> "array[int]":
-    """``segments`` expanded to one version per token (``n_tokens`` of them) as an array('i'): every
-    token at ``version`` when there are none. The one expansion Sample and SampleColumns use."""
+def token_versions(segments: Sequence[tuple[int, int]], n_tokens: int, version: int,
+                   turns: Sequence[Turn] = ()) -> "array[int]":
+    """``segments`` expanded to one version per token (``n_tokens`` of them) as an array('i'). Without
+    segments, a trajectory's tokens are at their model turn's version (an observation at the turn's
+    before it, a leading one at ``version``) and any other sample's at ``version``. The one expansion
+    Sample and SampleColumns use."""
     if not segments:
-        return array("i", [version]) * n_tokens
+        if not turns:
+            return array("i", [version]) * n_tokens
+        out, last = array("i"), version
+        for turn in turns:
+            last = turn.version if turn.trained else last
+            out += array("i", [last]) * turn.n_tokens
+        return out
     out = array("i")
     for (start, at), (end, _) in zip(segments, [*segments[1:], (n_tokens, 0)]):
         out += array("i", [at]) * (end - start)

@@ -96,6 +96,16 @@ def test_a_trajectorys_model_turns_start_at_their_own_version() -> None:
         spanning(turns=turns, segments=((0, 3), (4, 4)))
 
 
+def test_a_trajectory_without_segments_has_its_turns_versions_per_token() -> None:
+    """Its turns already say each model turn's (oldest) version: an observation carries the version of
+    the turn before it, a leading observation the sample's."""
+    turns = (Turn("observation", 1), Turn("model", 2, 3), Turn("observation", 1), Turn("model", 1, 4))
+    s = spanning(turns=turns, segments=(), logprobs=())
+    assert s.token_versions == (3, 3, 3, 3, 4)
+    assert decode_columns(encode_completion([s, Sample(1, (9,), version=2)])).token_versions().tolist() == \
+        [3, 3, 3, 3, 4, 2]
+
+
 # -- the codec: schemas 3 and 4, and everything stored before them ---------------------------------
 
 
