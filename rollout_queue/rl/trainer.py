@@ -244,10 +244,14 @@ def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, Any, i
             views[gi] = (torch.frombuffer(cols.token_ids, dtype=torch.int32),
                          torch.frombuffer(cols.logprobs, dtype=torch.float32) if len(cols.logprobs) else None,
                          torch.frombuffer(cols.loss_mask(), dtype=torch.uint8) if cols.multi_turn else None,
-                         torch.frombuffer(cols.token_versions(), dtype=torch.int32))
+                         torch.frombuffer(cols.token_versions(), dtype=torch.int32)
+                         if cols.segment_lists or cols.multi_turn else None)  # else: each sample's version
         ids, lps, loss_mask, versions = views[gi]
         input_ids[i, width:width + m] = ids[cols.offsets[s]:cols.offsets[s] + m]
-        token_versions[i, :m] = versions[cols.offsets[s]:cols.offsets[s] + m]
+        if versions is None:
+            token_versions[i, :m] = cols.versions[s]
+        else:
+            token_versions[i, :m] = versions[cols.offsets[s]:cols.offsets[s] + m]
         if loss_mask is None:
             response_mask[i, :m] = 1.0
         else:
