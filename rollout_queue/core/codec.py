@@ -15,9 +15,17 @@ lengths, role 1 for the model and 0 for an observation: the loss mask costs thre
 turn, not a byte per token) and its metadata object or null. A single-turn sample's row stays 7 fields,
 so it costs exactly what it did before trajectories existed; a reader older than 9-field rows refuses
 them (readers first, as always).
+Completion blob, schemas 3 and 4 (written only when some sample has per-token versions, Sample.segments):
+    b"RQC3" | ... as schema 2 (uint24 LE ids)        b"RQC4" | ... as schema 1 (int32 LE ids)
+their rows may have a 10th field, the sample's segments as run lengths [offset, version, offset,
+version, ...] (a 10-field row fills the turns with [] and the metadata with null when it has none). A
+completion without segments is still written as schema 2 or 1, byte for byte, so readers of those
+read it; a reader older than schema 3 refuses schemas 3 and 4 by their magic, never drops the
+per-token versions silently.
 The magic and the header's "v" name the schema (and so the id width) twice; they must agree. The
-decoder reads both schemas, so blobs stored before an upgrade stay readable; readers (trainers) must be
-upgraded before writers (workers), since an older reader refuses RQC2. Logprobs stay float32 in both.
+decoder reads every schema, so blobs stored before an upgrade stay readable; readers (trainers) must be
+upgraded before writers (workers), since an older reader refuses a newer schema. Logprobs stay float32
+in all of them.
 
 Completed-groups packet (a lease's groups sent between trainer ranks; never stored in Redis):
     b"RQG1" | u32 LE header length | orjson header | per group: body bytes, then completion blob
@@ -43,8 +51,13 @@ SCHEMA_VERSION = 1
 #: The completion schema written when every token id fits 24 bits; COMPLETION_SCHEMA_WIDE otherwise.
 COMPLETION_SCHEMA = 2
 COMPLETION_SCHEMA_WIDE = 1
-#: magic -> (schema, bytes per token id)
-_SCHEMAS = {b"RQC2": (COMPLETION_SCHEMA, 3), b"RQC1": (COMPLETION_SCHEMA_WIDE, 4)}
+#: The same two when some sample has segments (per-token versions): rows may carry a 10th field.
+COMPLETION_SCHEMA_SEGMENTS = 3
+COMPLETION_SCHEMA_SEGMENTS_WIDE = 4
+#: magic -> (schema, bytes per token id, row lengths it allows)
+_SCHEMAS = {b"RQC2": (COMPLETION_SCHEMA, 3, (7, 9)), b"RQC1": (COMPLETION_SCHEMA_WIDE, 4, (7, 9)),
+            b"RQC3": (COMPLETION_SCHEMA_SEGMENTS, 3, (7, 9, 10)),
+            b"RQC4": (COMPLETION_SCHEMA_SEGMENTS_WIDE, 4, (7, 9, 10))}
 _HEAD = struct.Struct("<I")
 _LITTLE = sys.byteorder == "little"
 _EMPTY_COLUMNS = SampleColumns(array("i"), array("f"), (), (), (), (), (), (), ())
@@ -91,11 +104,15 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
     head = []
     tokens: list[bytes] = []
     logprobs: list[bytes] = []
+    segmented = False
     for s in samples:
         row = [s.slot, len(s.token_ids), 1 if s.logprobs else 0, s.reward, s.version, s.finish_reason,
                list(s.versions)]
-        if s.turns or s.metadata is not None:
+        if s.turns or s.metadata is not None or s.segments:
             row += [[x for t in s.turns for x in (1 if t.trained else 0, t.n_tokens, t.version)], s.metadata]
+        if s.segments:
+            row.append([x for pair in s.segments for x in pair])
+            segmented = True
         head.append(row)
         tokens.append(_pack("i", s.token_ids))
         if s.logprobs:
@@ -103,14 +120,15 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
     wide = b"".join(tokens)
     n = len(wide) // 4
     if wide[3::4].count(0) == n:  # every high byte is 0: all ids are in 0..2^24-1
-        magic, schema = b"RQC2", COMPLETION_SCHEMA
+        magic, schema = (b"RQC3", COMPLETION_SCHEMA_SEGMENTS) if segmented else (b"RQC2", COMPLETION_SCHEMA)
         packed = bytearray(3 * n)
         packed[0::3] = wide[0::4]
         packed[1::3] = wide[1::4]
         packed[2::3] = wide[2::4]
         ids = bytes(packed)
     else:
-        magic, schema, ids = b"RQC1", COMPLETION_SCHEMA_WIDE, wide
+        magic, schema = (b"RQC4", COMPLETION_SCHEMA_SEGMENTS_WIDE) if segmented else (b"RQC1", COMPLETION_SCHEMA_WIDE)
+        ids = wide
     header = orjson.dumps({"v": schema, "s": head})
     return b"".join((magic, _HEAD.pack(len(header)), header, ids, *logprobs))
 
@@ -130,7 +148,7 @@ def _pack(code: str, values: Sequence[Any]) -> bytes:
 
 
 def decode_completion(blob: bytes) -> tuple[Sample, ...]:
-    """The samples of a completion blob (schema 1 or 2); CodecError for anything else.
+    """The samples of a completion blob (any schema, 1 to 4); CodecError for anything else.
 
     decode_columns, then one Sample per sample: the same checks, and the same errors, as the columns.
     """
@@ -138,7 +156,7 @@ def decode_completion(blob: bytes) -> tuple[Sample, ...]:
 
 
 def decode_columns(blob: bytes) -> SampleColumns:
-    """The samples of a completion blob (schema 1 or 2) as columns; CodecError for anything else.
+    """The samples of a completion blob (any schema, 1 to 4) as columns; CodecError for anything else.
 
     Checks the blob completely (header, lengths, every per-sample field, and the logprob rule over the
     whole float32 array at C speed), so an undecodable payload is found when it is leased, but
@@ -149,7 +167,7 @@ def decode_columns(blob: bytes) -> SampleColumns:
         blob = bytes(blob)
     if len(blob) < 8 or blob[:4] not in _SCHEMAS:
         raise CodecError("not a completion payload (bad magic)")
-    schema, width = _SCHEMAS[blob[:4]]
+    schema, width, lengths = _SCHEMAS[blob[:4]]
     (hlen,) = _HEAD.unpack_from(blob, 4)
     start = 8 + hlen
     if start > len(blob):
@@ -164,7 +182,7 @@ def decode_columns(blob: bytes) -> SampleColumns:
     rows = header.get("s")
     if not isinstance(rows, list):
         raise CodecError("completion header has no sample list")
-    n_tokens, n_logprobs = _count(rows)
+    n_tokens, n_logprobs = _count(rows, lengths)
     expected = width * n_tokens + 4 * n_logprobs
     if len(blob) - start != expected:
         raise CodecError(f"completion body is {len(blob) - start} bytes, header says {expected} "
@@ -176,10 +194,12 @@ def decode_columns(blob: bytes) -> SampleColumns:
             return _EMPTY_COLUMNS
         if all(len(row) == 7 for row in rows):
             return SampleColumns(tokens, logprobs, *zip(*rows))
-        turns = tuple(_turns(row[7]) if len(row) == 9 else () for row in rows)
-        metadata = tuple(row[8] if len(row) == 9 else None for row in rows)
+        turns = tuple(_turns(row[7]) if len(row) > 7 else () for row in rows)
+        metadata = tuple(row[8] if len(row) > 7 else None for row in rows)
+        segments = tuple(_segments(row[9]) if len(row) == 10 else () for row in rows)
         return SampleColumns(tokens, logprobs, *zip(*(row[:7] for row in rows)), turns if any(turns) else (),
-                             metadata if any(m is not None for m in metadata) else ())
+                             metadata if any(m is not None for m in metadata) else (),
+                             segments if any(segments) else ())
     except (TypeError, ValueError) as exc:  # a non-list versions; InvalidInput is a ValueError
         raise CodecError(f"bad sample in completion: {exc}") from exc
 
@@ -200,12 +220,22 @@ def _turns(flat: Any) -> tuple[Turn, ...]:
     return tuple(out)
 
 
-def _count(rows: list[Any]) -> tuple[int, int]:
-    """(tokens, logprobs) the sample rows promise; CodecError for a row of the wrong shape."""
+def _segments(flat: Any) -> tuple[tuple[int, int], ...]:
+    """A row's run-length segments ([offset, version, ...]) as pairs; ValueError for any other shape
+    (the values are checked by SampleColumns, as Sample checks them)."""
+    if type(flat) is not list or len(flat) % 2:
+        raise ValueError(f"segments must be a list of [offset, version] pairs, got {flat!r:.80}")
+    return tuple(zip(flat[0::2], flat[1::2]))
+
+
+def _count(rows: list[Any], lengths: tuple[int, ...]) -> tuple[int, int]:
+    """(tokens, logprobs) the sample rows promise; CodecError for a row of the wrong shape (``lengths``:
+    the row lengths the blob's schema allows)."""
     n_tokens = n_logprobs = 0
     for row in rows:
-        if type(row) is not list or len(row) not in (7, 9):
-            raise CodecError(f"bad sample row {row!r:.200}: expected a list of 7 fields (9 for a trajectory)")
+        if type(row) is not list or len(row) not in lengths:
+            raise CodecError(f"bad sample row {row!r:.200}: expected a list of 7 fields (9 for a trajectory, "
+                             f"10 with per-token versions in schemas 3 and 4)")
         count = row[1]
         if type(count) is not int or count < 0:
             raise CodecError(f"bad sample row {row!r}: token count must be an integer >= 0")

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from rollout_queue.core.errors import InvalidInput
-from rollout_queue.core.models import Sample, Turn, check_sample_columns, check_trajectory, logprobs_ok
+from rollout_queue.core.models import (
+    Sample,
+    Turn,
+    check_sample_columns,
+    check_segments,
+    check_trajectory,
+    logprobs_ok,
+    token_versions,
+)
 
 _LITTLE = sys.byteorder == "little"
 #: The high byte of a float32 that is negative (sign bit set) and not NaN or infinite (its exponent is
@@ -37,9 +45,10 @@ class SampleColumns:
     The other columns hold one value per sample, each Sample field of the same name: ``slots``,
     ``counts``, ``has_logprobs``, ``rewards``, ``versions`` (Sample.version), ``finish_reasons``,
     ``version_lists`` (Sample.versions); for trajectories, ``turn_lists`` (Sample.turns) and
-    ``metadata`` (Sample.metadata), each empty when no sample of the completion has any (the
-    single-turn case, which then costs nothing). ``loss_mask()`` is the per-token mask a trainer
-    multiplies its loss by, aligned with ``token_ids``.
+    ``metadata`` (Sample.metadata), and ``segment_lists`` (Sample.segments), each empty when no
+    sample of the completion has any (the single-turn, single-version case, which then costs
+    nothing). ``loss_mask()`` is the per-token mask a trainer multiplies its loss by and
+    ``token_versions()`` the policy version of each token, both aligned with ``token_ids``.
 
     Checked on construction as Sample checks its values (logprobs <= 0 and not NaN over the whole
     array at C speed, then each sample's fields), so a malformed column set cannot exist and the
@@ -58,6 +67,7 @@ class SampleColumns:
     version_lists: tuple[tuple[int, ...], ...]
     turn_lists: tuple[tuple[Turn, ...], ...] = ()
     metadata: tuple[Any, ...] = ()
+    segment_lists: tuple[Any, ...] = ()
     offsets: tuple[int, ...] = field(init=False)
     logprob_offsets: tuple[int, ...] = field(init=False)
 
@@ -82,6 +92,8 @@ class SampleColumns:
             object.__setattr__(self, name, value)
         if self.turn_lists or self.metadata:
             self._check_trajectories(counts, versions)
+        if self.segment_lists:
+            self._check_segments(counts, versions, checked_lists)
 
     def _check_trajectories(self, counts: tuple[int, ...], versions: tuple[int, ...]) -> None:
         """Each sample's turns and metadata, by Sample's rule (an empty column: none has any)."""
@@ -93,6 +105,18 @@ class SampleColumns:
         checked = [check_trajectory(t, m, c, v) for t, m, c, v in zip(turn_lists, metadata, counts, versions)]
         object.__setattr__(self, "turn_lists", tuple(t for t, _ in checked) if self.turn_lists else ())
         object.__setattr__(self, "metadata", tuple(m for _, m in checked) if self.metadata else ())
+
+    def _check_segments(self, counts: tuple[int, ...], versions: tuple[int, ...],
+                        version_lists: tuple[tuple[int, ...], ...]) -> None:
+        """Each sample's segments, by Sample's rule (checked after the turns they must agree with)."""
+        n = len(counts)
+        segment_lists = tuple(self.segment_lists)
+        if len(segment_lists) != n:
+            raise InvalidInput("segment_lists needs one value per sample (or none at all)")
+        turn_lists = self.turn_lists or ((),) * n
+        checked = tuple(check_segments(g, c, v, vs, t) for g, c, v, vs, t in zip(
+            segment_lists, counts, versions, version_lists, turn_lists))
+        object.__setattr__(self, "segment_lists", checked if any(checked) else ())
 
     def _spans(self, counts: tuple[Any, ...], has_logprobs: tuple[Any, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each sample's start in token_ids and in logprobs; InvalidInput unless the counts cover both exactly."""
@@ -120,10 +144,11 @@ class SampleColumns:
                 lps += array("f", s.logprobs)
         turns = tuple(s.turns for s in samples) if any(s.turns for s in samples) else ()
         metadata = tuple(s.metadata for s in samples) if any(s.metadata is not None for s in samples) else ()
+        segments = tuple(s.segments for s in samples) if any(s.segments for s in samples) else ()
         return cls(ids, lps, tuple(s.slot for s in samples), tuple(len(s.token_ids) for s in samples),
                    tuple(bool(s.logprobs) for s in samples), tuple(s.reward for s in samples),
                    tuple(s.version for s in samples), tuple(s.finish_reason for s in samples),
-                   tuple(s.versions for s in samples), turns, metadata)
+                   tuple(s.versions for s in samples), turns, metadata, segments)
 
     @property
     def multi_turn(self) -> bool:
@@ -143,18 +168,30 @@ class SampleColumns:
                 parts += [(b"\x01" if t.trained else b"\x00") * t.n_tokens for t in turns]
         return bytearray(b"".join(parts))
 
+    def token_versions(self) -> "array[int]":
+        """One policy version per token (array('i')), aligned with ``token_ids``: each sample's
+        segments expanded (models.token_versions: without them, its turns' versions or its
+        ``version``) (``torch.frombuffer(cols.token_versions(), dtype=torch.int32)``)."""
+        n = len(self.counts)
+        out = array("i")
+        for segments, count, version, turns in zip(self.segment_lists or ((),) * n, self.counts, self.versions,
+                                                   self.turn_lists or ((),) * n):
+            out += token_versions(segments, count, version, turns)
+        return out
+
     def samples(self) -> tuple[Sample, ...]:
         """One Sample per sample, its ids and logprobs as tuples of Python ints and floats."""
         ids, lps = self.token_ids.tolist(), self.logprobs.tolist()
         n = len(self.counts)
         turn_lists = self.turn_lists or ((),) * n
         metadata = self.metadata or (None,) * n
+        segment_lists = self.segment_lists or ((),) * n
         return tuple(
             Sample._trusted(slot, tuple(ids[t:t + n]), tuple(lps[lp:lp + n]) if has else (), reward, version,
-                            finish, vs, turns, md)
-            for slot, n, t, lp, has, reward, version, finish, vs, turns, md in zip(
+                            finish, vs, turns, md, segments)
+            for slot, n, t, lp, has, reward, version, finish, vs, turns, md, segments in zip(
                 self.slots, self.counts, self.offsets, self.logprob_offsets, self.has_logprobs, self.rewards,
-                self.versions, self.finish_reasons, self.version_lists, turn_lists, metadata))
+                self.versions, self.finish_reasons, self.version_lists, turn_lists, metadata, segment_lists))
 
 
 def logprobs_ok_f32(values: "array[float]") -> bool:

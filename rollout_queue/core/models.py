@@ -201,6 +201,15 @@ class Sample:
     and ``version`` is its oldest model turn's. ``metadata`` is a small JSON record (tool calls,
     per-step rewards), at most MAX_SAMPLE_METADATA bytes. A single-turn sample has neither
     (``turns == ()``: all of ``token_ids`` is one model turn) and costs nothing extra to store.
+
+    ``segments`` says which policy version generated each token, as run lengths: ``(start offset,
+    version)`` pairs, offsets strictly increasing from 0 and below ``len(token_ids)``, versions
+    non-decreasing, the first one ``version`` (the oldest) and each one of ``versions`` when those
+    are given (``check_segments``). A sample whose generation spanned weight updates (a continued
+    attempt, ``--weights-mode continue``) has one segment per version; ``()`` means every token is at
+    ``version`` (a trajectory's at its model turn's, ``Turn.version``). ``token_versions`` expands them, so a trainer can correct or mask each token by its
+    own staleness (rl/trainer.py ``grpo_loss``). In a trajectory, offsets index ``token_ids`` and an
+    observation's tokens carry the version of the turn before them (they are never trained).
     """
 
     slot: int
@@ -212,6 +221,7 @@ class Sample:
     versions: tuple[int, ...] = ()
     turns: tuple[Turn, ...] = ()
     metadata: Mapping[str, Any] | None = field(default=None, hash=False)
+    segments: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         ids = _int32_tuple(self.token_ids, "token_ids")
@@ -227,7 +237,8 @@ class Sample:
     @classmethod
     def _trusted(cls, slot: int, token_ids: tuple[int, ...], logprobs: tuple[float, ...], reward: float | None,
                  version: int, finish_reason: str, versions: tuple[int, ...], turns: tuple[Turn, ...] = (),
-                 metadata: Mapping[str, Any] | None = None) -> "Sample":
+                 metadata: Mapping[str, Any] | None = None,
+                 segments: tuple[tuple[int, int], ...] = ()) -> "Sample":
         """A sample built from values SampleColumns has already checked, with no check of its own.
 
         For SampleColumns.samples only: the columns checked every value on construction (the
@@ -237,12 +248,13 @@ class Sample:
         sample = cls.__new__(cls)
         for name, value in (("slot", slot), ("token_ids", token_ids), ("logprobs", logprobs), ("reward", reward),
                             ("version", version), ("finish_reason", finish_reason), ("versions", versions),
-                            ("turns", turns), ("metadata", metadata)):
+                            ("turns", turns), ("metadata", metadata), ("segments", segments)):
             object.__setattr__(sample, name, value)
         return sample
 
     def _check_fields(self) -> None:
-        """Everything but the per-token values: slot, reward, version, finish reason, versions, turns."""
+        """Everything but the per-token values: slot, reward, version, finish reason, versions, turns,
+        metadata, segments."""
         reward, versions = check_sample_fields(self.slot, self.reward, self.version, self.finish_reason,
                                                self.versions)
         object.__setattr__(self, "reward", reward)
@@ -250,6 +262,15 @@ class Sample:
         turns, metadata = check_trajectory(self.turns, self.metadata, len(self.token_ids), self.version)
         object.__setattr__(self, "turns", turns)
         object.__setattr__(self, "metadata", metadata)
+        segments = check_segments(self.segments, len(self.token_ids), self.version, versions, turns)
+        object.__setattr__(self, "segments", segments)
+
+    @property
+    def token_versions(self) -> tuple[int, ...]:
+        """The policy version that generated each token, aligned with ``token_ids`` (``segments``
+        expanded; without them, a trajectory's model turn's version on its tokens and every other
+        sample's ``version`` on all of them)."""
+        return tuple(token_versions(self.segments, len(self.token_ids), self.version, self.turns))
 
     @property
     def loss_mask(self) -> tuple[int, ...]:
@@ -298,6 +319,89 @@ def check_trajectory(turns: Any, metadata: Any, n_tokens: int,
                                "keep a record (tool names, per-step rewards), not a transcript")
         metadata = dict(metadata)
     return turns, metadata
+
+
+#: Largest policy version a sample, a turn or a segment may name (the buffer's scores pack it in 21 bits).
+MAX_VERSION = 2**21 - 1
+
+
+def check_segments(segments: Any, n_tokens: int, version: int, versions: tuple[int, ...],
+                   turns: tuple[Turn, ...] = ()) -> tuple[tuple[int, int], ...]:
+    """Check a sample's per-token versions (``Sample.segments``); returns them as a tuple of int pairs.
+
+    The rule, one for Sample and SampleColumns (so the codec accepts exactly what Sample does):
+    ``(offset, version)`` pairs, offsets strictly increasing from 0 and below ``n_tokens``, versions
+    in 0..MAX_VERSION and non-decreasing; the first version is the sample's ``version`` (its oldest,
+    which staleness counts from), every version is one of ``versions`` when those are given (every
+    version the sample ran under), and a trajectory's model turn starts at its own ``Turn.version``
+    (its oldest). Costs one pass over the segments and the turns, nothing per token. Raises
+    InvalidInput.
+    """
+    if type(segments) is tuple and not segments:
+        return ()
+    if isinstance(segments, (str, bytes, bytearray, Mapping)):
+        raise InvalidInput(f"segments must be a sequence of (token offset, version) pairs, got {describe(segments)}")
+    try:
+        items = tuple(segments)
+    except TypeError:
+        raise InvalidInput(f"segments must be a sequence of (token offset, version) pairs, "
+                           f"got {describe(segments)}") from None
+    out: list[tuple[int, int]] = []
+    for i, pair in enumerate(items):
+        if (type(pair) not in (tuple, list) or len(pair) != 2
+                or any(isinstance(x, bool) or not isinstance(x, int) for x in pair)):
+            raise InvalidInput(f"segments[{i}] must be a (token offset, version) pair of integers, got {describe(pair)}")
+        offset, at = int(pair[0]), int(pair[1])
+        if (offset != 0) if not out else not out[-1][0] < offset < n_tokens:
+            raise InvalidInput(f"segments[{i}] starts at token {offset}: offsets must rise strictly from 0 and stay "
+                               f"below the sample's {n_tokens} tokens")
+        if not (out[-1][1] if out else 0) <= at <= MAX_VERSION:
+            raise InvalidInput(f"segments[{i}] has version {at}: versions must not decrease and stay in "
+                               f"0..{MAX_VERSION}")
+        out.append((offset, at))
+    if out and n_tokens == 0:
+        raise InvalidInput("a sample without tokens has no segments")
+    if out and out[0][1] != version:
+        raise InvalidInput(f"the first segment's version {out[0][1]} must be the sample's version {version} "
+                           "(its oldest)")
+    if versions and not {v for _, v in out} <= set(versions):
+        raise InvalidInput(f"segments name versions {sorted({v for _, v in out} - set(versions))} that are not "
+                           f"among the sample's versions {list(versions)}")
+    if turns and out:
+        _check_turn_starts(out, turns)
+    return tuple(out)
+
+
+def _check_turn_starts(segments: list[tuple[int, int]], turns: tuple[Turn, ...]) -> None:
+    """Each model turn's first token is at that turn's version (its oldest): one walk of both lists."""
+    at, k = 0, 0
+    for turn in turns:
+        while k + 1 < len(segments) and segments[k + 1][0] <= at:
+            k += 1
+        if turn.trained and turn.n_tokens and segments[k][1] != turn.version:
+            raise InvalidInput(f"the model turn at token {at} has version {turn.version}, its segments say "
+                               f"{segments[k][1]}: a turn's version is its first (oldest) token's")
+        at += turn.n_tokens
+
+
+def token_versions(segments: Sequence[tuple[int, int]], n_tokens: int, version: int,
+                   turns: Sequence[Turn] = ()) -> "array[int]":
+    """``segments`` expanded to one version per token (``n_tokens`` of them) as an array('i'). Without
+    segments, a trajectory's tokens are at their model turn's version (an observation at the turn's
+    before it, a leading one at ``version``) and any other sample's at ``version``. The one expansion
+    Sample and SampleColumns use."""
+    if not segments:
+        if not turns:
+            return array("i", [version]) * n_tokens
+        out, last = array("i"), version
+        for turn in turns:
+            last = turn.version if turn.trained else last
+            out += array("i", [last]) * turn.n_tokens
+        return out
+    out = array("i")
+    for (start, at), (end, _) in zip(segments, [*segments[1:], (n_tokens, 0)]):
+        out += array("i", [at]) * (end - start)
+    return out
 
 
 def check_sample_fields(slot: Any, reward: Any, version: Any, finish_reason: Any,

@@ -31,12 +31,19 @@ How the pieces map (docs/TRL.md):
    lease returns at its deadline.
 4. Weights. After each ``publish_every`` steps the unwrapped model is saved to a fresh folder and
    published as the next policy version; workers load it before their next reservation.
-5. Staleness. TRL corrects against the generator's logprobs only on its vLLM path. Here the
-   truncated importance weight ``exp(current - behaviour)`` (TRL's own
-   ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``) multiplies the advantages per
-   token (the loss is linear in them for every loss type but VESPO, refused), so samples generated
-   by older weights are corrected, not just masked. Metrics ``queue/*`` report staleness, the
-   importance weights, lease waits and the queue's state.
+5. Staleness. TRL corrects against the generator's logprobs only where it believes a separate
+   generator made the completions (``use_vllm``). The workers are that generator, so the adapter
+   sets ``use_vllm`` once TRL is built (vLLM itself is started only at construction, which saw it
+   False) and TRL's own correction runs: it recomputes the tokens' logprobs with the current weights
+   and weights each token's loss by the ratio to the workers' behaviour logprobs, shaped by its
+   ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max`` (the workers' logprobs reach it
+   per token, so a sample whose generation spanned weight updates is corrected token by token). A
+   token older than the queue's bound (``policy_version - max_staleness``, by its own version,
+   ``Sample.segments``) is masked out of TRL's loss through ``env_mask`` (``stale_tokens="mask"``,
+   the default) or left to that correction (``"correct"``; masked anyway where nothing can correct
+   it: correction off, or a sample without logprobs). Metrics ``queue/*`` report staleness per
+   sample and per token, the stale tokens masked or corrected, lease waits and the queue's state;
+   TRL's ``sampling/importance_sampling_ratio/*`` the weights.
 6. Admission control. A queue whose config left ``batch_groups`` to the trainer (QueueConfig's
    default, DERIVED) gets it when the trainer is built: the groups it commits per published
    version, a generation batch (every process's) per lease times the leases between two published
@@ -55,7 +62,10 @@ group split between two of them, evaluation during training (it would lease trai
 lease spanning a checkpoint (``steps_per_generation * num_iterations`` not aligned with
 ``gradient_accumulation_steps`` and ``save_steps``, a ratio ``save_steps`` checked as TRL resolves
 it: at construction when ``max_steps`` is set, else at train begin, before the first step), a user
-``rollout_func``.
+``rollout_func``. Refused because the workers generate: ``use_vllm=True`` (TRL would start its own
+vLLM), ``tools`` or ``environment_factory`` (TRL's tool loop generates on the trainer; the workers
+run environments, docs/TRAJECTORIES.md), and VESPO (it folds every token's importance ratio into one
+sequence weight, masked tokens included, so a stale token could not be taken out).
 """
 
 from __future__ import annotations
@@ -72,14 +82,16 @@ from trl import GRPOTrainer
 
 from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.core.checks import check_choice
 from rollout_queue.core.config import DERIVED
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
-from rollout_queue.core.models import CompletedGroup
+from rollout_queue.core.models import CompletedGroup, Sample
 from rollout_queue.integrations.feed import DatasetFeed
 from rollout_queue.integrations.ranks import RankedStream
 from rollout_queue.integrations.stream import TrainingStream, derive_admission
 from rollout_queue.ops.logs import fields
 from rollout_queue.rl.producer import ProducePlan
+from rollout_queue.rl.trainer import STALE_TOKENS, stale_tokens_of, staleness_bound
 from rollout_queue.weights.publisher import TRANSPORTS, Transport, WeightPublisher
 
 log = logging.getLogger("rollout_queue.integrations.trl")
@@ -118,21 +130,34 @@ class QueueGRPOTrainer(GRPOTrainer):
     ``wait_s`` (how long a step waits for a batch before StreamStarved), ``lease_timeout_s``,
     ``weights_transport`` (``"folder"``: every version in full; ``"delta"``: only the changed
     tensors, see ``rollout_queue.weights``), ``weights_uri_base`` (where workers without shared
-    storage fetch ``weights_dir`` from: ``https://...``, ``s3://...``).
+    storage fetch ``weights_dir`` from: ``https://...``, ``s3://...``), ``stale_tokens`` (``"mask"``
+    or ``"correct"``: what becomes of a token older than the queue's bound, module docstring item 5).
     """
 
     def __init__(self, model: Any, reward_funcs: Any, *, queue: RolloutQueue, feed: bool = True,
                  producer_name: str = "trl", max_backlog: int = 0, weights_dir: str | None = None,
                  publish_every: int = 1, wait_s: float = 600.0, lease_timeout_s: float | None = None,
                  trainer_id: str | None = None, weights_transport: Transport = "folder", weights_uri_base: str | None = None,
-                 **kwargs: Any) -> None:
+                 stale_tokens: str = "mask", **kwargs: Any) -> None:
         if kwargs.get("rollout_func") is not None:
             raise IntegrationConfigError("QueueGRPOTrainer generates through the queue: drop rollout_func")
+        if getattr(kwargs.get("args"), "use_vllm", False):
+            raise IntegrationConfigError("QueueGRPOTrainer's completions come from the queue's workers: set "
+                                         "use_vllm=False (TRL's importance-sampling correction still applies)")
+        if kwargs.get("tools") or kwargs.get("environment_factory"):
+            raise IntegrationConfigError("tools and environments run on the workers (trajectories, "
+                                         "docs/TRAJECTORIES.md): TRL's own tool loop would generate on the trainer")
+        self.stale_tokens = check_choice(stale_tokens, STALE_TOKENS, "stale_tokens")
         if publish_every < 1:
             raise IntegrationConfigError(f"publish_every must be >= 1, got {publish_every}")
         if weights_transport not in TRANSPORTS:
             raise IntegrationConfigError(f"weights_transport must be one of {TRANSPORTS}, got {weights_transport!r}")
         super().__init__(model, reward_funcs, rollout_func=_rollout, **kwargs)
+        # Module docstring, item 5: TRL's importance-sampling correction runs where it believes a
+        # separate generator made the completions. vLLM is started only at construction (done, with
+        # use_vllm False); from here on the flag only selects that correction (the weight sync its
+        # rollout path would do is never due: _last_loaded_step).
+        self.use_vllm = True
         self.queue = queue
         self.feed_dataset = feed
         self.producer_name = producer_name
@@ -163,6 +188,16 @@ class QueueGRPOTrainer(GRPOTrainer):
         self._serving: list[CompletedGroup] | None = None
         self.add_callback(_QueueCallback(self))
 
+    @property
+    def _last_loaded_step(self) -> int:
+        """TRL's record of the step whose weights its vLLM last loaded: always the current one, so its
+        rollout path never syncs weights (the workers load the versions the trainer publishes)."""
+        return int(self.state.global_step)
+
+    @_last_loaded_step.setter
+    def _last_loaded_step(self, step: int) -> None:
+        pass  # TRL sets it after a sync; there is none here
+
     # -- configuration -------------------------------------------------------------------------
 
     def _check_config(self) -> int:
@@ -178,8 +213,9 @@ class QueueGRPOTrainer(GRPOTrainer):
             raise IntegrationConfigError("evaluation during training would lease training groups: set "
                                          "eval_strategy='no' and evaluate a saved checkpoint on its own")
         if self.loss_type == "vespo":
-            raise IntegrationConfigError("loss_type='vespo' weights advantages non-linearly: the queue's staleness "
-                                         "correction scales advantages, so pick another loss_type")
+            raise IntegrationConfigError("loss_type='vespo' folds every token's importance ratio into one sequence "
+                                         "weight, masked tokens included, so a stale token cannot be taken out: pick "
+                                         "another loss_type")
         generate_every = args.steps_per_generation * self.num_iterations
         accumulate = args.gradient_accumulation_steps
         if generate_every % accumulate and accumulate % generate_every:
@@ -290,7 +326,7 @@ class QueueGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(rows)
         finally:
             self._serving = None
-        self._correct_staleness(output, groups, waited)
+        self._log_queue(groups, waited)
         return output
 
     @staticmethod
@@ -316,15 +352,38 @@ class QueueGRPOTrainer(GRPOTrainer):
                 out["worker_reward"].append(sample.reward)
                 out["policy_version"].append(sample.version)
                 out["queue_entry"].append(group.entry_id)
-        if any(s.turns for g in groups for s in g.samples):  # trajectories: TRL's tool_mask (0 on observations)
-            out["env_mask"] = [list(s.loss_mask) for g in groups for s in g.samples]
         if len(out["prompt_ids"]) != len(prompts):
             raise InvalidInput(f"the lease holds {len(out['prompt_ids'])} completions for {len(prompts)} prompts")
+        masks, masked = self._trained_masks([s for g in groups for s in g.samples])
+        if masked or any(s.turns for g in groups for s in g.samples):
+            out["env_mask"] = masks  # TRL's tool_mask: 0 on observations and on stale tokens masked (item 5)
         return out
 
-    def _correct_staleness(self, output: dict[str, Any], groups: list[CompletedGroup], waited: float) -> None:
-        """Scale the advantages by the truncated importance weight of current vs behaviour policy
-        (module docstring, item 5) and log the queue's metrics."""
+    def _trained_masks(self, samples: list[Sample]) -> tuple[list[list[int]], bool]:
+        """Each sample's loss mask less the tokens older than the queue's bound that are masked
+        (module docstring, item 5), and whether any was; logs the per-token staleness metrics."""
+        bound = staleness_bound(self.queue)
+        correcting = self.stale_tokens == "correct" and bool(self.args.vllm_importance_sampling_correction)
+        masks, counts = [], {"tokens": 0, "masked": 0, "corrected": 0, "max": 0, "sum": 0}
+        for sample in samples:
+            loss_mask = torch.tensor(sample.loss_mask, dtype=torch.long)
+            staleness = (self.policy_version - torch.tensor(sample.token_versions, dtype=torch.long)).clamp(min=0)
+            stale = stale_tokens_of(staleness, loss_mask, bound)
+            masking = not (correcting and sample.logprobs)  # nothing corrects a token without its logprob
+            counts["tokens"] += int(loss_mask.sum())
+            counts["masked" if masking else "corrected"] += int(stale.sum())
+            counts["max"] = max(counts["max"], int((staleness * loss_mask).max()) if len(loss_mask) else 0)
+            counts["sum"] += int((staleness * loss_mask).sum())
+            masks.append((loss_mask * ~stale).tolist() if masking else loss_mask.tolist())
+        metrics, tokens = self._metrics["train"], max(1, counts["tokens"])
+        metrics["queue/token_staleness_max"].append(float(counts["max"]))
+        metrics["queue/token_staleness_mean"].append(counts["sum"] / tokens)
+        metrics["queue/stale_tokens_masked"].append(counts["masked"] / tokens)
+        metrics["queue/stale_tokens_corrected"].append(counts["corrected"] / tokens)
+        return masks, counts["masked"] > 0
+
+    def _log_queue(self, groups: list[CompletedGroup], waited: float) -> None:
+        """The queue's metrics of one generation batch (per sample; per token in _trained_masks)."""
         metrics = self._metrics["train"]
         versions = [s.version for g in groups for s in g.samples]
         staleness = [max(0, self.policy_version - v) for v in versions]
@@ -337,45 +396,6 @@ class QueueGRPOTrainer(GRPOTrainer):
         stats = self.queue.stats()
         for name in ("backlog", "ready", "executing_groups", "completed", "workers_alive"):
             metrics[f"queue/{name}"].append(float(getattr(stats, name)))
-        behaviour = output.get("sampling_per_token_logps")
-        if behaviour is None or not self.args.vllm_importance_sampling_correction:
-            return
-        ratio = self._importance_weights(output, behaviour)
-        mask = _trained_tokens(output)
-        weights = (ratio.expand_as(mask) * mask).sum() / mask.sum().clamp(min=1.0)
-        metrics["queue/importance_weight_mean"].append(float(weights))
-        metrics["queue/importance_masked"].append(float(((ratio == 0).float().expand_as(mask) * mask).sum()
-                                                        / mask.sum().clamp(min=1.0)))
-        output["advantages"] = output["advantages"].unsqueeze(-1) * ratio
-
-    def _importance_weights(self, output: dict[str, Any], behaviour: torch.Tensor) -> torch.Tensor:
-        """exp(current - behaviour) per token ([B, T]) or per sequence ([B, 1]), truncated or masked as
-        TRL's ``vllm_importance_sampling_mode`` says (the same modes and bounds as its vLLM path)."""
-        args = self.args
-        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        current = output.get("old_per_token_logps")
-        if current is None:
-            with torch.no_grad():
-                current, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention, completion_ids.size(1),
-                    batch_size=args.per_device_train_batch_size)
-        mask = _trained_tokens(output)
-        diff = torch.nan_to_num((current - behaviour) * mask, nan=0.0)
-        mode = args.vllm_importance_sampling_mode
-        if mode.startswith("sequence"):
-            diff = diff.sum(dim=-1, keepdim=True)
-        ratio = torch.exp(diff)
-        low = args.vllm_importance_sampling_clip_min
-        high = args.vllm_importance_sampling_clip_max
-        if mode.endswith("truncate"):
-            return torch.clamp(ratio, min=low, max=high)
-        if mode.endswith("mask"):
-            lo = -math.inf if low is None else low
-            hi = math.inf if high is None else high
-            return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
-        raise IntegrationConfigError(f"unknown vllm_importance_sampling_mode {mode!r}")
 
 
 def _resolved_save_steps(strategy: Any, save_steps: float | None, max_steps: int | None) -> int | None:
@@ -396,12 +416,6 @@ def _check_span(span: int, save_steps: int | None, max_steps: int | None) -> Non
         raise IntegrationConfigError(
             f"a lease spans {span} optimizer steps: save_steps ({save_steps}, as TRL resolves it) and max_steps "
             f"({max_steps}) must be multiples of it, or a checkpoint would cover half a lease")
-
-
-def _trained_tokens(output: dict[str, Any]) -> torch.Tensor:
-    """The tokens the loss trains on ([B, T] float): generated ones, less tool output (TRL's mask)."""
-    mask = output["completion_mask"].float()
-    return mask * output["tool_mask"] if "tool_mask" in output else mask
 
 
 class _QueueCallback(TrainerCallback):

@@ -18,7 +18,12 @@ and the workers' behaviour logprobs, on ``rollout_buffer``. What TRL's own worke
    worker restarts from a prompt index and loses what was buffered.
 2. A group the trainer would drop as too stale (``model_version - version > max_staleness``,
    TRL's ``RolloutQueueDataset`` rule) is not handed out: it is rolled back and regenerated with fresh
-   weights, so a stale drop never loses a prompt or pins the resume position (trl#7274).
+   weights, so a stale drop never loses a prompt or pins the resume position (trl#7274). A sample's
+   ``model_version`` is its oldest token's (``Sample.version``), so no token older than TRL's bound is
+   trained; its ``old_log_probs`` are the workers' behaviour logprobs token by token, which TRL's
+   loss takes its per-token ratio against (a sample whose generation spanned weight updates is
+   corrected token by token). Each group handed out reports its tokens' staleness
+   (``queue/token_staleness_max`` / ``_mean``, by ``Sample.segments``) on ``metrics_queue``.
 3. ``check_health`` raises the feeding thread's error (StreamStarved when no batch came) instead of
    letting the trainer wait on an empty buffer.
 4. Admission control: at train begin, a queue whose config left ``batch_groups`` to the trainer
@@ -69,7 +74,7 @@ from rollout_queue.rl.trainer import grpo_advantages
 
 log = logging.getLogger("rollout_queue.integrations.trl_async")
 
-__all__ = ["QueueRolloutWorker", "QueueWeightTransfer", "rollout_samples"]
+__all__ = ["QueueRolloutWorker", "QueueWeightTransfer", "rollout_samples", "token_staleness"]
 
 
 def rollout_samples(lease: Lease, group_ids: Iterator[int], *, scale_by_std: bool = True) -> list[RolloutSample]:
@@ -100,6 +105,19 @@ def rollout_samples(lease: Lease, group_ids: Iterator[int], *, scale_by_std: boo
                 advantage=float(advantage), model_version=int(sample.version), group_id=gid,
                 metrics={"reward": float(sample.reward or 0.0)}, enqueued_at=now))
     return out
+
+
+def token_staleness(lease: Lease, model_version: int) -> dict[str, float]:
+    """The staleness of a lease's trained tokens at ``model_version``, each by its own version
+    (``Sample.segments``): ``queue/token_staleness_max`` and ``_mean``."""
+    worst, total, count = 0, 0, 0
+    for group in lease.groups:
+        cols = group.columns()
+        trained = np.frombuffer(cols.loss_mask(), dtype=np.uint8).astype(bool)
+        ages = np.maximum(model_version - np.frombuffer(cols.token_versions(), dtype=np.int32)[trained], 0)
+        if ages.size:
+            worst, total, count = max(worst, int(ages.max())), total + int(ages.sum()), count + int(ages.size)
+    return {"queue/token_staleness_max": float(worst), "queue/token_staleness_mean": total / max(1, count)}
 
 
 @dataclass
@@ -226,6 +244,8 @@ class QueueRolloutWorker:
                 self._rollback(held, "too stale for the trainer")
                 self.metrics_queue.put({"queue/stale_requeued": 1.0})
                 return False
+            if held.taken == 0:
+                self.metrics_queue.put(token_staleness(held.lease, self.model_version))
             held.taken += 1
             return True
 

@@ -18,7 +18,10 @@ Rules this module keeps:
 3. A weight folder is complete the instant its name exists (written aside, then renamed), and the
    update is recorded through an admission hold, so no reservation starts while the version moves.
 4. It decides nothing the queue decides: staleness and exactly-once are the scripts' job; the trainer
-   only commits after its optimizer step and rolls back on any error.
+   only commits after its optimizer step and rolls back on any error. What it does decide is how each
+   token is trained: by its own policy version (``Sample.segments``; a sample spans several when its
+   generation outlived a weight update), a token older than the bound is masked or importance-
+   corrected (``grpo_loss``'s ``stale_tokens``), never trained as if it were on-policy.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollout_queue.core.checks import check_choice, check_flag, check_number, check_optional_int
 from rollout_queue.core.errors import InvalidInput, RolloutQueueError
 from rollout_queue.ops.logs import fields
 from rollout_queue.core.columns import SampleColumns
@@ -45,8 +49,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rollout_queue.rl.trainer")
 
-__all__ = ["PolicyBatch", "grpo_advantages", "grpo_loss", "lease_batch", "publish_weights", "response_logprobs",
-           "resume", "save_checkpoint", "save_weights", "training_step"]
+__all__ = ["IMPORTANCE_SAMPLING_MODES", "PolicyBatch", "STALE_TOKENS", "grpo_advantages", "grpo_loss", "lease_batch",
+           "publish_weights", "response_logprobs", "resume", "save_checkpoint", "save_weights", "stale_tokens_of",
+           "staleness_bound", "training_step"]
+
+#: How the importance ratio of the current to the behaviour policy weights the loss: TRL's
+#: ``vllm_importance_sampling_mode`` values (trl/trainer/grpo_trainer.py, 1.16), with the same
+#: meaning: per token or one ratio per sequence (the sum of its tokens' log-ratios), and a ratio
+#: outside [min, max] truncated to the bound or masked (weight 0).
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: What becomes of a token older than the staleness bound: ``mask`` (not trained: out of the loss
+#: mask) or ``correct`` (trained under the importance correction, as every token is).
+STALE_TOKENS = ("mask", "correct")
 
 
 def grpo_advantages(rewards: Sequence[Sequence[float]], *, scale_by_std: bool = True,
@@ -80,7 +94,9 @@ class PolicyBatch:
     logprobs (then the loss treats the data as on-policy). A trajectory's response is everything after
     its prompt, model turns and observations alike (the model attends to all of it); its loss mask
     (``Sample.loss_mask``) is ``response_mask``, so only the model's tokens are trained, and its
-    staleness is its oldest model turn's.
+    staleness is its oldest model turn's. ``token_versions`` holds each response token's own policy
+    version (``Sample.segments``), so a sample whose generation spanned weight updates is judged token
+    by token (``token_staleness``) against ``max_staleness``, the lease's queue's bound.
     """
 
     input_ids: "torch.Tensor"                   # [S, T] long
@@ -97,6 +113,18 @@ class PolicyBatch:
     prompt_width: int
     entry_ids: tuple[str, ...]
     version: int
+    token_versions: "torch.Tensor | None" = None  # [S, R] long: each response token's policy version, -1 on padding
+    max_staleness: int | None = None            # the bound of the lease's queue (0: strictly on-policy); None: unknown
+
+    @property
+    def token_staleness(self) -> "torch.Tensor":
+        """[S, R] long: ``version`` minus each response token's policy version (never negative), 0 on
+        padding. Without ``token_versions`` (a batch built by hand), each sample's ``staleness``."""
+        import torch
+
+        if self.token_versions is None:
+            return self.staleness.unsqueeze(-1) * (self.response_mask > 0)
+        return torch.where(self.token_versions >= 0, (self.version - self.token_versions).clamp(min=0), 0)
 
     @property
     def response_ids(self) -> "torch.Tensor":
@@ -120,23 +148,35 @@ def _prompt_ids(group: CompletedGroup, tokenizer: Any) -> list[int]:
     return [int(t) for t in ids]
 
 
+def staleness_bound(queue: "RolloutQueue") -> int:
+    """The queue's staleness bound as a number of versions: ``max_staleness``, 0 when it is None
+    (strictly on-policy, DESIGN: Buffer and staleness)."""
+    bound = queue.config.max_staleness
+    return 0 if bound is None else int(bound)
+
+
 def lease_batch(lease: "Lease | Sequence[CompletedGroup]", *, tokenizer: Any = None, version: int | None = None,
                 pad_token_id: int = 0, scale_by_std: bool = True, eps: float = 1e-6,
-                device: "torch.device | str | None" = None) -> PolicyBatch:
+                device: "torch.device | str | None" = None, max_staleness: int | None = None) -> PolicyBatch:
     """The tensors a policy-gradient step needs, from a lease's completed groups.
 
     Prompts are tokenized with ``tokenizer`` (``.encode(text)`` or a callable; it must be the one the
     workers use) unless the groups carry ``prompt_token_ids``. ``version`` defaults to the lease's
-    policy version (staleness = version - each sample's version, never negative).
+    policy version (staleness = version - each sample's version, never negative; per token, version
+    - each token's). ``max_staleness`` (the batch's bound for ``grpo_loss``) defaults to the lease's
+    queue's (``staleness_bound``), None for groups given without their lease.
     Raises InvalidInput for a sample without a reward or a lease without samples.
     """
     import torch
 
     groups = list(lease.groups) if hasattr(lease, "groups") else list(lease)
     at = version if version is not None else int(getattr(lease, "version", 0))
+    bound = check_optional_int(max_staleness, "max_staleness")
+    if bound is None and getattr(getattr(lease, "queue", None), "config", None) is not None:
+        bound = staleness_bound(lease.queue)  # type: ignore[union-attr]
     rows, rewards = _rows(groups, tokenizer)
     advantages = [a for group in grpo_advantages(rewards, scale_by_std=scale_by_std, eps=eps) for a in group]
-    input_ids, attention, response_mask, behaviour, width = _pad(rows, pad_token_id)
+    input_ids, attention, response_mask, behaviour, token_versions, width = _pad(rows, pad_token_id)
     batch = PolicyBatch(
         input_ids=input_ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
         response_mask=response_mask, behaviour_logprobs=behaviour,
@@ -146,6 +186,7 @@ def lease_batch(lease: "Lease | Sequence[CompletedGroup]", *, tokenizer: Any = N
         version_span=torch.tensor([_span(cols.version_lists[s]) for _, cols, s, _ in rows], dtype=torch.long),
         group_index=torch.tensor([gi for _, _, _, gi in rows], dtype=torch.long),
         prompt_width=width, entry_ids=tuple(g.entry_id for g in groups), version=at,
+        token_versions=token_versions, max_staleness=bound,
     )
     return batch if device is None else _to(batch, device)
 
@@ -176,10 +217,11 @@ def _rows(groups: Sequence[CompletedGroup], tokenizer: Any) -> tuple[list[Row], 
     return rows, rewards
 
 
-def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, int]:
-    """(input_ids, attention_mask, response_mask, behaviour logprobs or None, prompt width): the
-    module's rule 2, prompts left-padded and responses right-padded. Each group's token ids and
-    logprobs are viewed as tensors in place (torch.frombuffer) and copied once, into the batch."""
+def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, Any, int]:
+    """(input_ids, attention_mask, response_mask, behaviour logprobs or None, token versions, prompt
+    width): the module's rule 2, prompts left-padded and responses right-padded. Each group's token
+    ids, logprobs and token versions are viewed as tensors in place (torch.frombuffer) and copied
+    once, into the batch."""
     import torch
 
     width = max(len(p) for p, _, _, _ in rows)
@@ -189,8 +231,9 @@ def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, int]:
     attention = torch.zeros((n, width + longest), dtype=torch.long)
     response_mask = torch.zeros((n, longest), dtype=torch.float32)
     behaviour = torch.zeros((n, longest), dtype=torch.float32)
+    token_versions = torch.full((n, longest), -1, dtype=torch.long)
     has_logprobs = all(cols.has_logprobs[s] or not cols.counts[s] for _, cols, s, _ in rows)
-    views: dict[int, tuple[Any, Any, Any]] = {}  # group index -> (ids, logprobs, loss mask) tensors
+    views: dict[int, tuple[Any, Any, Any, Any]] = {}  # group index -> (ids, logprobs, loss mask, versions) tensors
     for i, (prompt, cols, s, gi) in enumerate(rows):
         k, m = len(prompt), cols.counts[s]
         input_ids[i, width - k:width] = torch.tensor(prompt, dtype=torch.long)
@@ -200,16 +243,22 @@ def _pad(rows: list[Row], pad_token_id: int) -> tuple[Any, Any, Any, Any, int]:
         if gi not in views:  # frombuffer refuses an empty buffer: only a group with tokens gets here
             views[gi] = (torch.frombuffer(cols.token_ids, dtype=torch.int32),
                          torch.frombuffer(cols.logprobs, dtype=torch.float32) if len(cols.logprobs) else None,
-                         torch.frombuffer(cols.loss_mask(), dtype=torch.uint8) if cols.multi_turn else None)
-        ids, lps, loss_mask = views[gi]
+                         torch.frombuffer(cols.loss_mask(), dtype=torch.uint8) if cols.multi_turn else None,
+                         torch.frombuffer(cols.token_versions(), dtype=torch.int32)
+                         if cols.segment_lists or cols.multi_turn else None)  # else: each sample's version
+        ids, lps, loss_mask, versions = views[gi]
         input_ids[i, width:width + m] = ids[cols.offsets[s]:cols.offsets[s] + m]
+        if versions is None:
+            token_versions[i, :m] = cols.versions[s]
+        else:
+            token_versions[i, :m] = versions[cols.offsets[s]:cols.offsets[s] + m]
         if loss_mask is None:
             response_mask[i, :m] = 1.0
         else:
             response_mask[i, :m] = loss_mask[cols.offsets[s]:cols.offsets[s] + m]
         if has_logprobs:
             behaviour[i, :m] = lps[cols.logprob_offsets[s]:cols.logprob_offsets[s] + m]
-    return input_ids, attention, response_mask, behaviour if has_logprobs else None, width
+    return input_ids, attention, response_mask, behaviour if has_logprobs else None, token_versions, width
 
 
 def _to(batch: PolicyBatch, device: "torch.device | str") -> PolicyBatch:
@@ -235,40 +284,121 @@ def response_logprobs(model: Any, batch: PolicyBatch) -> "torch.Tensor":
 
 def grpo_loss(logprobs: "torch.Tensor", batch: PolicyBatch, *, clip_eps: float = 0.2,
               clip_eps_high: float | None = None, decoupled: bool = True,
-              max_importance_weight: float = 2.0) -> tuple["torch.Tensor", dict[str, float]]:
-    """The clipped policy-gradient loss of GRPO, averaged over response tokens (DAPO's token mean).
+              max_importance_weight: float | None = 2.0, min_importance_weight: float | None = None,
+              importance_sampling_mode: str = "token_truncate", max_staleness: int | None = None,
+              stale_tokens: str = "mask") -> tuple["torch.Tensor", dict[str, float]]:
+    """The clipped policy-gradient loss of GRPO, averaged over the tokens trained (DAPO's token mean).
 
     ``decoupled`` (AReaL's decoupled PPO, the default): the trust region is taken around the current
     policy (the weights this step starts from) and the gap between the behaviour policy (the
-    workers', up to ``max_staleness`` versions old) and the current one is corrected by a
-    per-token importance weight, truncated at ``max_importance_weight``. Stale samples then keep
-    their gradient instead of being clipped away. ``decoupled=False``: classic PPO clipping against
-    the behaviour policy. Without behaviour logprobs the data is treated as on-policy.
-    Returns (loss, metrics).
+    workers', token by token: ``Sample.segments``) and the current one is corrected by an importance
+    weight, ``exp(current - behaviour)``, shaped by ``importance_sampling_mode`` as TRL shapes it
+    (``IMPORTANCE_SAMPLING_MODES``: per token or per sequence, truncated to or masked outside
+    [``min_importance_weight``, ``max_importance_weight``], TRL's ``vllm_importance_sampling_clip_min``
+    / ``_clip_max``; None: no bound). Stale tokens then keep their gradient instead of being clipped
+    away. ``decoupled=False``: classic PPO clipping against the behaviour policy, no weight.
+
+    Staleness per token: a token whose version is more than ``max_staleness`` (default: the batch's,
+    its lease's queue's bound) behind ``batch.version`` is masked (``stale_tokens="mask"``: out of the
+    loss and its token count) or corrected (``"correct"``: trained under the correction above, like
+    every token). Without behaviour logprobs nothing can be corrected: the data is treated as
+    on-policy, and a stale token is masked whatever ``stale_tokens`` says. Returns (loss, metrics):
+    ``ratio_mean`` (of the raw ratio), ``weight_mean`` (the weight applied), ``masked_fraction``
+    (tokens trained with weight 0 by the importance mask), ``stale_masked_fraction`` and
+    ``stale_corrected_fraction`` (response tokens older than the bound, masked or corrected),
+    ``token_staleness_max`` / ``_mean`` (over the response tokens), ``clip_fraction``, ``approx_kl``.
+    Raises InvalidInput for an unknown mode or a bad bound.
     """
     import torch
 
-    mask = batch.response_mask
+    weights = _importance_bounds(importance_sampling_mode, min_importance_weight, max_importance_weight)
+    check_choice(stale_tokens, STALE_TOKENS, "stale_tokens")
+    check_flag(decoupled, "decoupled")
+    bound = batch.max_staleness if max_staleness is None else check_optional_int(max_staleness, "max_staleness")
+    response = batch.response_mask
     current = logprobs.detach()
     behaviour = batch.behaviour_logprobs if batch.behaviour_logprobs is not None else current
+    staleness = batch.token_staleness
+    stale = stale_tokens_of(staleness, response, bound)
+    masking = stale_tokens == "mask" or batch.behaviour_logprobs is None
+    mask = response * ~stale if masking else response  # the tokens trained
+    log_ratio = _log_ratio(current, behaviour, mask)
+    drift = torch.exp(log_ratio)
+    weight = _importance_weight(log_ratio, importance_sampling_mode, *weights) if decoupled else None
     anchor = current if decoupled else behaviour
-    ratio = torch.exp((logprobs - anchor) * mask)
-    weight = torch.exp((current - behaviour) * mask).clamp(max=max_importance_weight) if decoupled else 1.0
+    ratio = torch.exp(_log_ratio(logprobs, anchor, mask))
     high = clip_eps if clip_eps_high is None else clip_eps_high
     advantages = batch.advantages.unsqueeze(-1)
-    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages) * weight
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages)
+    if weight is not None:
+        surrogate = surrogate * weight
     tokens = mask.sum().clamp(min=1.0)
     loss = -(surrogate * mask).sum() / tokens
     with torch.no_grad():
-        drift = torch.exp((current - behaviour) * mask)
+        applied = (weight if weight is not None else torch.ones_like(mask)).expand_as(mask)
         clipped = ((drift < 1 - clip_eps) | (drift > 1 + high)).float()
+        responses = response.sum().clamp(min=1.0)
+        stale_count = float((stale.float() * response).sum().item())
+        arrived = staleness * (response > 0)  # every response token's, masked ones included
         metrics = {
             "loss": float(loss.item()),
             "ratio_mean": float((drift * mask).sum().item() / tokens.item()),
+            "weight_mean": float((applied * mask).sum().item() / tokens.item()),
+            "masked_fraction": float((((applied == 0).float()) * mask).sum().item() / tokens.item()),
+            "stale_masked_fraction": stale_count / responses.item() if masking else 0.0,
+            "stale_corrected_fraction": 0.0 if masking else stale_count / responses.item(),
+            "token_staleness_max": float(arrived.max().item()) if arrived.numel() else 0.0,
+            "token_staleness_mean": float(arrived.sum().item() / responses.item()),
             "clip_fraction": float((clipped * mask).sum().item() / tokens.item()),
-            "approx_kl": float((((behaviour - current) * mask).sum() / tokens).item()),
+            "approx_kl": float((-log_ratio.sum() / tokens).item()),
         }
     return loss, metrics
+
+
+def stale_tokens_of(staleness: "torch.Tensor", mask: "torch.Tensor", bound: int | None) -> "torch.Tensor":
+    """Which tokens are older than ``bound`` versions (bool, the shape of ``staleness``): those of
+    ``mask`` whose staleness exceeds it; none when the bound is None (not known). The one rule
+    grpo_loss and the TRL adapter judge a token by."""
+    import torch
+
+    if bound is None:
+        return torch.zeros_like(staleness, dtype=torch.bool)
+    return (staleness > bound) & (mask > 0)
+
+
+def _importance_bounds(mode: str, low: float | None, high: float | None) -> tuple[float | None, float | None]:
+    """The importance weight's mode and bounds, checked (InvalidInput)."""
+    check_choice(mode, IMPORTANCE_SAMPLING_MODES, "importance_sampling_mode")
+    bounds = tuple(None if b is None else check_number(b, name) for b, name in
+                   ((low, "min_importance_weight"), (high, "max_importance_weight")))
+    if any(b is not None and b < 0 for b in bounds) or (None not in bounds and bounds[0] > bounds[1]):  # type: ignore[operator]
+        raise InvalidInput(f"importance weight bounds must be >= 0 and min <= max, got [{low}, {high}]")
+    return bounds  # type: ignore[return-value]
+
+
+def _log_ratio(logprobs: "torch.Tensor", anchor: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+    """logprobs - anchor on the tokens of ``mask``, 0 elsewhere (and where it is NaN, as TRL does): a
+    -inf behaviour logprob on a token not trained must not turn a sum, or the loss, into NaN."""
+    import torch
+
+    return torch.nan_to_num(torch.where(mask > 0, logprobs - anchor, torch.zeros_like(logprobs)), nan=0.0)
+
+
+def _importance_weight(log_ratio: "torch.Tensor", mode: str, low: float | None,
+                       high: float | None) -> "torch.Tensor":
+    """The importance weight of the current over the behaviour policy from their per-token log-ratio,
+    [S, R] or [S, 1] for the sequence modes, truncated or masked as TRL's
+    ``vllm_importance_sampling_mode`` does."""
+    import torch
+
+    diff = log_ratio
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return ratio if low is None and high is None else torch.clamp(ratio, min=low, max=high)
+    outside = (ratio < (-math.inf if low is None else low)) | (ratio > (math.inf if high is None else high))
+    return ratio.masked_fill(outside, 0.0)
 
 
 @contextmanager

@@ -194,6 +194,136 @@ def test_stale_samples_keep_a_truncated_importance_weighted_gradient() -> None:
     assert classic.grad[0, :2].tolist() == [0.0, 0.0]  # PPO clipping against the behaviour policy drops them
 
 
+# -- per-token versions: importance weights and staleness token by token (issue 30) ---------------
+
+
+def spanning_lease() -> FakeLease:
+    """Two samples at lease version 5: the first generated under versions 1 then 5 (an update landed
+    after its first token), the second under 5 alone. Rewards 1 and 0: advantages +1 and -1."""
+    a = Sample(0, (10, 11, 12), (-1.0, -0.5, -2.0), reward=1.0, version=1, versions=(1, 5), segments=((0, 1), (1, 5)))
+    b = Sample(1, (13, 14), (-0.25, -1.5), reward=0.0, version=5)
+    return FakeLease([group("1-0", [5, 6], [a, b])], version=5)
+
+
+def test_each_response_token_carries_its_own_version_and_staleness() -> None:
+    b = lease_batch(spanning_lease())
+    assert b.token_versions is not None
+    assert b.token_versions.tolist() == [[1, 5, 5], [5, 5, -1]]  # -1 on padding
+    assert b.token_staleness.tolist() == [[4, 0, 0], [0, 0, 0]]
+    assert b.staleness.tolist() == [4, 0]  # per sample: its oldest token's
+    assert lease_batch(spanning_lease(), version=7).token_staleness.tolist() == [[6, 2, 2], [2, 2, 0]]
+    assert b.max_staleness is None  # groups without their queue: no bound known
+
+
+#: log(current / behaviour) per response token: the current policy moved away from the workers'
+DELTAS = [[math.log(3.0), 0.0, math.log(0.25)], [math.log(4.0), 0.0, 0.0]]
+
+
+def _hand_loss(b: Any, weights: list[list[float]], trained: list[list[int]]) -> tuple[float, list[list[float]]]:
+    """The decoupled loss at ratio 1 (the current policy is the anchor), by hand: -sum(A * w) over the
+    trained tokens / their count, and its gradient -A * w / count on each trained token."""
+    adv = b.advantages.tolist()
+    count = sum(map(sum, trained))
+    grad = [[-adv[i] * w * t / count for w, t in zip(weights[i], trained[i])] for i in range(len(weights))]
+    return sum(map(sum, grad)), grad
+
+
+@pytest.mark.parametrize("mode, weights", [
+    # per token: 3 truncated to 2, 0.25 raised to 0.5; or those outside [0.5, 2] given weight 0
+    ("token_truncate", [[2.0, 1.0, 0.5], [2.0, 1.0]]),
+    ("token_mask", [[0.0, 1.0, 0.0], [0.0, 1.0]]),
+    # per sequence: exp(sum of its log-ratios), 0.75 and 4 (truncated to 2 / masked)
+    ("sequence_truncate", [[0.75] * 3, [2.0] * 2]),
+    ("sequence_mask", [[0.75] * 3, [0.0] * 2]),
+])
+def test_importance_weights_per_token_or_sequence_equal_a_hand_computation(mode: str,
+                                                                           weights: list[list[float]]) -> None:
+    b = lease_batch(spanning_lease())
+    assert b.behaviour_logprobs is not None
+    current = (b.behaviour_logprobs + torch.tensor(DELTAS) * b.response_mask).requires_grad_(True)
+    loss, metrics = grpo_loss(current, b, importance_sampling_mode=mode, min_importance_weight=0.5,
+                              max_importance_weight=2.0)
+    want, grad = _hand_loss(b, weights, [[1, 1, 1], [1, 1]])
+    assert loss.item() == pytest.approx(want, abs=1e-5)
+    loss.backward()
+    assert current.grad[0].tolist() == pytest.approx(grad[0], abs=1e-5)
+    assert current.grad[1, :2].tolist() == pytest.approx(grad[1], abs=1e-5)
+    assert metrics["weight_mean"] == pytest.approx(sum(map(sum, weights)) / 5, abs=1e-5)
+    assert metrics["ratio_mean"] == pytest.approx((3 + 1 + 0.25 + 4 + 1) / 5, abs=1e-5)
+    assert metrics["masked_fraction"] == pytest.approx(sum(w == 0 for ws in weights for w in ws) / 5)
+
+
+def test_a_token_older_than_the_bound_is_masked_not_trained_as_on_policy() -> None:
+    """Token 0 of the first sample is 4 versions old, the bound is 2: masked, it leaves the loss and
+    its token count, and the first sample's sequence ratio is its other tokens' (0.25 -> 0.5)."""
+    b = lease_batch(spanning_lease())
+    current = (b.behaviour_logprobs + torch.tensor(DELTAS) * b.response_mask).requires_grad_(True)
+    loss, metrics = grpo_loss(current, b, max_staleness=2, importance_sampling_mode="sequence_truncate",
+                              min_importance_weight=0.5)
+    want, grad = _hand_loss(b, [[0.0, 0.5, 0.5], [2.0, 2.0]], [[0, 1, 1], [1, 1]])
+    assert loss.item() == pytest.approx(want, abs=1e-5)
+    loss.backward()
+    assert current.grad[0].tolist() == pytest.approx(grad[0], abs=1e-5) and current.grad[0, 0].item() == 0.0
+    assert metrics["stale_masked_fraction"] == pytest.approx(1 / 5) and metrics["stale_corrected_fraction"] == 0.0
+    assert metrics["token_staleness_max"] == 4.0
+    # Corrected instead: the old token stays, weighted like every token (3 truncated to 2).
+    loss, metrics = grpo_loss(current, b, max_staleness=2, stale_tokens="correct")
+    assert loss.item() == pytest.approx(_hand_loss(b, [[2.0, 1.0, 0.25], [2.0, 1.0]], [[1, 1, 1], [1, 1]])[0],
+                                        abs=1e-5)
+    assert metrics["stale_corrected_fraction"] == pytest.approx(1 / 5) and metrics["stale_masked_fraction"] == 0.0
+    # Within the bound nothing is masked: the default bound is the batch's (none known here).
+    assert grpo_loss(current, b, max_staleness=4)[1]["stale_masked_fraction"] == 0.0
+    assert grpo_loss(current, b)[1]["stale_masked_fraction"] == 0.0
+
+
+def test_a_minus_infinity_logprob_on_a_masked_token_leaves_the_loss_finite() -> None:
+    a = Sample(0, (10, 11, 12), (-math.inf, -0.5, -2.0), reward=1.0, version=1, versions=(1, 5),
+               segments=((0, 1), (1, 5)))
+    b = lease_batch(FakeLease([group("1-0", [5], [a, Sample(1, (13,), (-1.0,), reward=0.0, version=5)])], version=5))
+    for decoupled in (True, False):
+        current = torch.full((2, 3), -1.0, requires_grad=True)
+        loss, metrics = grpo_loss(current, b, max_staleness=2, decoupled=decoupled,
+                                  importance_sampling_mode="sequence_mask")
+        loss.backward()
+        assert math.isfinite(loss.item()) and all(math.isfinite(v) for v in metrics.values()), metrics
+        assert torch.isfinite(current.grad).all() and current.grad[0, 0].item() == 0.0
+
+
+def test_without_behaviour_logprobs_a_stale_token_cannot_be_corrected_so_it_is_masked() -> None:
+    a = Sample(0, (10, 11), (), reward=1.0, version=1, versions=(1, 5), segments=((0, 1), (1, 5)))
+    b = lease_batch(FakeLease([group("1-0", [5], [a, Sample(1, (12, 13), (), reward=0.0, version=5)])], version=5))
+    assert b.behaviour_logprobs is None
+    logprobs = torch.full((2, 2), -1.0, requires_grad=True)
+    loss, metrics = grpo_loss(logprobs, b, max_staleness=0, stale_tokens="correct")
+    loss.backward()
+    assert logprobs.grad[0, 0].item() == 0.0 and logprobs.grad[0, 1].item() != 0.0
+    assert metrics["stale_masked_fraction"] == pytest.approx(1 / 4)
+
+
+def test_bad_importance_settings_are_refused() -> None:
+    b = lease_batch(spanning_lease())
+    for kwargs in ({"importance_sampling_mode": "token"}, {"min_importance_weight": 3.0},
+                   {"max_importance_weight": -1.0}, {"stale_tokens": "drop"}, {"max_staleness": -1},
+                   {"max_importance_weight": float("nan")}):
+        with pytest.raises(InvalidInput):
+            grpo_loss(b.behaviour_logprobs, b, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_leased_batch_takes_its_bound_from_the_queue(redis_url: str, queue_name: str) -> None:
+    from tests.integrations.helpers import fill
+
+    for bound, expect in ((3, 3), (None, 0)):  # None: strictly on-policy, bound 0
+        q = RolloutQueue.from_url(redis_url, f"{queue_name}-{expect}", QueueConfig(max_staleness=bound))
+        fill(q, 1, tokenized=True)
+        lease = q.lease(groups=1)
+        assert lease is not None
+        b = lease_batch(lease)
+        assert b.max_staleness == expect and b.token_versions.tolist() == [[0, 0], [0, 0]]
+        assert lease_batch(lease, max_staleness=7).max_staleness == 7
+        lease.rollback()
+        q.close()
+
+
 # -- commit after the step, rollback on any error ---------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""The completion codec under generated input, no Redis: round trips of any valid completion in both
-schemas, and garbage (mutated blobs, arbitrary headers and bodies) that must end in CodecError.
+"""The completion codec under generated input, no Redis: round trips of any valid completion in every
+schema (per-token versions, Sample.segments, included), and garbage (mutated blobs, arbitrary headers and bodies) that must end in CodecError.
 
 Rule under test: decode_completion(encode_completion(s)) == s for every valid list of samples (logprobs
 as float32 keeps them), and no byte string makes decode_completion raise anything but CodecError or
@@ -38,10 +38,41 @@ def samples(draw: st.DrawFn) -> Sample:
     lps = tuple(map(_f32, draw(st.lists(LOGPROB, min_size=len(ids), max_size=len(ids))))) if draw(st.booleans()) else ()
     version = draw(st.integers(0, 2**21 - 1))
     turns, metadata = draw(trajectory(len(ids), version)) if draw(st.booleans()) else ((), None)
+    segs = draw(segments(len(ids), version, turns))
+    versions = tuple(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3)))
+    if segs:  # every version a segment names is one the sample ran under
+        versions = tuple(sorted({v for _, v in segs})) + versions
     return Sample(draw(st.integers(0, 65_535)), ids, lps,  # slots are < n <= 65536
                   draw(st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False))),
-                  version, draw(st.text(max_size=8).filter(_utf8)),
-                  tuple(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3))), turns, metadata)
+                  version, draw(st.text(max_size=8).filter(_utf8)), versions, turns, metadata, segs)
+
+
+@st.composite
+def segments(draw: st.DrawFn, n_tokens: int, version: int, turns: tuple[Turn, ...]) -> tuple[tuple[int, int], ...]:
+    """Valid per-token versions (or none): run lengths from offset 0 at ``version``, versions rising,
+    each of a trajectory's model turns starting at its own version (() when its turns' versions fall)."""
+    if not n_tokens or not draw(st.booleans()):
+        return ()
+    forced = {0: version}
+    at = 0
+    for turn in turns:
+        if turn.trained and turn.n_tokens:
+            if forced.setdefault(at, turn.version) != turn.version:
+                return ()  # a turn at token 0 newer than the sample's version (an empty model turn's)
+        at += turn.n_tokens
+    starts = sorted(set(forced) | set(draw(st.lists(st.integers(0, n_tokens - 1), max_size=4))))
+    out: list[tuple[int, int]] = []
+    for i, start in enumerate(starts):
+        last = out[-1][1] if out else version
+        later = [forced[s] for s in starts[i + 1:] if s in forced]
+        if start in forced:
+            at = forced[start]
+        else:
+            at = draw(st.integers(last, min(later, default=2**21 - 1))) if min(later, default=last) >= last else -1
+        if at < last:
+            return ()
+        out.append((start, at))
+    return tuple(out)
 
 
 @st.composite
@@ -82,8 +113,13 @@ COMPLETIONS = st.lists(samples(), max_size=5)
 def test_every_valid_completion_round_trips(completion: list[Sample]) -> None:
     blob = encode_completion(completion)
     in_24 = all(0 <= t <= MAX24 for s in completion for t in s.token_ids)
-    assert blob[:4] == (b"RQC2" if in_24 else b"RQC1")
-    assert decode_completion(blob) == tuple(completion)
+    if any(s.segments for s in completion):  # schemas 3 and 4 only when some sample has per-token versions
+        assert blob[:4] == (b"RQC3" if in_24 else b"RQC4")
+    else:
+        assert blob[:4] == (b"RQC2" if in_24 else b"RQC1")
+    decoded = decode_completion(blob)
+    assert decoded == tuple(completion)
+    assert [s.token_versions for s in decoded] == [s.token_versions for s in completion]
 
 
 def _decodes_or_codec_error(blob: bytes) -> None:
@@ -94,7 +130,7 @@ def _decodes_or_codec_error(blob: bytes) -> None:
     assert isinstance(out, tuple) and all(isinstance(s, Sample) for s in out)
     for s in out:  # what decoding built skipping per-token checks must pass them
         assert Sample(s.slot, s.token_ids, s.logprobs, s.reward, s.version, s.finish_reason, s.versions, s.turns,
-                      s.metadata) == s
+                      s.metadata, s.segments) == s
 
 
 @SETTINGS
@@ -119,11 +155,11 @@ def test_a_mutated_blob_decodes_to_valid_samples_or_raises_codec_error(completio
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats() | st.text(max_size=6),
                     lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
                     max_leaves=24)
-ROWS = st.lists(st.lists(JSON, min_size=7, max_size=7) | JSON, max_size=4)
+ROWS = st.lists(st.lists(JSON, min_size=7, max_size=7) | st.lists(JSON, min_size=9, max_size=10) | JSON, max_size=4)
 
 
 @SETTINGS
-@given(magic=st.sampled_from([b"RQC1", b"RQC2"]), v=st.one_of(st.sampled_from([1, 2]), JSON),
+@given(magic=st.sampled_from([b"RQC1", b"RQC2", b"RQC3", b"RQC4"]), v=st.one_of(st.sampled_from([1, 2, 3, 4]), JSON),
        rows=ROWS, body=st.binary(max_size=64))
 def test_arbitrary_headers_and_bodies_raise_only_codec_error(magic: bytes, v: object, rows: object,
                                                               body: bytes) -> None:

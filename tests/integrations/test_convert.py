@@ -54,7 +54,8 @@ FIELDS: dict[str, tuple[str, str, set[str], set[str]]] = {
 
 
 def group(prompt: tuple[int, ...] = (5, 6, 7)) -> CompletedGroup:
-    samples = (Sample(0, (10, 11), (-0.5, -0.25), reward=1.0, version=3, versions=(2, 3)),
+    # sample 0: its first token generated under version 2, the second under 3 (an update landed between)
+    samples = (Sample(0, (10, 11), (-0.5, -0.25), reward=1.0, version=2, versions=(2, 3), segments=((0, 2), (1, 3))),
                Sample(1, (12, 13, 14), (-1.0, -0.75, -0.125), reward=0.0, version=3, finish_reason="length"),
                Sample(2, (15,), (-2.0,), reward=0.5, version=2))
     return CompletedGroup("7-0", SourceGroup("q7", "what is 2+2?", 3, {"answer": "4"}, prompt), samples,
@@ -79,6 +80,26 @@ def test_flat_samples_carry_advantages_versions_and_prompt() -> None:
     assert s[0].advantage > s[2].advantage > s[1].advantage and abs(sum(x.advantage for x in s)) < 1e-6
 
 
+def test_versions_are_not_read_as_per_token_even_when_they_are_as_many_as_the_tokens() -> None:
+    """Issue 30: ``versions`` lists the versions a sample ran under, not which token each made; two
+    tokens that ran under (3, 5) with no segments were both generated at 3 as far as the queue knows
+    (main read them as one version per token whenever the lengths matched)."""
+    sample = Sample(0, (10, 11), (-0.5, -0.25), reward=1.0, version=3, versions=(3, 5))
+    g = CompletedGroup("9-0", SourceGroup("q9", "p", 1, {}, (5,)), (sample,), attempt=1, min_version=3)
+    assert flat(g)[0].token_versions == [3, 3]
+
+
+def test_every_converter_carries_per_token_versions_where_its_format_can() -> None:
+    verl = to_agent_loop_outputs(group(), as_dicts=True)
+    assert [r["extra_fields"]["token_versions"] for r in verl] == [[2, 3], [3, 3, 3], [2]]
+    assert verl[0]["response_logprobs"] == [-0.5, -0.25]
+    slime = to_samples(group(), as_dicts=True)
+    assert [r["weight_versions"] for r in slime] == [["2", "3"], ["3"], ["2"]]  # one per version, oldest first
+    assert slime[0]["metadata"]["token_versions"] == [2, 3] and slime[0]["rollout_log_probs"] == [-0.5, -0.25]
+    prime = to_training_samples(group(), as_dicts=True)
+    assert prime[0]["logprobs"][-2:] == [-0.5, -0.25]  # prime-rl has no version field: the logprobs only
+
+
 # -- verl ---------------------------------------------------------------------------------------
 
 
@@ -86,7 +107,7 @@ def test_verl_rows_have_agent_loop_output_fields() -> None:
     rows = to_agent_loop_outputs(group(), as_dicts=True)
     check_fields("verl", rows)
     assert rows[1]["response_mask"] == [1, 1, 1] and rows[1]["response_logprobs"] == [-1.0, -0.75, -0.125]
-    assert rows[0]["reward_score"] == 1.0 and rows[0]["extra_fields"]["policy_version"] == 3
+    assert rows[0]["reward_score"] == 1.0 and rows[0]["extra_fields"]["policy_version"] == 2
 
 
 def test_verl_builds_its_real_agent_loop_output() -> None:

@@ -113,6 +113,30 @@ def test_a_group_too_stale_for_the_trainer_is_requeued_not_dropped(q: RolloutQue
         assert worker.metrics_queue.get_nowait() == {"queue/stale_requeued": 1.0}
 
 
+def test_per_token_logprobs_reach_trl_and_each_token_is_judged_by_its_own_version(q: RolloutQueue) -> None:
+    """Issue 30: a sample whose first token was generated under version 0 and the rest under 1 hands
+    TRL its behaviour logprobs token by token (its loss's ratio) and its oldest version as
+    model_version (TRL's staleness rule), and the group reports its tokens' staleness."""
+    from rollout_queue import Sample, SourceGroup
+
+    q.submit([SourceGroup("g", "p", N, {}, (1, 2, 3))])
+    w = q.worker("w")
+    [r] = w.reserve(max_groups=1, block_ms=2000)
+    w.complete(r.receipt, [Sample(k, (10, 11, 12), (-0.5, -0.25, -0.125), reward=float(k), version=0, versions=(0, 1),
+                                  segments=((0, 0), (1, 1))) for k in range(N)])
+    worker = QueueRolloutWorker(q, max_staleness=3)
+    worker.update_model_version(3)
+    worker.start()
+    try:
+        sample = worker.rollout_buffer.get(timeout=10)
+        assert sample.model_version == 0
+        assert sample.old_log_probs.tolist() == [0.0, 0.0, 0.0, -0.5, -0.25, -0.125]
+        assert worker.metrics_queue.get(timeout=5) == {"queue/token_staleness_max": 3.0,
+                                                        "queue/token_staleness_mean": pytest.approx(7 / 3)}
+    finally:
+        worker.stop()
+
+
 def test_a_checkpoint_requeues_the_groups_still_waiting_in_the_buffer(q: RolloutQueue) -> None:
     with running(q, 4, buffer_groups=4) as worker:
         batches, collator = trl_pipeline(worker, [0], groups_per_batch=1)

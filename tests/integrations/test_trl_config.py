@@ -49,7 +49,7 @@ def reward(completions: list[str], **_: Any) -> list[float]:
 def make(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, queue_config: QueueConfig | None = None,
          **config: Any) -> QueueGRPOTrainer:
     extra = {k: config.pop(k) for k in ("rollout_func", "eval_dataset", "callbacks", "feed", "wait_s",
-                                        "publish_every") if k in config}
+                                        "publish_every", "stale_tokens") if k in config}
     settings = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 8, "beta": 0.0,
                 "max_steps": 4, "save_steps": 2, **config}
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[], **settings)
@@ -103,17 +103,34 @@ def test_the_users_batch_groups_is_kept(tiny: Path, tmp_path: Path, redis_url: s
     assert trainer.queue.config.batch_groups == given and trainer.queue.stats().admission_batch == given
 
 
-def batch(trainer: QueueGRPOTrainer, gap: float) -> tuple[dict[str, Any], Any]:
-    """A scored batch whose behaviour logprobs sit ``gap`` nats below the current policy's."""
-    prompt = torch.tensor([[5, 6, 7]] * 2)
-    completion = torch.tensor([[8, 9, 10, 11], [12, 13, 0, 0]])
-    cmask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+PROMPT = (5, 6, 7)
+COMPLETIONS = [(8, 9, 10, 11), (12, 13, 14, 15), (16, 17, 18, 19), (20, 21, 22, 23)]
+
+
+def serve(trainer: QueueGRPOTrainer, gap: float, *, segments: tuple[tuple[int, int], ...] = ((0, 0), (2, 1)),
+          logprobs: bool = True) -> dict[str, Any]:
+    """One group of four, completed by hand: each sample's first two tokens generated under version 0
+    with behaviour logprobs ``gap`` nats below the current policy's, the last two under version 1 at
+    the current policy's own. Then TRL's real generation-and-scoring step leases and scores it."""
+    from rollout_queue import Sample, SourceGroup
+
+    ids = torch.tensor([list(PROMPT) + list(c) for c in COMPLETIONS])
     with torch.no_grad():
-        current, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([prompt, completion], 1), torch.cat([torch.ones_like(prompt), cmask], 1), 4)
-    output = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
-              "completion_mask": cmask, "advantages": torch.tensor([1.0, -1.0])}
-    return output, (current - gap) * cmask
+        current, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), 4)
+    behaviour = (current - torch.tensor([gap, gap, 0.0, 0.0])).clamp(max=0.0)
+    q = trainer.queue
+    q.submit([SourceGroup("q0", "q0", 4, {}, PROMPT)])
+    w = q.worker("w")
+    [r] = w.reserve(max_groups=1, block_ms=2000)
+    w.complete(r.receipt, [Sample(i, c, tuple(behaviour[i].tolist()) if logprobs else (), reward=float(i), version=0,
+                                  versions=(0, 1), segments=segments) for i, c in enumerate(COMPLETIONS)])
+    trainer.model.train()
+    return trainer._generate_and_score_completions([{"prompt": "q0"}] * 4)
+
+
+def config(mode: str, clip_max: float = 3.0, **extra: Any) -> dict[str, Any]:
+    return {"vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_max": clip_max,
+            "per_device_train_batch_size": 4, "feed": False, **extra}
 
 
 @pytest.mark.parametrize("mode, clip_max, expect", [
@@ -121,35 +138,81 @@ def batch(trainer: QueueGRPOTrainer, gap: float) -> tuple[dict[str, Any], Any]:
     ("token_truncate", 1.5, 1.5),       # truncated at the bound
     ("token_mask", 1.5, 0.0),           # outside the bound: masked
 ])
-def test_stale_tokens_are_weighted_by_truncated_importance_ratios(tiny: Path, tmp_path: Path, redis_url: str,
-                                                                  queue_name: str, mode: str, clip_max: float,
-                                                                  expect: float) -> None:
-    trainer = make(tiny, tmp_path, redis_url, queue_name, vllm_importance_sampling_mode=mode,
-                   vllm_importance_sampling_clip_max=clip_max)
-    output, behaviour = batch(trainer, math.log(2.0))
-    ratio = trainer._importance_weights(output, behaviour)
-    assert ratio.shape == (2, 4)
-    real = output["completion_mask"].bool()
-    assert torch.allclose(ratio[real], torch.full_like(ratio[real], expect), atol=1e-4)
+def test_the_workers_per_token_logprobs_reach_trls_own_importance_correction(
+        tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, mode: str, clip_max: float,
+        expect: float) -> None:
+    """Issue 30: TRL's own correction (its use_vllm path) computes the ratio of the current weights'
+    logprobs to the workers' behaviour logprobs token by token: the tokens of the older segment get
+    ``expect``, the others 1; the loss multiplies it in (TRL's compute_loss)."""
+    trainer = make(tiny, tmp_path, redis_url, queue_name, **config(mode, clip_max))
+    output = serve(trainer, math.log(2.0))
+    ratio = output["importance_sampling_ratio"]
+    assert ratio.shape == (4, 4) and "tool_mask" not in output
+    assert torch.allclose(ratio, torch.tensor([[expect, expect, 1.0, 1.0]] * 4), atol=1e-3)
+    assert output["advantages"].dim() == 1  # the advantages are TRL's own, not rescaled by the adapter
+    metrics = trainer._metrics["train"]
+    assert metrics["sampling/importance_sampling_ratio/max"][-1] == pytest.approx(max(expect, 1.0), abs=1e-3)
+    assert metrics["queue/token_staleness_max"][-1] == 0.0 and metrics["queue/stale_tokens_masked"][-1] == 0.0
+    # TRL's loss multiplies each token's by the ratio: with advantages to weigh, the ratio changes it.
+    trainer.current_gradient_accumulation_steps = 1  # set by TRL's training loop, which is not running
+    output["advantages"] = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    with torch.no_grad():
+        weighted = trainer.compute_loss(trainer.model, output)
+        plain = trainer.compute_loss(trainer.model, {**output, "importance_sampling_ratio": torch.ones_like(ratio)})
+    # dapo: -(sum of the first sample's token weights) / the generation batch's 16 tokens
+    assert weighted.item() == pytest.approx(-(2 * expect + 2) / 16, abs=1e-3) and plain.item() == pytest.approx(-0.25)
 
 
-def test_sequence_modes_weigh_whole_sequences_and_scale_the_advantages(tiny: Path, tmp_path: Path,
-                                                                        redis_url: str, queue_name: str) -> None:
-    trainer = make(tiny, tmp_path, redis_url, queue_name, vllm_importance_sampling_mode="sequence_truncate",
-                   vllm_importance_sampling_clip_max=100.0)
-    output, behaviour = batch(trainer, math.log(2.0))
-    ratio = trainer._importance_weights(output, behaviour)
-    assert ratio.shape == (2, 1) and torch.allclose(ratio.squeeze(-1), torch.tensor([16.0, 4.0]), rtol=1e-3)
-    advantages = output["advantages"].unsqueeze(-1) * ratio
-    assert torch.allclose(advantages.squeeze(-1), torch.tensor([16.0, -4.0]), rtol=1e-3)
+def test_sequence_modes_weigh_whole_sequences(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    trainer = make(tiny, tmp_path, redis_url, queue_name, **config("sequence_truncate", 100.0))
+    ratio = serve(trainer, math.log(2.0))["importance_sampling_ratio"]
+    assert ratio.shape == (4, 1) and torch.allclose(ratio.squeeze(-1), torch.full((4,), 4.0), rtol=1e-3)
 
 
-def test_on_policy_samples_keep_their_advantages(tiny: Path, tmp_path: Path, redis_url: str,
-                                                 queue_name: str) -> None:
-    trainer = make(tiny, tmp_path, redis_url, queue_name, vllm_importance_sampling_mode="token_truncate")
-    output, behaviour = batch(trainer, 0.0)
-    ratio = trainer._importance_weights(output, behaviour)
-    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4)
+def test_on_policy_samples_are_not_reweighted(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    trainer = make(tiny, tmp_path, redis_url, queue_name, **config("token_truncate"))
+    ratio = serve(trainer, 0.0)["importance_sampling_ratio"]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3)
+
+
+@pytest.mark.parametrize("stale_tokens", ["mask", "correct"])
+def test_tokens_older_than_the_bound_are_masked_or_left_to_the_correction(
+        tiny: Path, tmp_path: Path, redis_url: str, queue_name: str, stale_tokens: str) -> None:
+    """The trainer is at version 5, the queue's bound 4: each sample's version-0 tokens are too old.
+    Masked, they leave TRL's loss through its tool_mask (and its ratio); corrected, they stay, under
+    TRL's ratio. Either way the version-1 tokens are trained as they are."""
+    trainer = make(tiny, tmp_path, redis_url, queue_name, **config("token_truncate"), stale_tokens=stale_tokens)
+    trainer.policy_version = 5
+    output = serve(trainer, math.log(2.0))
+    metrics = trainer._metrics["train"]
+    assert metrics["queue/token_staleness_max"][-1] == 5.0 and metrics["queue/token_staleness_mean"][-1] == 4.5
+    if stale_tokens == "mask":
+        assert output["tool_mask"].tolist() == [[0, 0, 1, 1]] * 4
+        assert torch.allclose(output["importance_sampling_ratio"], torch.ones(4, 4), atol=1e-3)
+        assert metrics["queue/stale_tokens_masked"][-1] == 0.5 and metrics["queue/stale_tokens_corrected"][-1] == 0
+    else:
+        assert "tool_mask" not in output
+        assert torch.allclose(output["importance_sampling_ratio"], torch.tensor([[2.0, 2.0, 1.0, 1.0]] * 4), atol=1e-3)
+        assert metrics["queue/stale_tokens_corrected"][-1] == 0.5 and metrics["queue/stale_tokens_masked"][-1] == 0
+
+
+def test_a_stale_token_without_a_logprob_is_masked_even_when_correction_is_asked(
+        tiny: Path, tmp_path: Path, redis_url: str, queue_name: str) -> None:
+    trainer = make(tiny, tmp_path, redis_url, queue_name, **config("token_truncate"), stale_tokens="correct")
+    trainer.policy_version = 5
+    output = serve(trainer, math.log(2.0), logprobs=False)
+    assert output["tool_mask"].tolist() == [[0, 0, 1, 1]] * 4
+    assert trainer._metrics["train"]["queue/stale_tokens_masked"][-1] == 0.5
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"use_vllm": True}, "use_vllm=False"),
+    ({"stale_tokens": "drop"}, "stale_tokens must be one of mask, correct"),
+])
+def test_settings_the_queue_cannot_serve_are_refused(tiny: Path, tmp_path: Path, redis_url: str, queue_name: str,
+                                                     config: dict[str, Any], match: str) -> None:
+    with pytest.raises((IntegrationConfigError, InvalidInput), match=match):
+        make(tiny, tmp_path, redis_url, queue_name, **config)
 
 
 def test_worker_reward_passes_the_workers_rewards_through() -> None:

@@ -176,7 +176,7 @@ def test_the_fixture_blob_is_good() -> None:
 MALFORMED = [
     (b"RQC2", "bad magic"),                                                      # shorter than magic + length
     (b"RQC2\x01\x00\x00", "bad magic"),
-    (b"RQC3" + b"\0" * 8, "bad magic"),
+    (b"RQC5" + b"\0" * 8, "bad magic"),
     (b"RQC2\xff\xff\xff\x7f{}", "runs past the end"),                           # header length past the end
     (b"RQC2\x05\x00\x00\x00{nope" + GOOD_BODY, "not JSON"),
     (_head(b"RQC2", {"v": 1, "s": [ROW]}) + GOOD_BODY, "unknown completion schema 1"),  # magic and v disagree

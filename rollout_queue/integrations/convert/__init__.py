@@ -1,14 +1,17 @@
 """Converters from a leased group to other RL frameworks' sample shapes.
 
 Each module reads a CompletedGroup (the pristine prompt, its ``n`` samples with token ids, behaviour
-logprobs, rewards and policy versions) and builds the framework's own class when its package is
+logprobs, rewards and policy versions, per token where a sample spans several: Sample.segments) and builds the framework's own class when its package is
 installed, else the same fields as a dict (``as_dicts=True`` forces dicts): verl's ``AgentLoopOutput``
 (verl.py), AReaL's trajectory tensors (areal.py), slime / miles ``Sample`` and their data-source
 checkpoint hooks (slime.py), prime-rl's ``TrainingSample`` (prime_rl.py). The field lists, and the
 commit each was read at, are in docs/integrations/<framework>.md and tests/integrations/test_convert.py.
 
 This module holds what they share: one flat view of each sample (``flat``) and the lookup of the
-framework's class (``framework_class``).
+framework's class (``framework_class``). Per-token versions go in the framework's own field where it
+has one (AReaL's ``versions``; slime's ``weight_versions`` lists one per version, as its generate
+calls do), else beside the sample (verl's ``extra_fields``, slime's ``metadata``: ``token_versions``);
+prime-rl's sample has no place for them.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ class FlatSample:
     logprobs: list[float] | None      # behaviour logprobs of response_ids, None if the worker sent none
     reward: float | None
     advantage: float                  # GRPO's, within the group (0 when a reward is missing)
-    version: int                      # policy version of the sample
-    token_versions: list[int]         # per response token (the sample's version where none were sent;
-                                      # a trajectory's: its model turn's, -1 on observation tokens)
+    version: int                      # policy version of the sample (its oldest token's)
+    token_versions: list[int]         # per response token: the version that generated it (Sample.segments;
+                                      # the sample's version on every token when it has none), -1 on a
+                                      # trajectory's observation tokens (never trained)
     finish_reason: str
     loss_mask: list[int]              # per response token: 1 trained (the model's), 0 an observation's
     num_turns: int                    # messages as chat frameworks count them: the prompt + each turn
@@ -68,11 +72,9 @@ def flat(group: CompletedGroup, tokenizer: Any = None, *, scale_by_std: bool = T
                   if scored else [0.0] * len(rewards))
     out = []
     for sample, advantage in zip(group.samples, advantages):
-        m = len(sample.token_ids)
+        versions = list(sample.token_versions)
         if sample.turns:
-            versions = [v for t in sample.turns for v in [t.version if t.trained else -1] * t.n_tokens]
-        else:
-            versions = list(sample.versions) if len(sample.versions) == m else [sample.version] * m
+            versions = [v if trained else -1 for v, trained in zip(versions, sample.loss_mask)]
         out.append(FlatSample(group.entry_id, group.group.source_id, sample.slot, list(prompt),
                               list(sample.token_ids), list(sample.logprobs) if sample.logprobs else None,
                               sample.reward, float(advantage), sample.version, versions, sample.finish_reason,

@@ -3,7 +3,8 @@
 Read at inclusionAI/AReaL 4aef98d8d818af55b43621aaadba047ae10f4e77 (``areal/workflow/rlvr.py``,
 identical at v1.0.4): per completion ``input_ids`` int32 [1, seq] (prompt + output), ``loss_mask``
 int32 (0 on the prompt), ``logprobs`` float32 (0.0 on the prompt), ``versions`` int32 (-1 on the
-prompt, the generating policy version per output token), ``attention_mask`` bool, ``rewards``
+prompt, the generating policy version per output token: ``Sample.segments`` expanded),
+``attention_mask`` bool, ``rewards``
 float32 [1]; ``GroupedRolloutWorkflow`` concatenates a group to [G, max_seq], padding with 0 /
 False (so padded ``versions`` are 0, as AReaL's own padding makes them).
 """

@@ -4,7 +4,9 @@ Read at PrimeIntellect-ai/prime-rl 559b44772e471d1538537b8805cc77f3824a5e64
 (``src/prime_rl/transports/rollouts/types.py``, a msgspec Struct): ``token_ids`` (prompt +
 completion, one flat sequence), ``mask`` (False on the prompt), ``logprobs`` (0.0 on tokens the
 model did not sample), ``temperatures`` per token, ``env_name``, and per-token ``advantages`` (the
-group-normalised advantage on every completion token, required when any token is trainable).
+group-normalised advantage on every completion token, required when any token is trainable). It has
+no field for policy versions: a sample's staleness is bounded at lease time, and prime-rl's loss
+takes its per-token importance ratio against ``logprobs``, the behaviour logprobs of each token.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ Read at THUDM/slime 624b824a898ab0ec1fcb4d373004c7f3852bf515 (``slime/utils/type
 ``slime/rollout/data_source.py``, ``slime/rollout/base_types.py``) and radixark/miles
 31f1ca961a94cb860cec3b2dea34ec332bfa8f76 (``miles/utils/types.py``; the fields used here exist in
 both): ``tokens`` = prompt + response, ``response_length``, ``loss_mask`` and ``rollout_log_probs``
-over the response only, ``weight_versions`` a list of strings (one per generate call), ``status``
-``Sample.Status`` (COMPLETED, TRUNCATED for a ``length`` finish, ABORTED for ``abort``). A custom
+over the response only, ``weight_versions`` a list of strings (one per generate call: here one per
+policy version the response's tokens were generated under, oldest first; each token's own version
+rides in ``metadata["token_versions"]``), ``status`` ``Sample.Status`` (COMPLETED, TRUNCATED for a ``length`` finish, ABORTED for ``abort``). A custom
 ``generate_rollout(args, rollout_id, data_source, evaluation=False)`` returns ``list[list[Sample]]``
 (prompt groups of n samples); ``DataSource.save(rollout_id)`` / ``load(rollout_id)`` run at
 checkpoint and resume.
@@ -40,8 +41,11 @@ def to_samples(group: CompletedGroup, tokenizer: Any = None, *, group_index: int
             "tokens": s.prompt_ids + s.response_ids, "response_length": m,
             "response": tokenizer.decode(s.response_ids) if tokenizer is not None else "",
             "reward": s.reward, "loss_mask": s.loss_mask, "rollout_log_probs": s.logprobs,
-            "weight_versions": [str(s.version)], "status": _STATUS.get(s.finish_reason, "COMPLETED"),
-            "metadata": {**dict(group.group.metadata), "queue_entry": s.entry_id, "source_id": s.source_id},
+            "weight_versions": [str(v) for v in dict.fromkeys(v for v in s.token_versions if v >= 0)]
+                               or [str(s.version)],
+            "status": _STATUS.get(s.finish_reason, "COMPLETED"),
+            "metadata": {**dict(group.group.metadata), "queue_entry": s.entry_id, "source_id": s.source_id,
+                         "token_versions": s.token_versions},
         })
     cls = None if as_dicts else framework_class("Sample", "slime.utils.types", "miles.utils.types")
     if cls is None:
