@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,22 @@ def run(cli: Cli, st: KnownState, *args: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("resp", ["", "?protocol=2"], ids=["resp3", "resp2"])
 def test_stats_json_counts_every_state(cli: Cli, shared_state: KnownState, resp: str) -> None:
+    # host-a counts as alive for worker_timeout (0.5 s) after a heartbeat, and a CLI start on a loaded
+    # machine takes longer than that: heartbeat all along the CLI's run, as a live worker does.
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(0.1):
+            shared_state.refresh()
+
     shared_state.refresh()
-    code, out, _ = cli(shared_state.url + resp, shared_state.queue, "stats", "--json")
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
+    try:
+        code, out, _ = cli(shared_state.url + resp, shared_state.queue, "stats", "--json")
+    finally:
+        stop.set()
+        beat.join()
     assert code == 0
     s = json.loads(out)
     assert (s["backlog"], s["ready"], s["executing_groups"], s["completed"], s["leased"], s["committed"], s["dead"]) \
