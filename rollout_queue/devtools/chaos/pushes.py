@@ -120,6 +120,7 @@ def run_pushfault(args: argparse.Namespace) -> int:
         beat.start()
         log.write("start")
         seen = 0
+        threads: list[threading.Thread] = []
         while not stop.wait(0.05):
             try:  # read only: is a round open? (a raw read: no retry policy, so Redis restarting is skipped)
                 raw = q.client.hmget(q.keys["push"], "epoch", "state", "version")
@@ -136,7 +137,13 @@ def run_pushfault(args: argparse.Namespace) -> int:
                 ticket = ghost.join_push(epoch)
                 if ticket is not None:
                     log.write("push_unreachable_joined", epoch=ticket.epoch, rank=ticket.rank)
-                    threading.Thread(target=unreachable, args=(ticket,), daemon=True).start()
+                    thread = threading.Thread(target=unreachable, args=(ticket,), daemon=True)
+                    thread.start()
+                    threads.append(thread)
+        # A receive still connecting when the interpreter exits aborts the process (std::terminate in
+        # torch's store client, exit -6): let each end at its round's deadline first.
+        for thread in threads:
+            thread.join(timeout=args.push_deadline_s + 2)
         beat.halt.set()
         beat.join(timeout=5)
         ghost.close()
