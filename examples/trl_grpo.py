@@ -1,12 +1,13 @@
-"""TRL's GRPOTrainer, trained from rollout-queue workers (docs/TRL.md shows this file).
+"""TRL's GRPOTrainer, trained from rollout-queue workers (docs/integrations/trl.md shows this file).
 
 Start this script, then the workers, each in its own terminal (or pod). The script creates the
 queue and feeds it the dataset; a worker started first waits for the queue (--wait-for-queue,
-default 300 s, logged once) instead of exiting:
+default 300 s, logged once) instead of exiting. Like every process of the project, it reads the
+Redis URL and the queue from REDIS_URL and ROLLOUT_QUEUE (--url and --queue override them):
 
-    python examples/trl_grpo.py --url redis://localhost:6379 --queue trl-digits --model ./tiny --output ./run
-    rollout-queue worker --url redis://localhost:6379 --queue trl-digits -- --engine torch --model ./tiny \
-        --max-tokens 16 --temperature 1.0
+    export REDIS_URL=redis://localhost:6379/0 ROLLOUT_QUEUE=trl-digits
+    python examples/trl_grpo.py --model ./tiny --output ./run
+    rollout-queue worker --engine torch --model ./tiny --max-tokens 16 --temperature 1.0
 
 Killed at any moment, run it again with --resume: TRL resumes from its last checkpoint and the
 queue requeues the groups committed after it, so every group is trained exactly once.
@@ -39,8 +40,9 @@ def digit_share(completions: list[str], **_: object) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="redis://localhost:6379")
-    p.add_argument("--queue", default="trl-digits")
+    p.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
+                   help="Redis URL (env REDIS_URL)")
+    p.add_argument("--queue", default=os.environ.get("ROLLOUT_QUEUE", "trl-digits"), help="queue name (env ROLLOUT_QUEUE)")
     p.add_argument("--model", required=True, help="a save_pretrained folder (model + tokenizer)")
     p.add_argument("--output", required=True, help="TRL's output_dir (checkpoints)")
     p.add_argument("--max-steps", type=int, default=40)

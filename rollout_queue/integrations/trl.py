@@ -6,7 +6,7 @@
                                train_dataset=dataset, processing_class=tokenizer, queue=queue)
     trainer.train(resume_from_checkpoint=last_checkpoint)       # or None for a fresh start
 
-How the pieces map (docs/TRL.md):
+How the pieces map (docs/integrations/trl.md):
 
 1. Data. TRL's sampler does not choose the prompts: the train dataset is fed into the queue by the
    exactly-once producer (integrations/feed.py; cursor in Redis, ``n = num_generations``), and

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer, for real on a CPU, trained from two ``rollout-queue worker`` processes.
 
-examples/trl_grpo.py (the code docs/TRL.md shows) runs as a subprocess; it is SIGKILLed after
+examples/trl_grpo.py (the code docs/integrations/trl.md shows) runs as a subprocess; it is SIGKILLed after
 its first checkpoint with commits past it, then resumed with ``resume_from_checkpoint``. Redis's own
 record (the commits stream) then shows the lineage of the final weights: the killed run's commits
 up to the checkpoint, then the resumed run's; every group in it exactly once, the groups the killed
