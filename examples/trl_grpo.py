@@ -10,23 +10,22 @@ Redis URL and the queue from REDIS_URL and ROLLOUT_QUEUE (--url and --queue over
     rollout-queue worker --engine torch --model ./tiny --max-tokens 16 --temperature 1.0
 
 Killed at any moment, run it again with --resume: TRL resumes from its last checkpoint and the
-queue requeues the groups committed after it, so every group is trained exactly once.
-``--local`` runs TRL alone (its own generation, no queue) for comparison.
+queue requeues the groups committed after it, so every group is trained exactly once (the log line
+"restored the queue to the checkpoint ... requeued=N" says how many). ``--local`` runs TRL alone
+(its own generation, no queue) for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, GRPOTrainer
 
 from rollout_queue import QueueConfig, RolloutQueue
 from rollout_queue.demo.task import prompts
-from rollout_queue.integrations.trl import QueueGRPOTrainer
+from rollout_queue.ops import logs
+
+log = logging.getLogger("rollout_queue.examples.trl_grpo")
 
 
 def digit_share(completions: list[str], **_: object) -> list[float]:
@@ -53,9 +52,19 @@ def main() -> None:
     p.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output")
     p.add_argument("--local", action="store_true", help="TRL alone: its own generation, no queue")
     args = p.parse_args()
+    logs.configure()  # the project's log lines on stderr: what starts, what a resume requeued
+    log.info("resuming" if args.resume else "starting", extra=logs.fields(queue=args.queue, output=args.output))
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model)
+    with logs.progress(log, "importing torch, transformers and TRL"):  # tens of seconds on a small CPU
+        # The adapter first: it silences TRL's vLLM version warning, which TRL gives as it is imported.
+        from rollout_queue.integrations.trl import QueueGRPOTrainer  # isort: skip
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.trainer_utils import get_last_checkpoint
+        from trl import GRPOConfig, GRPOTrainer
+    with logs.progress(log, "loading the model", model=args.model):
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model)
     dataset = Dataset.from_list([{"prompt": text} for text in prompts(400)])
     config = GRPOConfig(
         output_dir=args.output, use_cpu=True, bf16=False, report_to=[], seed=0,
@@ -76,6 +85,7 @@ def main() -> None:
                                                                         max_staleness=4, batch_groups=per_version))
         trainer = QueueGRPOTrainer(**common, queue=queue)
     resume = get_last_checkpoint(args.output) if args.resume and os.path.isdir(args.output) else None
+    log.info("training", extra=logs.fields(checkpoint=resume or "none (from step 0)", max_steps=args.max_steps))
     trainer.train(resume_from_checkpoint=resume)
 
 
