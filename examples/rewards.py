@@ -3,8 +3,8 @@
 A worker imports ``module:function`` from its Python path: this file is ``examples.rewards`` from the
 repository root; put your own module on PYTHONPATH, or in a package installed beside rollout-queue:
 
-    PYTHONPATH=. rollout-queue worker --url redis://localhost:6379 --queue grpo -- --engine vllm \
-        --model ./policy --reward examples.rewards:exact_answer --filter examples.rewards:some_right
+    PYTHONPATH=. rollout-queue worker --engine vllm --model ./policy \
+        --reward examples.rewards:exact_answer --filter examples.rewards:some_right
 
 Every reward gets the pristine group (its prompt and the metadata the producer stored with it, such
 as the expected answer) and what the engine generated, and returns a finite number: an int or a

@@ -1,31 +1,31 @@
-"""TRL's GRPOTrainer, trained from rollout-queue workers (docs/TRL.md shows this file).
+"""TRL's GRPOTrainer, trained from rollout-queue workers (docs/integrations/trl.md shows this file).
 
 Start this script, then the workers, each in its own terminal (or pod). The script creates the
 queue and feeds it the dataset; a worker started first waits for the queue (--wait-for-queue,
-default 300 s, logged once) instead of exiting:
+default 300 s, logged once) instead of exiting. Like every process of the project, it reads the
+Redis URL and the queue from REDIS_URL and ROLLOUT_QUEUE (--url and --queue override them):
 
-    python examples/trl_grpo.py --url redis://localhost:6379 --queue trl-digits --model ./tiny --output ./run
-    rollout-queue worker --url redis://localhost:6379 --queue trl-digits -- --engine torch --model ./tiny \
-        --max-tokens 16 --temperature 1.0
+    export REDIS_URL=redis://localhost:6379/0 ROLLOUT_QUEUE=trl-digits
+    python examples/trl_grpo.py --model ./tiny --output ./run
+    rollout-queue worker --engine torch --model ./tiny --max-tokens 16 --temperature 1.0
 
 Killed at any moment, run it again with --resume: TRL resumes from its last checkpoint and the
-queue requeues the groups committed after it, so every group is trained exactly once.
-``--local`` runs TRL alone (its own generation, no queue) for comparison.
+queue requeues the groups committed after it, so every group is trained exactly once (the log line
+"restored the queue to the checkpoint ... requeued=N" says how many). ``--local`` runs TRL alone
+(its own generation, no queue) for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, GRPOTrainer
 
 from rollout_queue import QueueConfig, RolloutQueue
 from rollout_queue.demo.task import prompts
-from rollout_queue.integrations.trl import QueueGRPOTrainer
+from rollout_queue.ops import logs
+
+log = logging.getLogger("rollout_queue.examples.trl_grpo")
 
 
 def digit_share(completions: list[str], **_: object) -> list[float]:
@@ -39,8 +39,9 @@ def digit_share(completions: list[str], **_: object) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="redis://localhost:6379")
-    p.add_argument("--queue", default="trl-digits")
+    p.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
+                   help="Redis URL (env REDIS_URL)")
+    p.add_argument("--queue", default=os.environ.get("ROLLOUT_QUEUE", "trl-digits"), help="queue name (env ROLLOUT_QUEUE)")
     p.add_argument("--model", required=True, help="a save_pretrained folder (model + tokenizer)")
     p.add_argument("--output", required=True, help="TRL's output_dir (checkpoints)")
     p.add_argument("--max-steps", type=int, default=40)
@@ -51,9 +52,19 @@ def main() -> None:
     p.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output")
     p.add_argument("--local", action="store_true", help="TRL alone: its own generation, no queue")
     args = p.parse_args()
+    logs.configure()  # the project's log lines on stderr: what starts, what a resume requeued
+    log.info("resuming" if args.resume else "starting", extra=logs.fields(queue=args.queue, output=args.output))
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model)
+    with logs.progress(log, "importing torch, transformers and TRL"):  # tens of seconds on a small CPU
+        # The adapter first: it silences TRL's vLLM version warning, which TRL gives as it is imported.
+        from rollout_queue.integrations.trl import QueueGRPOTrainer  # isort: skip
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.trainer_utils import get_last_checkpoint
+        from trl import GRPOConfig, GRPOTrainer
+    with logs.progress(log, "loading the model", model=args.model):
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model)
     dataset = Dataset.from_list([{"prompt": text} for text in prompts(400)])
     config = GRPOConfig(
         output_dir=args.output, use_cpu=True, bf16=False, report_to=[], seed=0,
@@ -74,6 +85,7 @@ def main() -> None:
                                                                         max_staleness=4, batch_groups=per_version))
         trainer = QueueGRPOTrainer(**common, queue=queue)
     resume = get_last_checkpoint(args.output) if args.resume and os.path.isdir(args.output) else None
+    log.info("training", extra=logs.fields(checkpoint=resume or "none (from step 0)", max_steps=args.max_steps))
     trainer.train(resume_from_checkpoint=resume)
 
 

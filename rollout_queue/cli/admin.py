@@ -26,6 +26,7 @@ from rollout_queue.cli.common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     UsageError,
+    add_full,
     client,
     confirm,
     log_action,
@@ -56,7 +57,8 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             if args.json:
                 print_json(render_letter(letter))
             else:
-                render.emit(render.letter_sections(view.run(partition_views.letter_views(view.layout, [letter]))[0]))
+                render.emit(render.letter_sections(view.run(partition_views.letter_views(view.layout, [letter]))[0]),
+                            full=args.full)
         return EXIT_OK
     return _dlq_change(args)
 
@@ -75,7 +77,7 @@ def _dlq_list(args: argparse.Namespace) -> int:
         return EXIT_OK
     shown = view.run(partition_views.letter_views(view.layout, letters))
     if sys.stdout.isatty():
-        render.emit([render.dead_letters_section(shown, args.queue)])
+        render.emit([render.dead_letters_section(shown, args.queue)], full=args.full)
     else:
         for d in shown:
             print_line(*render.letter_fields(d))
@@ -354,6 +356,7 @@ def register(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="requeue/purge every dead letter")
     p.add_argument("--count", type=int, default=100, help="list: at most this many (oldest first)")
     p.add_argument("--json", action="store_true", help="list, show: JSON for scripts (times in ms since the epoch)")
+    add_full(p)
     p.add_argument("--yes", action="store_true", help="confirm a state change")
     p.set_defaults(func=cmd_dlq)
 

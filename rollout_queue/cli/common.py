@@ -109,6 +109,14 @@ def add_connection_args(parser: argparse.ArgumentParser, suppress: bool = False)
     return actions
 
 
+def add_full(parser: argparse.ArgumentParser) -> None:
+    """``--full``: a view's every row and column. By default a view printed on a terminal is laid out
+    to fit it (an 80x24 pane during an incident: render.emit, fit.py); a pipe always gets everything."""
+    parser.add_argument("--full", action="store_true",
+                        help="on a terminal: every table whole (default: laid out to fit the terminal; "
+                             "piped output is always whole)")
+
+
 def connection_options() -> list[argparse.Action]:
     """The connection options' actions: ``dest``, ``option_strings`` and ``default`` (the env
     variable's value, unparsed)."""

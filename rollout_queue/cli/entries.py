@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, Callable
 
 from rollout_queue.ops import actions, partition_views
-from rollout_queue.cli import render
-from rollout_queue.cli.common import (EXIT_OK, UsageError, confirm, log_action, open_operated, open_view, print_json,
+from rollout_queue.cli import render, top
+from rollout_queue.cli.common import (EXIT_OK, UsageError, add_full, confirm, log_action, open_operated, open_view, print_json,
                                      print_line)
 
 
@@ -19,31 +20,40 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print_json(e)
     else:
-        render.emit(render.entry_sections(e))
+        render.emit(render.entry_sections(e), full=args.full)
     return EXIT_OK
 
 
 def _listing(args: argparse.Namespace, flow: Callable[[Any], Any],
-             section: Callable[[Any, Any, bool], render.Section]) -> int:
+             section: Callable[[Any, Any, bool], render.Section],
+             concise: Callable[[Any, int, int], list[str]] | None = None) -> int:
     """A read-only listing: the rows as JSON with --json, else one section, given the view, the rows
-    and whether the queue is partitioned (a partition column)."""
+    and whether the queue is partitioned (a partition column). ``concise``: on a terminal without
+    --full, the lines of the rows laid out for (width, height) instead (top's rows)."""
     view = open_view(args)
     rows = view.run(flow(view.layout))
     if args.json:
         print_json(rows)
+    elif concise is not None and sys.stdout.isatty() and not args.full and view.layout.count == 1:
+        width, height = render.terminal_size()
+        sys.stdout.write("\n".join(concise(rows, width, height)) + "\n")
     else:
-        render.emit([section(view, rows, view.layout.count > 1)])
+        render.emit([section(view, rows, view.layout.count > 1)], full=args.full)
     return EXIT_OK
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
+    """Silent workers first; on a terminal as many as fit (`top`'s rows), --full for all of them."""
     return _listing(args, partition_views.workers,
-                    lambda _, ws, parted: render.workers_section(ws, limit=10_000, partitioned=parted))
+                    lambda _, ws, parted: render.workers_section(ws, limit=10_000, partitioned=parted),
+                    lambda ws, width, height: top.worker_lines(ws, height, width, "(--full lists all)"))
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
+    """The nearest deadline first; on a terminal as many as fit (`top`'s rows), --full for all."""
     return _listing(args, partition_views.leases,
-                    lambda _, ls, parted: render.leases_section(ls, limit=10_000, partitioned=parted))
+                    lambda _, ls, parted: render.leases_section(ls, limit=10_000, partitioned=parted),
+                    lambda ls, width, height: top.lease_lines(ls, height, width, "(--full lists all)"))
 
 
 def cmd_holds(args: argparse.Namespace) -> int:
@@ -71,7 +81,7 @@ def _bounded_listing(args: argparse.Namespace, option: str, key: str, flow: Call
     if args.json:
         print_json({key: rows, "truncated": truncated})
     else:
-        render.emit([section(rows, truncated, partitioned=view.layout.count > 1)])
+        render.emit([section(rows, truncated, partitioned=view.layout.count > 1)], full=args.full)
     return EXIT_OK
 
 
@@ -110,33 +120,40 @@ def register(sub: Any) -> None:
     p.add_argument("entry_id", help="the entry's stream ID, e.g. 1717171717171-0; on a partitioned queue "
                    "looked up in every partition, or named as PARTITION/ID (q#3/1717171717171-0 or 3/...)")
     p.add_argument("--json", action="store_true")
+    add_full(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("workers", help="workers: last heartbeat, executing groups, oldest attempt, groups/s, tokens/s")
     p.add_argument("--json", action="store_true")
+    add_full(p)
     p.set_defaults(func=cmd_workers)
 
     p = sub.add_parser("leases", help="active leases with their trainers and deadlines")
     p.add_argument("--json", action="store_true")
+    add_full(p)
     p.set_defaults(func=cmd_leases)
 
     p = sub.add_parser("stragglers", help="the oldest executing attempts: entry, worker, age, attempt")
     p.add_argument("--count", type=int, default=20, help="how many (default 20)")
     p.add_argument("--json", action="store_true")
+    add_full(p)
     p.set_defaults(func=cmd_stragglers)
 
     p = sub.add_parser("at-risk", help="entries one counted failure (or --within N) from the dead-letter queue")
     p.add_argument("--within", type=int, default=1, help="counted failures left at most (default 1)")
     p.add_argument("--json", action="store_true")
+    add_full(p)
     p.set_defaults(func=cmd_at_risk)
 
     p = sub.add_parser("holds", help="who holds admission: holder, since when, why, deadline")
     p.add_argument("--json", action="store_true")
+    add_full(p)
     p.set_defaults(func=cmd_holds)
 
     p = sub.add_parser("reaped", help="workers the queue gave up on: when, why, what they held")
     p.add_argument("--count", type=int, default=20, help="how many of the newest (default 20)")
     p.add_argument("--json", action="store_true")
+    add_full(p)
     p.set_defaults(func=cmd_reaped)
 
     p = sub.add_parser("requeue", help="end one entry's executing attempt and put the entry back to ready",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
+from rollout_queue.cli import fit
 from rollout_queue.core.models import SourceGroup
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import (
@@ -46,14 +47,20 @@ class Section:
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
-    #: the columns shown whole however narrow the terminal (IDs to copy): the others wrap
+    #: the columns shown whole however narrow the terminal (IDs to copy): the others wrap, or are cut
     whole: tuple[int, ...] = ()
+    #: the columns of IDs, cut from the middle in the concise layout (fit.middle), free text from its end
+    ids: tuple[int, ...] = ()
+    #: the columns (reasons) the concise layout puts on a line of their own under each row
+    below: tuple[int, ...] = ()
 
 
-def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], whole: Sequence[int] = ()) -> Section:
+def section(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], whole: Sequence[int] = (),
+            ids: Sequence[int] = (), below: Sequence[int] = ()) -> Section:
     """A table whose every title and cell is clean text (None shows as empty)."""
     return Section(clean(title), tuple(clean(c) for c in columns),
-                   tuple(tuple("" if v is None else clean(v) for v in r) for r in rows), tuple(whole))
+                   tuple(tuple("" if v is None else clean(v) for v in r) for r in rows), tuple(whole), tuple(ids),
+                   tuple(below))
 
 
 #: Beyond this a duration is shown as a bound: no stored time a script writes is this far away.
@@ -169,7 +176,7 @@ def holds_section(hs: Sequence[HoldView], partitioned: bool = False) -> Section:
         h.holder or "?", "-" if h.held_ms is None else duration(h.held_ms), h.reason,
         "?" if h.remaining_ms is None else duration(h.remaining_ms)) for h in hs]
     return section(f"admission holds: {len(hs)} standing" + (" (admission closed)" if hs else " (admission open)"),
-                   cols, rows)
+                   cols, rows, whole=(0,), ids=(cols.index("holder"),), below=(cols.index("reason"),))
 
 
 def reaped_section(rs: Sequence[ReapedView], partitioned: bool = False) -> Section:
@@ -179,7 +186,8 @@ def reaped_section(rs: Sequence[ReapedView], partitioned: bool = False) -> Secti
     rows = [(f"{duration(r.age_ms)} ago", r.worker_id) + ((r.partition,) if partitioned else ()) + (
         r.terminal, r.requeued, r.dead, _ids(r.entry_ids), _rate(r.progress.groups_per_s if r.progress else None),
         r.reason) for r in rs]
-    return section(f"reaped workers: the last {len(rs)}", cols, rows)
+    return section(f"reaped workers: the last {len(rs)}, newest first", cols, rows, ids=(1,),
+                   below=(cols.index("reason"), cols.index("entries")))
 
 
 def _ids(ids: Sequence[str], shown: int = 3) -> str:
@@ -234,7 +242,7 @@ def workers_section(ws: Sequence[WorkerView], limit: int = 20, partitioned: bool
                 for w in ws[:limit]]
         if len(ws) > limit:
             rows.append((f"... {len(ws) - limit} more",) + ("",) * (len(columns) - 1))
-        return section(f"workers: {alive} alive, {len(ws) - alive} silent or unregistered", columns, rows)
+        return section(f"workers: {alive} alive, {len(ws) - alive} silent or unregistered", columns, rows, ids=(0,))
     ordered = sorted(ws, key=lambda w: (w.worker_id, w.partition))
     ids = {w.worker_id for w in ws}
     dead = {w.worker_id for w in ws if not w.alive}
@@ -244,7 +252,7 @@ def workers_section(ws: Sequence[WorkerView], limit: int = 20, partitioned: bool
         rows.append((f"... {len(ws) - limit} more",) + ("",) * len(columns))
     return section(f"workers: {len(ids - dead)} alive, {len(dead)} silent or unregistered in some partition "
                    f"({sum(w.executing_groups for w in ws)} groups executing)",
-                   columns[:1] + ("partition",) + columns[1:], rows)
+                   columns[:1] + ("partition",) + columns[1:], rows, ids=(0,))
 
 
 def _speed(w: WorkerView) -> tuple[str, str, str]:
@@ -265,11 +273,12 @@ def leases_section(ls: Sequence[LeaseView], limit: int = 20, partitioned: bool =
     if not partitioned:
         rows = [(lv.lease_id, lv.trainer, lv.groups, "?" if lv.version is None else lv.version, _deadline(lv))
                 for lv in ls[:limit]]
-        return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "deadline"), rows)
+        return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "deadline"), rows,
+                       whole=(0,), ids=(1,))
     rows = [(lv.lease_id, lv.partition, lv.trainer, lv.groups, "?" if lv.version is None else lv.version,
              _deadline(lv)) for lv in ls[:limit]]
     return section(f"leases: {len(ls)} active in the partitions ({sum(lv.groups for lv in ls)} groups)",
-                   ("lease", "partition", "trainer", "groups", "version", "deadline"), rows)
+                   ("lease", "partition", "trainer", "groups", "version", "deadline"), rows, whole=(0,), ids=(2,))
 
 
 def stragglers_section(attempts: Sequence[AttemptView], truncated: bool, partitioned: bool = False) -> Section:
@@ -278,9 +287,9 @@ def stragglers_section(attempts: Sequence[AttemptView], truncated: bool, partiti
         " (of the first entries of a large PEL)" if truncated else "")
     if partitioned:
         rows = [(a.entry_id, a.partition, a.worker_id, duration(a.age_ms), a.attempt) for a in attempts]
-        return section(title, ("entry", "partition", "worker", "age", "attempt"), rows)
+        return section(title, ("entry", "partition", "worker", "age", "attempt"), rows, whole=(0,), ids=(2,))
     rows = [(a.entry_id, a.worker_id, duration(a.age_ms), a.attempt) for a in attempts]
-    return section(title, ("entry", "worker", "age", "attempt"), rows)
+    return section(title, ("entry", "worker", "age", "attempt"), rows, whole=(0,), ids=(1,))
 
 
 def at_risk_section(entries: Sequence[AtRiskView], truncated: bool, partitioned: bool = False) -> Section:
@@ -290,7 +299,7 @@ def at_risk_section(entries: Sequence[AtRiskView], truncated: bool, partitioned:
     cols = ("entry",) + (("partition",) if partitioned else ()) + ("failures", "left", "last terminal", "last reason")
     rows = [(a.entry_id,) + ((a.partition,) if partitioned else ()) + (a.counted_failures, a.left, a.last_terminal,
                                                                       a.last_reason) for a in entries]
-    return section(title, cols, rows)
+    return section(title, cols, rows, whole=(0,), below=(len(cols) - 1,))
 
 
 def partitions_section(snap: Snapshot) -> Section:
@@ -344,7 +353,8 @@ def entry_sections(e: EntryView) -> list[Section]:
         rows.append(("since delivery", duration(e.idle_ms)))
     if e.worker_id:
         beat = "never registered" if e.worker_heartbeat_ms is None else duration(e.server_ms - e.worker_heartbeat_ms) + " ago"
-        rows.append(("worker", f"{e.worker_id} ({'alive' if e.worker_alive else 'SILENT'}, last heartbeat {beat})"))
+        # The ID on a row of its own: a long one cut from the middle still leaves its status whole.
+        rows += [("worker", e.worker_id), ("worker status", f"{'alive' if e.worker_alive else 'SILENT'}, last heartbeat {beat}")]
     if e.lease_id:
         rows.append(("lease", f"{e.lease_id} by {e.lease_trainer}, deadline in "
                      f"{duration(_since(e.lease_deadline_ms, e.server_ms))}"))
@@ -364,8 +374,10 @@ def entry_sections(e: EntryView) -> list[Section]:
     if e.garbage:
         rows.append(("GARBAGE (unreadable in Redis)", "; ".join(e.garbage)))
     history = [(a.attempt, a.worker_id, a.terminal, a.reason) for a in e.history]
-    return [section(f"entry {e.entry_id}", ("", ""), rows),
-            section("attempts that ended without a completion", ("attempt", "worker", "terminal", "reason"), history)]
+    return [section(f"entry {e.entry_id}", ("", ""), rows, whole=(0,), ids=(1,)),
+            section(f"attempts that ended without a completion: {len(history) or 'none'}",
+                    ("attempt", "worker", "terminal", "reason"), history,
+                    ids=(1,), below=(3,))]
 
 
 def utc(ms: int, sep: str = " ") -> str:
@@ -401,8 +413,8 @@ def dead_letters_section(ds: Sequence[DeadLetterView], queue: str) -> Section:
     """`dlq list` on a terminal: oldest first, when each died and why."""
     rows = [(letter_id(d, d.letter.dlq_id), d.letter.source_id, d.letter.attempt, f"{duration(d.age_ms)} ago",
              letter_why(d)) for d in ds]
-    return section(f"dead letters of queue {queue}: {len(ds)}, oldest first (`dlq show ID` tells more)",
-                   ("dead letter", "source_id", "attempts", "died", "why"), rows, whole=(0,))
+    return section(f"dead letters of queue {queue}: {len(ds)}, oldest first (more: `dlq show ID`)",
+                   ("dead letter", "source_id", "attempts", "died", "why"), rows, whole=(0,), ids=(1,), below=(4,))
 
 
 def letter_sections(d: DeadLetterView) -> list[Section]:
@@ -419,11 +431,12 @@ def letter_sections(d: DeadLetterView) -> list[Section]:
         rows.append(("group", "its pristine payload does not decode"))
     if d.garbage:
         rows.append(("GARBAGE (unreadable in Redis)", "; ".join(d.garbage)))
-    rows.append(("next", f"fix the cause, then `rollout-queue dlq requeue {letter_id(d, letter.dlq_id)} --yes`"))
+    rows.append(("next", f"`rollout-queue dlq requeue {letter_id(d, letter.dlq_id)} --yes` once fixed"))
     attempts = [(a.attempt, a.worker_id, a.terminal, "?" if ago is None else f"{duration(ago)} ago", a.reason)
                 for a, ago in zip(d.attempts, d.ago_ms)]
-    return [section(f"dead letter {letter_id(d, letter.dlq_id)}", ("", ""), rows),
-            section("its attempts", ("attempt", "worker", "terminal", "ended", "reason"), attempts)]
+    return [section(f"dead letter {letter_id(d, letter.dlq_id)}", ("", ""), rows, whole=(0,), ids=(1,)),
+            section("its attempts", ("attempt", "worker", "terminal", "ended", "reason"), attempts, ids=(1,),
+                    below=(4,))]
 
 
 #: `verify`'s checks: the promise each states, and the problem kinds (view_models.WHAT) that break it.
@@ -453,14 +466,14 @@ def verify_sections(r: VerifyReport) -> list[Section]:
         if bad:
             rows.append((promise, f"FAIL: {bad} group(s)"))
         elif kinds == ("not_settled",) and not r.final:
-            rows.append((promise, f"not checked: {r.unsettled} still move (add --final once the run is over)"))
+            rows.append((promise, f"not checked (--final): {r.unsettled} still move"))
         else:
             rows.append((promise, "ok"))
     trimmed = (f"{r.commit_lines_trimmed} older lines trimmed past commits_maxlen ({r.committed_unlisted} committed "
                "groups lost their line: a second commit of them cannot be seen)" if r.commit_lines_trimmed
                else "none trimmed")
-    rows.append(("commits stream", f"{r.commit_lines} line(s) read, {trimmed}; {r.recommitted_after_restore} "
-                                   "group(s) committed again after a restore"))
+    rows += [("commits stream", f"{r.commit_lines} line(s) read, {trimmed}"),
+             ("committed again after a restore", f"{r.recommitted_after_restore} group(s)")]
     return [states, section("the promise (DESIGN: Guarantees)", ("check", "result"), rows)]
 
 
@@ -479,16 +492,35 @@ def verify_verdict(r: VerifyReport, width: int = 80) -> str:
     return "\n".join(out) + "\n"
 
 
-def emit(sections: Sequence[Section], rich_ok: bool = True) -> None:
-    """Print the sections: rich tables on a terminal when available, plain aligned text otherwise."""
-    group = rich_group(sections) if rich_ok and sys.stdout.isatty() else None
-    if group is not None:
+def emit(sections: Sequence[Section], full: bool = False, reserve: int = 0, rich_ok: bool = True) -> None:
+    """Print the sections. On a terminal: by default laid out to fit it (fit.py; ``reserve`` lines
+    kept for what the command prints after them), with ``full`` every table whole (rich when it is
+    installed). Piped: plain aligned text, nothing left out (scripts grep it; --json parses)."""
+    if not sys.stdout.isatty():
+        sys.stdout.write(plain(sections))
+    elif not full:
+        width, height = terminal_size()
+        sys.stdout.write("\n".join(concise(sections, width, height - reserve)) + "\n")
+    elif (group := rich_group(sections) if rich_ok else None) is not None:
         from rich.console import Console
 
         Console().print(group)
-        return
-    sys.stdout.write(plain(sections))
+    else:
+        sys.stdout.write(plain(sections))
     sys.stdout.flush()
+
+
+def terminal_size() -> tuple[int, int]:
+    """(columns, lines) of stdout's terminal, less two lines: the command's own line and the prompt
+    after it stay on the screen with the output."""
+    size = shutil.get_terminal_size((80, 24))
+    return max(size.columns, 20), max(size.lines - 2, 6)
+
+
+def concise(sections: Sequence[Section], width: int, height: int) -> list[str]:
+    """The sections laid out for a ``width`` x ``height`` terminal (fit.py)."""
+    return fit.fit_lines([fit.section_blocks(s.title, s.columns, s.rows, width, s.ids, s.whole, s.below)
+                          for s in sections], width, height)
 
 
 def rich_group(sections: Sequence[Section]) -> Any:
@@ -497,14 +529,20 @@ def rich_group(sections: Sequence[Section]) -> Any:
         from rich.console import Group
         from rich.markup import escape
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         return None
-    tables = []
+    tables: list[Any] = []
     for s in sections:
+        if not any(s.columns) and not s.rows:  # a title alone (stats' "queue X"): an empty Table draws nothing
+            tables.append(Text(s.title))
+            continue
         table = Table(title=escape(s.title), title_justify="left", show_header=any(s.columns))
         for i, c in enumerate(s.columns):
             widest = max((len(row[i]) for row in s.rows), default=0) if i in s.whole else None
-            table.add_column(escape(c), min_width=widest, no_wrap=i in s.whole)
+            # An ID is never cut with an ellipsis here (--full shows everything): folded over lines.
+            table.add_column(escape(c), min_width=widest, no_wrap=i in s.whole,
+                             overflow="fold" if i in s.ids else "ellipsis")
         for row in s.rows:
             table.add_row(*(escape(v) for v in row))  # reasons and prompts may hold [brackets]
         tables.append(table)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 from rollout_queue.ops import partition_views, views
 from rollout_queue.ops.view_models import SampleDistribution, Snapshot
 from rollout_queue.cli import render, top
-from rollout_queue.cli.common import EXIT_OK, UsageError, open_view, print_json, to_json
+from rollout_queue.cli.common import EXIT_OK, UsageError, add_full, open_view, print_json, to_json
 
 #: (label, meta counter) of the rates `top` shows.
 RATES = (("in/s (submitted)", "submitted"), ("completed/s", "completed_total"), ("out/s (committed)", "committed"))
@@ -56,8 +56,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     snap = view.run(partition_views.snapshot(view.layout))
     if args.json:
         print_json(snapshot_json(snap))
+    elif sys.stdout.isatty() and not args.full:  # the concise default: top's frame, once, without rates
+        width, height = render.terminal_size()
+        sys.stdout.write("\n".join(top.top_lines(snap, None, [], args.queue, width, height, "stats")) + "\n")
     else:
-        render.emit([render.section(f"queue {args.queue}", (), [])] + render.snapshot_sections(snap))
+        render.emit([render.section(f"queue {args.queue}", (), [])] + render.snapshot_sections(snap), full=True)
     return EXIT_OK
 
 
@@ -146,6 +149,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("stats", help="one snapshot: states, staleness, evictions, attempts, workers, leases")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_full(p)
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("top", help="live stats with rates (groups/s in and out) and a sparkline")

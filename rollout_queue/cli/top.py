@@ -6,14 +6,17 @@ out for the terminal's exact size (no table borders): a header, then one line pe
 unreachable partition, dead letters), then states with their longest waits, rates and the policy
 line (and one saying so when the queue has no admission control), then as many worker and lease
 rows as the height leaves, urgent rows first (silent workers, overdue leases) and a "... N more"
-line for the rest. Every line is cut to the width. Pure functions of a Snapshot: no Redis, no
-terminal here (status.py draws them).
+line for the rest. Every line is cut to the width, and IDs are cut from their middle (fit.middle)
+so that the pid:nonce telling two workers on one host apart stays. `stats` on a terminal prints the
+same frame once, without rates (its concise default; `stats --full` prints every table). Pure
+functions of a Snapshot: no Redis, no terminal here (status.py draws them).
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from rollout_queue.cli.fit import middle
 from rollout_queue.cli.render import WAITING, _rate, duration, edge_text, hold_text, sparkline, worker_status
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import LeaseView, SampleDistribution, Snapshot, WorkerView
@@ -27,6 +30,10 @@ RATE_LABELS = ("in/s (submitted)", "completed/s", "out/s (committed)")
 SHORT = {"backlog": "backlog", "ready": "ready", "executing": "exec", "completed": "done", "leased": "leased"}
 #: The smallest frame laid out; a smaller terminal gets this many lines cut to its width.
 MIN_HEIGHT, MIN_WIDTH = 12, 40
+#: The widest a worker or trainer ID is in an urgent line: the line's end (what it holds) stays on 80 columns.
+URGENT_ID = 32
+#: The narrowest ID column of the worker and lease rows (wider terminals give it the rest of the line).
+ID_COLUMN = 24
 
 
 def _per_s(v: float | None) -> str:
@@ -50,10 +57,11 @@ def urgent_lines(snap: Snapshot) -> list[str]:
     for w in silent:
         what = "unregistered PEL consumer" if w.last_heartbeat_ms is None and not w.garbage else (
             f"{worker_status(w)} for {duration(w.silent_ms)}")
-        lines.append(f"! worker {w.worker_id} {what}, holding {w.executing_groups} group(s)"
+        lines.append(f"! worker {middle(w.worker_id, URGENT_ID)} {what}, holding {w.executing_groups} group(s)"
                      + (f", oldest {duration(w.oldest_attempt_ms)}" if w.oldest_attempt_ms is not None else ""))
     out += _collapsed(lines, "workers silent or unregistered")
-    overdue = [f"! lease {lv.lease_id} OVERDUE by {duration(-lv.remaining_ms)} ({lv.trainer}, {lv.groups} "
+    overdue = [f"! lease {lv.lease_id} OVERDUE by {duration(-lv.remaining_ms)} ({middle(lv.trainer, URGENT_ID)}, "
+               f"{lv.groups} "
                "group(s)): the reaper rolls it back" for lv in snap.leases
                if lv.remaining_ms is not None and lv.remaining_ms < 0]
     out += _collapsed(overdue, "leases overdue")
@@ -92,37 +100,43 @@ def _worker_order(w: WorkerView) -> tuple[int, int]:
     return (0 if not w.alive else 1, -(w.silent_ms or 0) if not w.alive else -(w.oldest_attempt_ms or 0))
 
 
-def worker_lines(ws: Sequence[WorkerView], room: int) -> list[str]:
+def worker_lines(ws: Sequence[WorkerView], room: int, width: int = 80, more: str = "") -> list[str]:
+    """The worker rows, silent first, in ``room`` lines of ``width`` (also `workers`' concise view)."""
     if room <= 0:
         return []
     rows = sorted(ws, key=_worker_order)
     alive = sum(1 for w in ws if w.alive)
-    head = [f"workers: {alive} alive, {len(ws) - alive} not", f"  {'WORKER':<24} {'STATUS':<8} {'BEAT':>7} "
+    wid = max(ID_COLUMN, width - 47)  # the indent and the other columns take 47 characters
+    head = [f"workers: {alive} alive, {len(ws) - alive} not", f"  {'WORKER':<{wid}} {'STATUS':<8} {'BEAT':>7} "
             f"{'EXEC':>4} {'OLDEST':>7} {'GRP/S':>6} {'TOK/S':>7}"]
     body = []
     for w in rows:
         p = w.progress
         status = "GARBAGE" if w.garbage else worker_status(w)
-        body.append(f"  {w.worker_id:<24} {status:<8} {duration(w.silent_ms):>7} {w.executing_groups:>4} "
-                    f"{duration(w.oldest_attempt_ms):>7} {_rate(p.groups_per_s if p else None):>6} "
-                    f"{_rate(p.tokens_per_s if p else None):>7}")
-    return _fit(head, body, room)
+        body.append(f"  {middle(w.worker_id, wid):<{wid}} {status:<8} {duration(w.silent_ms):>7} "
+                    f"{w.executing_groups:>4} {duration(w.oldest_attempt_ms):>7} "
+                    f"{_rate(p.groups_per_s if p else None):>6} {_rate(p.tokens_per_s if p else None):>7}")
+    return _fit(head, body, room, more)
 
 
-def lease_lines(ls: Sequence[LeaseView], room: int) -> list[str]:
+def lease_lines(ls: Sequence[LeaseView], room: int, width: int = 80, more: str = "") -> list[str]:
+    """The lease rows, the nearest deadline first, in ``room`` lines of ``width`` (also `leases`'
+    concise view). The lease ID is never cut: it is what `inspect` and a rollback take."""
     if room <= 0:
         return []
-    head = [f"leases: {len(ls)} active", f"  {'LEASE':<24} {'TRAINER':<16} {'GROUPS':>6} {'VER':>4} DEADLINE"]
+    lid = max([16] + [len(lv.lease_id) for lv in ls])
+    tid = max(16, width - lid - 32)  # the indent, groups, version and a deadline (OVERDUE 23h59m) take 32
+    head = [f"leases: {len(ls)} active", f"  {'LEASE':<{lid}} {'TRAINER':<{tid}} {'GROUPS':>6} {'VER':>4} DEADLINE"]
     body = []
     for lv in sorted(ls, key=lambda x: (x.remaining_ms is None, x.remaining_ms or 0)):
         left = "?" if lv.remaining_ms is None else (
             f"in {duration(lv.remaining_ms)}" if lv.remaining_ms >= 0 else f"OVERDUE {duration(-lv.remaining_ms)}")
-        body.append(f"  {lv.lease_id:<24} {lv.trainer:<16} {lv.groups:>6} "
+        body.append(f"  {lv.lease_id:<{lid}} {middle(lv.trainer, tid):<{tid}} {lv.groups:>6} "
                     f"{'?' if lv.version is None else lv.version:>4} {left}")
-    return _fit(head, body, room)
+    return _fit(head, body, room, more)
 
 
-def _fit(head: list[str], body: list[str], room: int) -> list[str]:
+def _fit(head: list[str], body: list[str], room: int, more: str = "") -> list[str]:
     """The head and as many body rows as ``room`` lines hold, the rest counted in a last line."""
     if not body:
         return head[:1][:room]
@@ -131,26 +145,39 @@ def _fit(head: list[str], body: list[str], room: int) -> list[str]:
     fits = room - len(head)
     if len(body) > fits:
         shown = max(0, fits - 1)
-        return head + body[:shown] + [f"  ... {len(body) - shown} more"]
+        return head + body[:shown] + [f"  ... {len(body) - shown} more" + (f" {more}" if more else "")]
     return head + body
 
 
-def top_lines(snap: Snapshot, rates: Mapping[str, float | None], spark: Sequence[float | None], queue: str,
-              width: int, height: int) -> list[str]:
-    """The whole frame: at most ``height`` lines of at most ``width`` characters."""
+def ended_line(snap: Snapshot) -> str:
+    """``ended   failed 3 · lost 1 · evicted stale 2``: the attempt terminals, evictions and filters
+    that happened (zeros left out), for `stats`' concise view."""
+    st = snap.stats
+    counts = [(k, v) for k, v in sorted(st.terminals.items())] + [
+        (f"evicted {k}", v) for k, v in sorted(st.evictions.items())] + [
+        (f"filtered {k}", v) for k, v in sorted(st.filtered_by_reason.items())]
+    return "ended   " + (" · ".join(f"{k} {v}" for k, v in counts if v) or "no attempt ended without a completion")
+
+
+def top_lines(snap: Snapshot, rates: Mapping[str, float | None] | None, spark: Sequence[float | None], queue: str,
+              width: int, height: int, command: str = "top") -> list[str]:
+    """The whole frame: at most ``height`` lines of at most ``width`` characters. ``rates`` None:
+    `stats`' one frame (no rates; what ended instead)."""
     width, height = max(width, MIN_WIDTH), max(height, MIN_HEIGHT)
     st = snap.stats
     version = st.version if st.version_published else "none"
-    lines = [f"rollout-queue top  queue {queue}  policy v{version}  (Ctrl-C quits)"]
+    hint = "(Ctrl-C quits)" if rates is not None else "(--full: every table)"
+    lines = [f"rollout-queue {command}  queue {queue}  policy v{version}  {hint}"]
     urgent = urgent_lines(snap)
     counts = {"backlog": st.backlog, "ready": st.ready, "executing": st.executing_groups,
               "completed": st.completed, "leased": st.leased}
-    in_s, done_s, out_s = (rates.get(label) for label in RATE_LABELS)
+    in_s, done_s, out_s = (None if rates is None else rates.get(label) for label in RATE_LABELS)
     staleness = "-" if st.staleness_max is None else f"max {st.staleness_max} mean {st.staleness_mean:.2f}"
     summary = [
         "groups  " + " · ".join(f"{SHORT[s]} {counts[s]}" for s in WAITING),
         "waited  " + " · ".join(f"{SHORT[s]} {duration(snap.oldest_ms(s))}" for s in WAITING),
         f"settled committed {st.committed} · filtered {st.filtered} · dead {st.dead} · kept {st.kept}",
+        ended_line(snap) if rates is None else
         f"rates   in {_per_s(in_s)} · completed {_per_s(done_s)} · out {_per_s(out_s)} groups/s  {sparkline(spark)}",
         f"policy  staleness {staleness} (versions) · last commit "
         + ("never" if st.since_commit_ms is None else f"{duration(st.since_commit_ms)} ago"),
@@ -177,6 +204,7 @@ def top_lines(snap: Snapshot, rates: Mapping[str, float | None], spark: Sequence
     overdue = any(x.remaining_ms is not None and x.remaining_ms < 0 for x in snap.leases)
     # Leases get a fair share (all they need, up to a third of what is left), workers the rest.
     lease_room = min(len(snap.leases) + 2 if snap.leases else 1, max(room // 3, 3 if overdue else 1))
-    lines += worker_lines(snap.workers, room - lease_room)
-    lines += lease_lines(snap.leases, height - len(lines))
+    more = "" if rates is not None else "(--full lists all)"
+    lines += worker_lines(snap.workers, room - lease_room, width, more)
+    lines += lease_lines(snap.leases, height - len(lines), width, more)
     return [clean(line)[:width] for line in lines[:height]]

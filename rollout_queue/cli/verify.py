@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from rollout_queue.cli import render
-from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, open_view, print_json
+from rollout_queue.cli.common import EXIT_FAIL, EXIT_OK, add_full, open_view, print_json
 from rollout_queue.ops import verify
 from rollout_queue.ops.escape import clean
 
@@ -27,8 +27,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_json())
     else:
-        render.emit(render.verify_sections(report))
-        sys.stdout.write(render.verify_verdict(report, min(100, shutil.get_terminal_size((80, 24)).columns)))
+        verdict = render.verify_verdict(report, min(100, shutil.get_terminal_size((80, 24)).columns))
+        render.emit(render.verify_sections(report), full=args.full, reserve=verdict.count("\n"))
+        sys.stdout.write(verdict)
     return EXIT_OK if report.ok else EXIT_FAIL
 
 
@@ -62,4 +63,5 @@ def register(sub: Any) -> None:
                    help="the run is over: also fail for any group still owned or waiting (backlog, ready, "
                         "executing, completed, leased)")
     p.add_argument("--json", action="store_true", help="machine-readable verdict and problems")
+    add_full(p)
     p.set_defaults(func=cmd_verify)

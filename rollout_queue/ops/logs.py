@@ -1,6 +1,10 @@
-"""Logging set-up for the processes (reaper, workers, CLI): human-readable by default, JSON lines with
-``--json-logs``. Library code only calls ``logging.getLogger(...).info(msg, extra={"fields": {...}})``;
-it never configures handlers itself.
+"""Logging set-up for the processes (reaper, workers, CLI, the examples): human-readable by default,
+JSON lines with ``--json-logs``. Library code only calls ``logging.getLogger(...).info(msg,
+extra={"fields": {...}})``; it never configures the application's handlers. Two exceptions, both for
+a process whose user configured no logging at all: ``fallback`` (a trainer adapter built in a plain
+script still says what it restored, on stderr, until the application installs a handler of its own),
+and ``progress`` (a long start-up step, an import of torch/vLLM/TRL or a model load, shows that it
+is under way: a spinner on a terminal, a log line otherwise).
 """
 
 from __future__ import annotations
@@ -8,6 +12,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -59,6 +65,58 @@ def configure(json_logs: bool = False, level: int | str = logging.INFO) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)
+
+
+class _Fallback(logging.StreamHandler):  # type: ignore[type-arg]
+    """stderr for ``rollout_queue``'s records only while the root logger has no handler (the
+    application configured no logging); once it has one, the records go there alone (no line twice)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
+def fallback(level: int = logging.INFO) -> None:
+    """Make ``rollout_queue``'s INFO lines visible in a process that configured no logging (idempotent).
+    Why: Python drops INFO records by default, and a trainer's "restored the queue to the checkpoint
+    ... requeued=N" is what a resumed run must say."""
+    lib = logging.getLogger("rollout_queue")
+    if any(isinstance(h, _Fallback) for h in lib.handlers):
+        return
+    handler = _Fallback(sys.stderr)
+    handler.setFormatter(HumanFormatter())
+    lib.addHandler(handler)
+    if lib.getEffectiveLevel() > level:
+        lib.setLevel(level)
+
+
+@contextmanager
+def progress(logger: logging.Logger, what: str, **values: Any) -> Iterator[None]:
+    """A long start-up step: a rich spinner on stderr when it is a terminal (rich installed), a log
+    line otherwise; then one line with how long it took (the step's cost is in every log)."""
+    start = time.monotonic()
+    status = _spinner(what)
+    if status is None:
+        logger.info(f"{what} ...", extra=fields(**values))
+    try:
+        yield
+    finally:
+        if status is not None:
+            status.stop()
+    logger.info(f"{what}: done", extra=fields(seconds=round(time.monotonic() - start, 1), **values))
+
+
+def _spinner(what: str) -> Any:
+    """A started rich status on stderr, or None (not a terminal, or no rich: the ``cli`` extra)."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    status = Console(stderr=True).status(clean(what) + " ...")
+    status.start()
+    return status
 
 
 def fields(**values: Any) -> dict[str, Any]:

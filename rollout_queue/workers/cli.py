@@ -61,6 +61,8 @@ from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRun
 from rollout_queue.workers.served import ServedQueuesRefused
 from rollout_queue.workers.states import RuntimeState
 
+log = logging.getLogger("rollout_queue.workers")
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 DESCRIPTION = __doc__.split("\n")[0]
 #: Default seconds the process may take to end once the worker returned its work (--exit-grace).
@@ -214,7 +216,9 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
     engine_options = parse_engine_args(args.engine_arg)
     if args.weights_mode == "keep-kv" and args.engine == "vllm":
         engine_options.setdefault("kv_on_update", "keep")  # the torch engine always keeps the KV
-    engine = build_engine(args.engine, args.model, engine_options)
+    # vLLM's import and a model load take from seconds to minutes: shown as under way, then timed.
+    with logs.progress(log, f"loading the {args.engine} engine", model=args.model):
+        engine = build_engine(args.engine, args.model, engine_options)
     durable = Durability(args.durable_replicas, args.durable_timeout_ms) if args.durable_replicas else None
     environment = (None if args.env is None
                    else EnvironmentHost(load_environment(args.env), step_timeout_s=args.env_step_timeout,
@@ -293,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.exit_grace >= 0:
         print(f"rollout-queue worker: --exit-grace must be >= 0 seconds, not {args.exit_grace}", file=sys.stderr)
         return EXIT_USAGE
+    log.info("worker starting", extra=logs.fields(queue=args.queue, engine=args.engine, model=args.model,
+                                                  worker_id=args.worker_id or "host:pid:nonce"))
     try:
         runtime = build_runtime(args)
     except (ValueError, TypeError, ImportError) as exc:

@@ -265,8 +265,8 @@ def test_every_documented_command_line_parses(source: Path) -> None:
 def test_the_command_lines_are_found() -> None:
     """Not vacuous: the forms the docs use are among the lines checked."""
     lines = {line for source in COMMAND_SOURCES for line, _ in command_lines(source)}
-    for expected in ("rollout-queue worker --url redis://localhost:6379 --queue trl-digits -- --engine torch",
-                     "rollout-queue --queue trl-digits worker -- --engine torch",
-                     "rollout-queue dlq requeue --all --yes", "python -m rollout_queue.workers --url ... --queue agents",
+    for expected in ("rollout-queue worker --engine torch --model ./tiny --max-tokens 16 --temperature 1.0",
+                     "rollout-queue worker --engine torch --model ./tiny --max-tokens 16 &",
+                     "rollout-queue dlq requeue --all --yes", "python -m rollout_queue.workers --engine vllm",
                      "rollout-queue --help", "python -m rollout_queue --queue bench-trl worker -- --engine torch"):
         assert any(expected in line for line in lines), expected

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer, for real on a CPU, trained from two ``rollout-queue worker`` processes.
 
-examples/trl_grpo.py (the code docs/TRL.md shows) runs as a subprocess; it is SIGKILLed after
+examples/trl_grpo.py (the code docs/integrations/trl.md shows) runs as a subprocess; it is SIGKILLed after
 its first checkpoint with commits past it, then resumed with ``resume_from_checkpoint``. Redis's own
 record (the commits stream) then shows the lineage of the final weights: the killed run's commits
 up to the checkpoint, then the resumed run's; every group in it exactly once, the groups the killed
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,6 +105,17 @@ def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Pa
         assert SAVE <= resumed_from < STEPS
         second = spawn(*trainer_argv, "--resume", log=tmp_path / "trainer-2.log", ranks=ranks)
         assert second.wait(600) == 0, (tmp_path / "trainer-2.log").read_text()[-4000:]
+        # Issue 32, item 4: the example configures logging, so the resumed run says what it restored
+        # (from which checkpoint, how many groups requeued) and what its long start-up steps cost;
+        # item 3: TRL's vLLM version warning is replaced by one line of ours.
+        said = (tmp_path / "trainer-2.log").read_text()
+        restored = re.search(r"restored the queue to the checkpoint .*checkpoint=(\S+) step=(\d+) requeued=(\d+)", said)
+        assert restored is not None, said[-4000:]
+        assert restored.group(1).endswith(f"checkpoint-{resumed_from}") and int(restored.group(2)) == resumed_from
+        assert int(restored.group(3)) >= 1  # the kill came after commits past the checkpoint
+        assert "resuming" in said and "importing torch, transformers and TRL: done seconds=" in said
+        assert "loading the model: done" in said and "QueueGRPOTrainer ready" in said
+        assert "TRL currently supports vLLM" not in said and said.count("harmless here") <= 1
         for w in workers:
             assert w.poll() is None, f"a worker exited: {(tmp_path / 'worker-1.log').read_text()[-2000:]}"
     finally:

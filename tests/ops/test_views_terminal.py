@@ -4,45 +4,19 @@ the last attempt's reason, nothing wider than the terminal; and an empty DLQ say
 
 from __future__ import annotations
 
-import shlex
 import shutil
-import subprocess
-import sys
-import uuid
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.ops import terminal
 from tests.ops.conftest import KnownState
-
-ROOT = Path(__file__).resolve().parents[2]
-DONE = "__rq_done__"
+from tests.ops.terminal import DONE
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux here")
 
 
 def screen_of(st: KnownState, *args: str, width: int = 80, height: int = 60) -> list[str]:
-    """What ``rollout-queue ARGS`` leaves on a ``width`` x ``height`` terminal, with its exit code
-    on the last line (``__rq_done__ <code>``)."""
-    session = f"rq-view-{uuid.uuid4().hex[:8]}"
-    command = " ".join(shlex.quote(a) for a in (
-        "env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "rollout_queue", "--url", st.url, "--queue", st.queue,
-        *args))
-    shell = f"{command}; echo {DONE} $?; sleep 120"
-    tmux = ["tmux", "-L", session]  # a tmux server of its own: no race with another session's ending
-    subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), shell], check=True)
-    try:
-        def shown() -> str | None:
-            text = subprocess.run([*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
-            return text if DONE in text else None
-
-        text = wait_until(shown, timeout=60, interval=0.2, message=f"`{' '.join(args)}` on the tmux screen")
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
-    lines = text.rstrip("\n").split("\n")
-    assert all(len(line) <= width for line in lines), lines
-    return lines
+    return terminal.screen_of(st.url, st.queue, *args, width=width, height=height)
 
 
 def test_verify_at_80_columns(known_state: KnownState) -> None:

@@ -47,3 +47,45 @@ def test_configure_twice_keeps_one_handler(restore_logging: None, capsys: pytest
     assert len(ours) == 1
     logging.getLogger("rollout_queue.test").warning("once")
     assert capsys.readouterr().err.count("once") == 1
+
+
+def test_fallback_shows_the_library_lines_only_while_the_application_configured_none(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A trainer adapter in a script with no logging set-up still says what it restored (issue 32,
+    item 4); once the script configures its own logging, the line goes there alone (not twice)."""
+    lib = logging.getLogger("rollout_queue")
+    root = logging.getLogger()
+    saved_root, saved_level, saved_lib = list(root.handlers), lib.level, list(lib.handlers)
+    for h in saved_root:
+        root.removeHandler(h)
+    try:
+        logs.fallback()
+        logs.fallback()  # idempotent: one handler
+        assert sum(isinstance(h, logs._Fallback) for h in lib.handlers) == 1
+        logging.getLogger("rollout_queue.integrations.trl").info("restored the queue to the checkpoint",
+                                                                 extra=logs.fields(step=10, requeued=8))
+        err = capsys.readouterr().err
+        assert "restored the queue to the checkpoint step=10 requeued=8" in err and err.count("\n") == 1
+        mine = logging.StreamHandler(open("/dev/null", "w"))  # the application's own handler
+        root.addHandler(mine)
+        logging.getLogger("rollout_queue.x").info("only through the application's handler")
+        assert capsys.readouterr().err == ""
+        root.removeHandler(mine)
+        mine.stream.close()
+    finally:
+        for h in list(lib.handlers):
+            if h not in saved_lib:
+                lib.removeHandler(h)
+        lib.setLevel(saved_level)
+        for h in saved_root:
+            root.addHandler(h)
+
+
+def test_progress_logs_a_long_step_and_its_duration_off_a_terminal(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("rollout_queue.test_progress")
+    with caplog.at_level(logging.INFO, logger="rollout_queue.test_progress"):
+        with logs.progress(log, "loading the model", model="./tiny"):
+            pass
+    messages = [(r.getMessage(), getattr(r, "fields", {})) for r in caplog.records]
+    assert messages[0] == ("loading the model ...", {"model": "./tiny"})
+    assert messages[1][0] == "loading the model: done" and set(messages[1][1]) == {"seconds", "model"}
