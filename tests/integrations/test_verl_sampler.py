@@ -15,8 +15,10 @@ antlr4 4.9); ``scripts/test_frameworks.sh verl`` runs this file in a side enviro
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +37,7 @@ QueueCheckpointCallback, QueueReplayBuffer = sampler.QueueCheckpointCallback, sa
 B = 2          # groups per step
 N = 2          # samples per group
 GROUPS = 12
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +54,24 @@ def transfer_queue() -> Iterator[Any]:
         ray.shutdown()
 
 
+def documented_config() -> Any:
+    """The YAML block docs/integrations/verl.md tells a verl user to add, as verl reads it."""
+    text = (REPO / "docs" / "integrations" / "verl.md").read_text()
+    block = re.search(r"^<!-- verl-config:.*?-->\n```yaml\n(.*?)^```$", text, re.S | re.M)
+    assert block, "docs/integrations/verl.md lost its verl-config block"
+    return OmegaConf.create(block.group(1))
+
+
 def verl_config(url: str, name: str, *, threshold: int | None = 2, strategy: str = "drop") -> Any:
-    """The slice of verl's config ``PPOTrainer._build_replay_buffer`` reads, with the documented lines."""
-    return OmegaConf.create({"trainer": {"v1": {
-        "trainer_mode": "separate_async",
-        "separate_async": {"parameter_sync_step": 1},
-        "sampler": {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
-                    "custom_sampler": {"path": "pkg://rollout_queue.integrations.verl.sampler",
-                                       "name": "QueueReplayBuffer"},
-                    "sampler_kwargs": {"url": url, "queue": name, "wait_s": 60, "lease_timeout_s": 30}}}}})
+    """The documented lines, with this test's queue and bounds, over the slice of verl's config
+    ``PPOTrainer._build_replay_buffer`` reads."""
+    cfg = documented_config()
+    cfg.trainer.v1.trainer_mode = "separate_async"
+    cfg.trainer.v1.separate_async = {"parameter_sync_step": 1}
+    sampler = cfg.trainer.v1.sampler
+    sampler.max_off_policy_threshold, sampler.max_off_policy_strategy = threshold, strategy
+    sampler.sampler_kwargs.update(url=url, queue=name, wait_s=60, lease_timeout_s=30)
+    return cfg
 
 
 def build(config: Any) -> Any:
@@ -78,6 +90,16 @@ class Trainer:
 
     def __init__(self, buffer: Any) -> None:
         self.replay_buffer = buffer
+
+
+def saved(buffer: Any, step: int, *, async_save: bool = False) -> None:
+    """verl's ``_save_checkpoint`` tail: the callback the documented config names, built by verl."""
+    from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
+
+    callback = build_checkpoint_callback(documented_config())
+    assert isinstance(callback, QueueCheckpointCallback)
+    callback.on_save(trainer=Trainer(buffer), global_step=step, checkpoint_dir=f"/ckpt/global_step_{step}",
+                     async_save=async_save)
 
 
 def step(buffer: Any, g: int) -> list[str]:
@@ -131,7 +153,7 @@ def test_killed_after_its_checkpoint_a_resumed_run_trains_each_group_once(transf
     first = build(verl_config(url, name))
     assert isinstance(first, QueueReplayBuffer)
     trained = {g: step(first, g) for g in (1, 2)}
-    QueueCheckpointCallback().on_save(trainer=Trainer(first), global_step=2, checkpoint_dir="/ckpt/global_step_2")
+    saved(first, 2)
     lost = step(first, 3) + step(first, 4)
     assert q.stats().retained == 2 * B    # steps 3 and 4 kept by the queue; steps 1 and 2 dropped at checkpoint 2
     # SIGKILL after step 4: the sampler is gone without a word to Redis. verl resumes from global_step_2.
@@ -152,7 +174,7 @@ def test_killed_between_two_redis_calls_of_a_step_nothing_is_lost_or_trained_twi
     url, name, q = run
     first = build(verl_config(url, name))
     lineage = step(first, 1)
-    QueueCheckpointCallback().on_save(trainer=Trainer(first), global_step=1, checkpoint_dir="/ckpt/global_step_1")
+    saved(first, 1)
 
     class Killed(BaseException):
         """The process dies here: nothing after it runs (no rollback, no except)."""
@@ -175,9 +197,9 @@ def test_async_save_drops_nothing_and_a_sampler_of_verl_is_refused(transfer_queu
     url, name, q = run
     buffer = build(verl_config(url, name))
     step(buffer, 1)
-    QueueCheckpointCallback().on_save(trainer=Trainer(buffer), global_step=1, checkpoint_dir="x", async_save=True)
+    saved(buffer, 1, async_save=True)
     assert q.stats().counters.get("checkpoint") is None   # not durable yet: the queue keeps step 1's payloads
-    QueueCheckpointCallback().on_save(trainer=Trainer(buffer), global_step=1, checkpoint_dir="x")
+    saved(buffer, 1)
     assert q.stats().counters.get("checkpoint") == 1
     with pytest.raises(IntegrationConfigError, match="custom_sampler"):
         QueueCheckpointCallback().on_save(trainer=Trainer(object()), global_step=1, checkpoint_dir="x")
