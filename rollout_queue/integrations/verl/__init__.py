@@ -1,0 +1,15 @@
+"""verl, configured rather than glued: the V1 trainer's sampler and its checkpoint hook (read at
+verl 0.9.1 from PyPI).
+
+- ``sampler.QueueReplayBuffer``: ``trainer.v1.sampler.custom_sampler``; each step's batch is a lease
+  of completed groups, written into verl's TransferQueue the way verl's own agent loops write them.
+- ``sampler.QueueCheckpointCallback``: ``trainer.checkpoint_callback_class``; after verl saved step
+  ``k`` the queue drops the data that checkpoint covers.
+- ``trajectories``: leased groups as the TransferQueue rows verl's own agent loops write.
+
+Not written yet (issue 31, section 3): a ``CheckpointEngine`` backend for
+``checkpoint_engine.custom_backend_module`` and the fully_async MessageQueue patch.
+
+This package imports verl only in its submodules (a machine without verl can import this one), and
+it never changes verl: every hook is one verl loads by name from its own config.
+"""
