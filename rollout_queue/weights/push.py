@@ -40,8 +40,9 @@ import datetime
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -50,6 +51,7 @@ import orjson
 from rollout_queue.core.errors import WeightsError
 from rollout_queue.core.models import PushSeal, PushTicket
 from rollout_queue.ops.logs import fields
+from rollout_queue.weights.watchdog import DeadlinePassed, Watchdog
 
 if TYPE_CHECKING:
     import torch
@@ -279,25 +281,20 @@ class WeightPush:
         plan = make_plan(tensors, sealed.world, self.bucket_bytes)
         scope.set("plan", plan.to_json())
         error: str | None = None
-        group = None
+        release = threading.Event()  # the acks are read: the sending thread may close the group
+        send: Watchdog[None] = Watchdog(f"push-send-{epoch}", lambda wd: self._send(
+            wd, epoch, sealed.members, plan, tensors, deadline, release))
         try:
-            group = _group(self.backend, _sub(scope, "pg"), 0, sealed.world, deadline - self.clock())
-            for index, bucket in enumerate(_fill_buckets(plan, tensors)):
-                left = deadline - self.clock()
-                if left <= 0:
-                    raise TimeoutError(f"round deadline passed before bucket {index}")
-                _broadcast(group, bucket, left)
-        except Exception as exc:  # a member died or stalled: the collective times out or breaks
+            send.result(deadline - self.clock())
+        except Exception as exc:  # a member died or stalled: the collective timed out, broke, or is abandoned
             error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        try:
+            # After a failure only members that had everything before it can still ack: wait
+            # briefly, not to the deadline (a SIGKILLed member breaks the collective at once).
+            left = deadline - self.clock()
+            acked = _acks(scope, sealed.members, left if error is None else min(left, ACK_AFTER_FAILURE_S))
         finally:
-            if group is not None and error is not None:
-                _close_group(group)
-        # After a failure only members that had everything before it can still ack: wait briefly,
-        # not to the deadline (a SIGKILLed member breaks the collective at once; retry sooner).
-        left = deadline - self.clock()
-        acked = _acks(scope, sealed.members, left if error is None else min(left, ACK_AFTER_FAILURE_S))
-        if group is not None and error is None:
-            _close_group(group)
+            release.set()
         scope.set("plan", b"")  # the round is over (and the store, alive as long as the trainer, stays small)
         unreached = tuple(w for w, rank in sealed.members.items()
                           if w not in acked and not scope.check([f"hello/{rank}"]))
@@ -309,6 +306,43 @@ class WeightPush:
             dropped=list(report.dropped)[:8], unreached=list(unreached)[:8], seconds=round(report.seconds, 3),
             bytes=plan.nbytes, error=error))
         return report
+
+    def _send(self, wd: Watchdog[None], epoch: int, members: Mapping[str, int], plan: PushPlan,
+              tensors: Mapping[str, "torch.Tensor"], deadline: float, release: threading.Event) -> None:
+        """The round's blocking part, in its watchdog's thread (watchdog.py's rules): every member
+        at the store, the group, each bucket; the group closes once the caller read the acks."""
+        def left() -> float:
+            return deadline - self.clock()
+
+        _use_device(next(iter(tensors.values())).device)
+        wd.stage = "connecting to the rendezvous store"
+        client = self.store.clone()  # rule 1: a store call blocked here must not hold the caller's client
+        client.set_timeout(datetime.timedelta(seconds=max(0.1, left())))
+        scope = _scope(client, epoch)
+        # Every member at the store before the group: gloo waits for each peer in turn, each wait
+        # with the whole timeout, and one that never comes then fails every rank at the deadline.
+        wd.stage = "waiting for every member to reach the rendezvous store"
+        hellos = {rank: f"hello/{rank}" for rank in members.values()}
+        try:
+            scope.wait(list(hellos.values()), datetime.timedelta(seconds=max(0.05, left())))
+        except Exception as exc:  # the store's timeout: say who is missing
+            missing = sorted(rank for rank, key in hellos.items() if not scope.check([key]))
+            raise TimeoutError(f"rank(s) {missing} never reached the rendezvous store") from exc
+        wd.stage = "forming the group"
+        group = _group(self.backend, _sub(scope, "pg"), 0, plan.world, left())
+        try:
+            for index in range(len(plan.buckets)):
+                if left() <= 0:
+                    raise TimeoutError(f"round deadline passed before bucket {index}")
+                with wd.step(f"filling bucket {index}"):  # rule 2: the live weights are read only here
+                    bucket = _fill_bucket(plan, tensors, index)
+                wd.stage = f"broadcasting bucket {index}"
+                _broadcast(group, bucket, left())
+            wd.hand_over(None)
+            # A member may still be reading its last bucket: close once its ack was read.
+            release.wait(max(0.0, left()) + ACK_AFTER_FAILURE_S)
+        finally:
+            _close_group(group)
 
     def _seal(self, epoch: int, expect: int) -> PushSeal:
         while True:
@@ -328,20 +362,25 @@ def _contiguous(tensor: "torch.Tensor", backend: str) -> "torch.Tensor":
     return t.contiguous()
 
 
-def _fill_buckets(plan: PushPlan, tensors: Mapping[str, "torch.Tensor"]) -> Iterable["torch.Tensor"]:
-    """Each bucket as one uint8 tensor, on the tensors' device, filled in plan order."""
+def _fill_bucket(plan: PushPlan, tensors: Mapping[str, "torch.Tensor"], index: int) -> "torch.Tensor":
+    """Bucket ``index`` as one uint8 tensor on the tensors' device, filled in plan order."""
     import torch
 
     device = next(iter(tensors.values())).device
-    by_bucket: dict[int, list[PlanEntry]] = {}
+    bucket = torch.empty(plan.buckets[index], dtype=torch.uint8, device=device)
     for entry in plan.tensors:
-        by_bucket.setdefault(entry.bucket, []).append(entry)
-    for index, size in enumerate(plan.buckets):
-        bucket = torch.empty(size, dtype=torch.uint8, device=device)
-        for entry in by_bucket.get(index, []):
+        if entry.bucket == index:
             source = tensors[entry.name]
             bucket[entry.offset:entry.offset + entry.nbytes].copy_(source.reshape(-1).view(torch.uint8))
-        yield bucket
+    return bucket
+
+
+def _use_device(device: "torch.device") -> None:
+    """Make ``device`` current in this thread (a new thread starts on CUDA device 0), for NCCL."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def _acks(scope: Any, members: Mapping[str, int], left_s: float) -> tuple[str, ...]:
@@ -383,29 +422,51 @@ class Staged:
 def receive(ticket: PushTicket, *, device: Any = None) -> Staged:
     """Take part in ``ticket``'s round as its rank: receive every bucket, then ack. Blocking (call
     it in a thread). Raises ``WeightsError`` when the round fails (the trainer gone, a peer dead or
-    stalled, the deadline): nothing is staged then. ``device``: where NCCL buckets go (default:
-    the current CUDA device); gloo buckets are CPU tensors."""
+    stalled) and, whatever gloo does, by the round's deadline: nothing is staged then. ``device``:
+    where NCCL buckets go (default: the current CUDA device); gloo buckets are CPU tensors."""
+    import torch
+
+    deadline = time.monotonic() + ticket.remaining_ms / 1000
+    host, _, port = ticket.addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise WeightsError(f"push round {ticket.epoch}: bad rendezvous address {ticket.addr!r}")
+    # Resolved here: the current CUDA device is this thread's, and the receive runs in another.
+    where = torch.device("cpu") if ticket.backend == "gloo" else torch.device(
+        device if device is not None else f"cuda:{torch.cuda.current_device()}")
+    # In a thread of its own, abandoned at the deadline (watchdog.py): gloo's timeouts bound each
+    # call, not the round, so a member would otherwise give up a timeout per late peer too late.
+    work: Watchdog[Staged] = Watchdog(f"push-receive-{ticket.epoch}", lambda wd: _receive(
+        wd, ticket, host, int(port), where, deadline))
+    try:
+        return work.result(deadline - time.monotonic())
+    except DeadlinePassed as exc:
+        raise WeightsError(f"push round {ticket.epoch} of version {ticket.version}: rank {ticket.rank} gave up, {exc}; "
+                           "the version loads from its folder") from None
+
+
+def _receive(wd: Watchdog[Staged], ticket: PushTicket, host: str, port: int, where: "torch.device",
+             deadline: float) -> Staged:
+    """``receive``'s work, in its watchdog's thread (watchdog.py's rules): its own store client and
+    group; the ack and the hand-over are one step."""
     import torch
     import torch.distributed as dist
 
     began = time.monotonic()
-    deadline = began + ticket.remaining_ms / 1000
 
     def left(step: str) -> float:
         """Seconds to the round's deadline, checked before each blocking step: a member that was
         stopped (SIGSTOP) or slow past it gives up at once instead of waiting a full timeout more."""
+        wd.stage = step
         seconds = deadline - time.monotonic()
         if seconds <= 0:
             raise WeightsError(f"push round {ticket.epoch} of version {ticket.version}: its deadline passed "
                                f"before {step}")
         return seconds
 
-    host, _, port = ticket.addr.rpartition(":")
-    if not host or not port.isdigit():
-        raise WeightsError(f"push round {ticket.epoch}: bad rendezvous address {ticket.addr!r}")
+    _use_device(where)
     group = None
     try:
-        store = dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=left("connecting")))
+        store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=left("connecting")))
         store.set_timeout(datetime.timedelta(seconds=left("reading the plan")))
         scope = _scope(store, ticket.epoch)
         scope.set(f"hello/{ticket.rank}", b"1")  # reached the store: the trainer may retry this member
@@ -416,7 +477,6 @@ def receive(ticket: PushTicket, *, device: Any = None) -> Staged:
         plan = PushPlan.from_json(raw)
         if not 1 <= ticket.rank < plan.world:
             raise WeightsError(f"push round {ticket.epoch}: rank {ticket.rank} is not in a world of {plan.world}")
-        where = torch.device("cpu") if ticket.backend == "gloo" else torch.device(device or "cuda")
         group = _group(ticket.backend, _sub(scope, "pg"), ticket.rank, plan.world, left("forming the group"))
         buckets = []
         for index, size in enumerate(plan.buckets):
@@ -427,9 +487,13 @@ def receive(ticket: PushTicket, *, device: Any = None) -> Staged:
         for entry in plan.tensors:
             raw = buckets[entry.bucket][entry.offset:entry.offset + entry.nbytes]
             staged.tensors[entry.name] = raw.view(_dtype(entry.dtype)).reshape(entry.shape)
-        left("acknowledging")  # a round the trainer already gave up on is not acked late
-        scope.set(f"ack/{ticket.rank}", b"1")
-        staged.seconds = time.monotonic() - began
+        # One step (rule 2): acked only if handed over, never after the caller gave up; the ack's
+        # store call ends by the deadline, so the caller waits for it no longer than that.
+        with wd.step("acknowledging"):
+            store.set_timeout(datetime.timedelta(seconds=left("acknowledging")))
+            scope.set(f"ack/{ticket.rank}", b"1")
+            staged.seconds = time.monotonic() - began
+            wd.hand_over(staged)
         return staged
     except WeightsError:
         raise
