@@ -55,10 +55,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
-from rollout_queue.core.errors import WeightsError
+from rollout_queue.core.errors import DeadlinePassed, WeightsError
 from rollout_queue.core.models import PushSeal, PushTicket
 from rollout_queue.ops.logs import fields
-from rollout_queue.weights.watchdog import DeadlinePassed, Watchdog
+from rollout_queue.weights.watchdog import Watchdog
 
 if TYPE_CHECKING:
     import torch

@@ -33,17 +33,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
+from rollout_queue.core.errors import DeadlinePassed
+
 T = TypeVar("T")
 
 log = logging.getLogger("rollout_queue.weights.watchdog")
-
-
-class DeadlinePassed(TimeoutError):
-    """The work was still running at its deadline; it is abandoned (the module's rules)."""
-
-
-class _Abandoned(Exception):
-    """Raised inside an abandoned work by ``step`` and ``hand_over``: it unwinds (its cleanup runs)."""
 
 
 class Watchdog(Generic[T]):
@@ -65,7 +59,7 @@ class Watchdog(Generic[T]):
         try:
             value = self._work(self)
         except BaseException as exc:  # handed to the caller, unless it was handed something already
-            if not self._settle(exc) and not isinstance(exc, _Abandoned):
+            if not self._settle(exc) and not self._abandoned:
                 log.debug("%s failed after its result was handed over or abandoned", self.name, exc_info=exc)
         else:
             self._settle((value,))
@@ -83,8 +77,8 @@ class Watchdog(Generic[T]):
         """Run the block as one step (rule 2): not begun once the caller gave up (raises inside
         the work then), and the caller does not give up while it runs."""
         with self._lock:
-            if self._abandoned:
-                raise _Abandoned(f"{self.name}: abandoned before {stage}")
+            if self._abandoned:  # the work unwinds (its cleanup runs); nobody reads this error
+                raise DeadlinePassed(f"{self.name}: abandoned before {stage}")
             self.stage = stage
             yield
 
@@ -93,7 +87,7 @@ class Watchdog(Generic[T]):
         Raises inside the work if the caller gave up already."""
         with self._lock:
             if self._abandoned:
-                raise _Abandoned(f"{self.name}: abandoned before handing over")
+                raise DeadlinePassed(f"{self.name}: abandoned before handing over")
             self._settle((value,))
 
     def result(self, timeout_s: float) -> T:
