@@ -451,6 +451,13 @@ class WeightsError(RolloutQueueError):
     ``keep`` so that no folder a worker may still need is pruned."""
 
 
+class DeadlinePassed(RolloutQueueError, TimeoutError):
+    """Blocking torch.distributed work (a push round's store, group or broadcast) was still running
+    at its deadline and was abandoned in its thread (weights/watchdog.py); inside that work, a step
+    refused to begin after it. The trainer's round records it as its error; a member's receive
+    raises WeightsError for it. Nothing was staged or acked: the version loads from its folder."""
+
+
 # -- development servers (rollout_queue.devtools) -----------------------------------------------
 
 

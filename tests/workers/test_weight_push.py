@@ -54,11 +54,13 @@ def member(q: RolloutQueue, worker_id: str, out: dict[str, Any], newer_than: int
     PushFollower does), or, not ``take_part``, joins one and never shows up: a member stopped
     mid-push. ``reach``: the address it connects to instead of the ticket's (one where nothing
     listens: a live worker whose network cannot reach the trainer); ``stop``: set to end its
-    tries early. ``out[worker_id]``: what it
-    staged, its ticket, or its last error; ``out[(worker_id, "rounds")]``: the epochs it joined."""
+    tries early. ``out[worker_id]``: what it staged, its ticket, or its last error;
+    ``out[(worker_id, "rounds")]``: the epochs it joined; ``out[(worker_id, "ended")]``: when each
+    of its receives returned or raised (time.monotonic)."""
     w = q.worker(worker_id)
     w.heartbeat()
     joins: list[int] = out.setdefault((worker_id, "rounds"), [])
+    ended: list[float] = out.setdefault((worker_id, "ended"), [])
 
     def run() -> None:
         deadline, joined = time.monotonic() + 30, 0
@@ -77,6 +79,8 @@ def member(q: RolloutQueue, worker_id: str, out: dict[str, Any], newer_than: int
                 return
             except WeightsError as exc:
                 out[worker_id] = exc
+            finally:
+                ended.append(time.monotonic())
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -168,6 +172,98 @@ def test_a_live_worker_that_cannot_reach_the_trainer_is_left_out_of_the_retry(qu
     assert got[("w2", "rounds")] == [first.epoch]  # the retry refused it (its joins answered None)
     assert first.unreached == ("w2",)
     assert took < 4 + 2 + 2  # one deadline, then a retry that sealed on w1's join
+
+
+#: How far past its deadline a round may end (its acks are read for 0.05 s, then push_close), and
+#: a member may give up: a margin for a machine five times slower, far below one more deadline.
+PAST_DEADLINE_S = 1.5
+
+
+def stall_group(monkeypatch: pytest.MonkeyPatch, rank: int, until_left_s: float | None) -> threading.Event:
+    """Make ``rank``'s first group construction stall (a process SIGSTOPped, or gloo hung in C++):
+    until ``until_left_s`` before the round's deadline, then it goes on; or, None, until the
+    returned event is set (the test sets it at its end), then it fails (so nothing lingers)."""
+    from rollout_queue.weights import push as push_module
+
+    real = push_module._group
+    release = threading.Event()
+    stalled: list[int] = []
+
+    def group(backend: str, store: Any, r: int, world: int, timeout_s: float) -> Any:
+        if r == rank and not stalled:
+            stalled.append(r)
+            if until_left_s is None:
+                release.wait()
+                raise RuntimeError("the hung group construction was released by the test")
+            release.wait(max(0.0, timeout_s - until_left_s))
+        return real(backend, store, r, world, timeout_s)
+
+    monkeypatch.setattr(push_module, "_group", group)
+    return release
+
+
+def test_a_late_member_does_not_carry_the_round_past_its_deadline_when_another_is_unreachable(
+        queue: RolloutQueue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chaos run's round 33 (5,000 groups, seed 31: 8.31 s for a 5 s deadline). Ranks 1 and 2
+    reach the store; rank 1 stalls (SIGSTOP) before forming the group and resumes 1.5 s before the
+    deadline; rank 3 cannot reach the trainer. gloo's constructor waits for each peer's address in
+    rank order, each wait with the whole timeout: rank 1 showing up late restarted the clock for
+    rank 3, and the trainer and rank 2 ended a timeout after rank 1 resumed (~1.75 deadlines). Now
+    the round and every member end at the deadline, and the retry round, after an abandoned group,
+    delivers bit for bit."""
+    deadline = 6.0
+    stall_group(monkeypatch, 1, until_left_s=1.5)
+    push = WeightPush(queue, join_s=5, deadline_s=deadline, expect=3, host="127.0.0.1")
+    got: dict[str, Any] = {}
+    stop = threading.Event()
+    began = time.monotonic()
+    thread, out = push_in_thread(push, STATE, 1, "/weights/v0000001")
+    live = [member(queue, w, got) for w in ("w1", "w2")]
+    wait_until(lambda: queue.client.hlen(queue.keys["push_members"]) == 2, 20, message="w1 and w2 joined")
+    ghost = member(queue, "ghost", got, reach=nothing_listens(), stop=stop)  # so it takes rank 3
+    thread.join(4 * deadline)
+    for t in live:
+        t.join(10)
+    stop.set()
+    ghost.join(10)
+    report = out["report"]
+    first, retry = report.rounds
+    assert first.members["ghost"] == 3 and first.outcome == "failed" and first.unreached == ("ghost",)
+    assert first.seconds < deadline + PAST_DEADLINE_S, first
+    for w in ("w1", "w2"):  # each gave up on the first round by its deadline
+        assert got[(w, "ended")][0] - began < deadline + PAST_DEADLINE_S, (w, got[(w, "ended")], first)
+        assert not isinstance(got[w], Exception) and same(got[w].tensors, STATE)  # from the retry
+    assert retry.outcome == "done" and sorted(retry.acked) == ["w1", "w2"]
+
+
+@pytest.mark.parametrize("hung", [0, 1], ids=["trainer", "member"])
+def test_a_group_that_hangs_costs_its_round_the_deadline_and_no_more(
+        queue: RolloutQueue, monkeypatch: pytest.MonkeyPatch, hung: int) -> None:
+    """gloo hung for good in one rank's group construction (a peer that accepted the connection
+    and froze, a driver stuck): the other ranks time out, and the hung one is abandoned at the
+    deadline; the trainer's round and each member's receive end by then, with nothing acked.
+    Before: the hung rank's caller waited for as long as the hang lasted."""
+    deadline = 4.0
+    release = stall_group(monkeypatch, hung, until_left_s=None)
+    push = WeightPush(queue, join_s=2, deadline_s=deadline, expect=2, retries=0, host="127.0.0.1")
+    got: dict[str, Any] = {}
+    stop = threading.Event()  # no second round: the members stop trying after their first
+    try:
+        began = time.monotonic()
+        thread, out = push_in_thread(push, STATE, 1, "/weights/v0000001")
+        members = [member(queue, w, got, stop=stop) for w in ("w1", "w2")]
+        thread.join(deadline + PAST_DEADLINE_S + 5)
+        stop.set()
+        for t in members:
+            t.join(deadline + PAST_DEADLINE_S + 5)
+        assert "report" in out, "the trainer's push never returned"
+        (only,) = out["report"].rounds
+        assert only.outcome == "failed" and not only.acked and only.seconds < deadline + PAST_DEADLINE_S, only
+        for w in ("w1", "w2"):
+            assert isinstance(got.get(w), WeightsError), (w, got.get(w), "its receive never returned")
+            assert got[(w, "ended")][0] - began < deadline + PAST_DEADLINE_S, (w, got[(w, "ended")])
+    finally:
+        release.set()
 
 
 def test_an_id_that_never_heartbeat_cannot_take_a_live_worker_s_place(queue: RolloutQueue) -> None:
