@@ -179,13 +179,20 @@ def user_name(queue: str, role: str) -> str:
 
 def role_rules(queue: str, role: str, password: str | None = None,
                library: Mapping[str, Script] = SCRIPTS, partitions: int = 1) -> RoleRules:
-    """The ACL rules of ``role`` for ``queue``. Without a password the user is on but cannot log in
-    until one is added (``>secret``); with one, only its SHA-256 is written. ``partitions`` > 1:
-    the same rules on every partition's keys (``queue#0`` …, scale/layout.py), plus reading the
-    partition-count record under the logical name."""
-    head = ["on", "resetkeys", "resetchannels", "-@all"]
+    """The ACL rules of ``role`` for ``queue``. ``partitions`` > 1: the same rules on every partition's
+    keys (``queue#0`` …, scale/layout.py), plus reading the partition-count record under the logical
+    name.
+
+    Passwords: with one, ``resetpass`` comes before its SHA-256 (only the hash is written), so applying
+    a new password revokes every old one: a rotation after a leak must lock the leaked one out, and
+    ACL SETUSER otherwise *adds* passwords. Without one, the user's existing passwords are kept, so
+    re-applying after an upgrade (new script SHA1s) leaves every process able to log in; a new user
+    cannot log in until one is added (``>secret``).
+    Re-applying never stacks: ``resetkeys``/``resetchannels``/``-@all`` clear the root permissions and
+    ``clearselectors`` the selectors (ACL SETUSER appends a selector each time it is given one)."""
+    head = ["on", "resetkeys", "resetchannels", "clearselectors", "-@all"]
     if password is not None:
-        head.append("#" + hashlib.sha256(password.encode()).hexdigest())
+        head += ["resetpass", "#" + hashlib.sha256(password.encode()).hexdigest()]
     names = partition_names(queue, partitions)
     record = QueueKeys(queue).partitions
     if role == "admin":
@@ -245,7 +252,9 @@ def banner(queue: str) -> list[str]:
         "# so a new library is refused (NOPERM) until the rules match it. Create the queue as admin first:",
         "# worker, trainer and reaper may run `open`, which creates a missing queue with its own config;",
         "# a producer (read-only meta) and the operator cannot create one.",
-        "# Users without a password cannot log in: add one (>secret) or use --password ROLE=SECRET.",
+        "# --password ROLE=SECRET replaces every password the user had (resetpass: rotation revokes the",
+        "# old one); a role given no password keeps the passwords it has (re-applying after an upgrade",
+        "# keeps logins working), and a new user without one cannot log in until one is added (>secret).",
     ] + [f"#   {user_name(queue, r.name)}: {r.summary}" for r in ROLES.values()] + [
         f"#   {user_name(queue, 'admin')}: every script and non-dangerous command on the queue's keys",
     ]

@@ -301,3 +301,45 @@ def test_a_trainer_credential_checkpoints_after_the_reaper_takes_back_a_dead_lea
     finally:
         timer.join()
     assert admin.stats().leased == 0
+
+
+def test_rotation_revokes_the_old_password_and_reapplying_keeps_logins(server: LocalServer, queue_name: str,
+                                                                       r: redis.Redis, cli: Cli) -> None:
+    """Issue 29 item 20: `acl --apply` with a new password must lock out the old one (ACL SETUSER adds
+    passwords: resetpass first), re-applying without one (the upgrade flow) keeps the passwords a
+    user has, and re-applying never stacks selectors."""
+    RolloutQueue.from_url(server.url, queue_name, CONFIG).close()
+    host = server.url.split("//")[1].split("/")[0]
+    user = acl.user_name(queue_name, "worker")
+
+    def login(secret: str) -> bool:
+        c = redis.Redis.from_url(f"redis://{user}:{secret}@{host}/0")
+        try:
+            return c.ping() is True
+        except redis.exceptions.AuthenticationError:
+            return False
+        finally:
+            c.close()
+
+    def apply(*args: str) -> None:
+        code, _, err = cli(server.url, queue_name, "acl", "--apply", "--yes", "--role", "worker", *args)
+        assert code == 0, err
+
+    try:
+        apply("--password", "worker=leaked")
+        assert login("leaked")
+        apply("--password", "worker=rotated")
+        assert login("rotated") and not login("leaked"), "rotation must revoke the old password"
+        apply()  # the upgrade flow: new rules, no password given
+        apply()
+        assert login("rotated") and not login("leaked")
+        fields = r.acl_getuser(user)
+        assert len(fields["passwords"]) == 1
+        assert len(fields["selectors"]) == len(acl.ROLES["worker"].selectors), "re-applying stacked selectors"
+        # The printed forms carry the same revocation: resetpass before the hash, only with a password.
+        with_pw = acl.role_rules(queue_name, "worker", "x").rules
+        assert with_pw.index("resetpass") == with_pw.index("#" + hashlib.sha256(b"x").hexdigest()) - 1
+        assert "resetpass" not in acl.role_rules(queue_name, "worker").rules
+        assert all("clearselectors" in acl.role_rules(queue_name, role).rules for role in ROLES)
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
