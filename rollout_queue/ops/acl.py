@@ -143,9 +143,9 @@ def script_commands(script: Script) -> set[str]:
 
 
 def script_keys(script: Script, keys: QueueKeys) -> set[str]:
-    """Key patterns of a script: its declared KEYS and the lease records, payloads and clock it builds
-    (same hash tag)."""
-    out = {keys[role] for role in script.keys + script.reads}
+    """Key patterns a script may write: its declared KEYS and the lease records, payloads and clock it
+    builds (same hash tag). The keys it only READS are ``script_reads``."""
+    out = {keys[role] for role in script.keys}
     if "'lease:'" in script.source:
         out.add(keys.lease("*"))
     if "'payload:'" in script.source:
@@ -153,6 +153,12 @@ def script_keys(script: Script, keys: QueueKeys) -> set[str]:
     if "'clock'" in script.source:
         out.add(keys["clock"])
     return out
+
+
+def script_reads(script: Script, keys: QueueKeys) -> set[str]:
+    """Key patterns a script names under READS: a role all of whose scripts only read a key holds it
+    read-only (``%R~``), so it cannot write it directly either."""
+    return {keys[role] for role in script.reads}
 
 
 @dataclass(frozen=True)
@@ -218,16 +224,23 @@ def role_rules(queue: str, role: str, password: str | None = None,
     channels: list[str] = []
     for name in names:
         keys = QueueKeys(name)
-        patterns = {keys[k] for k in spec.raw_keys}
+        # Written: what its scripts declare or build. Read only: what they name under READS, what its
+        # raw commands (all reads) touch and its read_keys, unless a script of the role writes it.
+        patterns: set[str] = set()
+        read = {keys[k] for k in spec.raw_keys + spec.read_keys}
         for script in scripts:
             patterns |= script_keys(script, keys)
-        read = {keys[k] for k in spec.read_keys}
+            read |= script_reads(script, keys)
+        forced = {keys[k] for k in spec.read_keys} & patterns
+        if forced:  # Redis checks an EVALSHA's declared keys as read-write: that script would be refused
+            raise ValueError(f"role {role}: a script it runs declares {sorted(forced)}, which it may only read")
+        read -= patterns
         if not spec.all_keys:
             read.add(keys.partitions)
         if spec.all_keys:
             key_rules.append("%R~" + keys.pattern if spec.read_only else "~" + keys.pattern)
         else:
-            key_rules += ["~" + k for k in sorted(patterns - read)] + ["%R~" + k for k in sorted(read)]
+            key_rules += ["~" + k for k in sorted(patterns)] + ["%R~" + k for k in sorted(read)]
         channels.append("&" + keys.versions_channel)
     if partitions > 1:
         key_rules.append("%R~" + record)  # the logical name's record (its own prefix is no partition)

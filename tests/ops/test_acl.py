@@ -343,3 +343,47 @@ def test_rotation_revokes_the_old_password_and_reapplying_keeps_logins(server: L
         assert all("clearselectors" in acl.role_rules(queue_name, role).rules for role in ROLES)
     finally:
         r.execute_command("ACL", "DELUSER", user)
+
+
+def test_the_worker_role_cannot_write_meta_nor_create_or_migrate_a_queue(urls: Urls, queue_name: str,
+                                                                         r: redis.Redis) -> None:
+    """Issue 29 item 7: meta (config, policy version, weights URI) is what every process trusts, so the
+    worker role only reads it: the counters it moves live in their own hash. It can therefore neither
+    create a queue (QueueCreateRefused, nothing written) nor migrate a layout-3 one (the trainer does)."""
+    from rollout_queue.core.errors import LayoutMigrationRefused, QueueCreateRefused
+
+    keys = QueueKeys(queue_name)
+    worker = redis.Redis.from_url(urls["worker"])
+    before = dump(r, queue_name)
+    denied(lambda: worker.hset(keys["meta"], "version", 99))
+    denied(lambda: worker.hset(keys["meta"], "weights_uri", "s3://attacker/weights"))
+    denied(lambda: worker.hset(keys["meta"], "max_attempts", 1000))
+    denied(lambda: worker.hincrby(keys["meta"], "committed", 1))
+    denied(lambda: worker.hdel(keys["meta"], "library"))
+    denied(lambda: worker.delete(keys["meta"]))
+    assert dump(r, queue_name) == before
+    assert worker.hget(keys["meta"], "library") is not None  # it still reads the config
+    # The counters are the worker's to move (garbage there stalls admission at worst; see OPERATIONS).
+    assert RolloutQueue.from_url(urls["worker"], queue_name).worker("w").heartbeat().version == 0
+    # No queue: the worker credential may not create one, and writes nothing trying.
+    for key in list(r.scan_iter(f"rollout:{{{queue_name}}}:*")):
+        r.delete(key)
+    with pytest.raises(QueueCreateRefused, match="may not create it"):
+        RolloutQueue.from_url(urls["worker"], queue_name)
+    assert list(r.scan_iter(f"rollout:{{{queue_name}}}:*")) == []
+    # A queue of the previous layout: the worker is refused with what to do; the trainer migrates it.
+    admin = RolloutQueue.from_url(urls["admin"], queue_name, CONFIG)
+    admin.submit([SourceGroup("s-0", "p", 2)])
+    counters = r.hgetall(keys["counters"])
+    r.hset(keys["meta"], mapping={**counters, b"library": b"3.oldbuild00000"})
+    r.delete(keys["counters"])
+    before = dump(r, queue_name)
+    with pytest.raises(LayoutMigrationRefused, match="trainer or admin"):
+        RolloutQueue.from_url(urls["worker"], queue_name)
+    assert dump(r, queue_name) == before
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    assert r.hgetall(keys["counters"]) == counters
+    assert RolloutQueue.from_url(urls["worker"], queue_name).worker("w").reserve(1)
+    for c in (admin, trainer):
+        c.close()
+    worker.close()
