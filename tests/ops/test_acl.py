@@ -387,3 +387,30 @@ def test_the_worker_role_cannot_write_meta_nor_create_or_migrate_a_queue(urls: U
     for c in (admin, trainer):
         c.close()
     worker.close()
+
+
+def test_the_worker_role_cannot_rewrite_a_push_round(urls: Urls, queue_name: str, r: redis.Redis) -> None:
+    """Issue 29 item 7: the push hash (epoch, rendezvous address, deadline) is what every member
+    trusts; a worker credential may only read it. Joining (push_join) writes push:members alone, so
+    rounds still work under the worker role."""
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    wq = RolloutQueue.from_url(urls["worker"], queue_name)
+    w = wq.worker("gpu-0")
+    w.heartbeat()
+    epoch = trainer.open_push(1, "/weights/v1", "127.0.0.1:29500", "gloo", 5, 30)
+    keys, worker = wq.keys, redis.Redis.from_url(urls["worker"])
+    before = dump(r, queue_name)
+    denied(lambda: worker.hset(keys["push"], "addr", "attacker.example:29500"))
+    denied(lambda: worker.hset(keys["push"], "epoch", epoch + 1))
+    denied(lambda: worker.hset(keys["push"], "state", "open"))
+    denied(lambda: worker.hdel(keys["push"], "unreached:gpu-1"))
+    denied(lambda: worker.delete(keys["push"]))
+    assert dump(r, queue_name) == before
+    assert worker.hget(keys["push"], "addr") == b"127.0.0.1:29500"  # it reads the round it joins
+    ticket = w.join_push(epoch)
+    assert ticket is not None and (ticket.rank, ticket.addr) == (1, "127.0.0.1:29500")
+    seal = trainer.seal_push(epoch, expect=1)
+    assert seal is not None and not isinstance(seal, tuple) and seal.world == 2
+    for c in (trainer, wq):
+        c.close()
+    worker.close()
