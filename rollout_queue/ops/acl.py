@@ -12,8 +12,10 @@ It does no I/O; ``rollout-queue acl`` prints or applies the rules.
 What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", says it for people):
 - They confine every role to one queue's keys and channel, and each role to its own transitions: a
   worker's EVALSHA of commit.lua is refused, and a worker cannot touch the commits, kept, ids or
-  lease keys at all, nor delete a consumer; a producer only reads meta (``read_keys``: ``%R~``); the
-  operator role runs no write command, in or out of a script, and neither SCANs nor loads scripts.
+  lease keys at all, nor delete a consumer; a key that every script of a role only READS is read-only
+  to it (``%R~``): the worker reads meta (config, version, weights URI) and push (a round's
+  rendezvous) but cannot write either, the producer reads meta and counters; the operator role runs
+  no write command, in or out of a script, and neither SCANs nor loads scripts.
 - SCRIPT LOAD is allowed to the other roles: a loaded script only runs if its SHA1 is on the list, and
   SHA1 names the content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
 - They cannot stop a holder of a role's password from sending, directly, the commands its own
