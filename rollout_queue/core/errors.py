@@ -134,6 +134,21 @@ class ConfigMismatch(StateConflict):
         )
 
 
+class LayoutMigrationRefused(ConfigMismatch):
+    """The queue was created by the previous data layout (counters kept in ``meta``) and this
+    credential may not write ``meta``, so it cannot migrate it (open.lua). The first process of this
+    version that opens it as the trainer or admin migrates it in one script; a worker or producer
+    started first must wait for that (or be started after it)."""
+
+    def __init__(self, queue: str, stored: str, given: str) -> None:
+        ConfigMismatch.__init__(self, queue, "library", stored, given)
+        self.args = (
+            f"queue {queue!r} was created by data layout {stored.split('.')[0]} (library {stored!r}); this "
+            f"version ({given!r}) keeps the counters outside meta and migrates the queue when the trainer or "
+            "admin opens it first (`rollout-queue stats` as admin, or start the trainer), after every process "
+            "of the old version has stopped. This credential may only read meta, so it cannot migrate it.",)
+
+
 class VersionRegression(StateConflict):
     """publish_version was given a version at or below the current one."""
 
@@ -244,6 +259,18 @@ class QueueNotFound(NotFound):
         self.queue = queue
         super().__init__(f"queue {queue!r} does not exist on this server: check --queue, --url and --partitions "
                          "(a typo?), or create it first (the trainer creates it; other processes take --create)")
+
+
+class QueueCreateRefused(QueueNotFound):
+    """The queue does not exist and this credential's ACL role may only read ``meta`` (producer,
+    worker), so it cannot create it: the queue's config and policy version are what every other
+    process trusts, so only the trainer, reaper or admin role writes them."""
+
+    def __init__(self, queue: str) -> None:
+        QueueNotFound.__init__(self, queue)
+        self.args = (f"queue {queue!r} does not exist and this credential may not create it (its ACL role "
+                     "only reads the queue's config): create it as the trainer or admin first; a worker "
+                     "started without --create waits for it (--wait-for-queue)",)
 
 
 # -- transport -----------------------------------------------------------------------------------

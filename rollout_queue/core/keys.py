@@ -18,6 +18,7 @@ from rollout_queue.core.errors import InvalidInput
 KEY_SUFFIXES: dict[str, str] = {
     "src": "src",
     "meta": "meta",
+    "counters": "counters",
     "ready": "ready",
     "buffer": "buffer",
     "bufver": "bufver",

@@ -24,8 +24,10 @@ from rollout_queue.core.keys import KEY_SUFFIXES
 #: later, counts as a write: forgetting a name here costs a WAIT, never durability.
 READ_ONLY_SCRIPTS = frozenset({"stats", "reap_scan"})
 
-#: Version of the data layout the scripts keep in Redis. Bump when a key's meaning changes.
-DATA_LAYOUT = 3
+#: Version of the data layout the scripts keep in Redis. Bump when a key's meaning changes (and teach
+#: open.lua to migrate from the previous one, or refuse it with a typed error). 4: the counters moved
+#: out of `meta` into `counters` (the worker role may write counters, never meta).
+DATA_LAYOUT = 4
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
 _SECTION = re.compile(r"^(KEYS|READS|ARGV|Returns|Invariant):\s*$")
@@ -147,6 +149,25 @@ def load_library() -> dict[str, Script]:
 
 
 SCRIPTS: dict[str, Script] = load_library()
+
+
+def _counter_fields() -> frozenset[str]:
+    """The counters the scripts move, as load_config.lua lists them (its COUNTERS table)."""
+    text = _read_lua()[1]["load_config"]
+    table = re.search(r"local COUNTERS = \{(.*?)\}", text, re.S)
+    if table is None:
+        raise ValueError("load_config.lua has no COUNTERS table")
+    return frozenset(re.findall(r"'([a-z_]+)'", table.group(1)))
+
+
+#: Fields of the ``counters`` hash (plus the per-reason ``filtered_reason:*`` ones): since data layout
+#: 4 they live apart from ``meta`` (config, library, policy version), which the worker role only reads.
+COUNTER_FIELDS = _counter_fields()
+
+
+def counter_home(field: str) -> str:
+    """The key role that holds ``field``: ``counters`` for a counter, else ``meta``."""
+    return "counters" if field in COUNTER_FIELDS or field.startswith("filtered_reason:") else "meta"
 
 #: The library version stored in each queue's meta: the data layout plus a digest of every script,
 #: so two different builds of rollout-queue never drive one queue with different transition code.

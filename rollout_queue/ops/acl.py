@@ -12,8 +12,10 @@ It does no I/O; ``rollout-queue acl`` prints or applies the rules.
 What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", says it for people):
 - They confine every role to one queue's keys and channel, and each role to its own transitions: a
   worker's EVALSHA of commit.lua is refused, and a worker cannot touch the commits, kept, ids or
-  lease keys at all, nor delete a consumer; a producer only reads meta (``read_keys``: ``%R~``); the
-  operator role runs no write command, in or out of a script, and neither SCANs nor loads scripts.
+  lease keys at all, nor delete a consumer; a key that every script of a role only READS is read-only
+  to it (``%R~``): the worker reads meta (config, version, weights URI) and push (a round's
+  rendezvous) but cannot write either, the producer reads meta and counters; the operator role runs
+  no write command, in or out of a script, and neither SCANs nor loads scripts.
 - SCRIPT LOAD is allowed to the other roles: a loaded script only runs if its SHA1 is on the list, and
   SHA1 names the content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
 - They cannot stop a holder of a role's password from sending, directly, the commands its own
@@ -143,9 +145,9 @@ def script_commands(script: Script) -> set[str]:
 
 
 def script_keys(script: Script, keys: QueueKeys) -> set[str]:
-    """Key patterns of a script: its declared KEYS and the lease records, payloads and clock it builds
-    (same hash tag)."""
-    out = {keys[role] for role in script.keys + script.reads}
+    """Key patterns a script may write: its declared KEYS and the lease records, payloads and clock it
+    builds (same hash tag). The keys it only READS are ``script_reads``."""
+    out = {keys[role] for role in script.keys}
     if "'lease:'" in script.source:
         out.add(keys.lease("*"))
     if "'payload:'" in script.source:
@@ -153,6 +155,12 @@ def script_keys(script: Script, keys: QueueKeys) -> set[str]:
     if "'clock'" in script.source:
         out.add(keys["clock"])
     return out
+
+
+def script_reads(script: Script, keys: QueueKeys) -> set[str]:
+    """Key patterns a script names under READS: a role all of whose scripts only read a key holds it
+    read-only (``%R~``), so it cannot write it directly either."""
+    return {keys[role] for role in script.reads}
 
 
 @dataclass(frozen=True)
@@ -179,13 +187,20 @@ def user_name(queue: str, role: str) -> str:
 
 def role_rules(queue: str, role: str, password: str | None = None,
                library: Mapping[str, Script] = SCRIPTS, partitions: int = 1) -> RoleRules:
-    """The ACL rules of ``role`` for ``queue``. Without a password the user is on but cannot log in
-    until one is added (``>secret``); with one, only its SHA-256 is written. ``partitions`` > 1:
-    the same rules on every partition's keys (``queue#0`` …, scale/layout.py), plus reading the
-    partition-count record under the logical name."""
-    head = ["on", "resetkeys", "resetchannels", "-@all"]
+    """The ACL rules of ``role`` for ``queue``. ``partitions`` > 1: the same rules on every partition's
+    keys (``queue#0`` …, scale/layout.py), plus reading the partition-count record under the logical
+    name.
+
+    Passwords: with one, ``resetpass`` comes before its SHA-256 (only the hash is written), so applying
+    a new password revokes every old one: a rotation after a leak must lock the leaked one out, and
+    ACL SETUSER otherwise *adds* passwords. Without one, the user's existing passwords are kept, so
+    re-applying after an upgrade (new script SHA1s) leaves every process able to log in; a new user
+    cannot log in until one is added (``>secret``).
+    Re-applying never stacks: ``resetkeys``/``resetchannels``/``-@all`` clear the root permissions and
+    ``clearselectors`` the selectors (ACL SETUSER appends a selector each time it is given one)."""
+    head = ["on", "resetkeys", "resetchannels", "clearselectors", "-@all"]
     if password is not None:
-        head.append("#" + hashlib.sha256(password.encode()).hexdigest())
+        head += ["resetpass", "#" + hashlib.sha256(password.encode()).hexdigest()]
     names = partition_names(queue, partitions)
     record = QueueKeys(queue).partitions
     if role == "admin":
@@ -211,16 +226,23 @@ def role_rules(queue: str, role: str, password: str | None = None,
     channels: list[str] = []
     for name in names:
         keys = QueueKeys(name)
-        patterns = {keys[k] for k in spec.raw_keys}
+        # Written: what its scripts declare or build. Read only: what they name under READS, what its
+        # raw commands (all reads) touch and its read_keys, unless a script of the role writes it.
+        patterns: set[str] = set()
+        read = {keys[k] for k in spec.raw_keys + spec.read_keys}
         for script in scripts:
             patterns |= script_keys(script, keys)
-        read = {keys[k] for k in spec.read_keys}
+            read |= script_reads(script, keys)
+        forced = {keys[k] for k in spec.read_keys} & patterns
+        if forced:  # Redis checks an EVALSHA's declared keys as read-write: that script would be refused
+            raise ValueError(f"role {role}: a script it runs declares {sorted(forced)}, which it may only read")
+        read -= patterns
         if not spec.all_keys:
             read.add(keys.partitions)
         if spec.all_keys:
             key_rules.append("%R~" + keys.pattern if spec.read_only else "~" + keys.pattern)
         else:
-            key_rules += ["~" + k for k in sorted(patterns - read)] + ["%R~" + k for k in sorted(read)]
+            key_rules += ["~" + k for k in sorted(patterns)] + ["%R~" + k for k in sorted(read)]
         channels.append("&" + keys.versions_channel)
     if partitions > 1:
         key_rules.append("%R~" + record)  # the logical name's record (its own prefix is no partition)
@@ -245,7 +267,9 @@ def banner(queue: str) -> list[str]:
         "# so a new library is refused (NOPERM) until the rules match it. Create the queue as admin first:",
         "# worker, trainer and reaper may run `open`, which creates a missing queue with its own config;",
         "# a producer (read-only meta) and the operator cannot create one.",
-        "# Users without a password cannot log in: add one (>secret) or use --password ROLE=SECRET.",
+        "# --password ROLE=SECRET replaces every password the user had (resetpass: rotation revokes the",
+        "# old one); a role given no password keeps the passwords it has (re-applying after an upgrade",
+        "# keeps logins working), and a new user without one cannot log in until one is added (>secret).",
     ] + [f"#   {user_name(queue, r.name)}: {r.summary}" for r in ROLES.values()] + [
         f"#   {user_name(queue, 'admin')}: every script and non-dangerous command on the queue's keys",
     ]

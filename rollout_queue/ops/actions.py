@@ -125,8 +125,8 @@ def wait_drained(keys: QueueKeys, timeout_s: float, clock: Clock) -> Flow[bool]:
     while True:
         # The wake ID first: a terminal transition after it writes a newer event, so none is missed.
         last = p.parse_last_id((yield p.Command(("XREVRANGE", keys["wake_work"], "+", "-", "COUNT", 1))))
-        executing = p.parse_count((yield p.Command(("HGET", keys["meta"], "executing_groups"))),
-                                  "HGET meta executing_groups")
+        executing = p.parse_count((yield p.Command(("HGET", keys["counters"], "executing_groups"))),
+                                  "HGET counters executing_groups")
         if executing <= 0:
             return True
         remaining_ms = int((deadline - clock()) * 1000)

@@ -163,7 +163,14 @@ def require_queue(keys: QueueKeys) -> Flow[None]:
 
 
 def meta(keys: QueueKeys) -> Flow[dict[str, str]]:
+    """The meta hash: config, library, policy version, drain and checkpoint state (no counters)."""
     reply = yield p.Command(("HGETALL", keys["meta"]))
+    return {k: text(v) for k, v in _flat(reply).items()}
+
+
+def counters(keys: QueueKeys) -> Flow[dict[str, str]]:
+    """The counters hash (kept apart from meta since data layout 4: the worker role writes them)."""
+    reply = yield p.Command(("HGETALL", keys["counters"]))
     return {k: text(v) for k, v in _flat(reply).items()}
 
 
@@ -452,8 +459,9 @@ def drain_status(keys: QueueKeys) -> Flow[DrainStatus]:
     others = others - (1 if active else 0)
     bad = Garbage()
     deadline = bad.number("drain deadline score", score)
+    c = yield from counters(keys)
     since, executing = bad.number("drain_since_ms", m.get("drain_since_ms")), bad.number(
-        "executing_groups", m.get("executing_groups"))
+        "executing_groups", c.get("executing_groups"))
     return DrainStatus(active, deadline, m.get("drain_reason", ""), since, executing or 0, others, now,
                        tuple(bad.notes))
 

@@ -334,8 +334,8 @@ def _refresh_backlog(layout: Layout, sel: Selector, clock: Clock) -> Flow[None]:
         keys = layout.keys[i]
         length = p.parse_count((yield p.Command(("XLEN", keys["src"]))), "XLEN src")
         ready = p.parse_count((yield p.Command(("ZCARD", keys["ready"]))), "ZCARD ready")
-        meta = p.parse_hmget((yield p.Command(("HMGET", keys["meta"], "retained", "kept"))), ("retained", "kept"))
-        retained, kept = (p.parse_count(meta[k], f"HGET meta {k}") for k in ("retained", "kept"))
+        counters = p.parse_hmget((yield p.Command(("HMGET", keys["counters"], "retained", "kept"))), ("retained", "kept"))
+        retained, kept = (p.parse_count(counters[k], f"HGET counters {k}") for k in ("retained", "kept"))
         return max(0, length - retained - kept) + ready
 
     for i, available in (yield from sweep(layout, sel, read, clock)).items():

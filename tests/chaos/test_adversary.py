@@ -85,8 +85,10 @@ def test_every_attack_is_refused_exactly_when_the_worker_rules_refuse_it(r: Any,
     assert sum(1 for c, _ in menu if c == "evalsha") == len(scripts) > 0  # every worker script, with garbage
     outcomes = _outcomes(r, redis_url, queue_name, _today)
     assert [o for o in outcomes if o[3] not in ("ran", "refused") or (o[3] == "ran") != o[2]] == []
-    # Today the worker role may send every one of issue 29's list: what the chaos adversary breaks.
-    assert {(c, k) for c, k, _, outcome in outcomes if outcome == "ran"} >= set(REQUIRED)
+    # Issue 29 item 7: meta (config, version, weights URI) and push (the round's rendezvous) are
+    # read-only to the worker role.
+    refused = {(c, k) for c, k, _, outcome in outcomes if outcome == "refused"}
+    assert {(c, k) for k in ("meta", "push") for c in ("hset", "hdel", "del")} <= refused
 
 
 def test_the_predictions_follow_the_rules_as_they_change(r: Any, redis_url: str, queue_name: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from rollout_queue import InvalidInput, LeaseLost, QueueConfig, RolloutQueue, Sample, ScriptError, SourceGroup
+from rollout_queue.core.scripts import counter_home
 from tests.helpers import wait_until
 
 CFG = QueueConfig(worker_timeout_s=5.0, lease_timeout_s=30.0, max_payload_bytes=65536)
@@ -129,12 +130,13 @@ def test_reaper_passes_names_that_are_not_utf8(q: RolloutQueue, r: redis.Redis) 
 def test_corrupt_meta_is_a_rolloutq_error_naming_the_field(q: RolloutQueue, r: redis.Redis, field: str,
                                                            value: str) -> None:
     _good(q)
-    before = r.hget(q.keys["meta"], field)
-    r.hset(q.keys["meta"], field, value)
+    key = q.keys[counter_home(field)]  # a counter lives in the counters hash since data layout 4
+    before = r.hget(key, field)
+    r.hset(key, field, value)
     for call in (lambda: q.worker("w1").reserve(1), q.reap, lambda: q.lease(1), q.stats):
         with pytest.raises(ScriptError, match=f"ROLLOUTQ corrupt .*{field}"):
             call()
-    r.hset(q.keys["meta"], field, before) if before is not None else r.hdel(q.keys["meta"], field)
+    r.hset(key, field, before) if before is not None else r.hdel(key, field)
     assert len(_complete_all(q)) == 2
 
 
@@ -158,7 +160,8 @@ def test_a_plain_read_of_a_key_of_the_wrong_type_is_typed(q: RolloutQueue, r: re
 
 def test_dead_letters_and_stats_read_garbage_leniently(q: RolloutQueue, r: redis.Redis) -> None:
     r.xadd(q.keys["dlq"], {"attempt": "abc", "entry_id": b"\xff", "history": '{"h": 5}', "reason": b"\xfe"})
-    r.hset(q.keys["meta"], mapping={"zzz": b"\xff", "filtered_reason:x": "\u00b2"})
+    r.hset(q.keys["meta"], mapping={"zzz": b"\xff"})
+    r.hset(q.keys["counters"], mapping={"filtered_reason:x": "\u00b2"})
     (letter,) = q.dead_letters()
     assert (letter.attempt, letter.history, letter.group) == (0, (), None)
     assert q.stats().filtered_by_reason == {}

@@ -100,7 +100,8 @@ def zmembers(raw: redis.Redis, queue_name: str, role: str) -> list[str]:
 
 
 def meta(raw: redis.Redis, queue_name: str) -> dict[str, str]:
-    return {_s(k): _s(v) for k, v in raw.hgetall(keys(queue_name)["meta"]).items()}
+    """meta and counters as one mapping (no field name is in both)."""
+    return {_s(k): _s(v) for key in ("meta", "counters") for k, v in raw.hgetall(keys(queue_name)[key]).items()}
 
 
 def ledger(raw: redis.Redis, queue_name: str, entry_id: str) -> str:

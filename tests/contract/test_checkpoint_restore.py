@@ -33,8 +33,8 @@ from tests.contract.lifecycle import (
 
 
 def test_headers_match_builders() -> None:
-    check_header("checkpoint", ["src", "meta", "kept", "settled"], ["step", "count"])
-    check_header("restore", ["src", "meta", "ready", "kept", "history", "ledger", "wake_work"], ["step", "count"])
+    check_header("checkpoint", ["src", "meta", "kept", "settled", "counters"], ["step", "count"])
+    check_header("restore", ["src", "meta", "ready", "kept", "history", "ledger", "wake_work", "counters"], ["step", "count"])
 
 
 def _train_steps(q, steps, per_step: int = 1) -> dict[int, list[str]]:

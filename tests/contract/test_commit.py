@@ -27,8 +27,7 @@ from tests.contract.lifecycle import (
 
 
 def test_header_matches_builder() -> None:
-    check_header("commit", ["src", "meta", "leases", "ledger", "commits", "kept", "wake_work",
-                           "settled"],
+    check_header("commit", ["src", "meta", "leases", "ledger", "commits", "kept", "wake_work", "settled", "counters"],
                  ["lease_id", "token", "step"])
 
 

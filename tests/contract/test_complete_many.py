@@ -204,7 +204,7 @@ def test_a_batch_buffers_everything_with_one_write_per_key(open_queue, raw: redi
     assert raw.xlen(k["wake_done"]) == done_before + 1  # one wake per call, not per item
     stats = q.stats()
     assert (stats.completed, stats.executing_groups, stats.executing_samples) == (3, 0, 0)
-    assert int(raw.hget(k["meta"], "completed_total")) == 3 and int(raw.hget(k["meta"], "arrivals")) == 3
+    assert int(raw.hget(k["counters"], "completed_total")) == 3 and int(raw.hget(k["counters"], "arrivals")) == 3
     lease = q.lease(3)
     assert [g.entry_id for g in lease.groups] == ids and [g.samples for g in lease.groups] == [tuple(o) for _, o in items]
 

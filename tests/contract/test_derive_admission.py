@@ -22,7 +22,7 @@ CFG = QueueConfig(max_staleness=1, max_executing_samples=64)
 
 
 def test_header_matches_builder() -> None:
-    check_header("derive_admission", ["meta"], ["library", "batch_groups"])
+    check_header("derive_admission", ["meta", "counters"], ["library", "batch_groups"])
 
 
 def test_a_config_that_leaves_it_unset_stores_minus_one_and_admits_without_bound(open_queue, raw: redis.Redis,

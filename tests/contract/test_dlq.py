@@ -16,7 +16,7 @@ from tests.contract.lifecycle import check_header, complete_all, keys, make_grou
 
 
 def test_header_matches_builder() -> None:
-    check_header("dlq_requeue", ["src", "meta", "ids", "intake", "dlq", "wake_work", "settled", "history"], ["dlq_id"])
+    check_header("dlq_requeue", ["src", "meta", "ids", "intake", "dlq", "wake_work", "settled", "history", "counters"], ["dlq_id"])
 
 
 def _kill(q, group, reasons) -> str:

@@ -39,8 +39,7 @@ from tests.helpers import wait_until
 
 
 def test_header_matches_builder() -> None:
-    check_header("expire_lease",
-                 ["src", "meta", "ready", "leases", "history", "ledger", "dlq", "wake_work"],
+    check_header("expire_lease", ["src", "meta", "ready", "leases", "history", "ledger", "dlq", "wake_work", "counters"],
                  ["lease_id", "count"])
 
 

@@ -112,7 +112,7 @@ def test_reason_counters_are_bounded_across_clients(open_queue, raw: redis.Redis
     assert by["reason_0"] == 1 and by["reason_3"] == 2 and by["reason_31"] == 1 and "reason_32" not in by
     assert sum(by.values()) == q.stats().filtered == len(ids)
     assert counter(raw, queue_name, "filtered_reasons") == 32
-    fields = [k for k in raw.hkeys(keys(queue_name)["meta"]) if k.startswith(b"filtered_reason:")]
+    fields = [k for k in raw.hkeys(keys(queue_name)["counters"]) if k.startswith(b"filtered_reason:")]
     assert len(fields) == 33
 
 

@@ -98,3 +98,81 @@ def test_open_recreates_a_deleted_stream_and_its_consumer_group(open_queue, raw:
     open_queue(CFG)
     assert [g["name"] for g in raw.xinfo_groups(keys(queue_name)["src"])] == [b"rollout"]
     assert q.submit([]) == []
+
+
+# -- data layout 3 -> 4: the counters left meta (issue 29 item 7) ----------------------------------
+
+
+def _as_layout_3(raw: redis.Redis, queue_name: str) -> dict[bytes, bytes]:
+    """Turn a live queue back into what layout 3 kept: every counter in meta, no counters hash, a
+    layout-3 library. Returns the counters it moved."""
+    k = keys(queue_name)
+    counters = raw.hgetall(k["counters"])
+    raw.hset(k["meta"], mapping={**counters, b"library": b"3.oldbuild00000"})
+    raw.delete(k["counters"])
+    return counters
+
+
+def _busy(q) -> None:
+    from tests.contract.worker_support import group, samples
+    q.submit([group(f"s{i}") for i in range(4)])
+    w = q.worker("w")
+    got = w.reserve(3)
+    w.complete(got[0].receipt, samples(2))
+    w.fail(got[1].receipt, "oom")
+    w.filter(got[2].receipt, "all rewards equal")
+
+
+def test_a_layout_3_queue_is_migrated_whole_by_the_first_open_that_may_write_meta(
+        open_queue, raw: redis.Redis, queue_name: str) -> None:
+    """A user upgrading mid-run keeps the run: the first open of the new version that may write meta
+    (trainer, reaper, admin) moves every counter out of meta into counters, in one script, and the
+    queue goes on from the same numbers."""
+    q = open_queue(CFG)
+    _busy(q)
+    before = q.stats()
+    moved = _as_layout_3(raw, queue_name)
+    assert b"executing_groups" in moved and b"filtered_reason:all_rewards_equal" in moved
+    q2 = open_queue(None)
+    k = keys(queue_name)
+    assert raw.hgetall(k["counters"]) == moved
+    assert not set(raw.hkeys(k["meta"])) & set(moved), "a counter stayed in meta"
+    assert raw.hget(k["meta"], "library").decode() == LIBRARY_VERSION
+    after = q2.stats()
+    assert (after.counters, after.filtered_by_reason, after.executing_groups, after.retained) == (
+        before.counters, before.filtered_by_reason, before.executing_groups, before.retained)
+    snap = snapshot(raw, queue_name)
+    open_queue(CFG)  # a second open is a plain check: nothing moves again
+    assert snapshot(raw, queue_name) == snap
+    assert q2.worker("w2").reserve(1)  # and the queue works on
+
+
+def test_a_layout_3_queue_with_a_corrupt_counter_is_refused_untouched(open_queue, raw: redis.Redis,
+                                                                      queue_name: str) -> None:
+    from rollout_queue import ScriptError
+    q = open_queue(CFG)
+    _busy(q)
+    _as_layout_3(raw, queue_name)
+    raw.hset(keys(queue_name)["meta"], "retained", "x")
+    before = snapshot(raw, queue_name)
+    with pytest.raises(ScriptError, match="corrupt counter in meta: retained"):
+        open_queue(None)
+    assert snapshot(raw, queue_name) == before
+
+
+def test_a_library_of_another_layout_is_still_a_mismatch(open_queue, raw: redis.Redis, queue_name: str) -> None:
+    open_queue(CFG)
+    raw.hset(keys(queue_name)["meta"], "library", "2.ancient")
+    before = snapshot(raw, queue_name)
+    with pytest.raises(ConfigMismatch) as info:
+        open_queue(None)
+    assert info.value.stored == "2.ancient" and snapshot(raw, queue_name) == before
+
+
+def test_open_lua_migrates_from_the_previous_layout_to_this_one() -> None:
+    """open.lua spells the layouts; they must follow DATA_LAYOUT when it is bumped again."""
+    import re
+
+    from rollout_queue.core.scripts import DATA_LAYOUT, SCRIPTS
+    m = re.search(r"local FROM_LAYOUT, TO_LAYOUT = '(\d+)', '(\d+)'", SCRIPTS["open"].source)
+    assert m and (int(m.group(1)), int(m.group(2))) == (DATA_LAYOUT - 1, DATA_LAYOUT)

@@ -34,11 +34,11 @@ CFG = QueueConfig(settled_retention_s=RETENTION_S, max_attempts=1)
 
 
 def test_header_matches_builder() -> None:
-    check_header("prune", ["meta", "ledger", "history", "ids", "settled", "suspects"], ["count"])
+    check_header("prune", ["meta", "ledger", "history", "ids", "settled", "suspects", "counters"], ["count"])
     check_header("reap_scan", ["meta", "workers", "leases", "holds", "bufver", "settled", "kept", "retired"],
                  ["count"])
     check_header("sweep_owners", ["src", "meta", "workers", "leases"], ["count"])
-    check_header("filter", ["src", "meta", "ledger", "wake_work", "settled"],
+    check_header("filter", ["src", "ledger", "wake_work", "settled", "counters"],
                  ["entry_id", "attempt", "worker_id", "reason"])
 
 

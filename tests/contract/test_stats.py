@@ -26,9 +26,7 @@ from tests.contract.lifecycle import (
 
 
 def test_header_matches_builder() -> None:
-    check_header("stats",
-                 ["src", "meta", "ready", "buffer", "bufver", "workers", "leases", "holds", "dlq", "commits",
-                  "ledger", "ids", "intake"], [])
+    check_header("stats", ["src", "meta", "ready", "buffer", "bufver", "workers", "leases", "holds", "dlq", "commits", "ledger", "ids", "intake", "counters"], [])
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

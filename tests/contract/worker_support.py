@@ -87,11 +87,12 @@ def pel(raw: redis.Redis, queue_name: str) -> dict[str, tuple[str, int]]:
 
 
 def meta(raw: redis.Redis, queue_name: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in raw.hgetall(keys(queue_name)["meta"]).items()}
+    """meta and counters as one mapping (no field name is in both)."""
+    return {k.decode(): v.decode() for key in ("meta", "counters") for k, v in raw.hgetall(keys(queue_name)[key]).items()}
 
 
 def counter(raw: redis.Redis, queue_name: str, name: str) -> int:
-    return int(raw.hget(keys(queue_name)["meta"], name) or 0)
+    return int(raw.hget(keys(queue_name)["counters"], name) or 0)
 
 
 def history(raw: redis.Redis, queue_name: str, entry_id: str) -> dict[str, Any] | None:

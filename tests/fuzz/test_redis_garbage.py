@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from rollout_queue import RolloutQueue, ScriptError
 from rollout_queue.core import protocol as p
 from rollout_queue.ops import views
+from rollout_queue.core.scripts import counter_home
 
 from .support import CFG, EXAMPLES, drive, fresh_queue, good_groups, samples_for, typed
 
@@ -170,13 +171,14 @@ def test_corrupt_stored_config_gives_a_rolloutq_error_then_recovers(redis_url: s
                                                                      value: bytes) -> None:
     with fresh_queue(redis_url, STAGED) as (q, raw):
         ids, _ = _stage(q)
-        saved = raw.hget(q.keys["meta"], field)
-        raw.hset(q.keys["meta"], field, value)
+        key = q.keys[counter_home(field)]  # a counter lives in the counters hash since data layout 4
+        saved = raw.hget(key, field)
+        raw.hset(key, field, value)
         w = q.worker("probe-worker")
         for call in (lambda: w.reserve(2), q.reap, lambda: q.lease(1, partial=True), q.stats,
                      lambda: q.submit(good_groups("more", 1)), w.heartbeat):
             typed(call, script_errors="rolloutq")
-        raw.hset(q.keys["meta"], field, saved) if saved is not None else raw.hdel(q.keys["meta"], field)
+        raw.hset(key, field, saved) if saved is not None else raw.hdel(key, field)
         assert drive(q, raw, ids, script_errors="none") == set(ids)
 
 

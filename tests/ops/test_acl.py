@@ -301,3 +301,116 @@ def test_a_trainer_credential_checkpoints_after_the_reaper_takes_back_a_dead_lea
     finally:
         timer.join()
     assert admin.stats().leased == 0
+
+
+def test_rotation_revokes_the_old_password_and_reapplying_keeps_logins(server: LocalServer, queue_name: str,
+                                                                       r: redis.Redis, cli: Cli) -> None:
+    """Issue 29 item 20: `acl --apply` with a new password must lock out the old one (ACL SETUSER adds
+    passwords: resetpass first), re-applying without one (the upgrade flow) keeps the passwords a
+    user has, and re-applying never stacks selectors."""
+    RolloutQueue.from_url(server.url, queue_name, CONFIG).close()
+    host = server.url.split("//")[1].split("/")[0]
+    user = acl.user_name(queue_name, "worker")
+
+    def login(secret: str) -> bool:
+        c = redis.Redis.from_url(f"redis://{user}:{secret}@{host}/0")
+        try:
+            return c.ping() is True
+        except redis.exceptions.AuthenticationError:
+            return False
+        finally:
+            c.close()
+
+    def apply(*args: str) -> None:
+        code, _, err = cli(server.url, queue_name, "acl", "--apply", "--yes", "--role", "worker", *args)
+        assert code == 0, err
+
+    try:
+        apply("--password", "worker=leaked")
+        assert login("leaked")
+        apply("--password", "worker=rotated")
+        assert login("rotated") and not login("leaked"), "rotation must revoke the old password"
+        apply()  # the upgrade flow: new rules, no password given
+        apply()
+        assert login("rotated") and not login("leaked")
+        fields = r.acl_getuser(user)
+        assert len(fields["passwords"]) == 1
+        assert len(fields["selectors"]) == len(acl.ROLES["worker"].selectors), "re-applying stacked selectors"
+        # The printed forms carry the same revocation: resetpass before the hash, only with a password.
+        with_pw = acl.role_rules(queue_name, "worker", "x").rules
+        assert with_pw.index("resetpass") == with_pw.index("#" + hashlib.sha256(b"x").hexdigest()) - 1
+        assert "resetpass" not in acl.role_rules(queue_name, "worker").rules
+        assert all("clearselectors" in acl.role_rules(queue_name, role).rules for role in ROLES)
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
+
+
+def test_the_worker_role_cannot_write_meta_nor_create_or_migrate_a_queue(urls: Urls, queue_name: str,
+                                                                         r: redis.Redis) -> None:
+    """Issue 29 item 7: meta (config, policy version, weights URI) is what every process trusts, so the
+    worker role only reads it: the counters it moves live in their own hash. It can therefore neither
+    create a queue (QueueCreateRefused, nothing written) nor migrate a layout-3 one (the trainer does)."""
+    from rollout_queue.core.errors import LayoutMigrationRefused, QueueCreateRefused
+
+    keys = QueueKeys(queue_name)
+    worker = redis.Redis.from_url(urls["worker"])
+    before = dump(r, queue_name)
+    denied(lambda: worker.hset(keys["meta"], "version", 99))
+    denied(lambda: worker.hset(keys["meta"], "weights_uri", "s3://attacker/weights"))
+    denied(lambda: worker.hset(keys["meta"], "max_attempts", 1000))
+    denied(lambda: worker.hincrby(keys["meta"], "committed", 1))
+    denied(lambda: worker.hdel(keys["meta"], "library"))
+    denied(lambda: worker.delete(keys["meta"]))
+    assert dump(r, queue_name) == before
+    assert worker.hget(keys["meta"], "library") is not None  # it still reads the config
+    # The counters are the worker's to move (garbage there stalls admission at worst; see OPERATIONS).
+    assert RolloutQueue.from_url(urls["worker"], queue_name).worker("w").heartbeat().version == 0
+    # No queue: the worker credential may not create one, and writes nothing trying.
+    for key in list(r.scan_iter(f"rollout:{{{queue_name}}}:*")):
+        r.delete(key)
+    with pytest.raises(QueueCreateRefused, match="may not create it"):
+        RolloutQueue.from_url(urls["worker"], queue_name)
+    assert list(r.scan_iter(f"rollout:{{{queue_name}}}:*")) == []
+    # A queue of the previous layout: the worker is refused with what to do; the trainer migrates it.
+    admin = RolloutQueue.from_url(urls["admin"], queue_name, CONFIG)
+    admin.submit([SourceGroup("s-0", "p", 2)])
+    counters = r.hgetall(keys["counters"])
+    r.hset(keys["meta"], mapping={**counters, b"library": b"3.oldbuild00000"})
+    r.delete(keys["counters"])
+    before = dump(r, queue_name)
+    with pytest.raises(LayoutMigrationRefused, match="trainer or admin"):
+        RolloutQueue.from_url(urls["worker"], queue_name)
+    assert dump(r, queue_name) == before
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    assert r.hgetall(keys["counters"]) == counters
+    assert RolloutQueue.from_url(urls["worker"], queue_name).worker("w").reserve(1)
+    for c in (admin, trainer):
+        c.close()
+    worker.close()
+
+
+def test_the_worker_role_cannot_rewrite_a_push_round(urls: Urls, queue_name: str, r: redis.Redis) -> None:
+    """Issue 29 item 7: the push hash (epoch, rendezvous address, deadline) is what every member
+    trusts; a worker credential may only read it. Joining (push_join) writes push:members alone, so
+    rounds still work under the worker role."""
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    wq = RolloutQueue.from_url(urls["worker"], queue_name)
+    w = wq.worker("gpu-0")
+    w.heartbeat()
+    epoch = trainer.open_push(1, "/weights/v1", "127.0.0.1:29500", "gloo", 5, 30)
+    keys, worker = wq.keys, redis.Redis.from_url(urls["worker"])
+    before = dump(r, queue_name)
+    denied(lambda: worker.hset(keys["push"], "addr", "attacker.example:29500"))
+    denied(lambda: worker.hset(keys["push"], "epoch", epoch + 1))
+    denied(lambda: worker.hset(keys["push"], "state", "open"))
+    denied(lambda: worker.hdel(keys["push"], "unreached:gpu-1"))
+    denied(lambda: worker.delete(keys["push"]))
+    assert dump(r, queue_name) == before
+    assert worker.hget(keys["push"], "addr") == b"127.0.0.1:29500"  # it reads the round it joins
+    ticket = w.join_push(epoch)
+    assert ticket is not None and (ticket.rank, ticket.addr) == (1, "127.0.0.1:29500")
+    seal = trainer.seal_push(epoch, expect=1)
+    assert seal is not None and not isinstance(seal, tuple) and seal.world == 2
+    for c in (trainer, wq):
+        c.close()
+    worker.close()

@@ -22,11 +22,11 @@ def dump(r: redis.Redis, st: KnownState) -> dict[bytes, Any]:
 
 
 @pytest.mark.parametrize("name, keys, argv", [
-    ("requeue", ("src", "meta", "ready", "workers", "history", "ledger", "dlq", "wake_work"),
+    ("requeue", ("src", "meta", "ready", "workers", "history", "ledger", "dlq", "wake_work", "counters"),
      ("entry_id", "attempt", "worker_id", "mode", "terminal", "reason")),
-    ("config_set", ("meta",), ("library", "*fields")),
+    ("config_set", ("meta", "counters"), ("library", "*fields")),
     ("drain", ("meta", "holds", "wake_work", "wake_done"), ("action", "timeout_ms", "reason")),
-    ("dlq_purge", ("meta", "dlq", "settled"), ("count", "until_id", "*dlq_ids")),
+    ("dlq_purge", ("meta", "dlq", "settled", "counters"), ("count", "until_id", "*dlq_ids")),
 ])
 def test_headers_define_the_calls(name: str, keys: tuple[str, ...], argv: tuple[str, ...]) -> None:
     from tests.contract.lifecycle import check_header

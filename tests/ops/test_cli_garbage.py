@@ -25,6 +25,7 @@ from rollout_queue import RolloutQueue, SourceGroup
 from rollout_queue.cli import render
 from rollout_queue.ops.escape import clean
 from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.core.scripts import counter_home
 from tests.conftest import _delete_queue_keys
 from tests.ops.conftest import ALIVE, SILENT, Cli, KnownState, build_known_state
 
@@ -64,8 +65,8 @@ def make_hostile(st: KnownState, r: redis.Redis) -> dict[str, str]:
     r.xadd(k["dlq"], {"entry_id": hostile("eid"), "source_id": hostile("dsid"), "reason": hostile("dreason"),
                       "attempt": "\u00b2", "worker": hostile("dworker"), "history": "{not json",
                       "f:sid": hostile("fsid"), "f:n": "abc", "f:g": b"\xff"})
-    r.hset(k["meta"], mapping={"filtered_reason:\x1b[31mred": 5, "filtered_reason:ok": "abc",
-                               "drain_reason": hostile("drain"), "drain_since_ms": "abc", "zzz\nFORGED": "1"})
+    r.hset(k["counters"], mapping={"filtered_reason:\x1b[31mred": 5, "filtered_reason:ok": "abc"})
+    r.hset(k["meta"], mapping={"drain_reason": hostile("drain"), "drain_since_ms": "abc", "zzz\nFORGED": "1"})
     r.zadd(k["holds"], {"operator-drain": float("inf")})
     r.zadd(k["bufver"], {st.ids[3]: float("inf")})
     return {"hostile_entry": hostile_entry, "raw_entry": raw_entry,
@@ -187,7 +188,7 @@ def test_a_field_the_scripts_refuse_gets_their_clear_message(cli: Cli, server: L
                                                              r: redis.Redis, field: str, value: str) -> None:
     q = RolloutQueue.from_url(server.url, queue_name)
     q.submit([SourceGroup("a", "b", 1)])
-    r.hset(q.keys["meta"], field, value)
+    r.hset(q.keys[counter_home(field)], field, value)
     for args in [("stats",), ("stats", "--json"), ("top", "--once"), ("workers",), ("leases",), ("dlq", "list"),
                  ("config", "show"), ("drain", "status"), ("metrics", "--once"), ("inspect", "1-0")]:
         code, out, err = cli(server.url, queue_name, *args)

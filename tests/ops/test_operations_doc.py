@@ -82,9 +82,9 @@ def check_attempts(out: list[str], st: KnownState, r: redis.Redis) -> None:
 
 
 def check_buffer_empty(out: list[str], st: KnownState, r: redis.Redis) -> None:
-    # buffer 1; no hold (an empty list prints one empty line); then the six meta values (batch_groups
-    # -1: left to a trainer, none derived); ready 1.
-    assert out == ["1", "", "2", "5", "100000", "1", "-1", "3", "1"]
+    # buffer 1; no hold (an empty list prints one empty line); then three counters and three meta
+    # values (batch_groups -1: left to a trainer, none derived); ready 1.
+    assert out == ["1", "", "2", "5", "1", "100000", "-1", "3", "1"]
 
 
 def check_leases(out: list[str], st: KnownState, r: redis.Redis) -> None:
@@ -118,7 +118,8 @@ def check_memory(out: list[str], st: KnownState, r: redis.Redis) -> None:
 
 
 def check_config(out: list[str], st: KnownState, r: redis.Redis) -> None:
-    meta = pairs(out)
+    meta = pairs(out)  # meta's lines, then the counters' (no field name is in both)
+    assert r.hget(f"{st.prefix}:meta", "failed") is None and r.hget(f"{st.prefix}:counters", "failed") == b"3"
     assert (meta["max_attempts"], meta["worker_timeout_ms"], meta["max_staleness"], meta["version"],
             meta["weights_uri"], meta["failed"]) == ("2", "500", "2", "3", "s3://weights/v3", "3")
     assert r.hget(f"{st.prefix}:intake", "submitted") == b"9"

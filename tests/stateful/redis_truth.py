@@ -123,7 +123,7 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         leases=_zset(r, keys["leases"]), lease_records=records,
         commits=_lines(r, keys["commits"]), dlq=_lines(r, keys["dlq"]),
         kept=_zset(r, keys["kept"]), ledger=_hash(r, keys["ledger"]), ids=_hash(r, keys["ids"]),
-        meta=_hash(r, keys["meta"]), workers=_zset(r, keys["workers"]), holds=_zset(r, keys["holds"]),
+        meta={**_hash(r, keys["meta"]), **_hash(r, keys["counters"])}, workers=_zset(r, keys["workers"]), holds=_zset(r, keys["holds"]),
         settled=_records(r, keys["settled"]),
         history={_s(k): json.loads(v) for k, v in r.hgetall(keys["history"]).items()},
         suspects=_zset(r, keys["suspects"]),

@@ -35,6 +35,7 @@ from rollout_queue import (
 from rollout_queue.core import flows
 from rollout_queue.core.errors import ProducerConflict, WorkerNotLive
 from rollout_queue.core import protocol as p
+from rollout_queue.core.errors import LayoutMigrationRefused, QueueCreateRefused
 from rollout_queue.core.codec import SCHEMA_VERSION, encode_completion, encode_group
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.scripts import SCRIPTS
@@ -118,6 +119,9 @@ ERROR_CASES: dict[str, tuple[list[Any], dict[str, Any], type[Exception], dict[st
     "plan_mismatch": ([b"plan_mismatch", b"abc"], {"producer": "ds", "plan": "def"}, ProducerConflict,
                       {"producer": "ds"}),
     "not_live": ([b"not_live", 3], {"worker_id": "w9"}, WorkerNotLive, {"worker_id": "w9"}),
+    "create_refused": ([b"create_refused"], {"queue": "unit"}, QueueCreateRefused, {"queue": "unit"}),
+    "migration_refused": ([b"migration_refused", b"3.abc", b"4.def"], {"queue": "unit"}, LayoutMigrationRefused,
+                          {"queue": "unit", "field": "library", "stored": "3.abc", "given": "4.def"}),
 }
 
 

@@ -3,9 +3,10 @@ checkpoint: settled(committed, kept) -> gone: a model checkpoint now covers `ste
 entries committed at or before it are no longer needed for restore.
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   kept       committed entry IDs kept for restore, scored by step
   settled    settle times of settled groups (entry ID -> source_id), for prune
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   step       integer, the checkpointed trainer step
   count      at most this many entries per call
@@ -33,9 +34,10 @@ local step, count = tonumber(A.step), tonumber(A.count)
 if not step or step < 0 or step ~= math.floor(step) then bug('bad step: ' .. tostring(A.step)) end
 if cfg.checkpoint ~= nil and step < cfg.checkpoint then return {'checkpoint_regression', cfg.checkpoint} end
 if cfg.checkpoint ~= step then
-  local state = redis.call('HMGET', K.meta, 'leased', 'restoring')
-  if state[2] then return {'restore_in_progress', tonumber(state[2]) or -1} end
-  if (tonumber(state[1]) or 0) > 0 then return {'leases_open', tonumber(state[1])} end
+  local restoring = redis.call('HGET', K.meta, 'restoring')
+  if restoring then return {'restore_in_progress', tonumber(restoring) or -1} end
+  local leased = tonumber(redis.call('HGET', K.counters, 'leased')) or 0
+  if leased > 0 then return {'leases_open', leased} end
   -- The fence is this call's first write: a settled key of the wrong type must fail it before it.
   if cfg.settled_retention_ms then redis.call('XLEN', K.settled) end
   redis.call('HSET', K.meta, 'checkpoint', step)

@@ -2,7 +2,6 @@
 close_worker: every attempt a worker owns: executing -> ready; then deregister the worker.
 KEYS:
   src        the reservations stream
-  meta       config and counters
   ready      requeued entry IDs
   workers    worker ids by last heartbeat
   reserves   worker id -> last reserve (for replay)
@@ -12,6 +11,9 @@ KEYS:
   wake_work  wake stream for blocked reservers
   progress   worker id -> its last reported counts (deleted with the registration)
   retired    worker ids deregistered while their consumer may remain, by when
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  meta       config and policy version (read only: the worker role may not write meta)
 ARGV:
   worker_id  the worker
   terminal   'aborted' (drain, clean close, a worker's fatal error: not counted) or 'lost' (counted)

@@ -2,7 +2,7 @@
 commit: leased -> settled(committed): the lease's groups were trained; XACK them and record the commit.
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   leases     lease ids by deadline
   ledger     entry ID -> last terminal or settlement
   commits    capped stream, one line per committed lease
@@ -10,6 +10,7 @@ KEYS:
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   lease_id   the lease
   token      its fencing token
@@ -100,11 +101,11 @@ if k > 0 then
 end
 local commit_id = redis.call('XADD', K.commits, 'MAXLEN', '~', cfg.commits_maxlen, '*', 'lease', A.lease_id,
   'trainer', L.trainer or '', 'ids', table.concat(ids, ','), 'step', A.step, 'ms', now)
-redis.call('HINCRBY', K.meta, 'committed', k)
+redis.call('HINCRBY', K.counters, 'committed', k)
 redis.call('HSET', K.meta, 'last_commit_ms', now)  -- stats: is the trainer stalled? (queue clock)
-redis.call('HINCRBY', K.meta, 'leased', -k)
-redis.call('HINCRBY', K.meta, 'retained', -k)
-if keep then redis.call('HINCRBY', K.meta, 'kept', k) end
+redis.call('HINCRBY', K.counters, 'leased', -k)
+redis.call('HINCRBY', K.counters, 'retained', -k)
+if keep then redis.call('HINCRBY', K.counters, 'kept', k) end
 redis.call('HSET', lease_key, 'state', 'committed', 'commit_id', commit_id, 'step', A.step, 'closed_ms', now)
 redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms)
 redis.call('ZREM', K.leases, A.lease_id)

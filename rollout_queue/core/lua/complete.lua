@@ -2,7 +2,6 @@
 complete: executing -> completed: the attempt's samples enter the buffer.
 KEYS:
   src        the reservations stream
-  meta       config and counters
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -11,6 +10,9 @@ KEYS:
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  meta       config and policy version (read only: the worker role may not write meta)
 ARGV:
   entry_id     the receipt's entry ID
   attempt      the receipt's attempt (PEL delivery count)

@@ -3,7 +3,6 @@ complete_many: executing -> completed for a batch of one worker's attempts, each
 exactly as its own complete call would settle it.
 KEYS:
   src        the reservations stream
-  meta       config and counters
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -12,6 +11,9 @@ KEYS:
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  meta       config and policy version (read only: the worker role may not write meta)
 ARGV:
   worker_id  the worker every receipt names
   *items     5 values per completion: entry_id, attempt (PEL delivery count), size (the payload's

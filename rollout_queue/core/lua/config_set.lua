@@ -1,7 +1,8 @@
 --[[
 config_set: replace the queue's stored config; every client's scripts read it on their next call.
 KEYS:
-  meta       config, policy version and counters
+  meta       config and policy version
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   library    the caller's script library version (must equal the stored one)
   *fields    triples: config name, the stored value the caller read ('' if absent), the new value
@@ -35,8 +36,8 @@ for i = 1, #f, 3 do
   local stored = redis.call('HGET', K.meta, f[i]) or ''
   if stored ~= f[i + 1] then return {'config_changed', f[i], stored, f[i + 1]} end
 end
-local count = redis.call('HGET', K.meta, 'config_changes')
-if count and not string.match(count, '^%-?%d+$') then bug('corrupt counter in meta: config_changes = ' .. count) end
+local count = redis.call('HGET', K.counters, 'config_changes')
+if count and not string.match(count, '^%-?%d+$') then bug('corrupt counter in counters: config_changes = ' .. count) end
 local changed = 0
 for i = 1, #f, 3 do
   if f[i + 1] ~= f[i + 2] then
@@ -44,5 +45,5 @@ for i = 1, #f, 3 do
     changed = changed + 1
   end
 end
-if changed > 0 then redis.call('HINCRBY', K.meta, 'config_changes', 1) end
+if changed > 0 then redis.call('HINCRBY', K.counters, 'config_changes', 1) end
 return {'ok', changed}

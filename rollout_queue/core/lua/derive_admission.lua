@@ -1,7 +1,8 @@
 --[[
 derive_admission: give admission control to a queue whose config left it to its trainer.
 KEYS:
-  meta          config, policy version and counters
+  meta          config and policy version
+  counters      counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   library       the caller's script library version (must equal the stored one)
   batch_groups  integer >= 1: the groups the trainer commits per published version (this
@@ -24,5 +25,5 @@ if not n or n < 1 or n ~= math.floor(n) or n >= 9007199254740992 then
 end
 if cfg.batch_groups ~= -1 then return {'ok', cfg.batch_groups, 0} end
 redis.call('HSET', K.meta, 'batch_groups', A.batch_groups)
-redis.call('HINCRBY', K.meta, 'config_changes', 1)
+redis.call('HINCRBY', K.counters, 'config_changes', 1)
 return {'ok', n, 1}

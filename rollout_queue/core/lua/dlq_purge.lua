@@ -1,9 +1,10 @@
 --[[
 dlq_purge: settled(dead) -> gone: delete dead letters for good, with their reasons and pristine payload.
 KEYS:
-  meta       config and counters
+  meta       config and policy version
   dlq        dead letters
   settled    settle times of settled groups (entry ID -> source_id), for prune
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   count      at most this many dead letters per call
   until_id   '' to delete exactly the listed ids; else delete the oldest dead letters up to and
@@ -48,8 +49,8 @@ record_settled(cfg, record)  -- the first write: a bad settled key fails the cal
 for _, id in ipairs(ids) do redis.call('XDEL', K.dlq, id) end
 -- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.
 if #ids > 0 then
-  redis.call('HINCRBY', K.meta, 'dead', -#ids)
-  redis.call('HINCRBY', K.meta, 'dead_purged', #ids)
+  redis.call('HINCRBY', K.counters, 'dead', -#ids)
+  redis.call('HINCRBY', K.counters, 'dead_purged', #ids)
 end
 local done = 1
 if A.until_id ~= '' and #ids == count then done = 0 end

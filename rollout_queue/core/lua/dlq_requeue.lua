@@ -2,13 +2,14 @@
 dlq_requeue: settled(dead) -> backlog: a dead letter's pristine group is submitted again (after a fix).
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ids        hash source_id -> entry ID
   intake     counters of what was submitted (the only key a producer writes besides ids and src)
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
   history    entry ID -> counted failures and attempts: the old entry's gets "q": the new entry ID
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   dlq_id     the dead letter's ID in the dlq stream
 Returns:
@@ -52,8 +53,8 @@ if old.entry_id then
   redis.call('HSET', K.history, old.entry_id, cjson.encode(h))
 end
 redis.call('XDEL', K.dlq, A.dlq_id)
-redis.call('HINCRBY', K.meta, 'dead', -1)
-redis.call('HINCRBY', K.meta, 'dead_requeued', 1)
+redis.call('HINCRBY', K.counters, 'dead', -1)
+redis.call('HINCRBY', K.counters, 'dead_requeued', 1)
 redis.call('HINCRBY', K.intake, 'submitted', 1)
 wake(K.wake_work)
 return {'ok', id}

@@ -2,10 +2,12 @@
 drain: start or stop the operator's maintenance hold (`rollout-queue drain`): a long admission hold
 under the fixed id 'operator-drain', so nothing new starts while executing work finishes.
 KEYS:
-  meta       config and counters (drain_reason, drain_since_ms while draining)
+  meta       config and policy version (drain_reason, drain_since_ms while draining)
   holds      admission hold ids by deadline
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
+READS:
+  counters   the counters (read only)
 ARGV:
   action      'start' or 'stop'
   timeout_ms  start: the drain expires this long from now (a forgotten drain cannot stop the queue
@@ -33,7 +35,7 @@ if A.action == 'start' then
   if not redis.call('ZSCORE', K.holds, HOLD) then redis.call('HSET', K.meta, 'drain_since_ms', now) end
   redis.call('ZADD', K.holds, deadline, HOLD)
   if A.reason ~= '' then redis.call('HSET', K.meta, 'drain_reason', A.reason) end
-  return {'ok', 'draining', deadline, tonumber(redis.call('HGET', K.meta, 'executing_groups') or '0')}
+  return {'ok', 'draining', deadline, tonumber(redis.call('HGET', K.counters, 'executing_groups') or '0')}
 elseif A.action == 'stop' then
   redis.call('ZREM', K.holds, HOLD)
   redis.call('HDEL', K.meta, 'drain_reason', 'drain_since_ms')

@@ -3,7 +3,7 @@ expire_lease: leased -> ready for a lease past its deadline (the reaper's rollba
 members of an @lease consumer that has no active lease record (orphaned by hand).
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ready      requeued entry IDs
   leases     lease ids by deadline
   history    counted failures and attempt reasons
@@ -11,6 +11,7 @@ KEYS:
   dlq        dead letters
   wake_work  wake stream for blocked reservers
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   lease_id   the lease
   count      at most this many members per call

@@ -4,6 +4,8 @@ KEYS:
   meta       config
   leases     lease ids by deadline
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
+READS:
+  counters   counters (read only: load_config checks they are integers)
 ARGV:
   lease_id   the lease
   token      its fencing token

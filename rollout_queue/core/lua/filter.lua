@@ -2,10 +2,12 @@
 filter: executing -> settled(filtered): consumed, never trained, never replayed.
 KEYS:
   src        the reservations stream
-  meta       config and counters
   ledger     entry ID -> last terminal or settlement
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  meta       config and policy version (read only: the worker role may not write meta)
 ARGV:
   entry_id   the receipt's entry ID
   attempt    the receipt's attempt
@@ -44,8 +46,8 @@ release_executing(tonumber(f and f.n) or 0)
 redis.call('XACK', K.src, 'rollout', id)
 redis.call('XDEL', K.src, id)
 ledger_set(id, settled)
-redis.call('HINCRBY', K.meta, 'retained', -1)
-redis.call('HINCRBY', K.meta, 'filtered', 1)
-redis.call('HINCRBY', K.meta, reason_counter(A.reason), 1)
+redis.call('HINCRBY', K.counters, 'retained', -1)
+redis.call('HINCRBY', K.counters, 'filtered', 1)
+redis.call('HINCRBY', K.counters, reason_counter(A.reason), 1)
 drop_payloads({{id = id, attempt = attempt}})  -- a completion staged for it but never adopted
 return {'ok', 'filtered'}

@@ -3,13 +3,14 @@ finish_interrupted: the reaper's step for a restore or a checkpoint whose caller
 batches: it continues the one the queue recorded, never starts one.
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ready      requeued entry IDs
   kept       committed entry IDs kept for restore, scored by step
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   count      at most this many entries per call
 Returns:

@@ -1,10 +1,12 @@
 --[[
 heartbeat: refresh a worker's liveness; read the policy version and admission state it must follow.
 KEYS:
-  meta       config, policy version
   workers    worker ids by last heartbeat
   holds      admission hold ids by deadline
   progress   worker id -> its own counts: groups|tokens|uptime_ms|server_ms[|sample_tokens|sample_seconds]
+READS:
+  meta       config, policy version (read only: the worker role may not write meta)
+  counters   counters (read only: load_config checks they are integers)
 ARGV:
   worker_id  the worker
   groups     groups it completed since its process started ('': it reports no progress)

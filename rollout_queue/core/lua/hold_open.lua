@@ -1,9 +1,11 @@
 --[[
 hold_open: close admission (no new reservations, no new leases) until the hold is released or expires.
 KEYS:
-  meta       config and counters
+  meta       config and policy version
   holds      admission hold ids by deadline
   holders    hold id -> who opened it: holder|since_ms|reason (hold_release deletes it)
+READS:
+  counters   the counters (read only)
 ARGV:
   hold_id    string, chosen by the client (opening the same id again is a replay)
   timeout_ms the hold expires after this long (0: the queue's hold_timeout), so a trainer that dies
@@ -32,4 +34,4 @@ if not deadline then
   redis.call('ZADD', K.holds, deadline, A.hold_id)
   redis.call('HSET', K.holders, A.hold_id, A.holder .. '|' .. now .. '|' .. A.reason)
 end
-return {'ok', tonumber(redis.call('HGET', K.meta, 'executing_groups') or '0'), deadline}
+return {'ok', tonumber(redis.call('HGET', K.counters, 'executing_groups') or '0'), deadline}

@@ -6,6 +6,8 @@ KEYS:
   holders    hold id -> who opened it (deleted with the hold)
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
+READS:
+  counters   counters (read only: load_config checks they are integers)
 ARGV:
   hold_id    the hold
 Returns:

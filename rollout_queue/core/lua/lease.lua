@@ -2,7 +2,7 @@
 lease: completed -> leased: hand `groups` completed groups (never a stale one) to one trainer.
 KEYS:
   src        the reservations stream
-  meta       config, policy version and counters
+  meta       config and policy version
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -20,6 +20,7 @@ KEYS:
   reaped     capped stream of reaped workers
   retired    worker ids deregistered while their consumer may remain, by when
   The lease record rollout:{q}:lease:<lease_id> (a hash) is built from meta's prefix (same hash tag).
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   lease_id    string, chosen by the client (a retry with the same id and token replays the answer)
   token       string, the lease's fencing token
@@ -140,13 +141,13 @@ while #members < want do
     -- Dropped before the next ZRANGE, so `offset` (members taken, still in buffer) stays exact.
     redis.call('ZREM', K.buffer, unpack(ghosts))
     redis.call('ZREM', K.bufver, unpack(ghosts))
-    redis.call('HINCRBY', K.meta, 'ghosts', #ghosts)
+    redis.call('HINCRBY', K.counters, 'ghosts', #ghosts)
   end
 end
 if #members < want and apart[1] then
   -- Held apart only while another group can come: an attempt is executing and the buffer has room
   -- (reserve's backpressure stops at a full one). Otherwise nothing else would ever fill the lease.
-  local executing = tonumber(redis.call('HGET', K.meta, 'executing_groups')) or 0
+  local executing = tonumber(redis.call('HGET', K.counters, 'executing_groups')) or 0
   if executing <= 0 or buffered >= cfg.max_completed_groups then
     for _, a in ipairs(apart) do
       if #members >= want then break end
@@ -179,7 +180,7 @@ redis.call('HSET', lease_key, 'token', A.token, 'trainer', A.trainer_id, 'state'
   'deadline', deadline, 'created_ms', now, 'version', cfg.version_eff, 'members', members_csv,
   'versions', versions_csv)
 redis.call('ZADD', K.leases, deadline, lease_id)
-redis.call('HINCRBY', K.meta, 'leased', #members)
-redis.call('HINCRBY', K.meta, 'leases_total', 1)
+redis.call('HINCRBY', K.counters, 'leased', #members)
+redis.call('HINCRBY', K.counters, 'leases_total', 1)
 if was_full then wake(K.wake_work) end
 return lease_reply(lease_id, deadline, cfg.version_eff, members_csv, versions_csv, counts)

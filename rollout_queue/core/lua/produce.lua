@@ -8,6 +8,7 @@ KEYS:
   producers  hash producer name -> '<cursor>|<plan>'
 READS:
   meta       config (read only: the producer's ACL role may only read meta)
+  counters   the counters (read only)
 ARGV:
   producer     the producer's name (its field in producers)
   plan         digest of what the producer enumerates (dataset, order, n, prompt); fixed per name
@@ -47,7 +48,7 @@ if stored then
   cursor, plan = tonumber(c), p
 end
 if plan and plan ~= A.plan then return {'plan_mismatch', plan} end
-local counters = redis.call('HMGET', K.meta, 'retained', 'kept')
+local counters = redis.call('HMGET', K.counters, 'retained', 'kept')
 local backlog = redis.call('XLEN', K.src) - (tonumber(counters[1]) or 0) - (tonumber(counters[2]) or 0)
 if cursor == to and from ~= to then return {'replay', to, backlog} end
 if cursor ~= from then return {'cursor_moved', cursor} end

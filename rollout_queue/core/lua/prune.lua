@@ -2,12 +2,13 @@
 prune: settled -> forgotten: the ledger line and source_id mapping of groups settled longer ago than
 settled_retention_s are deleted (the reaper runs this; bounded like its other scripts).
 KEYS:
-  meta       config and counters
+  meta       config and policy version
   ledger     entry ID -> last terminal or settlement
   history    entry ID -> counted failures and attempt reasons (kept until pruned, with the ledger line)
   ids        hash source_id -> entry ID
   settled    settle times of settled groups (entry ID -> source_id), for prune
   suspects   entry ID -> leases rolled back on a trainer error that held it (forgotten with the line)
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   count      at most this many groups per call (at least 32: record_settled's chunk)
 Returns:
@@ -66,6 +67,6 @@ call_batched({'ZREM', K.suspects}, forget)
 call_batched({'HDEL', K.ids}, unmap)
 call_batched({'XDEL', K.settled}, records)
 -- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.
-if #forget > 0 then redis.call('HINCRBY', K.meta, 'pruned', #forget) end
-if ghosts > 0 then redis.call('HINCRBY', K.meta, 'ghosts', ghosts) end
+if #forget > 0 then redis.call('HINCRBY', K.counters, 'pruned', #forget) end
+if ghosts > 0 then redis.call('HINCRBY', K.counters, 'ghosts', ghosts) end
 return {'ok', #forget, done and 1 or 0}

@@ -6,6 +6,8 @@ KEYS:
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
   Publishes on the channel rollout:{q}:versions (built from meta's prefix) so workers learn it fast.
+READS:
+  counters   counters (read only: load_config checks they are integers)
 ARGV:
   version      integer, 0 <= version < 2^21
   weights_uri  string or ''

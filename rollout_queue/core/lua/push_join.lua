@@ -1,10 +1,13 @@
 --[[
 push_join: a live worker joins the joinable round of a weights push, and learns its rank and rendezvous.
 KEYS:
-  meta          the queue clock's home (now_ms), config (worker_timeout_ms)
   workers       worker ids by last heartbeat (only a live one takes a rank)
-  push          the current round (push_open.lua); read only
   push_members  worker id -> rank in the current round
+READS:
+  push          the current round (push_open.lua): its epoch, rendezvous address and deadline are
+                what every member trusts, so only the trainer's scripts write it
+  meta          the queue clock's home (now_ms), config (worker_timeout_ms)
+  counters      counters (read only: load_config checks they are integers)
 ARGV:
   epoch      the round announced, or '0' for whichever round is joinable now (a worker starting late)
   worker_id  the worker

@@ -5,6 +5,8 @@ KEYS:
   push          the current round: epoch, round, version, uri, addr, backend, state, opened_ms,
                 join_until_ms, deadline_ms, world, acked, dropped, unreached:<worker id>
   push_members  worker id -> rank in the current round
+READS:
+  counters      counters (read only: load_config checks they are integers)
 ARGV:
   round_id     chosen by the trainer, new for each round it opens (opening the same id again is a replay)
   version      the version pushed; newer than the policy version

@@ -5,6 +5,8 @@ KEYS:
   meta          config (worker_timeout_ms)
   push          the current round (push_open.lua)
   push_members  worker id -> rank in the current round
+READS:
+  counters      counters (read only: load_config checks they are integers)
 ARGV:
   epoch    the round
   expect   seal as soon as this many live workers joined; 0: as many as are alive now

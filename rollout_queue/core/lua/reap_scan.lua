@@ -9,6 +9,8 @@ KEYS:
   settled    settle times of settled groups (entry ID -> source_id), for prune
   kept       committed entry IDs kept for restore, scored by step
   retired    worker ids deregistered while their consumer may remain, by when
+READS:
+  counters   counters (read only: load_config checks they are integers)
 ARGV:
   count      at most this many ids of each kind
 Returns:

@@ -2,7 +2,7 @@
 reap_stale: completed -> ready for buffered groups that became stale (the reaper, ahead of lease).
 KEYS:
   src        the reservations stream
-  meta       config, policy version and counters
+  meta       config and policy version
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -10,6 +10,7 @@ KEYS:
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   count      at most this many groups per call
 Returns:

@@ -2,7 +2,7 @@
 reap_worker: executing -> ready (terminal lost, counted) for a worker silent past worker_timeout.
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ready      requeued entry IDs
   workers    worker ids by last heartbeat
   reserves   worker id -> last reserve
@@ -13,6 +13,7 @@ KEYS:
   progress   worker id -> its last reported counts (deleted with the registration)
   reaped     capped stream: one line per reaping call (who, last heartbeat, what it held)
   retired    worker ids deregistered while their consumer may remain, by when
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   worker_id  the worker (a registered one, or a PEL consumer with no registration at all, pending
              entries or none: its consumer is deleted once it owns nothing)

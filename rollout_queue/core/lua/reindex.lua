@@ -6,7 +6,7 @@ from the PEL). The reaper's step; bounded: `count` PEL entries of one owner per 
 is kept beside the queue clock (rollout:{q}:clock field reindex: bookkeeping, not queue state).
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -14,6 +14,7 @@ KEYS:
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   count      PEL entries to look at in this call
 Returns:
@@ -56,11 +57,11 @@ if ids[1] then
       table.insert(scored, id)
     end
     call_batched({'ZADD', K.ready}, scored)
-    redis.call('HINCRBY', K.meta, 'reindexed', #missing)
+    redis.call('HINCRBY', K.counters, 'reindexed', #missing)
     fixed = #missing
   elseif missing[1] then
     fixed = evict_buffered_many(missing, 'unindexed', cfg, now)
-    redis.call('HINCRBY', K.meta, 'reindexed', fixed)
+    redis.call('HINCRBY', K.counters, 'reindexed', fixed)
   end
 end
 local wrapped = 0

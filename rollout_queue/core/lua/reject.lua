@@ -2,11 +2,13 @@
 reject: executing -> settled(dead): the worker found the reservation's body undecodable.
 KEYS:
   src        the reservations stream
-  meta       config and counters
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  meta       config and policy version (read only: the worker role may not write meta)
 ARGV:
   entry_id   the receipt's entry ID
   attempt    the receipt's attempt

@@ -3,13 +3,14 @@ requeue: executing -> ready for one attempt, by an operator (`rollout-queue requ
 attempt is named by the exact receipt (entry_id, attempt, worker_id) the operator's view showed.
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ready      requeued entry IDs
   workers    worker ids by last heartbeat
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
   wake_work  wake stream for blocked reservers
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   entry_id   the entry
   attempt    the delivery count the operator saw: the attempt to end

@@ -2,7 +2,6 @@
 reserve: ready, then backlog -> executing for one worker; the attempt is the PEL delivery count.
 KEYS:
   src        the reservations stream
-  meta       config, policy version and counters
   ready      requeued entry IDs by submission order
   buffer     completed entry IDs by arrival (for backpressure)
   bufver     completed entry IDs by (min_version, arrival): stale ones are evicted first
@@ -16,6 +15,9 @@ KEYS:
   progress   worker id -> reported counts (a reaped worker's is deleted)
   reaped     capped stream of reaped workers
   retired    worker ids deregistered while their consumer may remain, by when
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  meta       config and policy version (read only: the worker role may not write meta)
 ARGV:
   worker_id   string, the PEL consumer name; may not start with @
   max_groups  count, at most this many groups

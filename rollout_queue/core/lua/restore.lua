@@ -3,12 +3,13 @@ restore: settled(committed, kept) -> ready for every entry committed after `step
 from checkpoint `step`, so the groups it trained after that must be trained again.
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ready      requeued entry IDs
   kept       committed entry IDs kept for restore, scored by step
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   wake_work  wake stream for blocked reservers
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   step       integer, the checkpoint the trainer resumed from
   count      at most this many entries per call

@@ -4,7 +4,7 @@ trainer raised on this data), leased -> completed at the head of the buffer, eac
 suspects and dead-lettered once max_attempts such leases held it.
 KEYS:
   src        the reservations stream
-  meta       config and counters
+  meta       config and policy version
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -16,6 +16,7 @@ KEYS:
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   lease_id   the lease
   token      its fencing token

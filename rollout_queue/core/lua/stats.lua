@@ -2,7 +2,7 @@
 stats: read-only snapshot of the queue's counters and index sizes, consistent at one instant.
 KEYS:
   src        the reservations stream
-  meta       config, policy version and counters
+  meta       config and policy version
   ready      requeued entry IDs
   buffer     completed entry IDs by arrival
   bufver     completed entry IDs by (min_version, arrival)
@@ -14,10 +14,11 @@ KEYS:
   ledger     entry ID -> last terminal or settlement
   ids        hash source_id -> entry ID
   intake     counters of what was submitted
+  counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
   (none)
 Returns:
-  {'ok', {meta name, value, ...}, server_ms, stream length, ready, buffer, workers alive, workers
+  {'ok', {meta and counters name, value, ...}, server_ms, stream length, ready, buffer, workers alive, workers
    silent, active leases, active holds, dlq length, commits length,
    buffered groups per min version {v, count, ...} (oldest first), ledger lines, source_ids, outages
    seen by the queue clock, submitted}
@@ -60,7 +61,11 @@ local cfg = load_config()
 local due = due_now(cfg, now)
 local cutoff = due - cfg.worker_timeout_ms
 local versions = buffer_versions()
-return {'ok', redis.call('HGETALL', K.meta), now, redis.call('XLEN', K.src), redis.call('ZCARD', K.ready),
+-- One name/value list, as when the counters lived in meta: both hashes are small (the config; the
+-- load_config counters and at most 33 filtered_reason:* ones) and share no field name.
+local fields = redis.call('HGETALL', K.meta)
+for _, x in ipairs(redis.call('HGETALL', K.counters)) do fields[#fields + 1] = x end
+return {'ok', fields, now, redis.call('XLEN', K.src), redis.call('ZCARD', K.ready),
   redis.call('ZCARD', K.buffer), redis.call('ZCOUNT', K.workers, cutoff, '+inf'),
   redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCOUNT', K.leases, 1, '+inf'),
   redis.call('ZCOUNT', K.holds, '(' .. due, '+inf'), redis.call('XLEN', K.dlq), redis.call('XLEN', K.commits),

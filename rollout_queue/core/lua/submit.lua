@@ -7,6 +7,7 @@ KEYS:
   wake_work  wake stream for blocked reservers
 READS:
   meta       config (read only: the producer's ACL role may only read meta)
+  counters   counters (read only: load_config checks they are integers)
 ARGV:
   *groups    5 values per group: source_id, n, parents JSON, body (orjson), schema version
 Returns:

@@ -41,7 +41,7 @@ GROUP, CONSUMER = "rollout", "chaos-adversary"
 #: The Redis type of each key role a worker touches (what commands make sense on it).
 KEY_TYPES: dict[str, str] = {
     "src": "stream", "dlq": "stream", "wake_work": "stream", "wake_done": "stream", "settled": "stream",
-    "reaped": "stream", "meta": "hash", "history": "hash", "ledger": "hash", "push": "hash",
+    "reaped": "stream", "meta": "hash", "counters": "hash", "history": "hash", "ledger": "hash", "push": "hash",
     "push_members": "hash", "clock": "hash", "reserves": "hash", "progress": "hash", "ready": "zset",
     "buffer": "zset", "bufver": "zset", "workers": "zset", "holds": "zset", "retired": "zset",
     "payload": "string",

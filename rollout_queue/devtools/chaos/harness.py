@@ -304,10 +304,10 @@ class Run:
 
     def settled(self) -> tuple[bool, int]:
         """(every group in Redis is settled and the producer is done, groups settled so far).
-        Read raw (the meta counters and the stream length): this process runs no queue script."""
+        Read raw (the counters and the stream length): this process runs no queue script."""
         keys = QueueKeys(self.queue)
         try:
-            meta = self.watch.hmget(keys["meta"], "retained", "kept", "committed", "dead", "filtered")
+            meta = self.watch.hmget(keys["counters"], "retained", "kept", "committed", "dead", "filtered")
             length = self.watch.xlen(keys["src"])
         except redis.RedisError:
             return False, -1  # Redis is restarting

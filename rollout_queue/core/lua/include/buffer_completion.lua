@@ -10,7 +10,7 @@
 buffer_completion: executing -> completed for one attempt whose receipt and outputs were checked,
 with complete's overflow rule. Returns complete's reply: {'ok', 'buffered', evicted ID or ''} or
 {'ok', 'evicted_self', id}.
-Uses: K.meta, K.buffer, K.bufver and what evict_buffered, requeue_entry, flush_completions use. The
+Uses: K.counters, K.buffer, K.bufver and what evict_buffered, requeue_entry, flush_completions use. The
 payload is already at payload_key(id, attempt) (staged by the caller's MULTI): buffering only indexes
 the entry; a group that evicts itself drops its payload.
 Why: DESIGN, Capacity: a completion that overflows the buffer evicts the stalest of the buffered and
@@ -40,7 +40,7 @@ local function buffer_completion(b, cfg, id, attempt, worker, min_version, n)
       -- frees no buffer place, and the next completion must see the size complete would see.
       b.size = redis.call('ZCARD', K.buffer)
     else
-      redis.call('HINCRBY', K.meta, 'evicted_overflow', 1)
+      redis.call('HINCRBY', K.counters, 'evicted_overflow', 1)
       requeue_entry(id, attempt, worker, 'overflow', 'overflow', false, cfg, batch_now(b))
       drop_payloads({{id = id, attempt = attempt}})
       ledger_set(id, ledger_attempt(attempt, worker, 'completed'))

@@ -5,7 +5,7 @@
 --[[
 checkpoint_batch: settled(committed, kept) -> gone for up to `count` kept entries committed at or
 before `step`. Returns (dropped, done): done when none is left.
-Uses: K.src, K.meta, K.kept, K.settled. The caller has recorded the checkpoint (checkpoint.lua) or
+Uses: K.src, K.counters, K.kept, K.settled. The caller has recorded the checkpoint (checkpoint.lua) or
 is finishing one a dead caller recorded (finish_interrupted.lua).
 Why: only a committed entry that nobody owns may lose its payload: a kept member that is anything
 else was written by hand (a ghost) and is removed from kept without touching the stream.
@@ -30,11 +30,11 @@ local function checkpoint_batch(cfg, step, count)
       redis.call('XDEL', K.src, id)
       dropped = dropped + 1
     else
-      redis.call('HINCRBY', K.meta, 'ghosts', 1)
+      redis.call('HINCRBY', K.counters, 'ghosts', 1)
     end
     redis.call('ZREM', K.kept, id)
   end
   -- Guarded: Lua writes -0 as '-0', which HINCRBY refuses as not an integer.
-  if dropped > 0 then redis.call('HINCRBY', K.meta, 'kept', -dropped) end
+  if dropped > 0 then redis.call('HINCRBY', K.counters, 'kept', -dropped) end
   return dropped, #ids < count
 end

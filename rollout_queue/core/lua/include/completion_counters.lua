@@ -1,7 +1,7 @@
 --[[
 read_completion_counters / write_completion_counters: the four meta counters a completion moves
 (arrivals, completed_total, executing_groups, executing_samples), read once and written once per call.
-Uses: K.meta. Why: one HMGET and one HSET per script call instead of four HINCRBYs per completion;
+Uses: K.counters. Why: one HMGET and one HSET per script call instead of four HINCRBYs per completion;
 read and write happen inside one script, so this is as atomic as HINCRBY. The arrival numbers (buffer
 order) come from the first read: no other helper writes arrivals. end_attempt (a malformed completion)
 moves executing_* through HINCRBY: the caller then marks the batch dirty, and the write reads the
@@ -9,7 +9,7 @@ counters again first, so no increment is lost. load_config has already refused n
 ]]
 local COMPLETION_COUNTERS = {'arrivals', 'completed_total', 'executing_groups', 'executing_samples'}
 local function read_completion_counters(b)
-  local v = redis.call('HMGET', K.meta, unpack(COMPLETION_COUNTERS))
+  local v = redis.call('HMGET', K.counters, unpack(COMPLETION_COUNTERS))
   b.base, b.dirty = {}, false
   for i, name in ipairs(COMPLETION_COUNTERS) do b.base[name] = tonumber(v[i]) or 0 end
   return b.base
@@ -20,7 +20,7 @@ local function write_completion_counters(b)
   if not moved then return end
   local base = b.base
   if not base or b.dirty then base = read_completion_counters(b) end
-  local args = {'HSET', K.meta}
+  local args = {'HSET', K.counters}
   for _, name in ipairs(COMPLETION_COUNTERS) do
     if b.delta[name] ~= 0 then
       base[name] = base[name] + b.delta[name]

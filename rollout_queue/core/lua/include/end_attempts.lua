@@ -7,7 +7,7 @@
 end_attempts: executing -> ready (or dead at max_attempts) for a batch of attempts of one worker that
 the caller has already checked (receipts, or the worker found silent), all ending with one terminal
 and reason. Records are {id, attempt}; sets e.where on each and returns (requeued, dead).
-Uses: K.src, K.meta, K.ready, K.history, K.dlq, K.ledger, K.wake_work.
+Uses: K.src, K.counters, K.ready, K.history, K.dlq, K.ledger, K.wake_work.
 Why: fail, abort, malformed, lost and a worker's close all end an attempt the same way: release its
 executing capacity, count its terminal, requeue the pristine entry and write the ledger in the same
 script. Counter deltas are summed, so a batch pays one HINCRBY per counter, not per entry; each
@@ -28,7 +28,7 @@ end
 
 local function end_attempts(worker, entries, terminal, reason, counted, cfg, now)
   if #entries == 0 then return 0, 0 end
-  redis.call('HINCRBY', K.meta, terminal, #entries)
+  redis.call('HINCRBY', K.counters, terminal, #entries)
   local requeued, dead = requeue_entries(entries, worker, terminal, reason, counted, cfg, now, true)
   local samples, lines = 0, {}
   for _, e in ipairs(entries) do

@@ -6,8 +6,8 @@
 --[[
 evict_buffered_many: completed -> ready for a batch of buffered groups (reason 'stale' or 'overflow').
 Returns how many of `ids` were owned by @done and requeued; the others are ghosts (dropped from the
-buffer indexes and counted in meta.ghosts).
-Uses: K.buffer, K.bufver, K.meta and what requeue_entries, drop_payloads use. A ghost's payload
+buffer indexes and counted in counters.ghosts).
+Uses: K.buffer, K.bufver, K.counters and what requeue_entries, drop_payloads use. A ghost's payload
 (its attempt is unknown) is not found: the garbage that made it is the operator's to remove.
 Why: stale and overflow evictions are not the group's fault: not counted toward max_attempts; the
 completion is dropped and the pristine reservation is generated again on fresher weights. The
@@ -28,8 +28,8 @@ local function evict_buffered_many(ids, reason, cfg, now)
   call_batched({'ZREM', K.buffer}, ids)
   call_batched({'ZREM', K.bufver}, ids)
   drop_payloads(done)
-  redis.call('HINCRBY', K.meta, 'evicted_' .. reason, #ids)
-  if ghosts > 0 then redis.call('HINCRBY', K.meta, 'ghosts', ghosts) end
+  redis.call('HINCRBY', K.counters, 'evicted_' .. reason, #ids)
+  if ghosts > 0 then redis.call('HINCRBY', K.counters, 'ghosts', ghosts) end
   requeue_entries(done, '@done', reason, reason, false, cfg, now)
   wake(K.wake_work)
   return #done

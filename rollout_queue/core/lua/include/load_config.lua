@@ -1,15 +1,18 @@
 -- @include bug
 --[[
-load_config: the queue's stored config and policy version, from K.meta.
-Uses: K.meta. Invariant: every script reads limits from Redis, never from ARGV, so `config set`
+load_config: the queue's stored config and policy version, from K.meta; checks that the counters
+(K.counters) are integers, so garbage there is a named error before any script moves one.
+Uses: K.meta, K.counters. Invariant: every script reads limits from Redis, never from ARGV, so `config set`
 takes effect for every client at once and two clients can never enforce different bounds.
 ]]
--- Every counter the scripts HINCRBY (the per-reason filtered_reason:* counters aside).
+-- Every counter the scripts HINCRBY in K.counters (the per-reason filtered_reason:* counters aside).
 local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 'dead', 'dead_purged',
   'dead_requeued', 'evicted_stale', 'evicted_overflow', 'executing_groups', 'executing_samples', 'filtered',
   'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'failed', 'malformed',
   'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted', 'reindexed',
-  'filtered_reasons'}
+  'filtered_reasons', 'workers_reaped'}
+local COUNTER_SET = {}
+for _, name in ipairs(COUNTERS) do COUNTER_SET[name] = true end
 local function is_integer(raw)
   -- Absent (HMGET gives false) is the caller's call; anything present must be a decimal integer.
   return not raw or string.match(raw, '^%-?%d+$') ~= nil
@@ -54,10 +57,10 @@ local function load_config()
     end
   end
   if c.buffer_order ~= 'fifo' and c.buffer_order ~= 'lifo' then bug('corrupt config in meta: buffer_order') end
-  local counters = redis.call('HMGET', K.meta, unpack(COUNTERS))
+  local counters = redis.call('HMGET', K.counters, unpack(COUNTERS))
   for i, name in ipairs(COUNTERS) do
     if counters[i] and not is_integer(counters[i]) then
-      bug('corrupt counter in meta: ' .. name .. ' = ' .. counters[i])
+      bug('corrupt counter in counters: ' .. name .. ' = ' .. counters[i])
     end
   end
   -- nil when settled lines are kept forever: then no settlement is recorded for pruning at all.

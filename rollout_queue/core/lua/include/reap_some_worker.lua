@@ -3,7 +3,7 @@
 --[[
 reap_some_worker: opportunistic reaping inside reserve and lease: the oldest silent worker, bounded by
 `budget` entries. Returns the number of entries it ended.
-Uses: K.workers, K.meta and what reap_worker_entries uses.
+Uses: K.workers, K.counters and what reap_worker_entries uses.
 Why: a queue with no reaper process must still recover (issue 3); one O(log n) read makes this nearly
 free when nothing is due. It touches no lease record: reserve runs under the worker's ACL role,
 which has no business with leases (issue 12 item 10).
@@ -15,7 +15,7 @@ local function reap_some_worker(cfg, now, budget)
     -- @lease:), so the member was written by hand. Reaping an '@' owner would count failures against
     -- the groups it holds.
     redis.call('ZREM', K.workers, w[1])
-    redis.call('HINCRBY', K.meta, 'ghosts', 1)
+    redis.call('HINCRBY', K.counters, 'ghosts', 1)
   elseif w[1] and tonumber(w[2]) < due_now(cfg, now) - cfg.worker_timeout_ms then
     local requeued, dead = reap_worker_entries(w[1], budget, cfg, now, silent_counted(cfg, tonumber(w[2])))
     return requeued + dead

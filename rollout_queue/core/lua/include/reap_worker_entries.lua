@@ -8,7 +8,7 @@ the caller has found silent past worker_timeout (or one whose close() was cut sh
 that close's terminal and reason); deregisters it once it owns nothing. Returns (requeued, dead,
 done). Its consumer in the group is left for the reaper (reap_worker.lua) to delete, marked in
 `retired` so the reaper finds it without listing every consumer: the worker ACL role, whose reserve reaps inline, gets no XGROUP DELCONSUMER (issue 12 item 10).
-Uses: K.src, K.meta, K.ready, K.history, K.dlq, K.ledger, K.workers, K.reserves, K.wake_work,
+Uses: K.src, K.counters, K.ready, K.history, K.dlq, K.ledger, K.workers, K.reserves, K.wake_work,
 K.progress, K.reaped, K.retired.
 Why: bounded work per call keeps every script short even when a worker held thousands of entries;
 the batch is ended at once (end_attempts), so a call costs a few commands plus one entry read per
@@ -46,7 +46,7 @@ local function reap_worker_entries(worker, budget, cfg, now, counted)
   -- A consumer left behind by a clean close owns nothing and is registered nowhere: deleting it
   -- (reap_worker) is housekeeping, not a death, and is not recorded.
   if seen == '' and #entries == 0 then return requeued, dead, done end
-  if done then redis.call('HINCRBY', K.meta, 'workers_reaped', 1) end
+  if done then redis.call('HINCRBY', K.counters, 'workers_reaped', 1) end
   local ids = {}
   for i, e in ipairs(entries) do ids[i] = e.id end
   redis.call('XADD', K.reaped, 'MAXLEN', '~', REAPED_KEEP, '*', 'worker', worker, 'heartbeat_ms', seen,

@@ -16,7 +16,7 @@ lease's data (`reason`, kept in the lease record's `error`): up to `budget` memb
 to the head of the buffer with their completions, each marked in K.suspects (entry ID -> how many
 such leases held it); a member whose mark reaches max_attempts is dead-lettered instead, with reason
 'trainer_error: <reason>'. Returns (members handed back, dead-lettered, done).
-Uses: K.src, K.meta, K.ready, K.buffer, K.bufver, K.leases, K.history, K.ledger, K.dlq, K.suspects,
+Uses: K.src, K.counters, K.ready, K.buffer, K.bufver, K.leases, K.history, K.ledger, K.dlq, K.suspects,
 K.wake_work, K.wake_done and the members' payload keys; the lease hash is `lease_key`.
 Why: DESIGN rule 4. A group whose data makes the trainer raise would otherwise come back for ever; a
 lease holds many groups, so the error is not attributed to one: every member is counted, and the
@@ -47,7 +47,7 @@ end
 -- the latest arrival of its version for the overflow victim and the stale order (harmless).
 local function head_scores(n, cfg)
   local scores = {}
-  local arrivals = tonumber(redis.call('HGET', K.meta, 'arrivals')) or 0
+  local arrivals = tonumber(redis.call('HGET', K.counters, 'arrivals')) or 0
   if cfg.buffer_order == 'lifo' then
     local top = redis.call('ZREVRANGE', K.buffer, 0, 0, 'WITHSCORES')
     local base = top[2] and tonumber(top[2]) or arrivals
@@ -125,8 +125,8 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
       drop_payloads(dead)
       call_batched({'ZREM', K.suspects}, gone)
     end
-    redis.call('HINCRBY', K.meta, 'leased', -n)
-    redis.call('HINCRBY', K.meta, 'rolled_back', n)
+    redis.call('HINCRBY', K.counters, 'leased', -n)
+    redis.call('HINCRBY', K.counters, 'rolled_back', n)
   end
   local done = n < budget
   if done then lease_emptied(lease_key, lease_id, cfg) end

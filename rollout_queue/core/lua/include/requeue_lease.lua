@@ -8,7 +8,7 @@
 --[[
 close_lease / requeue_lease_members: leased -> ready for a lease that is being rolled back or has
 expired, in bounded steps.
-Uses: K.src, K.meta, K.ready, K.history, K.dlq, K.ledger, K.leases, K.wake_work and the members' payload keys; the lease
+Uses: K.src, K.meta, K.counters, K.ready, K.history, K.dlq, K.ledger, K.leases, K.wake_work and the members' payload keys; the lease
 hash key is built from K.meta's prefix (same hash tag).
 Why: rollback and expiry are not the group's fault, so they do not count toward max_attempts; the
 completion is dropped and the pristine reservation is generated again. close_lease flips the record
@@ -39,8 +39,8 @@ local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg,
   if n > 0 then
     drop_payloads(entries)
     requeue_entries(entries, owner, terminal, terminal, false, cfg, now)
-    redis.call('HINCRBY', K.meta, 'leased', -n)
-    redis.call('HINCRBY', K.meta, terminal, n)
+    redis.call('HINCRBY', K.counters, 'leased', -n)
+    redis.call('HINCRBY', K.counters, terminal, n)
   end
   local done = n < budget
   if done then lease_emptied(lease_key, lease_id, cfg) end

@@ -10,7 +10,7 @@ reserve_backlog: backlog -> executing for the rest of one reserve call, within m
 and admission control. Returns a stop reason ('retained_full', 'admission', 'capacity') or nil.
 Appends {entry_id, 1, fields} to r.grants. `counters` = HMGET of executing_samples, retained,
 committed.
-Uses: K.src, K.meta, K.ready and what settle_dead uses.
+Uses: K.src, K.counters, K.ready and what settle_dead uses.
 Why: the backlog is peeked first (XRANGE after the group's cursor), so a refusal leaves the cursor
 where it was; only what the peek accepted is delivered. A group too large for the caller cannot be
 left in the stream behind the cursor, so it is delivered and parked in ready at attempt 0 (owner
@@ -61,7 +61,7 @@ local function reserve_backlog(r, cfg, now, worker, counters)
   if m == 0 then return stop end
   local read = redis.call('XREADGROUP', 'GROUP', 'rollout', worker, 'COUNT', m, 'STREAMS', K.src, '>')
   local entries = read[1][2]
-  redis.call('HINCRBY', K.meta, 'retained', #entries)
+  redis.call('HINCRBY', K.counters, 'retained', #entries)
   local parked, scored = {}, {}
   for _, e in ipairs(entries) do
     local v = verdicts[e[1]]

@@ -7,7 +7,7 @@
 reserve_ready: ready -> executing for the requeued groups of one reserve call, oldest submission
 first; groups too large for the caller are skipped in place (reserve_fit). Returns a stop reason
 ('capacity', or 'full': the call is served) or nil. Appends {entry_id, attempt, fields} to r.grants.
-Uses: K.src, K.ready, K.meta and what settle_dead uses.
+Uses: K.src, K.ready, K.counters and what settle_dead uses.
 Why: requeued work keeps its place (DESIGN, Buffer and staleness), and a call's work is bounded by
 what it can grant: at most r.groups grants, RESERVE_LOOKAHEAD skipped groups and as many garbage
 members (ghosts, malformed reservations dead-lettered on the way), whatever the size of ready.
@@ -22,7 +22,7 @@ local function reserve_ready(r, cfg, now, worker)
     if owner ~= '@ready' then
       -- The index names an entry the PEL does not give to @ready (garbage written by hand): drop it.
       redis.call('ZREM', K.ready, head)
-      redis.call('HINCRBY', K.meta, 'ghosts', 1)
+      redis.call('HINCRBY', K.counters, 'ghosts', 1)
       garbage = garbage + 1
     else
       local bad = validate_reservation(f, cfg)

@@ -8,7 +8,7 @@
 --[[
 restore_batch: settled(committed, kept) -> ready for up to `count` kept entries committed after
 `step`; clears the `restoring` fence once none is left. Returns (restored, done).
-Uses: K.src, K.meta, K.ready, K.kept, K.history, K.ledger, K.wake_work. The caller has set the
+Uses: K.src, K.meta, K.counters, K.ready, K.kept, K.history, K.ledger, K.wake_work. The caller has set the
 fence (restore.lua) or is finishing a restore a dead caller began (finish_interrupted.lua).
 Why: each restored entry is pending again (XCLAIM FORCE), owned by @ready with the attempt it was
 committed at; committed + retained is unchanged, so admission control stays right. A kept member
@@ -33,14 +33,14 @@ local function restore_batch(cfg, step, count, now)
       n = n + 1
     else
       -- Not a committed entry nobody owns (a ghost written by hand): never steal it from its owner.
-      redis.call('HINCRBY', K.meta, 'ghosts', 1)
+      redis.call('HINCRBY', K.counters, 'ghosts', 1)
     end
   end
   if n > 0 then
-    redis.call('HINCRBY', K.meta, 'kept', -n)
-    redis.call('HINCRBY', K.meta, 'committed', -n)
-    redis.call('HINCRBY', K.meta, 'retained', n)
-    redis.call('HINCRBY', K.meta, 'restored', n)
+    redis.call('HINCRBY', K.counters, 'kept', -n)
+    redis.call('HINCRBY', K.counters, 'committed', -n)
+    redis.call('HINCRBY', K.counters, 'retained', n)
+    redis.call('HINCRBY', K.counters, 'restored', n)
     wake(K.wake_work)
   end
   local done = #ids < count

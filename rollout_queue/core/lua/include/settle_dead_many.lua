@@ -5,7 +5,7 @@ settle_dead_many: PEL (any owner) -> settled(dead) for a batch of entries ended 
 reason: one dlq entry each (the reason, the attempt history e.history and the pristine fields e.kv,
 prefixed f:), then one XACK, XDEL and HSET ledger for the batch. The attempt history stays (as the
 ledger line does) until prune, so a settlement replayed after the group died still answers 'replay'.
-Uses: K.src, K.dlq, K.history, K.ledger, K.meta. The caller has already released any executing or
+Uses: K.src, K.dlq, K.history, K.ledger, K.counters. The caller has already released any executing or
 buffer capacity the entries held; this releases their retained slots (DESIGN: settlement only).
 Why: the dead letter is per entry; everything else is one command per batch.
 ]]
@@ -33,6 +33,6 @@ local function settle_dead_many(entries, reason, worker, now)
   call_batched({'XACK', K.src, 'rollout'}, ids)
   call_batched({'XDEL', K.src}, ids)
   call_batched({'HSET', K.ledger}, ledger_pairs)
-  redis.call('HINCRBY', K.meta, 'retained', -#entries)
-  redis.call('HINCRBY', K.meta, 'dead', #entries)
+  redis.call('HINCRBY', K.counters, 'retained', -#entries)
+  redis.call('HINCRBY', K.counters, 'dead', #entries)
 end
