@@ -11,7 +11,8 @@ last heartbeat plus one wait (``block_ms``); the figure printed beside each is t
   scripted-engine workers; timed to the last rank's error (rank 0: WorkersGone, rank 1: RankFailed
   carrying its text);
 - ``trl``: examples/trl_grpo.py (TRL's GRPOTrainer on CPU, the tiny model), two torch-engine
-  workers; timed to the trainer process's exit with WorkersGone (its teardown included).
+  workers; timed to WorkersGone in the trainer's log (its traceback, as train() raised it), and to
+  the process's exit (``kill_to_exit_s``, its teardown included).
 
     python scripts/bench_hang.py                        # all three, worker_timeout_s 2, grace = timeout
     python scripts/bench_hang.py --scenarios stream --worker-timeout 5 --grace 10 --json hang.json
@@ -186,12 +187,17 @@ def measure_trl(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps: 
         if trainer.poll() is not None:
             raise AssertionError(f"the TRL trainer exited early: {log.read_text()[-3000:]}")
         killed = kill_all(workers)
+        # the traceback reaches the log when the error leaves trainer.train(); the exit comes after teardown
+        wait_for(lambda: "WorkersGone" in log.read_text(errors="replace") or trainer.poll() is not None, 600,
+                 "the trainer's error")
+        printed = time.time()
         trainer.wait(600)
-        text = log.read_text()
+        text = log.read_text(errors="replace")
         gone = [line for line in text.splitlines() if "WorkersGone" in line]
         if trainer.returncode == 0 or not gone:
             raise AssertionError(f"TRL exited {trainer.returncode} without WorkersGone: {text[-3000:]}")
-        return result("trl", timeout_s, timeout_s, time.time() - killed, gone[-1])
+        return {**result("trl", timeout_s, timeout_s, printed - killed, gone[-1]),
+                "kill_to_exit_s": round(time.time() - killed, 2)}
     finally:
         kill_all([*workers, trainer])
 

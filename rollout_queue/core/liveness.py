@@ -9,10 +9,17 @@ no I/O and no clock of its own:
 - the fleet is *down* at a snapshot when no worker is live (none heartbeat within
   ``worker_timeout_s``: the queue's own judgement, stats.lua) while groups wait for one (queued,
   ready to retry, or executing: a dead worker's attempts count until they are requeued);
-- it is *gone* once every snapshot for ``grace_s`` (default ``worker_timeout_s``) found it down, no
-  two of them more than ``worker_timeout_s`` apart. Two snapshots that close, both down, prove that
-  no worker was live between them (one live in between would have beaten after the first's cutoff,
-  so it would still be live at the second); a longer gap proves nothing, so the count starts again.
+- it is *gone* once every snapshot for ``grace_s`` (default ``worker_timeout_s``) found it down, each
+  after an empty blocking wait, and none more than ``worker_timeout_s`` plus that wait after the one
+  before. Two snapshots ``worker_timeout_s`` apart, both down, prove that no worker was live between
+  them (one live in between would have beaten after the first's cutoff, so it would still be live at
+  the second), and the wait between them proves no batch came: a worker that came and went inside
+  it produced nothing for this trainer. A longer gap (the trainer was busy in a step) proves
+  nothing, so the count starts again;
+- and only once the waiter has known a fleet: it saw a live worker, or got a batch (batches come
+  from workers). A trainer started before its workers (a vLLM start-up takes minutes, and a worker
+  registers only once its engine is up) is not one whose workers died: it waits for them up to
+  ``wait_s`` as before, and StreamStarved then says that no worker is alive.
 
 What it never fires on:
 
@@ -21,7 +28,8 @@ What it never fires on:
 - a restart shorter than ``worker_timeout_s + grace_s``: a dead worker counts as live for
   ``worker_timeout_s`` after its last beat, the grace covers the rest, and the new worker's first
   beat (registration) ends the count;
-- a drained or exhausted queue: nothing waits for a worker, so that is StreamStarved's to say.
+- a drained or exhausted queue: nothing waits for a worker, so that is StreamStarved's to say;
+- a fleet still starting (above).
 
 The bound (docs/integrations/trainers.md, "When the workers are gone"): a trainer waiting when its
 last worker dies raises within ``worker_timeout_s + grace_s`` of that worker's last heartbeat, plus
@@ -57,7 +65,7 @@ class FleetWatch:
 
     ``grace_s``: how long the fleet must stay down before it is gone (None: the queue's
     ``worker_timeout_s``; ``math.inf``: never, the watch is off). One watch per waiter: its state is
-    when this waiter first saw the fleet down and when it last looked."""
+    whether it has known a fleet, when it first saw the fleet down and when it last looked."""
 
     def __init__(self, grace_s: float | None = None) -> None:
         if grace_s is not None and (isinstance(grace_s, bool) or not isinstance(grace_s, (int, float))
@@ -65,6 +73,8 @@ class FleetWatch:
             raise InvalidInput(f"the fleet's grace must be >= 0 seconds (math.inf: never give up on the "
                                f"workers) or None (the queue's worker_timeout_s), got {grace_s!r}")
         self.grace_s = grace_s
+        #: this waiter saw a live worker or got a batch: a fleet existed, so one missing is gone
+        self.armed = False
         self.down_since: float | None = None
         self.last_seen: float | None = None
 
@@ -72,14 +82,21 @@ class FleetWatch:
         """The grace in force on a queue whose worker_timeout_s is ``worker_timeout_s``."""
         return worker_timeout_s if self.grace_s is None else self.grace_s
 
-    def observe(self, stats: QueueStats, worker_timeout_s: float, now: float) -> float | None:
-        """Record one snapshot taken at ``now`` (the caller's monotonic clock, seconds). Returns how
-        long the fleet has been down once it is gone (>= the grace), else None."""
+    def note_batch(self) -> None:
+        """The waiter got a batch: workers made it, so the fleet existed (and is not down now)."""
+        self.armed = True
+        self.down_since = self.last_seen = None
+
+    def observe(self, stats: QueueStats, worker_timeout_s: float, now: float, waited_s: float = 0.0) -> float | None:
+        """Record one snapshot taken at ``now`` (the caller's monotonic clock, seconds), just after a
+        blocking wait of ``waited_s`` that brought no batch. Returns how long the fleet has been down
+        once it is gone (>= the grace), else None."""
+        self.armed = self.armed or stats.workers_alive > 0
         down = stats.workers_alive == 0 and needs_workers(stats)
-        if not down:
+        if not (down and self.armed):
             self.down_since = self.last_seen = None
             return None
-        if self.down_since is None or self.last_seen is None or now - self.last_seen > worker_timeout_s:
+        if self.down_since is None or self.last_seen is None or now - self.last_seen > worker_timeout_s + waited_s:
             self.down_since = now
         self.last_seen = now
         down_s = now - self.down_since

@@ -231,12 +231,13 @@ def stats(layout: Layout, sel: Selector, clock: Clock, logical: QueueConfig | No
 
 
 def check_fleet(layout: Layout, sel: Selector, clock: Clock, logical: QueueConfig, watch: FleetWatch,
-                groups: int) -> Flow[None]:
-    """After a blocking lease came back empty: one stats snapshot for ``watch`` (core/liveness.py),
-    and WorkersGone, naming the last workers seen, once the fleet is gone. Only reads."""
+                groups: int, waited_s: float) -> Flow[None]:
+    """After a blocking lease came back empty from a wait of ``waited_s``: one stats snapshot for
+    ``watch`` (core/liveness.py), and WorkersGone, naming the last workers seen, once the fleet is
+    gone. Only reads."""
     st = yield from stats(layout, sel, clock, logical)
     timeout_s = st.counters.get("worker_timeout_ms", int(logical.worker_timeout_s * 1000)) / 1000
-    down_s = watch.observe(st, timeout_s, clock())
+    down_s = watch.observe(st, timeout_s, clock(), waited_s)
     if down_s is None:
         return
     seen: list[WorkerSeen] = []

@@ -72,8 +72,10 @@ def lease_watched(layout: Layout, sel: Selector, trainer_id: str, groups: int, p
     """lease(), and after a blocking one that waited in vain, ``fleet``'s look at the workers
     (check_fleet: WorkersGone once they are gone). A non-blocking poll reads nothing more."""
     members = yield from lease(layout, sel, trainer_id, groups, partial, timeout_s, block_ms, clock)
-    if members is None and block_ms > 0:
-        yield from check_fleet(layout, sel, clock, logical, fleet, groups)
+    if members is not None:
+        fleet.note_batch()
+    elif block_ms > 0:
+        yield from check_fleet(layout, sel, clock, logical, fleet, groups, block_ms / 1000)
     return members
 
 
