@@ -4,7 +4,7 @@ Each scenario runs real ``rollout-queue worker`` processes on a private Redis, l
 commit a few steps, SIGKILLs every worker at once and times how long the trainer takes to raise
 WorkersGone (core/liveness.py). Before, the same trainer waited ``wait_s`` (600 s by default) or,
 in a bare lease loop, for ever. The documented bound is ``worker_timeout_s + grace_s`` after the
-last heartbeat plus one wait (``block_ms``); the figure printed beside each is that bound.
+last heartbeat plus two waits (``block_ms``); the figure printed beside each is that bound.
 
 - ``stream``: TrainingStream in this process, two scripted-engine workers;
 - ``ranks``: RankedStream over two gloo rank processes (tests/integrations/rank_trainer.py), two
@@ -98,7 +98,7 @@ def kill_all(procs: list[subprocess.Popen[bytes]]) -> float:
 
 def result(scenario: str, timeout_s: float, grace_s: float, seconds: float, error: str) -> dict[str, Any]:
     return {"scenario": scenario, "worker_timeout_s": timeout_s, "grace_s": grace_s,
-            "bound_s": timeout_s + grace_s + BLOCK_S, "kill_to_error_s": round(seconds, 2), "error": error}
+            "bound_s": timeout_s + grace_s + 2 * BLOCK_S, "kill_to_error_s": round(seconds, 2), "error": error}
 
 
 def measure_stream(url: str, name: str, logs: Path, timeout_s: float = 2.0, grace_s: float | None = None,
@@ -240,7 +240,7 @@ def main() -> int:
                 row = rows[-1]
                 print(f"{row['scenario']:>6}: kill -> error {row['kill_to_error_s']:6.2f} s  (bound "
                       f"{row['bound_s']:.1f} s: worker_timeout_s {row['worker_timeout_s']:g} + grace "
-                      f"{row['grace_s']:g} + one wait {BLOCK_S:g})  {row['error'][:160]}", flush=True)
+                      f"{row['grace_s']:g} + two waits of {BLOCK_S:g})  {row['error'][:160]}", flush=True)
     finally:
         server.cleanup(graceful=False)
     if a.json:

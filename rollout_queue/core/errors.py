@@ -435,7 +435,7 @@ class WorkersGone(StreamStarved):
     to be generated: every worker died or stopped (SIGKILL, SIGSTOP, a lost host, a drain), so no
     batch can come until one is back. Raised by every trainer-side wait (TrainingStream, RankedStream,
     the TRL adapters, ``RolloutQueue.lease`` with ``block_ms``) by one rule (core/liveness.py), within
-    ``worker_timeout_s + grace_s`` plus one wait of the last heartbeat, instead of after ``wait_s`` or
+    ``worker_timeout_s + grace_s`` plus two waits of the last heartbeat, instead of after ``wait_s`` or
     never. A StreamStarved, so a handler of starvation handles it too.
 
     ``workers``: the last workers seen (core/liveness.py WorkerSeen: id, seconds since their last

@@ -33,8 +33,9 @@ What it never fires on:
 
 The bound (docs/integrations/trainers.md, "When the workers are gone"): a trainer waiting when its
 last worker dies raises within ``worker_timeout_s + grace_s`` of that worker's last heartbeat, plus
-one wait (``block_ms``) and a round trip; one busy in a step then raises within ``grace_s`` plus one
-wait of its next wait's start.
+two waits (``block_ms``: the look that starts the count comes up to one wait after the fleet went
+down, the one that ends it up to one wait after the grace) and the round trips; one busy in a step
+then raises within ``grace_s`` plus two waits of its next wait's start.
 
 ``last_workers`` reads what the error shows (which workers, how long since they beat): read-only
 commands on one partition, sent only when the rule has fired.

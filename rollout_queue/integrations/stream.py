@@ -27,7 +27,7 @@ What it guarantees, given the queue's scripts (docs/DESIGN.md, "Checkpoints"):
    deadline), but not this stream's own open leases. When the generation side is gone (no worker
    live while groups wait for one) it raises WorkersGone (a StreamStarved) well before ``wait_s``:
    within ``worker_timeout_s + fleet_grace_s`` (default 2 x worker_timeout_s) of the last worker's
-   last heartbeat, plus one ``block_ms`` wait (core/liveness.py has the rule and why it holds).
+   last heartbeat, plus two ``block_ms`` waits (core/liveness.py has the rule and why it holds).
 5. Admission control: where the queue's config left ``batch_groups`` to the trainer (DERIVED, the
    default), the stream sets it once to its batch (the largest it leased) times ``publish_every``,
    the groups it commits per policy version, at the first ack after the loop published a version:

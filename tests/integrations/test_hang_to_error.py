@@ -1,5 +1,5 @@
 """Hang-to-error (issue 31, section 5; core/liveness.py): real worker processes SIGKILLed, and the
-trainer raises WorkersGone within the documented bound (worker_timeout_s + grace + one wait, after
+trainer raises WorkersGone within the documented bound (worker_timeout_s + grace + two waits, after
 the last heartbeat), never while a worker is alive but slow, still starting, or restarting within the
 grace. The measurements are scripts/bench_hang.py's own functions; the bounds get a generous slack
 for a loaded machine (the figures on an idle one: docs/PERFORMANCE.md, "Kill -> trainer error")."""
@@ -62,7 +62,7 @@ def test_ranks_whose_workers_are_killed_all_raise_within_the_bound(private_redis
 def test_a_slow_worker_and_one_still_starting_never_trip_it(private_redis_url: str, fresh_name: str,
                                                             tmp_path: Path) -> None:
     """The trainer waits from before the worker process exists (its start-up: no worker yet, nothing
-    armed), then through rollouts of 4 s, longer than worker_timeout_s + grace + one wait (2.5 s):
+    armed), then through rollouts of 4 s, longer than worker_timeout_s + grace + two waits (2.5 s):
     the worker heartbeats on its own thread all along, so the batches come and nothing is raised."""
     q = RolloutQueue.from_url(private_redis_url, fresh_name, QueueConfig(worker_timeout_s=1.0))
     q.submit([SourceGroup("s0", "prompt 0", 2)])
