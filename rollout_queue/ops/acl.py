@@ -109,10 +109,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
                   "publish_version", "checkpoint", "restore", "stats",
                   "push_open", "push_seal", "push_close", "derive_admission"),
-         # ZREVRANGE workers, XREVRANGE reaped, HGET clock: the last workers seen, named by WorkersGone
-         # when a blocking lease finds none alive (core/liveness.py); reads only.
-         ("hget", "hmget", "mget", "xread", "zrevrange", "xrevrange"),
-         ("meta", "wake_work", "wake_done", "workers", "reaped", "clock"), versions_channel=True),
+         ("hget", "hmget", "mget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True),
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",
                   "finish_interrupted", "reindex", "sweep_owners")),
