@@ -65,6 +65,7 @@ _WHERE = {
     "VersionRegression": "rollout_queue.core.errors",
     "Worker": "rollout_queue.api.worker",
     "WorkerNotLive": "rollout_queue.core.errors",
+    "WorkersGone": "rollout_queue.core.errors",
 }
 #: older names of the same classes (one class serves sync and asyncio, plain and partitioned)
 _ALIASES = {"AsyncWorker": "Worker", "AsyncLease": "Lease", "AsyncHold": "Hold", "AsyncFleetReserver": "FleetReserver"}
@@ -92,7 +93,7 @@ if TYPE_CHECKING:
     from rollout_queue.api.queue import AsyncPartitionedQueue, AsyncRolloutQueue, PartitionedQueue, RolloutQueue
     from rollout_queue.api.worker import Worker
     from rollout_queue.core.config import QueueConfig
-    from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression, WorkerNotLive
+    from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression, WorkerNotLive, WorkersGone
     from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
     from rollout_queue.core.models import OwnedAttempt, Progress, Turn
     from rollout_queue.core.policy import Durability, RetryPolicy

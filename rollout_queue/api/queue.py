@@ -27,6 +27,7 @@ from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.liveness import FleetWatch
 from rollout_queue.core.models import DeadLetter, PushSeal, QueueStats, ReapReport, SourceGroup
 from rollout_queue.core.policy import Durability, RetryPolicy
 from rollout_queue.drivers.cluster import connect, redis_options
@@ -62,6 +63,7 @@ class RolloutQueue:
     driver: Driver
     clock: Callable[[], float]
     selector: Selector
+    fleet: FleetWatch
     configs: tuple[QueueConfig, ...]
     config: QueueConfig
 
@@ -77,6 +79,8 @@ class RolloutQueue:
     def _bind(self, driver: Driver, name: str, partitions: int) -> None:
         self.name, self.layout, self.driver, self.clock = name, Layout(name, partitions), driver, driver.clock
         self.selector = Selector(partitions)  # which partitions leases, stats and reaps of this client try first
+        #: whether the generation side is gone, as this client's blocking leases saw it (core/liveness.py)
+        self.fleet = FleetWatch()
 
     def _open(self: Q, config: QueueConfig | None, create: bool) -> Flow[Q]:
         self.configs = yield from pf.open_partitioned(self.layout, config, create)
@@ -201,15 +205,19 @@ class RolloutQueue:
         return Worker(self, default_process_id() if worker_id is None else worker_id)
 
     def lease(self, groups: int, timeout_s: float | None = None, block_ms: int = 0, partial: bool = False,
-              trainer_id: str | None = None) -> Result[Lease | None]:
+              trainer_id: str | None = None, fleet: FleetWatch | None = None) -> Result[Lease | None]:
         """Lease exactly ``groups`` fresh completed groups (>= 1 when ``partial``), or None. Raises
-        LeaseUnsatisfiable at once for a lease the bounds can never fill."""
-        return self.run(self._lease(groups, timeout_s, block_ms, partial, trainer_id or default_process_id()))
+        LeaseUnsatisfiable at once for a lease the bounds can never fill, and, from a blocking lease
+        (``block_ms`` > 0) that waited in vain, WorkersGone once no worker has been live for the
+        grace of ``fleet`` (core/liveness.py; None: this queue's own watch, ``self.fleet``, whose
+        grace is worker_timeout_s) while groups wait to be generated."""
+        return self.run(self._lease(groups, timeout_s, block_ms, partial, trainer_id or default_process_id(),
+                                    fleet or self.fleet))
 
     def _lease(self, groups: int, timeout_s: float | None, block_ms: int, partial: bool,
-               trainer_id: str) -> Flow[Lease | None]:
-        members = yield from ml.lease(self.layout, self.selector, trainer_id, groups, partial, timeout_s, block_ms,
-                                      self.clock)
+               trainer_id: str, fleet: FleetWatch) -> Flow[Lease | None]:
+        members = yield from ml.lease_watched(self.layout, self.selector, trainer_id, groups, partial, timeout_s,
+                                              block_ms, self.clock, self.config, fleet)
         return None if members is None else Lease(self, members, timeout_s or self.config.lease_timeout_s)
 
     def hold(self, timeout_s: float | None = None, holder: str | None = None,

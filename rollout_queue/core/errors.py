@@ -457,6 +457,33 @@ class StreamStarved(RolloutQueueError, TimeoutError):
         super().__init__(f"queue {queue!r}: no batch of {groups} groups after {waited_s:.0f} s ({state}); {hint}")
 
 
+class WorkersGone(StreamStarved):
+    """A blocking lease found no live worker for ``down_s`` seconds, past its grace, while groups wait
+    to be generated: every worker died or stopped (SIGKILL, SIGSTOP, a lost host, a drain), so no
+    batch can come until one is back. Raised by every trainer-side wait (TrainingStream, RankedStream,
+    the TRL adapters, ``RolloutQueue.lease`` with ``block_ms``) by one rule (core/liveness.py), within
+    ``worker_timeout_s + grace_s`` plus two waits of the last heartbeat, instead of after ``wait_s`` or
+    never. A StreamStarved, so a handler of starvation handles it too.
+
+    ``workers``: the last workers seen (core/liveness.py WorkerSeen: id, seconds since their last
+    heartbeat, registered-but-silent or reaped), newest first; ``stats``: the queue when it gave up
+    (queued, ready, executing, buffered)."""
+
+    def __init__(self, queue: str, groups: int, down_s: float, stats: Any, workers: tuple[Any, ...],
+                 worker_timeout_s: float, grace_s: float) -> None:
+        self.queue, self.groups, self.waited_s, self.stats, self.exhausted = queue, groups, down_s, stats, False
+        self.down_s, self.workers, self.worker_timeout_s, self.grace_s = down_s, workers, worker_timeout_s, grace_s
+        seen = "; ".join(str(w) for w in workers) or "none registered or reaped (closed, or never started)"
+        RolloutQueueError.__init__(
+            self,
+            f"queue {queue!r}: no worker has been alive for at least {down_s:.1f} s (none heartbeat within worker_timeout_s="
+            f"{worker_timeout_s:g}; grace {grace_s:g} s) while {stats.backlog} group(s) are queued, {stats.ready} "
+            f"ready to retry, {stats.executing_groups} executing and {stats.completed} buffered (a batch needs "
+            f"{groups}). Last workers seen: {seen}. No batch can come: restart `rollout-queue worker` processes on "
+            "this queue (a new lease call goes on once one heartbeats), or raise the grace (fleet_grace_s) if "
+            "workers take longer to come back.")
+
+
 class IntegrationConfigError(InvalidInput):
     """A trainer framework was configured in a way the queue cannot keep exactly-once under (a lease
     that would span a checkpoint, several ranks without the rank-aware stream, ...); the message

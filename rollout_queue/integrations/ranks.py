@@ -71,9 +71,11 @@ class RankedStream:
 
     def __init__(self, queue: RolloutQueue, *, groups_per_step: int, group: Any = None, wait_s: float = 600.0,
                  lease_timeout_s: float | None = None, trainer_id: str | None = None,
-                 exhausted: Callable[[], bool] | None = None, publish_every: int | None = 1) -> None:
+                 exhausted: Callable[[], bool] | None = None, publish_every: int | None = 1,
+                 fleet_grace_s: float | None = None) -> None:
         """``publish_every``: steps between published policy versions, for admission control
-        (TrainingStream's item 5: rank 0's stream derives it); None: the caller sizes it."""
+        (TrainingStream's item 5: rank 0's stream derives it); None: the caller sizes it.
+        ``fleet_grace_s``: TrainingStream's (item 4: WorkersGone once no worker is live)."""
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -87,7 +89,8 @@ class RankedStream:
         self.queue = queue
         self.stream = TrainingStream(queue, groups_per_step=groups_per_step, wait_s=wait_s,
                                      lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
-                                     exhausted=exhausted, publish_every=publish_every) if self.rank == 0 else None
+                                     exhausted=exhausted, publish_every=publish_every,
+                                     fleet_grace_s=fleet_grace_s) if self.rank == 0 else None
 
     # -- collectives (CPU tensors) ----------------------------------------------------------------
 
@@ -139,7 +142,8 @@ class RankedStream:
 
     def next(self, step: int) -> RankShare:
         """Every rank: this rank's share of the next lease. Rank 0 raises the stream's error
-        (StreamStarved, ...); the others raise RankFailed."""
+        (StreamStarved, WorkersGone, ...); the others raise RankFailed with its message, which rank 0
+        broadcasts as text (no pickle), so every rank's log says why (which workers are gone)."""
         packet, error = None, None
         if self.stream is not None:
             try:
@@ -148,10 +152,13 @@ class RankedStream:
             except BaseException as exc:
                 error = exc
         got = self._broadcast(packet)
-        if error is not None:
-            raise error
-        if got is None:
-            raise RankFailed(f"step {step}: rank 0 could not lease a batch (its log says why)")
+        if got is None:  # every rank: rank 0's error, as text
+            why = self._broadcast(f"{type(error).__name__}: {error}".encode("utf-8", "backslashreplace")
+                                  if self.stream is not None else None)
+            if error is not None:
+                raise error
+            raise RankFailed(f"step {step}: rank 0 could not lease a batch: "
+                             f"{(why or b'').decode('utf-8', 'replace')}")
         (version,) = _VERSION.unpack_from(got)
         groups = decode_completed(got[_VERSION.size:])
         return RankShare(step, self.rank, self.world, tuple(groups[self.rank::self.world]), len(groups), version)

@@ -24,7 +24,10 @@ What it guarantees, given the queue's scripts (docs/DESIGN.md, "Checkpoints"):
    (no workers, nothing queued, or generation behind), at once when the data is known exhausted:
    the source is done and fewer groups than a batch are left, counting as left every group queued,
    executing, buffered or leased by anyone else (a dead predecessor's lease comes back at its
-   deadline), but not this stream's own open leases.
+   deadline), but not this stream's own open leases. When the generation side is gone (no worker
+   live while groups wait for one) it raises WorkersGone (a StreamStarved) well before ``wait_s``:
+   within ``worker_timeout_s + fleet_grace_s`` (default 2 x worker_timeout_s) of the last worker's
+   last heartbeat, plus two ``block_ms`` waits (core/liveness.py has the rule and why it holds).
 5. Admission control: where the queue's config left ``batch_groups`` to the trainer (DERIVED, the
    default), the stream sets it once to its batch (the largest it leased) times ``publish_every``,
    the groups it commits per policy version, at the first ack after the loop published a version:
@@ -56,6 +59,7 @@ from rollout_queue.core.errors import (
     ScriptError,
     StreamStarved,
 )
+from rollout_queue.core.liveness import FleetWatch
 from rollout_queue.core.models import QueueStats
 from rollout_queue.ops.logs import fields
 
@@ -95,11 +99,15 @@ class TrainingStream:
     producer's flag), so a batch that can never fill fails at once instead of after ``wait_s``.
     ``publish_every``: acks between the policy versions the loop publishes, which sizes admission
     control (module docstring, item 5); None: this stream leaves it alone (its owner sizes it).
+    ``fleet_grace_s``: how long no worker may be live, while groups wait for one, before next()
+    raises WorkersGone (None: the queue's worker_timeout_s; ``math.inf``: never): longer than the
+    time your workers take to restart beyond worker_timeout_s (item 4).
     """
 
     def __init__(self, queue: RolloutQueue, *, groups_per_step: int = 1, wait_s: float = 600.0,
                  lease_timeout_s: float | None = None, block_ms: int = 1000, trainer_id: str | None = None,
-                 exhausted: Callable[[], bool] | None = None, publish_every: int | None = 1) -> None:
+                 exhausted: Callable[[], bool] | None = None, publish_every: int | None = 1,
+                 fleet_grace_s: float | None = None) -> None:
         if queue.driver.is_async:
             raise IntegrationConfigError("TrainingStream drives a sync queue (RolloutQueue.from_url(...)): trainer "
                                          "loops are synchronous; open the queue without asyncio")
@@ -116,6 +124,8 @@ class TrainingStream:
         self.block_ms = max(1, min(block_ms, int(wait_s * 1000)))
         self.trainer_id = trainer_id or default_process_id()
         self.exhausted = exhausted or (lambda: False)
+        #: this stream's view of whether the workers are gone (item 4; InvalidInput for a bad grace)
+        self.fleet = FleetWatch(fleet_grace_s)
         #: leases taken and not yet acked or rolled back, oldest first
         self.open: list[Lease] = []
         #: the step of the last ack (None before the first)
@@ -130,7 +140,9 @@ class TrainingStream:
     def next(self, groups: int | None = None) -> Lease:
         """Lease exactly ``groups`` (default ``groups_per_step``) completed groups, waiting up to
         ``wait_s``. Raises StreamStarved when none came (or at once once the source is exhausted
-        and too few are left), LeaseUnsatisfiable for a batch the queue's bounds can never hold."""
+        and too few are left), WorkersGone (a StreamStarved) once no worker has been live for the
+        grace while groups wait for one, LeaseUnsatisfiable for a batch the queue's bounds can
+        never hold."""
         lease = self.poll(groups)
         assert lease is not None  # only a set ``stop`` returns None
         return lease
@@ -151,7 +163,7 @@ class TrainingStream:
         started = time.monotonic()
         while stop is None or not stop.is_set():
             lease = self.queue.lease(groups=want, timeout_s=self.lease_timeout_s, block_ms=self.block_ms,
-                                     trainer_id=self.trainer_id)
+                                     trainer_id=self.trainer_id, fleet=self.fleet)  # WorkersGone: item 4
             if lease is not None:
                 return lease
             waited = time.monotonic() - started

@@ -161,7 +161,9 @@ class QueueGRPOTrainer(GRPOTrainer):
     producer named ``producer_name``; False: a ``rollout-queue produce`` process does), ``max_backlog``
     (the feed's bound on queued-but-unreserved groups), ``weights_dir`` (default
     ``<output_dir>/queue-weights``), ``publish_every`` (steps between published versions),
-    ``wait_s`` (how long a step waits for a batch before StreamStarved), ``lease_timeout_s``,
+    ``wait_s`` (how long a step waits for a batch before StreamStarved), ``fleet_grace_s`` (how long
+    no worker may be live, while groups wait for one, before a step raises WorkersGone; None: the
+    queue's worker_timeout_s; docs/integrations/trl.md), ``lease_timeout_s``,
     ``weights_transport`` (``"folder"``: every version in full; ``"delta"``: only the changed
     tensors, see ``rollout_queue.weights``), ``weights_uri_base`` (where workers without shared
     storage fetch ``weights_dir`` from: ``https://...``, ``s3://...``), ``stale_tokens`` (``"mask"``
@@ -172,7 +174,7 @@ class QueueGRPOTrainer(GRPOTrainer):
                  producer_name: str = "trl", max_backlog: int = 0, weights_dir: str | None = None,
                  publish_every: int = 1, wait_s: float = 600.0, lease_timeout_s: float | None = None,
                  trainer_id: str | None = None, weights_transport: Transport = "folder", weights_uri_base: str | None = None,
-                 stale_tokens: str = "mask", **kwargs: Any) -> None:
+                 stale_tokens: str = "mask", fleet_grace_s: float | None = None, **kwargs: Any) -> None:
         if kwargs.get("rollout_func") is not None:
             raise IntegrationConfigError("QueueGRPOTrainer generates through the queue: drop rollout_func")
         if getattr(kwargs.get("args"), "use_vllm", False):
@@ -213,10 +215,11 @@ class QueueGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:  # rank 0 leases and commits, each rank trains its share
             self.ranked = RankedStream(queue, groups_per_step=groups, wait_s=wait_s,
                                        lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
-                                       exhausted=self._exhausted, publish_every=None)
+                                       exhausted=self._exhausted, publish_every=None, fleet_grace_s=fleet_grace_s)
         self.stream = (self.ranked.stream if self.ranked is not None else
                        TrainingStream(queue, groups_per_step=groups, wait_s=wait_s, lease_timeout_s=lease_timeout_s,
-                                      trainer_id=trainer_id, exhausted=self._exhausted, publish_every=None))
+                                      trainer_id=trainer_id, exhausted=self._exhausted, publish_every=None,
+                                      fleet_grace_s=fleet_grace_s))
         if self.accelerator.is_main_process and queue.config.batch_groups is DERIVED:
             # Admission control (module docstring, item 6): the groups committed per published version.
             # _step_end publishes on a lease's last step that is a multiple of publish_every: every

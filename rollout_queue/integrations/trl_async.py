@@ -24,8 +24,9 @@ and the workers' behaviour logprobs, on ``rollout_buffer``. What TRL's own worke
    loss takes its per-token ratio against (a sample whose generation spanned weight updates is
    corrected token by token). Each group handed out reports its tokens' staleness
    (``queue/token_staleness_max`` / ``_mean``, by ``Sample.segments``) on ``metrics_queue``.
-3. ``check_health`` raises the feeding thread's error (StreamStarved when no batch came) instead of
-   letting the trainer wait on an empty buffer.
+3. ``check_health`` raises the feeding thread's error (StreamStarved when no batch came; WorkersGone,
+   within ``worker_timeout_s + fleet_grace_s`` of the last heartbeat, when every worker died) instead
+   of letting the trainer wait on an empty buffer.
 4. Admission control: at train begin, a queue whose config left ``batch_groups`` to the trainer
    (QueueConfig's default) gets the groups TRL trains per weight sync (``size_admission``), so the
    workers run at most ``max_staleness + 1`` versions ahead instead of without bound. A number or
@@ -150,13 +151,16 @@ class QueueRolloutWorker:
 
     def __init__(self, queue: RolloutQueue, *, max_staleness: int = 4, buffer_groups: int = 8,
                  wait_s: float = 600.0, lease_timeout_s: float | None = None, scale_by_std: bool = True,
-                 trainer_id: str | None = None) -> None:
+                 trainer_id: str | None = None, fleet_grace_s: float | None = None) -> None:
+        """``fleet_grace_s``: how long no worker may be live, while groups wait for one, before the
+        filler stops with WorkersGone (check_health raises it; None: the queue's worker_timeout_s)."""
         self.queue = queue
         self.max_staleness = max_staleness
         self.buffer_groups = buffer_groups
         self.scale_by_std = scale_by_std
         self.stream = TrainingStream(queue, groups_per_step=1, wait_s=wait_s, lease_timeout_s=lease_timeout_s,
-                                     trainer_id=trainer_id, block_ms=200, publish_every=None)
+                                     trainer_id=trainer_id, block_ms=200, publish_every=None,
+                                     fleet_grace_s=fleet_grace_s)
         self.rollout_buffer = _Buffer(self)
         self.metrics_queue: queues.Queue[dict[str, Any]] = queues.Queue()
         self.model_version = 0

@@ -33,9 +33,10 @@ from rollout_queue.core.checks import check_int, check_items, check_seconds
 from rollout_queue.core.codec import CodecError
 from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import (ConfigMismatch, InvalidInput, OutcomeUnknown, PartitionsUnreachable,
-                                       QueueNotFound)
+                                       ProtocolError, QueueNotFound, WorkersGone)
 from rollout_queue.core.flows import Clock, Flow, T
 from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.liveness import SHOWN, FleetWatch, WorkerSeen, last_workers
 from rollout_queue.core.models import (
     DeadLetter,
     HeartbeatInfo,
@@ -227,6 +228,26 @@ def stats(layout: Layout, sel: Selector, clock: Clock, logical: QueueConfig | No
     if not got:
         raise PartitionsUnreachable("stats", (), layout.names)
     return sum_stats([got[i] for i in sorted(got)], layout.count - len(got), logical)
+
+
+def check_fleet(layout: Layout, sel: Selector, clock: Clock, logical: QueueConfig, watch: FleetWatch,
+                groups: int, waited_s: float) -> Flow[None]:
+    """After a blocking lease came back empty from a wait of ``waited_s``: one stats snapshot for
+    ``watch`` (core/liveness.py), and WorkersGone, naming the last workers seen, once the fleet is
+    gone. Only reads."""
+    st = yield from stats(layout, sel, clock, logical)
+    timeout_s = st.counters.get("worker_timeout_ms", int(logical.worker_timeout_s * 1000)) / 1000
+    down_s = watch.observe(st, timeout_s, clock(), waited_s)
+    if down_s is None:
+        return
+    seen: list[WorkerSeen] = []
+    for i, keys in enumerate(layout.keys):
+        try:  # what the message shows, best effort: a node down or garbage must not hide the verdict
+            seen += yield from guarded(last_workers(keys, layout.names[i] if layout.count > 1 else ""), fast=True)
+        except (OutcomeUnknown, ProtocolError):
+            continue
+    seen.sort(key=lambda w: (w.silent_s is None, w.silent_s or 0.0))
+    raise WorkersGone(layout.name, groups, down_s, st, tuple(seen[:SHOWN]), timeout_s, watch.grace(timeout_s))
 
 
 def reap(layout: Layout, sel: Selector, budget: int, clock: Clock) -> Flow[ReapReport]:

@@ -14,10 +14,12 @@ from typing import Sequence
 from rollout_queue.core import flows
 from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import check_flag, check_int, check_optional_int, check_optional_seconds, check_string
+from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import LeaseLost, OutcomeUnknown
 from rollout_queue.core.flows import Clock, Flow
 from rollout_queue.core.keys import QueueKeys
-from rollout_queue.scale.flows import guarded, sweep, wait_any
+from rollout_queue.core.liveness import FleetWatch
+from rollout_queue.scale.flows import check_fleet, guarded, sweep, wait_any
 from rollout_queue.scale.layout import Layout, Selector
 
 #: One leased part: (partition index, the lease reply, its token).
@@ -62,6 +64,19 @@ def lease(layout: Layout, sel: Selector, trainer_id: str, groups: int, partial: 
         if clock() >= deadline or not (yield from wait_any(layout, sel, "wake_done", wakes, deadline, clock)):
             yield from _hand_back(layout, held)
             return None
+
+
+def lease_watched(layout: Layout, sel: Selector, trainer_id: str, groups: int, partial: bool,
+                  timeout_s: float | None, block_ms: int, clock: Clock, logical: QueueConfig,
+                  fleet: FleetWatch) -> Flow[list[Member] | None]:
+    """lease(), and after a blocking one that waited in vain, ``fleet``'s look at the workers
+    (check_fleet: WorkersGone once they are gone). A non-blocking poll reads nothing more."""
+    members = yield from lease(layout, sel, trainer_id, groups, partial, timeout_s, block_ms, clock)
+    if members is not None:
+        fleet.note_batch()
+    elif block_ms > 0:
+        yield from check_fleet(layout, sel, clock, logical, fleet, groups, block_ms / 1000)
+    return members
 
 
 def _buffered(layout: Layout, sel: Selector, clock: Clock) -> Flow[tuple[dict[int, str], dict[int, int]]]:

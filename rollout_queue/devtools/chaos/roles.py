@@ -15,7 +15,9 @@ Rules every role keeps, because the checker relies on them:
    queue refuses (LeasesOpen while another trainer holds a lease, CheckpointRegression after another
    trainer checkpointed further, RestoreInProgress) is skipped (``checkpoint_refused``); a lease the
    bounds can never satisfy (LeaseUnsatisfiable) is logged (``lease_unsatisfiable``): the checker
-   decides whether the run's config could have caused it.
+   decides whether the run's config could have caused it; a blocking lease that found every worker
+   gone (WorkersGone: the harness killed them all and restarts them) is logged (``workers_gone``)
+   and the trainer waits on, as a trainer that restarts its workers would.
 The reaper role runs the library's own loop (``rollout_queue.ops.reaper.run_reaper``, what ``rollout-queue
 reaper`` runs) and copies its log records into the operation log.
 """
@@ -55,6 +57,7 @@ from rollout_queue import (
     RolloutQueueError,
     SourceGroup,
     StaleReceipt,
+    WorkersGone,
 )
 from rollout_queue.ops.reaper import run_reaper
 from rollout_queue.demo.walkthrough import test_engine_generate
@@ -327,6 +330,9 @@ def _train_one(q: RolloutQueue, trainer_id: str, step: int, args: argparse.Names
     except LeaseUnsatisfiable as exc:  # a partial lease of the run's size: the checker judges it
         log.write("lease_unsatisfiable", groups=args.batch, bound=exc.bound, limit=exc.limit, error=str(exc)[:300])
         time.sleep(0.5)
+        return False
+    except WorkersGone as exc:  # rule 4: nothing was leased; the next lease goes on once a worker is back
+        log.write("workers_gone", groups=args.batch, down_s=round(exc.down_s, 3), error=str(exc)[:300])
         return False
     if lease is None:
         return False

@@ -1,0 +1,252 @@
+"""Kill -> trainer error: how long a trainer waits once every worker is SIGKILLed (issue 31, section 5).
+
+Each scenario runs real ``rollout-queue worker`` processes on a private Redis, lets the trainer
+commit a few steps, SIGKILLs every worker at once and times how long the trainer takes to raise
+WorkersGone (core/liveness.py). Before, the same trainer waited ``wait_s`` (600 s by default) or,
+in a bare lease loop, for ever. The documented bound is ``worker_timeout_s + grace_s`` after the
+last heartbeat plus two waits (``block_ms``); the figure printed beside each is that bound.
+
+- ``stream``: TrainingStream in this process, two scripted-engine workers;
+- ``ranks``: RankedStream over two gloo rank processes (tests/integrations/rank_trainer.py), two
+  scripted-engine workers; timed to the last rank's error (rank 0: WorkersGone, rank 1: RankFailed
+  carrying its text);
+- ``trl``: examples/trl_grpo.py (TRL's GRPOTrainer on CPU, the tiny model), two torch-engine
+  workers; timed to WorkersGone in the trainer's log (its traceback, as train() raised it), and to
+  the process's exit (``kill_to_exit_s``, its teardown included).
+
+    python scripts/bench_hang.py                        # all three, worker_timeout_s 2, grace = timeout
+    python scripts/bench_hang.py --scenarios stream --worker-timeout 5 --grace 10 --json hang.json
+
+tests/integrations/test_hang_to_error.py runs the same functions with a generous slack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from rollout_queue import QueueConfig, RolloutQueue, SourceGroup, WorkersGone  # noqa: E402
+from rollout_queue.core.keys import QueueKeys  # noqa: E402
+from rollout_queue.integrations.stream import TrainingStream  # noqa: E402
+
+#: Groups submitted: more than the workers make before the kill, so generation is still owed then.
+GROUPS = 4000
+#: The trainer's wait per lease call (TrainingStream's default block_ms), part of the bound.
+BLOCK_S = 1.0
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+
+
+def spawn_worker(url: str, name: str, worker_id: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """A real worker process (``--engine scripted`` unless ``args`` name another)."""
+    # 2 workers x 4 slots / 0.2 s: 20 groups/s, slow enough that the queue still holds work at the kill
+    engine = () if "--engine" in args else ("--engine", "scripted", "--engine-arg", "latency_s=0.2",
+                                            "--engine-arg", "max_concurrency=4")
+    cmd = [sys.executable, "-m", "rollout_queue.workers", "--url", url, "--queue", name, "--worker-id", worker_id,
+           "--block-ms", "200", *engine, *args]
+    return subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def serving(url: str, name: str) -> int:
+    """Workers whose heartbeat thread has beaten (a progress line: past their engine's start-up)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.hlen(QueueKeys(name)["progress"]))
+    finally:
+        client.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def kill_all(procs: list[subprocess.Popen[bytes]]) -> float:
+    """SIGKILL every process; the wall time of the kill."""
+    at = time.time()
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+    for p in procs:
+        p.wait(30)
+    return at
+
+
+def result(scenario: str, timeout_s: float, grace_s: float, seconds: float, error: str) -> dict[str, Any]:
+    return {"scenario": scenario, "worker_timeout_s": timeout_s, "grace_s": grace_s,
+            "bound_s": timeout_s + grace_s + 2 * BLOCK_S, "kill_to_error_s": round(seconds, 2), "error": error}
+
+
+def measure_stream(url: str, name: str, logs: Path, timeout_s: float = 2.0, grace_s: float | None = None,
+                   steps: int = 3) -> dict[str, Any]:
+    """TrainingStream in this process; two scripted workers SIGKILLed after ``steps`` acked steps."""
+    q = RolloutQueue.from_url(url, name, QueueConfig(worker_timeout_s=timeout_s))
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2) for i in range(GROUPS)])
+    workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log") for i in (1, 2)]
+    try:
+        stream = TrainingStream(q, groups_per_step=2, wait_s=600, fleet_grace_s=grace_s)
+        for step in range(1, steps + 1):
+            stream.next()
+            stream.ack(step)
+        killed = kill_all(workers)
+        try:
+            for step in range(steps + 1, 10_000):  # what was buffered is still trained, then the wait
+                stream.next()
+                stream.ack(step)
+            raise AssertionError("the stream never raised")
+        except WorkersGone as exc:
+            return result("stream", timeout_s, stream.fleet.grace(timeout_s), time.time() - killed, str(exc))
+    finally:
+        kill_all(workers)
+        q.close()
+
+
+def measure_ranks(url: str, name: str, logs: Path, timeout_s: float = 2.0, grace_s: float | None = None,
+                  steps: int = 2) -> dict[str, Any]:
+    """Two gloo ranks (RankedStream); two scripted workers SIGKILLed once ``steps`` steps committed."""
+    q = RolloutQueue.from_url(url, name, QueueConfig(worker_timeout_s=timeout_s))
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2) for i in range(GROUPS)])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = logs / f"{name}-trained.jsonl"
+    ranks = [subprocess.Popen(
+        [sys.executable, "tests/integrations/rank_trainer.py", "--url", url, "--queue", name, "--out", str(out),
+         "--rank", str(r), "--world", "2", "--port", str(port), "--steps", "100000", "--groups", "4",
+         "--wait-s", "600", *(("--fleet-grace", str(grace_s)) if grace_s is not None else ())],
+        cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log") for i in (1, 2)]
+    try:
+        wait_for(lambda: q.stats().committed >= 4 * steps, 300, f"{steps} committed steps")
+        killed = kill_all(workers)
+        errs = [p.communicate(timeout=300)[1] for p in ranks]
+        codes = [p.returncode for p in ranks]
+        if codes != [4, 3]:
+            raise AssertionError(f"ranks exited {codes}: {errs[0][-2000:]}\n{errs[1][-2000:]}")
+        at = [float(line.split()[2]) for e in errs for line in e.splitlines() if line.startswith("ERROR-AT ")]
+        grace = timeout_s if grace_s is None else grace_s
+        return result("ranks", timeout_s, grace, max(at) - killed, "rank 0: " + _last(errs[0]) + " | rank 1: "
+                      + _last(errs[1]))
+    finally:
+        kill_all(workers + ranks)  # type: ignore[operator]
+        q.close()
+
+
+def _last(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("ERROR-AT ")]
+    return lines[-1] if lines else ""
+
+
+def measure_trl(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps: int = 2) -> dict[str, Any]:
+    """examples/trl_grpo.py (TRL's GRPOTrainer, CPU, tiny model) and two torch-engine workers; the
+    queue's worker_timeout_s set with `rollout-queue config set` before the workers start (the
+    example creates the queue with the default 60 s)."""
+    from rollout_queue.workers.tiny_model import build_tiny_model
+
+    model = build_tiny_model(logs / "tiny")
+    log = logs / f"{name}-trainer.log"
+    trainer = subprocess.Popen(
+        [sys.executable, "examples/trl_grpo.py", "--url", url, "--queue", name, "--model", str(model), "--output",
+         str(logs / f"{name}-run"), "--max-steps", "1000", "--save-steps", "1000", "--groups", "2"],
+        cwd=REPO, env=env(), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        wait_for(lambda: _exists(url, name) or trainer.poll() is not None, 300, "the queue")
+        subprocess.run([sys.executable, "-m", "rollout_queue", "--url", url, "--queue", name, "config", "set",
+                        f"worker_timeout_s={timeout_s}", "--yes"], cwd=REPO, env=env(), check=True,
+                       capture_output=True)
+        workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log", "--engine", "torch", "--model",
+                                str(model), "--max-tokens", "16", "--temperature", "1.0", "--engine-arg",
+                                "max_batch_size=64") for i in (1, 2)]
+        q = RolloutQueue.from_url(url, name, create=False)
+        wait_for(lambda: q.stats().committed >= 2 * steps or trainer.poll() is not None, 600, f"{steps} TRL steps")
+        if trainer.poll() is not None:
+            raise AssertionError(f"the TRL trainer exited early: {log.read_text()[-3000:]}")
+        killed = kill_all(workers)
+        # the traceback reaches the log when the error leaves trainer.train(); the exit comes after teardown
+        wait_for(lambda: "WorkersGone" in log.read_text(errors="replace") or trainer.poll() is not None, 600,
+                 "the trainer's error")
+        printed = time.time()
+        trainer.wait(600)
+        text = log.read_text(errors="replace")
+        gone = [line for line in text.splitlines() if "WorkersGone" in line]
+        if trainer.returncode == 0 or not gone:
+            raise AssertionError(f"TRL exited {trainer.returncode} without WorkersGone: {text[-3000:]}")
+        return {**result("trl", timeout_s, timeout_s, printed - killed, gone[-1]),
+                "kill_to_exit_s": round(time.time() - killed, 2)}
+    finally:
+        kill_all([*workers, trainer])
+
+
+def _exists(url: str, name: str) -> bool:
+    from rollout_queue.core.errors import QueueNotFound
+
+    try:
+        RolloutQueue.from_url(url, name, create=False).close()
+        return True
+    except QueueNotFound:
+        return False
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenarios", default="stream,ranks,trl")
+    p.add_argument("--worker-timeout", type=float, default=2.0, help="the queue's worker_timeout_s")
+    p.add_argument("--grace", type=float, default=None, help="fleet_grace_s (default: worker_timeout_s)")
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args()
+    from rollout_queue.devtools.local_server import LocalServer
+
+    server = LocalServer("redis")
+    url = server.start().url
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            logs = Path(tmp)
+            for i, scenario in enumerate(a.scenarios.split(",")):
+                name = f"hang-{scenario}-{i}"
+                if scenario == "stream":
+                    rows.append(measure_stream(url, name, logs, a.worker_timeout, a.grace))
+                elif scenario == "ranks":
+                    rows.append(measure_ranks(url, name, logs, a.worker_timeout, a.grace))
+                elif scenario == "trl":
+                    rows.append(measure_trl(url, name, logs, a.worker_timeout))
+                else:
+                    raise SystemExit(f"unknown scenario {scenario!r}")
+                row = rows[-1]
+                print(f"{row['scenario']:>6}: kill -> error {row['kill_to_error_s']:6.2f} s  (bound "
+                      f"{row['bound_s']:.1f} s: worker_timeout_s {row['worker_timeout_s']:g} + grace "
+                      f"{row['grace_s']:g} + two waits of {BLOCK_S:g})  {row['error'][:160]}", flush=True)
+    finally:
+        server.cleanup(graceful=False)
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
