@@ -10,5 +10,6 @@ Importing this package needs no miles; using the first two needs miles' modules.
 
 from rollout_queue.integrations.miles.buffer import QueueDataBuffer
 from rollout_queue.integrations.miles.data_source import QueueDataSource
+from rollout_queue.integrations.miles.weights import record_version
 
-__all__ = ["QueueDataBuffer", "QueueDataSource"]
+__all__ = ["QueueDataBuffer", "QueueDataSource", "record_version"]
