@@ -14,7 +14,9 @@ with the delta root itself (just emptied); "the hook gates itself". Here:
 - ``ROLLOUT_MILES_NEXT_POST_WRITE`` (``module.function``) names a hook of the user's own (an
   object-store upload) to run first, so publishing never precedes the files being visible.
 
-The queue is ``REDIS_URL`` / ``ROLLOUT_QUEUE``, as for every process of this project.
+The queue is ``REDIS_URL`` / ``ROLLOUT_QUEUE``, as for every process of this project. slime
+(THUDM/slime@624b824a) has the same hook and the same folders (``--update-weight-transport disk``,
+``--update-weight-mode full`` or ``delta``; a full folder is loaded as it is), so it serves slime too.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError
-from rollout_queue.weights.miles_delta import BASE_RECORD, INDEX
+from rollout_queue.weights.miles_delta import BASE_RECORD
 
 __all__ = ["record_version"]
 
@@ -64,8 +66,7 @@ def record_version(args: Any, version_dir: str, rollout_engines: Any = None) -> 
         base = {"hf_checkpoint": os.fspath(Path(args.hf_checkpoint).resolve())}
         (folder / BASE_RECORD).write_text(json.dumps(base))
         return False
-    index = json.loads((folder / INDEX).read_text())
-    version = int(index["metadata"]["version"])
+    version = int(folder.name[len("weight_v"):])  # slime's full-mode folders have no delta index
     queue = RolloutQueue.from_url(url, name, create=False)
     try:
         return bool(queue.publish_version(version, os.fspath(folder)))
