@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Run tests/integrations/test_convert.py against the frameworks' real classes, one side environment
-# per framework (their pins conflict with each other and with vLLM's, so none goes in .venv).
-#   bash scripts/test_frameworks.sh [verl areal slime prime-rl]      (default: verl areal)
+# Run tests/integrations/test_convert.py (and each framework's own test file) against the frameworks'
+# real classes, one side environment per framework (their pins conflict with each other and with
+# vLLM's, so none goes in .venv).
+#   bash scripts/test_frameworks.sh [verl areal slime miles prime-rl]      (default: verl areal)
 # verl is layered over the project's .venv (scripts/install_verl.sh) and also runs its sampler tests
-# (tests/integrations/test_verl*.py: TransferQueue on a local Ray, scripted workers).
-# AReaL installs from PyPI; slime and prime-rl have no PyPI package: point SLIME_SRC and
-# PRIME_RL_SRC at checkouts (THUDM/slime@624b824a, PrimeIntellect-ai/prime-rl@559b4477).
+# (tests/integrations/test_verl*.py: TransferQueue on a local Ray, scripted workers). AReaL installs
+# from PyPI; slime, miles and prime-rl have no PyPI package: point SLIME_SRC, MILES_SRC and
+# PRIME_RL_SRC at checkouts (THUDM/slime@624b824a, radixark/miles@31f1ca96,
+# PrimeIntellect-ai/prime-rl@559b4477). miles is imported from its source, not installed (its
+# setup pulls sglang and Megatron, GPU-only); tests/integrations/framework_src.py says why.
 # Needs a redis-server on PATH (the slime rollout test starts a private one). Several GB per venv (ray).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +23,7 @@ run() {  # name, then pip arguments (each line one install)
   while [ $# -gt 0 ]; do eval "\"$venv/bin/pip\" install -q $1"; shift; done
   echo "== $name"
   PYTHONPATH="$PWD" ROLLOUT_TEST_SERVERS=redis HF_HUB_OFFLINE=1 TRL_EXPERIMENTAL_SILENCE=1 \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_convert.py -rs
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider ${TESTS:-tests/integrations/test_convert.py} -rs
 }
 for fw in "${@:-verl areal}"; do
   for one in $fw; do
@@ -32,12 +35,16 @@ for fw in "${@:-verl areal}"; do
           tests/integrations/test_verl_sampler.py ;;
       areal) run areal "torch==2.13.0" "--no-deps areal==1.0.4" \
         "numpy 'transformers>=5.0,<=5.3.0' pillow aiohttp httpx colorlog tenacity flask torchdata lark uvloop hydra-core ray numba einops aiofiles openai" ;;
-      slime) run slime "torch==2.13.0" "--no-deps ${SLIME_SRC:?set SLIME_SRC to a THUDM/slime checkout}" \
+      slime) TESTS="tests/integrations/test_convert.py tests/integrations/test_slime.py" \
+        run slime "torch==2.13.0" "--no-deps ${SLIME_SRC:?set SLIME_SRC to a THUDM/slime checkout}" \
         "httpx ray pillow transformers" ;;
+      miles) : "${MILES_SRC:?set MILES_SRC to a radixark/miles checkout}"
+        MILES_SRC=$MILES_SRC TESTS="tests/integrations/test_miles.py tests/weights/test_miles_delta.py" \
+        run miles "torch==2.13.0" "ray pylatexenc numpy transformers safetensors zstandard xxhash" ;;
       prime-rl) run prime-rl "--no-deps --ignore-requires-python ${PRIME_RL_SRC:?set PRIME_RL_SRC to a prime-rl checkout}" \
         "--no-deps --ignore-requires-python ${PRIME_RL_SRC}/packages/prime-rl-configs" \
         "msgspec pydantic prime-pydantic-config==0.4.3 pyzmq" ;;
-      *) echo "unknown framework $one (verl, areal, slime, prime-rl)" >&2; exit 2 ;;
+      *) echo "unknown framework $one (verl, areal, slime, miles, prime-rl)" >&2; exit 2 ;;
     esac
   done
 done

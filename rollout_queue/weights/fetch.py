@@ -38,6 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rollout_queue.core.errors import WeightsError
+from rollout_queue.weights import miles_delta
 from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest, read_manifest
 from rollout_queue.weights.store import atomic_folder, folder_version, prune_versions, weight_chain
 
@@ -57,7 +58,10 @@ def localize(uri: str, cache: Path | None = None, *, keep: int = 4) -> Path:
     """The local folder of the version at ``uri``: local paths (and ``file://``) as they are; remote
     ones fetched with their chain into ``cache`` (rules 1, 2, 4). Raises ``WeightsError``."""
     if not is_remote(uri):
-        return Path(urlsplit(uri).path if uri.startswith("file://") else uri)
+        local = Path(urlsplit(uri).path if uri.startswith("file://") else uri)
+        if miles_delta.is_miles_delta(local):  # a miles disk-delta version: rebuilt into a full folder here
+            return miles_delta.materialize(local, (cache / "miles") if cache is not None else None)
+        return local
     try:
         import fsspec
     except ImportError as exc:  # pragma: no cover - fsspec comes with the workers extra

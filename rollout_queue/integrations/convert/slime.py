@@ -19,11 +19,12 @@ from typing import Any
 
 from rollout_queue.api.lease import Lease
 from rollout_queue.api.queue import RolloutQueue
+from rollout_queue.core.errors import IntegrationConfigError
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.integrations.convert import flat, framework_class
 from rollout_queue.integrations.stream import TrainingStream
 
-__all__ = ["QueueRollout", "to_samples"]
+__all__ = ["QueueDataSource", "QueueRollout", "generate_rollout", "to_samples"]
 
 _STATUS = {"length": "TRUNCATED", "abort": "ABORTED"}
 
@@ -77,7 +78,8 @@ class QueueRollout:
                          evaluation: bool = False) -> list[list[Any]]:
         """slime's custom rollout function (``--rollout-function-path module.obj.generate_rollout``)."""
         if evaluation:
-            raise NotImplementedError("evaluation rollouts are not served from the training queue")
+            raise IntegrationConfigError("evaluation rollouts are not served from the training queue: set "
+                                         f"--eval-function-path {SLIME_EVAL_FUNCTION} (slime's own, on its engines)")
         self._commit_through(rollout_id - 1 - self.ack_lag)
         want = self.groups or int(getattr(args, "rollout_batch_size"))
         lease = self.stream.take(want)  # committed per rollout here, not by the stream's ack()
@@ -107,3 +109,74 @@ class QueueRollout:
         self.leased.clear()
         if rollout_id is not None:
             self.stream.restore(rollout_id)
+
+
+# -- by configuration: slime's --data-source-path and --rollout-function-path ------------------------
+
+#: slime's own evaluation rollout (``slime/rollout/sglang_rollout.py`` at 624b824a), on slime's engines
+SLIME_EVAL_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
+THIS_ROLLOUT_FUNCTION = f"{__name__}.generate_rollout"
+_SourceBase: Any = framework_class("DataSource", "slime.rollout.data_source") or object
+
+
+class QueueDataSource(_SourceBase):  # type: ignore[misc]
+    """slime's data source (``--data-source-path rollout_queue.integrations.convert.slime.QueueDataSource``)
+    holding the ``QueueRollout`` that ``generate_rollout`` below serves rollouts from.
+
+    Read at THUDM/slime@624b824a (``slime/rollout/data_source.py``: the ``DataSource`` ABC,
+    ``get_samples``, ``add_samples``, ``save``, ``load``, ``__len__``; ``slime/ray/rollout.py``
+    builds it as ``cls(args)`` and hands it to the rollout function). The queue comes from
+    ``REDIS_URL`` / ``ROLLOUT_QUEUE``; ``ROLLOUT_SLIME_ACK_LAG`` (default 1: right for ``train.py``
+    and ``train_async.py`` both, a lease then spans two rollouts) and ``ROLLOUT_SLIME_LEASE_TIMEOUT_S``
+    tune ``QueueRollout``. Evaluation rollouts are not served from the training queue: with
+    ``--eval-interval`` set, ``--eval-function-path`` must name another function (slime's own,
+    ``slime.rollout.sglang_rollout.generate_rollout``, evaluates on slime's engines), else this
+    refuses at start rather than at the first evaluation.
+    """
+
+    def __init__(self, args: Any, *, queue: RolloutQueue | None = None) -> None:
+        import os
+
+        eval_path = getattr(args, "eval_function_path", None) or getattr(args, "rollout_function_path", None)
+        if getattr(args, "eval_interval", None) is not None and eval_path == THIS_ROLLOUT_FUNCTION:
+            raise IntegrationConfigError(
+                "evaluation rollouts are not served from the training queue (they would consume training groups): "
+                f"add --eval-function-path {SLIME_EVAL_FUNCTION} (slime's own, on its engines) or drop --eval-interval")
+        if queue is None:
+            url, name = os.environ.get("REDIS_URL"), os.environ.get("ROLLOUT_QUEUE")
+            if not url or not name:
+                raise IntegrationConfigError("QueueDataSource reads the queue from the environment: set REDIS_URL and "
+                                             "ROLLOUT_QUEUE for the job (ray job submit --runtime-env-json ...)")
+            queue = RolloutQueue.from_url(url, name, create=False)
+        timeout = os.environ.get("ROLLOUT_SLIME_LEASE_TIMEOUT_S")
+        self.args = args
+        self.rollout = QueueRollout(queue, ack_lag=int(os.environ.get("ROLLOUT_SLIME_ACK_LAG") or 1),
+                                    lease_timeout_s=float(timeout) if timeout else None)
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        raise IntegrationConfigError("the queue's workers generate the samples: set --rollout-function-path "
+                                     f"{THIS_ROLLOUT_FUNCTION}, which leases completed groups instead")
+
+    def add_samples(self, samples: list[list[Any]]) -> None:
+        raise IntegrationConfigError("groups go back to the queue by rollback, not through the data source: "
+                                     "a custom buffer filter cannot be combined with QueueDataSource")
+
+    def save(self, rollout_id: int) -> None:
+        self.rollout.save(rollout_id)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        self.rollout.load(rollout_id)
+
+    def __len__(self) -> int:
+        stats = self.rollout.queue.stats()
+        return int(stats.backlog + stats.ready + stats.executing_groups + stats.completed)
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Any]]:
+    """slime's rollout function (``--rollout-function-path rollout_queue.integrations.convert.slime.generate_rollout``),
+    served by the ``QueueDataSource`` slime was configured with."""
+    if not isinstance(data_source, QueueDataSource):
+        raise IntegrationConfigError("generate_rollout needs --data-source-path "
+                                     "rollout_queue.integrations.convert.slime.QueueDataSource, got "
+                                     f"{type(data_source).__name__}")
+    return data_source.rollout.generate_rollout(args, rollout_id, data_source, evaluation)

@@ -1,0 +1,210 @@
+"""One miles rollout process's side of the queue: its reservations, its leases, and when each lease
+commits.
+
+miles builds its data source (``--data-source-path``) and its fully-async buffer
+(``--custom-async-data-buffer-path``) separately, inside its ``RolloutManager`` actor, and hands
+neither to the other; both need the same worker identity (the receipts of the data source's
+reservations are settled by the buffer's ``put``) and the same leases (the data source's ``save``
+commits what the buffer handed out). So each process keeps one ``MilesLedger`` per queue
+(``ledger_for``), opened from the environment like every other process of this project
+(``REDIS_URL``, ``ROLLOUT_QUEUE``).
+
+When a lease commits, read at radixark/miles@31f1ca96 (``train_async.py``,
+``miles/rollout/fully_async_rollout.py``, ``miles/ray/rollout/rollout_manager.py``):
+
+1. Rollout ``k``'s batch is one ``_drain`` of the rollout function: ``rollout_batch_size`` calls of
+   the buffer's ``get`` and then exactly one ``get_metrics``. The drains run in rollout order from
+   ``args.start_rollout_id``, so the buffer counts them (``begin_drain`` / ``end_drain``).
+2. ``train_async.py`` starts generating rollout ``k + 1`` before it trains ``k``, and starts
+   ``k + 2`` only after ``train(k)`` returned. So when drain ``k`` begins, every rollout up to
+   ``k - 2`` is trained (``ack_lag`` 1, as slime's ``train_async.py``): their leases commit there.
+3. ``RolloutManager.save(k)`` runs after the model of rollout ``k`` is saved: every open lease
+   commits there (those of ``k + 1``, handed out but not trained yet, too: a resume from ``k``
+   requeues every group committed after ``k``, so committing early is safe), then the queue drops
+   what the checkpoint covers (its checkpoint refuses while any group is leased, so leasing waits
+   on the same lock). ``load(k)`` (``start_rollout_id - 1``) hands back what this process held and
+   requeues every group committed after rollout ``k``.
+4. Queue steps are rollout ids plus one, so a fresh start (miles' ``load(-1)``) restores step 0:
+   every group a crashed earlier run committed is trained again, since its weights are gone.
+5. A lease that is never committed goes back: rolled back by ``load``, or by the reaper at its
+   deadline when this process dies. While the process lives a thread heartbeats its reservations
+   and extends its open leases, so neither times out under a long step.
+
+No decision spans round trips: each call is one queue operation; the class remembers only which
+leases are its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from rollout_queue.api.lease import Lease
+from rollout_queue.api.queue import RolloutQueue, default_process_id
+from rollout_queue.api.worker import Worker
+from rollout_queue.core.errors import IntegrationConfigError, LeasesOpen, RolloutQueueError
+from rollout_queue.ops.logs import fields
+
+log = logging.getLogger("rollout_queue.integrations.miles")
+
+__all__ = ["MilesLedger", "ledger_for"]
+
+_LEDGERS: dict[tuple[str, str], "MilesLedger"] = {}
+_LEDGERS_LOCK = threading.Lock()
+
+
+def ledger_for(args: Any, environ: dict[str, str] | None = None) -> "MilesLedger":
+    """This process's ledger of the queue named by ``REDIS_URL`` / ``ROLLOUT_QUEUE`` (opened once).
+    Raises IntegrationConfigError when either is unset."""
+    env = os.environ if environ is None else environ
+    url, name = env.get("REDIS_URL"), env.get("ROLLOUT_QUEUE")
+    if not url or not name:
+        raise IntegrationConfigError("the miles integration reads the queue from the environment: set REDIS_URL and "
+                                     "ROLLOUT_QUEUE for the job (ray job submit --runtime-env-json "
+                                     "'{\"env_vars\": {\"REDIS_URL\": ..., \"ROLLOUT_QUEUE\": ...}}')")
+    with _LEDGERS_LOCK:
+        ledger = _LEDGERS.get((url, name))
+        if ledger is None:
+            ledger = _LEDGERS[(url, name)] = MilesLedger(RolloutQueue.from_url(url, name, create=False), args)
+        return ledger
+
+
+def forget_ledgers() -> None:
+    """Close every ledger of this process (tests; miles' ``dispose``)."""
+    with _LEDGERS_LOCK:
+        ledgers = list(_LEDGERS.values())
+        _LEDGERS.clear()
+    for ledger in ledgers:
+        ledger.close()
+
+
+class MilesLedger:
+    """The reservations and leases of one miles rollout process (module docstring, rules 1-5)."""
+
+    def __init__(self, queue: RolloutQueue, args: Any, *, ack_lag: int = 1, tick_s: float | None = None) -> None:
+        if queue.driver.is_async:
+            raise IntegrationConfigError("MilesLedger drives a sync queue (RolloutQueue.from_url)")
+        self.queue, self.args, self.ack_lag = queue, args, ack_lag
+        self.worker: Worker = queue.worker(default_process_id())
+        self.lease_timeout_s = float(os.environ.get("ROLLOUT_MILES_LEASE_TIMEOUT_S") or queue.config.lease_timeout_s)
+        #: rollout id -> the leases handed out for it, until committed
+        self.open: dict[int, list[Lease]] = {}
+        self.rollout_id = int(getattr(args, "start_rollout_id", None) or 0)
+        self.in_drain = False
+        #: entry_id -> the prompt record its reservation carried, from reserve to put (what a stored
+        #: sample need not repeat; codec rule 1)
+        self.sources: dict[str, dict[str, Any]] = {}
+        #: serialises leasing against save's commit-then-checkpoint (rule 3) and guards ``open``
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._tick_s = tick_s or max(0.5, min(queue.config.worker_timeout_s, self.lease_timeout_s) / 4)
+        self._thread = threading.Thread(target=self._keepalive, name=f"miles-ledger-{queue.name}", daemon=True)
+        self._thread.start()
+
+    # -- the buffer's side ------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """The first ``get`` of a rollout's drain: rollouts up to ``rollout_id - 1 - ack_lag`` are trained."""
+        with self.lock:
+            if not self.in_drain:
+                self.in_drain = True
+                self.commit_through(self.rollout_id - 1 - self.ack_lag)
+
+    def end_drain(self) -> None:
+        """``get_metrics``: the drain of ``rollout_id`` is complete; the next get starts the next one."""
+        with self.lock:
+            self.in_drain = False
+            self.rollout_id += 1
+
+    def lease_one(self, block_ms: int) -> Lease | None:
+        """One completed group, leased for the current rollout (None when none came in ``block_ms``)."""
+        with self.lock:
+            lease = self.queue.lease(groups=1, timeout_s=self.lease_timeout_s, block_ms=0,
+                                     trainer_id=self.worker.worker_id)
+            if lease is not None:
+                self.open.setdefault(self.rollout_id, []).append(lease)
+                return lease
+        if block_ms:  # wait outside the lock (save must not wait behind an idle lease call), then try once more
+            lease = self.queue.lease(groups=1, timeout_s=self.lease_timeout_s, block_ms=block_ms,
+                                     trainer_id=self.worker.worker_id)
+            if lease is not None:
+                with self.lock:
+                    self.open.setdefault(self.rollout_id, []).append(lease)
+        return lease
+
+    def give_back(self, lease: Lease) -> None:
+        """A leased group miles will not train (stale at consumption, or its get was cancelled):
+        requeued to be generated again (an uncounted rollback)."""
+        with self.lock:
+            for leases in self.open.values():
+                if lease in leases:
+                    leases.remove(lease)
+        lease.rollback()
+
+    def commit_through(self, last: int) -> None:
+        """Commit every open lease of rollouts up to ``last`` with step ``rollout + 1`` (rule 4)."""
+        with self.lock:
+            for rollout_id in sorted(r for r in self.open if r <= last):
+                leases = self.open[rollout_id]
+                while leases:
+                    leases[0].commit(step=rollout_id + 1)  # LeaseLost propagates: the group went back
+                    leases.pop(0)
+                del self.open[rollout_id]
+
+    # -- the data source's side -------------------------------------------------------------------
+
+    def save(self, rollout_id: int) -> int:
+        """``DataSource.save``: rollout ``rollout_id``'s model is saved (rule 3). Returns how many
+        payloads the queue dropped (0 when another trainer's lease deferred the checkpoint)."""
+        with self.lock:
+            self.commit_through(max(self.open, default=rollout_id))
+            try:
+                return int(self.queue.checkpoint(rollout_id + 1))
+            except LeasesOpen as exc:  # leased meanwhile (another trainer, or a get waiting outside the lock):
+                # nothing was written; the next save checkpoints further
+                log.warning("queue checkpoint deferred: groups are leased", exc_info=exc,
+                            extra=fields(queue=self.queue.name, rollout_id=rollout_id))
+                return 0
+
+    def load(self, rollout_id: int | None) -> int:
+        """``DataSource.load``: miles resumed from rollout ``rollout_id`` (``-1``/None: from scratch).
+        Returns how many groups were requeued."""
+        with self.lock:
+            for leases in self.open.values():
+                for lease in leases:
+                    lease.rollback()
+            self.open.clear()
+            self.rollout_id = (rollout_id if rollout_id is not None else -1) + 1
+            return int(self.queue.restore(max(0, self.rollout_id)))
+
+    # -- liveness ---------------------------------------------------------------------------------
+
+    def _keepalive(self) -> None:
+        """Heartbeat the reservations and extend the open leases until close() (rule 5)."""
+        while not self._stop.wait(self._tick_s):
+            try:
+                self.worker.heartbeat()
+                with self.lock:
+                    leases = [lease for group in self.open.values() for lease in group]
+                for lease in leases:
+                    if lease.closed is None:
+                        lease.extend(self.lease_timeout_s)
+            except (RolloutQueueError, OSError) as exc:  # the next tick tries again; the deadlines are the bound
+                log.warning("miles ledger keepalive failed; retrying", exc_info=exc,
+                            extra=fields(queue=self.queue.name))
+
+    def close(self) -> None:
+        """Stop the keepalive and hand back this process's reservations (leases are left to load()
+        or their deadline: they may already be trained)."""
+        with _LEDGERS_LOCK:
+            for key in [k for k, v in _LEDGERS.items() if v is self]:
+                del _LEDGERS[key]
+        self._stop.set()
+        self._thread.join(timeout=self._tick_s + 5)
+        try:
+            self.worker.close()
+        except (RolloutQueueError, OSError) as exc:  # the reaper requeues them after worker_timeout_s
+            log.warning("could not hand back reservations at close", exc_info=exc, extra=fields(queue=self.queue.name))
+        self.queue.close()
