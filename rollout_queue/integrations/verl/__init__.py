@@ -6,9 +6,11 @@ verl 0.9.1 from PyPI).
 - ``sampler.QueueCheckpointCallback``: ``trainer.checkpoint_callback_class``; after verl saved step
   ``k`` the queue drops the data that checkpoint covers.
 - ``trajectories``: leased groups as the TransferQueue rows verl's own agent loops write.
+- ``weights.QueueCheckpointEngine``: ``checkpoint_engine.backend=rollout_queue`` (registered when
+  verl imports ``custom_backend_module``); each weight update verl sends becomes a published queue
+  version that ``python -m rollout_queue.workers`` processes load.
 
-Not written yet (issue 31, section 3): a ``CheckpointEngine`` backend for
-``checkpoint_engine.custom_backend_module`` and the fully_async MessageQueue patch.
+Not written yet (issue 31, section 3): the fully_async MessageQueue patch.
 
 This package imports verl only in its submodules (a machine without verl can import this one), and
 it never changes verl: every hook is one verl loads by name from its own config.
