@@ -9,9 +9,11 @@ verl 0.9.1 from PyPI).
 - ``weights.QueueCheckpointEngine``: ``checkpoint_engine.backend=rollout_queue`` (registered when
   verl imports ``custom_backend_module``); each weight update verl sends becomes a published queue
   version that ``python -m rollout_queue.workers`` processes load.
-
-Not written yet (issue 31, section 3): the fully_async MessageQueue patch.
+- ``message_queue.MessageQueue``: verl fully_async's ``MessageQueue`` Ray actor with its interface,
+  durable and exactly-once relative to verl's checkpoints; ``patches/fully_async_message_queue.patch``
+  (two lines of ``fully_async_main.py``) makes verl build it.
 
 This package imports verl only in its submodules (a machine without verl can import this one), and
-it never changes verl: every hook is one verl loads by name from its own config.
+it never changes verl except through that one patch: every other hook is one verl loads by name from
+its own config.
 """
