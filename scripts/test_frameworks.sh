@@ -3,10 +3,11 @@
 # real classes, one side environment per framework (their pins conflict with each other and with
 # vLLM's, so none goes in .venv).
 #   bash scripts/test_frameworks.sh [verl areal slime miles prime-rl]      (default: verl areal)
-# verl is layered over the project's .venv (scripts/install_verl.sh) and also runs its sampler tests
-# (tests/integrations/test_verl*.py: TransferQueue on a local Ray, scripted workers). AReaL installs
-# from PyPI; slime, miles and prime-rl have no PyPI package: point SLIME_SRC, MILES_SRC and
-# PRIME_RL_SRC at checkouts (THUDM/slime@624b824a, radixark/miles@31f1ca96,
+# verl is layered over the project's .venv (scripts/install_verl.sh) and also runs its own tests
+# (tests/integrations/test_verl*.py: the sampler on TransferQueue and a local Ray with scripted
+# workers; the checkpoint engine on two gloo ranks with a torch worker; fully_async's MessageQueue).
+# AReaL installs from PyPI; slime, miles and prime-rl have no PyPI package: point SLIME_SRC,
+# MILES_SRC and PRIME_RL_SRC at checkouts (THUDM/slime@624b824a, radixark/miles@31f1ca96,
 # PrimeIntellect-ai/prime-rl@559b4477). miles is imported from its source, not installed (its
 # setup pulls sglang and Megatron, GPU-only); tests/integrations/framework_src.py says why.
 # Needs a redis-server on PATH (the slime rollout test starts a private one). Several GB per venv (ray).
@@ -32,7 +33,8 @@ for fw in "${@:-verl areal}"; do
         echo "== verl"
         PYTHONPATH="$PWD" ROLLOUT_TEST_SERVERS=redis HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
           "$ROOT/verl/bin/python" -m pytest -q -p no:cacheprovider -rs tests/integrations/test_convert.py \
-          tests/integrations/test_verl_sampler.py ;;
+          tests/integrations/test_verl_sampler.py tests/integrations/test_verl_weights.py \
+          tests/integrations/test_verl_message_queue.py ;;
       areal) run areal "torch==2.13.0" "--no-deps areal==1.0.4" \
         "numpy 'transformers>=5.0,<=5.3.0' pillow aiohttp httpx colorlog tenacity flask torchdata lark uvloop hydra-core ray numba einops aiofiles openai" ;;
       slime) TESTS="tests/integrations/test_convert.py tests/integrations/test_slime.py" \
