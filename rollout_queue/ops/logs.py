@@ -69,7 +69,20 @@ def configure(json_logs: bool = False, level: int | str = logging.INFO) -> None:
 
 class _Fallback(logging.StreamHandler):  # type: ignore[type-arg]
     """stderr for ``rollout_queue``'s records only while the root logger has no handler (the
-    application configured no logging); once it has one, the records go there alone (no line twice)."""
+    application configured no logging); once it has one, the records go there alone (no line twice).
+    It writes to whatever ``sys.stderr`` is when a record comes (as logging's last-resort handler
+    does), not the stream of the day it was added: a process that swaps stderr later still sees it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ sets it; the live sys.stderr wins
+        pass
 
     def emit(self, record: logging.LogRecord) -> None:
         if not logging.getLogger().handlers:
@@ -83,7 +96,7 @@ def fallback(level: int = logging.INFO) -> None:
     lib = logging.getLogger("rollout_queue")
     if any(isinstance(h, _Fallback) for h in lib.handlers):
         return
-    handler = _Fallback(sys.stderr)
+    handler = _Fallback()
     handler.setFormatter(HumanFormatter())
     lib.addHandler(handler)
     if lib.getEffectiveLevel() > level:

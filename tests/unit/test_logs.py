@@ -3,8 +3,10 @@ library warnings included (a redis-py UserWarning once broke a worker's --json-l
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -89,3 +91,32 @@ def test_progress_logs_a_long_step_and_its_duration_off_a_terminal(caplog: pytes
     messages = [(r.getMessage(), getattr(r, "fields", {})) for r in caplog.records]
     assert messages[0] == ("loading the model ...", {"model": "./tiny"})
     assert messages[1][0] == "loading the model: done" and set(messages[1][1]) == {"seconds", "model"}
+
+
+def test_the_fallback_writes_to_the_stderr_of_the_moment(capsys: pytest.CaptureFixture[str]) -> None:
+    """Added while stderr was another stream (an earlier test's capture, a notebook's redirect), the
+    fallback still writes where stderr is when the record comes: it failed in the full suite, where an
+    adapter imported by an earlier test had added it."""
+    lib = logging.getLogger("rollout_queue")
+    root = logging.getLogger()
+    saved_root, saved_level, saved_lib = list(root.handlers), lib.level, list(lib.handlers)
+    for h in saved_root:
+        root.removeHandler(h)
+    for h in saved_lib:
+        lib.removeHandler(h)
+    then = sys.stderr
+    try:
+        sys.stderr = io.StringIO()
+        logs.fallback()
+        sys.stderr = then
+        logging.getLogger("rollout_queue.x").info("seen now")
+        assert "seen now" in capsys.readouterr().err
+    finally:
+        sys.stderr = then
+        for h in list(lib.handlers):
+            lib.removeHandler(h)
+        for h in saved_lib:
+            lib.addHandler(h)
+        lib.setLevel(saved_level)
+        for h in saved_root:
+            root.addHandler(h)
