@@ -8,7 +8,6 @@
 -- @include flush_completions
 -- @include buffer_completion
 -- @include payloads
--- @include drop_partials
 --[[
 complete_attempt: settle one completion named by a receipt, inside a batch, exactly as a complete
 call of its own would. Returns complete's reply for it (see complete.lua's header).
@@ -56,7 +55,9 @@ local function complete_attempt(b, cfg, id, attempt, worker, size, min_version, 
     return {'malformed', detail, end_attempt(id, attempt, worker, 'malformed', detail, true, cfg, batch_now(b))}
   end
   -- The completion holds every token of the entry's progress record: a later requeue of it (stale,
-  -- overflow, rollback) starts from the prompt, never from an older prefix (drop_partials.lua).
-  drop_partials({id})
+  -- overflow, rollback) starts from the prompt, never from an older prefix. Dropped once per call
+  -- (finish_completions: drop_partials), so an item costs no command more.
+  b.partials = b.partials or {}
+  table.insert(b.partials, id)
   return buffer_completion(b, cfg, id, attempt, worker, min_version, n)
 end
