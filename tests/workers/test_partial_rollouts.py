@@ -9,6 +9,8 @@ records (the next attempt regenerated every sample from the prompt).
 
 from __future__ import annotations
 
+import json
+import signal
 import uuid
 from typing import Any
 
@@ -20,7 +22,16 @@ from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.engines.scripted import ScriptedEngine
 from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
 from tests.helpers import wait_until
-from tests.workers.runtime_helpers import RuntimeThread, open_queue, submit, train, worker_server  # noqa: F401
+from tests.workers.runtime_helpers import (
+    RuntimeThread,
+    open_queue,
+    pel_owners,
+    spawn_worker,
+    submit,
+    train,
+    worker_server,  # noqa: F401  # a fixture, used by name
+)
+from tests.workers.test_runtime_process import drain_once, finish
 
 MAX_TOKENS = 20
 
@@ -100,3 +111,47 @@ def test_a_prefix_older_than_the_staleness_bound_is_regenerated(url: str, name: 
         assert (len(s.token_ids), s.version, s.segments) == (MAX_TOKENS, 1, ())
     st = q.stats()
     assert (st.counters["partial_stale"], st.counters.get("partial_continued", 0)) == (20, 0)
+
+
+def test_the_worker_process_continues_across_a_weight_update_and_a_sigterm_drain(url: str, name: str) -> None:
+    """The shipped worker: aborted by a weight update in abort mode (10 tokens of 20 kept at v0), it
+    continues at v1 and is drained by SIGTERM (5 more kept); a second worker process finishes each
+    sample. The trained sample is the first attempts' tokens plus the last one's, with segments over
+    both versions, and the fleet generated exactly the tokens trained."""
+    q = open_queue(url, name, max_staleness=2)
+    [eid] = submit(q, 1, n=2)
+    hanging = ("--engine-arg", "hang=true", "--engine-arg", "abort_share=0.5", "--engine-arg", f"tokens={MAX_TOKENS}",
+               "--max-tokens", str(MAX_TOKENS), "--weights-mode", "abort", "--drain-timeout", "0", "--json-logs")
+    first = spawn_worker(url, name, "first", *hanging)
+    try:
+        wait_until(lambda: pel_owners(url, name).get("first") == 1, 20, message="the first attempt reserved")
+        q.publish_version(1, "file:///weights/v1")  # abort mode: the attempt is aborted, its progress kept
+        wait_until(lambda: q.stats().counters.get("partial_continued", 0) == 20, 20,
+                   message="the aborted attempt continued by the same worker")
+        code, err = drain_once(first, lambda: q.stats().executing_groups == 1, "the continuation executing")
+    finally:
+        first.kill()
+    assert code == 0, err
+    assert q.stats().partial_records == 1
+    second = spawn_worker(url, name, "second", "--engine-arg", f"tokens={MAX_TOKENS}", "--max-tokens", str(MAX_TOKENS),
+                          "--json-logs")
+    try:
+        _, trained = train(q, {"g-0"})
+        second.send_signal(signal.SIGTERM)
+        code, err2 = finish(second)
+    finally:
+        second.kill()
+    assert code == 0, err2
+    [g] = trained
+    assert (g.entry_id, g.attempt) == (eid, 3)
+    for s in g.samples:
+        assert len(s.token_ids) == MAX_TOKENS == len(s.logprobs)
+        assert (s.version, s.versions, s.segments) == (0, (0, 1), ((0, 0), (10, 1)))
+    st = q.stats()
+    # 2 x 10 handed to the continuation at v1, then 2 x 15 to the second worker.
+    assert (st.counters["partial_continued"], st.terminals["aborted"], st.partial_records) == (50, 2, 0)
+    generated = [json.loads(line) for line in (err + err2).splitlines() if line.startswith("{")]
+    closed = [e for e in generated if e.get("msg") == "worker closed"]
+    assert len(closed) == 2
+    made = sum(v for e in closed for k, v in e.items() if k.startswith("tokens_"))
+    assert made == 2 * MAX_TOKENS  # every trained token generated once, nothing thrown away
