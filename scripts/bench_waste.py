@@ -53,6 +53,7 @@ workers all exited ends at once, and a worker that did not drain cleanly shows i
     python scripts/bench_waste.py --quick                             # scripted arms only, < 1 min
     python scripts/bench_waste.py --engines scripted --arms reference,default --steps 20
     python scripts/bench_waste.py --arm 'pace={"weights_mode": "continue", "queue": {"batch_groups": 4}}'
+    python scripts/bench_waste.py --quick --workloads single --arms reference,abort,abort-partial
 
 vLLM's throughput through the queue with a version every 2 s is scripts/bench_engine.py's
 ``queue+weights`` row (its table shows it; the waste table quotes it). A benchmark, not a test.
@@ -174,6 +175,8 @@ class Arm:
     queue: Mapping[str, Any] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
     engines: tuple[str, ...] = ENGINES
+    #: run when ``--arms`` names none (the partial-rollout arms only when named, on --workloads single)
+    listed: bool = True
 
 
 ARMS: dict[str, Arm] = {
@@ -183,8 +186,8 @@ ARMS: dict[str, Arm] = {
     "keep-kv": Arm(weights_mode="keep-kv", engines=("vllm",)),
     "admission": Arm(admission=True),
     # Partial rollouts (issue 30 section 1): abort mode, progress records off, then on.
-    "abort": Arm(weights_mode="abort", queue={"max_partial_bytes": 0}),
-    "abort-partial": Arm(weights_mode="abort"),
+    "abort": Arm(weights_mode="abort", queue={"max_partial_bytes": 0}, listed=False),
+    "abort-partial": Arm(weights_mode="abort", listed=False),
 }
 
 
@@ -316,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         arms.update(parse_arm(spec) for spec in a.arm)
     except ValueError as exc:
         ap.error(str(exc))
-    chosen = a.arms.split(",") if a.arms else list(arms)
+    chosen = a.arms.split(",") if a.arms else [name for name, arm in arms.items() if arm.listed]
     unknown = (set(chosen) - set(arms)) | (set(a.engine_list) - set(a.sizes.engines)) | (set(a.workload_list) - set(WORKLOADS))
     if unknown:
         ap.error(f"unknown {', '.join(sorted(unknown))} (arms: {', '.join(arms)}; engines at these sizes: "
