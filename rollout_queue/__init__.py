@@ -41,6 +41,7 @@ _WHERE = {
     "OutcomeUnknown": "rollout_queue.core.errors",
     "OwnedAttempt": "rollout_queue.core.models",
     "OwnershipLost": "rollout_queue.core.errors",
+    "PartialTooLarge": "rollout_queue.core.errors",
     "PartitionedQueue": "rollout_queue.api.queue",
     "PartitionsUnreachable": "rollout_queue.core.errors",
     "PayloadTooLarge": "rollout_queue.core.errors",
@@ -93,7 +94,7 @@ if TYPE_CHECKING:
     from rollout_queue.api.queue import AsyncPartitionedQueue, AsyncRolloutQueue, PartitionedQueue, RolloutQueue
     from rollout_queue.api.worker import Worker
     from rollout_queue.core.config import QueueConfig
-    from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression, WorkerNotLive, WorkersGone
+    from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartialTooLarge, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression, WorkerNotLive, WorkersGone
     from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
     from rollout_queue.core.models import OwnedAttempt, Progress, Turn
     from rollout_queue.core.policy import Durability, RetryPolicy

@@ -21,7 +21,9 @@ only: the torch engine keeps its KV in every mode and the scripted engine has no
 Workloads, multi-turn so that every engine runs them (``--env``, the classes below):
 ``heavy``: one group in ten is 10-30 model turns, the others one (10-30x the median length);
 ``tool``: two model turns around a tool call of 1.5 s on 4 early prompts and 20 ms on the rest
-(issue 30's long/short environment).
+(issue 30's long/short environment); ``single``: one model turn of ``SINGLE_TURNS`` turns' tokens, no
+environment (single-turn samples are what partial rollouts continue: the ``abort-partial`` arm
+against ``abort``, the same abort mode with progress records off, ``max_partial_bytes=0``).
 
 Figures per arm (bench_tables.py renders them into docs/PERFORMANCE.md):
 
@@ -30,7 +32,9 @@ Figures per arm (bench_tables.py renders them into docs/PERFORMANCE.md):
   (the committed samples' model tokens). Per trained token, what was not trained: ``aborted``
   (partial outputs of aborted attempts), ``evicted`` (completed, then evicted as stale by the reaper
   or a lease, or on overflow: completed tokens neither trained nor left over), ``other`` (failed,
-  filtered, stale receipts).
+  filtered, stale receipts). With progress records (``abort-partial``) an aborted attempt's tokens are
+  continued, not thrown away: they count under ``aborted`` when generated and are trained later, so
+  ``evicted`` (completed tokens less those trained) goes negative by as much; ``gen/trained`` is exact.
 - ``KS``: the two-sample Kolmogorov-Smirnov distance between the trained samples' lengths (model
   tokens) and the reference's lengths of the plan's first ``steps x batch_groups`` groups;
   ``long decile``: the share of trained samples at or above the reference's 90th percentile length,
@@ -49,6 +53,7 @@ workers all exited ends at once, and a worker that did not drain cleanly shows i
     python scripts/bench_waste.py --quick                             # scripted arms only, < 1 min
     python scripts/bench_waste.py --engines scripted --arms reference,default --steps 20
     python scripts/bench_waste.py --arm 'pace={"weights_mode": "continue", "queue": {"batch_groups": 4}}'
+    python scripts/bench_waste.py --quick --workloads single --arms reference,abort,abort-partial
 
 vLLM's throughput through the queue with a version every 2 s is scripts/bench_engine.py's
 ``queue+weights`` row (its table shows it; the waste table quotes it). A benchmark, not a test.
@@ -132,9 +137,19 @@ def tool_records(count: int, seed: int = 0) -> list[dict[str, Any]]:
              "kind": "long" if i in long else "short", "tool_s": 1.5 if i in long else 0.02} for i in range(count)]
 
 
+def single_records(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Single-turn prompts (the scripted engine's long tail makes one request in ten 10-20x longer)."""
+    return [{"id": f"s{i:06d}", "prompt": f"Essay {i}: write on.", "kind": "short"} for i in range(count)]
+
+
+#: The single workload's samples are this many turns' tokens long (one request each).
+SINGLE_TURNS = 8
+
+
 @dataclass(frozen=True)
 class Workload:
-    """The worker's ``--env``, the dataset's records (the first ``count``), the most model turns."""
+    """The worker's ``--env`` ('' : single-turn, no environment), the dataset's records (the first
+    ``count``), the most model turns."""
 
     env: str
     records: Callable[[int], list[dict[str, Any]]]
@@ -142,7 +157,8 @@ class Workload:
 
 
 WORKLOADS = {"heavy": Workload("bench_waste:Turns", heavy_records, 30),
-             "tool": Workload("bench_waste:SlowTool", tool_records, 2)}
+             "tool": Workload("bench_waste:SlowTool", tool_records, 2),
+             "single": Workload("", single_records, 1)}
 
 
 # -- arms and sizes ---------------------------------------------------------------------------------------
@@ -159,6 +175,8 @@ class Arm:
     queue: Mapping[str, Any] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
     engines: tuple[str, ...] = ENGINES
+    #: run when ``--arms`` names none (the partial-rollout arms only when named, on --workloads single)
+    listed: bool = True
 
 
 ARMS: dict[str, Arm] = {
@@ -167,6 +185,9 @@ ARMS: dict[str, Arm] = {
     "continue": Arm(weights_mode="continue"),
     "keep-kv": Arm(weights_mode="keep-kv", engines=("vllm",)),
     "admission": Arm(admission=True),
+    # Partial rollouts (issue 30 section 1): abort mode, progress records off, then on.
+    "abort": Arm(weights_mode="abort", queue={"max_partial_bytes": 0}, listed=False),
+    "abort-partial": Arm(weights_mode="abort", listed=False),
 }
 
 
@@ -180,7 +201,7 @@ class EngineSpec:
     slots: int
     train_s: float
     turn_s: float = 0.0
-    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    workloads: tuple[str, ...] = ("heavy", "tool")
 
 
 @dataclass(frozen=True)
@@ -227,6 +248,10 @@ def engine_args(cell: Cell) -> list[str]:
     if cell.engine == "scripted":
         options: dict[str, Any] = {"tokens": cell.sizes.turn_tokens, "latency_s": spec.turn_s,
                                    "jitter_s": spec.turn_s / 2, "max_concurrency": spec.slots}
+        if not WORKLOADS[cell.workload].env:  # one request as long as SINGLE_TURNS turns, a tail of 10-20x
+            turns_s = spec.turn_s * SINGLE_TURNS
+            options.update(tokens=cell.sizes.turn_tokens * SINGLE_TURNS, latency_s=turns_s, jitter_s=turns_s / 2,
+                           tail_p=0.1, tail_s=15 * turns_s)
         model: list[str] = []
     else:
         from bench_engine import engine_settings
@@ -244,10 +269,11 @@ def engine_args(cell: Cell) -> list[str]:
 
 def worker_argv(cell: Cell, queue: str, index: int) -> list[str]:
     workload = WORKLOADS[cell.workload]
+    turns = ["--env", workload.env, "--max-turns", str(workload.max_turns)] if workload.env else []
+    tokens = cell.sizes.turn_tokens * (1 if workload.env else SINGLE_TURNS)
     return [sys.executable, "-m", "rollout_queue.workers", "--url", cell.url, "--queue", queue,
             "--worker-id", f"{queue}-w{index}", "--engine", cell.engine, "--json-logs", "--seed", "0",
-            "--temperature", "1.0", "--max-tokens", str(cell.sizes.turn_tokens), "--env", workload.env,
-            "--max-turns", str(workload.max_turns), "--weights-mode", cell.arm.weights_mode,
+            "--temperature", "1.0", "--max-tokens", str(tokens), *turns, "--weights-mode", cell.arm.weights_mode,
             "--drain-timeout", "60", "--block-ms", "250", *engine_args(cell), *cell.arm.worker_args]
 
 
@@ -293,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         arms.update(parse_arm(spec) for spec in a.arm)
     except ValueError as exc:
         ap.error(str(exc))
-    chosen = a.arms.split(",") if a.arms else list(arms)
+    chosen = a.arms.split(",") if a.arms else [name for name, arm in arms.items() if arm.listed]
     unknown = (set(chosen) - set(arms)) | (set(a.engine_list) - set(a.sizes.engines)) | (set(a.workload_list) - set(WORKLOADS))
     if unknown:
         ap.error(f"unknown {', '.join(sorted(unknown))} (arms: {', '.join(arms)}; engines at these sizes: "

@@ -56,9 +56,20 @@ class Worker:
         """The attempt failed: retry the group (or dead-letter it after max_attempts)."""
         return self.queue.run(flows.fail(self._keys(receipt), receipt, reason))
 
-    def abort(self, receipt: Receipt, reason: str = "aborted") -> Result[str]:
-        """Hand the attempt back unfinished (not counted toward max_attempts)."""
-        return self.queue.run(flows.abort(self._keys(receipt), receipt, reason))
+    def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = ()) -> Result[str]:
+        """Hand the attempt back unfinished (not counted toward max_attempts). ``progress``: its samples
+        so far (tokens, behaviour logprobs, segments), kept in the same call so the next attempt
+        continues from them (partial rollouts). Raises PartialTooLarge, with nothing sent, for a
+        record over the queue's max_partial_bytes: abort again without it."""
+        return self.queue.run(flows.abort(self._keys(receipt), receipt, reason, progress,
+                                          self.queue.config.max_partial_bytes))
+
+    def save_partial(self, receipt: Receipt, samples: Sequence[Sample]) -> Result[str]:
+        """Record the attempt's progress so far ('saved', or 'replay' for a resent call after the
+        attempt ended): if the attempt ends unfinished, the next one continues from it. Only the
+        receipt's owner writes (StaleReceipt otherwise); PartialTooLarge over max_partial_bytes."""
+        return self.queue.run(flows.save_partial(self._keys(receipt), receipt, samples,
+                                                 self.queue.config.max_partial_bytes))
 
     def filter(self, receipt: Receipt, reason: str) -> Result[str]:
         """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``."""

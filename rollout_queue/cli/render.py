@@ -105,6 +105,16 @@ def bar(n: int, most: int, width: int = 20) -> str:
     return "█" * max(1 if n else 0, round(n / most * width)) if most else ""
 
 
+def progress_text(head: str) -> str:
+    """A progress record's head (partial rollouts) in words; a head of another shape as it is."""
+    parts = head.split("|", 4)
+    if len(parts) != 5 or not all(x.isdigit() for x in parts[:4]):
+        return f"GARBAGE {head!r}"
+    attempt, tokens, version, size, worker = parts
+    return (f"{tokens} tokens from version {version} left by attempt {attempt} ({worker}), {size} bytes: "
+            "the next attempt continues them")
+
+
 def states_section(snap: Snapshot) -> Section:
     st = snap.stats
     counts = state_counts(st)
@@ -362,6 +372,8 @@ def entry_sections(e: EntryView) -> list[Section]:
         rows.append(("oldest sample version", f"{e.min_version} (staleness {e.staleness} at version {e.version})"))
     if e.completion_bytes is not None:
         rows.append(("completion", f"{e.completion_bytes} bytes"))
+    if e.progress is not None:
+        rows.append(("progress", progress_text(e.progress)))
     if e.dlq_id:
         rows.append(("dead letter", f"{e.dlq_id}: {e.dead_reason}"))
     if e.requeued_as:

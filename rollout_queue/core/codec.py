@@ -27,6 +27,10 @@ decoder reads every schema, so blobs stored before an upgrade stay readable; rea
 upgraded before writers (workers), since an older reader refuses a newer schema. Logprobs stay float32
 in all of them.
 
+Progress record (partial rollouts, the `partial` hash): a completion blob, any schema, of the samples
+an unfinished attempt had so far (one per slot that produced tokens, finish_reason "abort" for one
+cut short, its own for one that had ended), with their segments: encode_partial / decode_partial.
+
 Completed-groups packet (a lease's groups sent between trainer ranks; never stored in Redis):
     b"RQG1" | u32 LE header length | orjson header | per group: body bytes, then completion blob
 header = [[entry_id, source_id, n, attempt, min_version, body length, blob length], ...]
@@ -131,6 +135,39 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
         ids = wide
     header = orjson.dumps({"v": schema, "s": head})
     return b"".join((magic, _HEAD.pack(len(header)), header, ids, *logprobs))
+
+
+def encode_partial(samples: Sequence[Sample]) -> bytes:
+    """The progress record of an unfinished attempt: its samples so far as a completion blob.
+
+    Raises InvalidInput for no samples, a sample without tokens or logprobs (a continuation keeps the
+    prefix's behaviour logprobs; without them it could not be importance-corrected), or a slot named
+    twice."""
+    if not samples:
+        raise InvalidInput("a progress record needs at least one sample with tokens")
+    slots = [s.slot for s in samples]
+    if len(set(slots)) != len(slots):
+        raise InvalidInput(f"a progress record names a slot twice: {sorted(slots)}")
+    for s in samples:
+        if not s.token_ids or len(s.logprobs) != len(s.token_ids):
+            raise InvalidInput(f"progress of slot {s.slot} needs tokens and one logprob per token")
+        if s.turns:
+            raise InvalidInput("trajectories are not continued from progress (their environment state is not kept)")
+    return encode_completion(samples)
+
+
+def decode_partial(blob: bytes, n: int) -> dict[int, Sample]:
+    """The samples of a progress record by slot; CodecError for anything ``encode_partial`` would not
+    write for a group of ``n`` slots (the caller then starts from the prompt)."""
+    samples = decode_completion(blob)
+    out: dict[int, Sample] = {}
+    for s in samples:
+        if not 0 <= s.slot < n or s.slot in out:
+            raise CodecError(f"progress record names slot {s.slot} twice or outside the group's {n}")
+        if not s.token_ids or len(s.logprobs) != len(s.token_ids) or s.turns:
+            raise CodecError(f"progress of slot {s.slot} has no tokens, no logprobs or turns")
+        out[s.slot] = s
+    return out
 
 
 def _pack(code: str, values: Sequence[Any]) -> bytes:

@@ -74,6 +74,10 @@ class QueueConfig:
     commits_maxlen: int = 100_000
     lease_record_ttl_s: float = 86_400.0
     settled_retention_s: float | None = 86_400.0
+    #: Largest progress record (partial rollouts) one group may keep, in bytes; 0: none is kept,
+    #: every aborted attempt restarts from its prompt. A record over it is refused (PartialTooLarge)
+    #: and the attempt is aborted without it.
+    max_partial_bytes: int = 4 * 2**20
 
     def __post_init__(self) -> None:
         """Refuse any value the scripts could not enforce exactly: a bool (``True`` would be stored as
@@ -86,6 +90,7 @@ class QueueConfig:
         if self.batch_groups is not DERIVED:
             self._set("batch_groups", check_optional_int(self.batch_groups,
                                                          "QueueConfig.batch_groups (or None, or DERIVED)", 1))
+        self._set("max_partial_bytes", check_int(self.max_partial_bytes, "QueueConfig.max_partial_bytes", 0))
         for name in _SECONDS:
             self._set(name, check_seconds(getattr(self, name), f"QueueConfig.{name}"))
         self._set("settled_retention_s", check_optional_seconds(
@@ -113,6 +118,7 @@ class QueueConfig:
             "commits_maxlen": str(self.commits_maxlen),
             "lease_record_ttl_ms": str(_ms(self.lease_record_ttl_s)),
             "settled_retention_ms": str(0 if self.settled_retention_s is None else _ms(self.settled_retention_s)),
+            "max_partial_bytes": str(self.max_partial_bytes),
         }
 
     @classmethod

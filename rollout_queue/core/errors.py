@@ -85,6 +85,22 @@ class PayloadTooLarge(InvalidInput):
         )
 
 
+class PartialTooLarge(PayloadTooLarge):
+    """A progress record (partial rollouts) exceeds the queue's max_partial_bytes; nothing was written.
+
+    The attempt is still yours: abort it without progress (the next attempt starts from the prompt),
+    or raise the bound with ``rollout-queue config set max_partial_bytes=N``."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what, self.size, self.limit = what, size, limit
+        InvalidInput.__init__(
+            self,
+            f"{what} is {size} bytes, over the queue's max_partial_bytes={limit} (0: partial rollouts off). "
+            "Nothing was written and the reservation is still yours: abort it without progress (the next "
+            "attempt starts from the prompt), or raise the bound with `rollout-queue config set "
+            "max_partial_bytes=N`.")
+
+
 class MalformedReservation(InvalidInput):
     """A source group given to submit() is not well formed."""
 

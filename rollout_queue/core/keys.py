@@ -45,6 +45,11 @@ KEY_SUFFIXES: dict[str, str] = {
     "push": "push",
     "push_members": "push:members",
     "suspects": "suspects",
+    # Progress of unfinished attempts (partial rollouts): entry ID -> the record the next attempt
+    # continues from, and entry ID -> its small head (attempt, worker, tokens, oldest version, bytes)
+    # that reserve reads without copying the record. Not `progress`: that is the workers' heartbeats.
+    "partial": "partial",
+    "partial_head": "partial:head",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

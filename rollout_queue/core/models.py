@@ -145,11 +145,17 @@ def check_completions(items: Any, worker_id: str) -> list[tuple["Receipt", list[
 @dataclass(frozen=True)
 class Reservation:
     """A reserved source group: the receipt to settle it with, the pristine group, and the policy
-    version current when it was reserved (0 before the first publish)."""
+    version current when it was reserved (0 before the first publish).
+
+    ``progress``: what an earlier, unfinished attempt of this group left (partial rollouts: the
+    samples so far, by slot, with their behaviour logprobs and segments; DESIGN: Partial rollouts).
+    The next attempt continues each from its tokens instead of starting over; a slot not in it starts
+    from the prompt. Empty when there is none (or it did not decode)."""
 
     receipt: Receipt
     group: SourceGroup
     version: int
+    progress: tuple["Sample", ...] = ()
 
     @property
     def entry_id(self) -> str:
@@ -643,6 +649,10 @@ class QueueStats:
     #: The buffer by oldest sample version: (min_version, completed groups) pairs, oldest first
     #: (stats.lua lists at most 64 distinct versions; newer groups are counted at the 65th).
     buffer_versions: tuple[tuple[int, int], ...] = ()
+    #: Progress records of unfinished attempts (partial rollouts) now kept; their bytes are
+    #: ``counters['partial_bytes']``, the tokens handed to a next attempt instead of generated again
+    #: ``counters['partial_continued']`` and those dropped as already stale ``counters['partial_stale']``.
+    partial_records: int = 0
 
     @property
     def admission_batch(self) -> int | None:

@@ -34,6 +34,7 @@ from rollout_queue.core.errors import (
     LeasesOpen,
     MalformedCompletion,
     NotFound,
+    PartialTooLarge,
     PayloadTooLarge,
     ProducerConflict,
     ProtocolError,
@@ -118,6 +119,7 @@ ERRORS: dict[str, Raiser] = {
     "lease_lost": lambda c, r: LeaseLost(c["lease_id"], s(r[1])),
     "hold_lost": lambda c, r: HoldLost(c["hold_id"]),
     "payload_too_large": lambda c, r: PayloadTooLarge(c.get("what", "payload"), int(r[-2]), int(r[-1])),
+    "partial_too_large": lambda c, r: PartialTooLarge(f"progress record of {c.get('entry_id', '?')}", int(r[1]), int(r[2])),
     "config_mismatch": lambda c, r: ConfigMismatch(c["queue"], s(r[1]), s(r[2]), s(r[3])),
     "migration_refused": lambda c, r: LayoutMigrationRefused(c["queue"], s(r[1]), s(r[2])),
     "create_refused": lambda c, r: QueueCreateRefused(c["queue"]),
@@ -216,6 +218,9 @@ class ReserveReply:
     wake_id: str
     dead_lettered: int
     granted: tuple[tuple[Receipt, Mapping[bytes, bytes]], ...]
+    #: per grant, the byte length of its entry's progress record (0: none), read after the call
+    #: with read_progress (partial rollouts: the record never passes through the script)
+    progress_bytes: tuple[int, ...] = ()
 
 
 RESERVE_STATUSES = ("ok", "held", "backpressure", "capacity", "admission", "retained_full", "empty", "oversized",
@@ -225,11 +230,35 @@ RESERVE_STATUSES = ("ok", "held", "backpressure", "capacity", "admission", "reta
 @_shaped
 def parse_reserve(reply: Any, worker_id: str) -> ReserveReply:
     status, r = check(reply, RESERVE_STATUSES, {"worker_id": worker_id})
-    granted = []
-    for entry_id, attempt, kv in r[5]:
+    granted, sizes = [], []
+    for grant in r[5]:
+        entry_id, attempt, kv = grant[:3]
+        if len(grant) > 4:
+            raise ValueError(f"a grant has {len(grant)} fields")
         fields = {bytes(kv[i]): bytes(kv[i + 1]) for i in range(0, len(kv), 2)}
         granted.append((Receipt(s(entry_id), int(attempt), worker_id), fields))
-    return ReserveReply(status, int(r[1]), bool(int(r[2])), s(r[3]), int(r[4]), tuple(granted))
+        sizes.append(_int(grant[3]) if len(grant) == 4 else 0)
+    return ReserveReply(status, int(r[1]), bool(int(r[2])), s(r[3]), int(r[4]), tuple(granted), tuple(sizes))
+
+
+def read_progress(keys: QueueKeys, entry_ids: Sequence[str]) -> Command:
+    """One HMGET of the progress records of granted entries (a plain read: the entries are owned by
+    the reserving worker, and only an entry's owner writes its record). Needs >= 1 entry ID."""
+    return Command(("HMGET", keys["partial"], *entry_ids))
+
+
+@_shaped
+def parse_progress(reply: Any, entry_ids: Sequence[str]) -> list[bytes | None]:
+    """read_progress's reply: one record (bytes) or None per entry ID, in order."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != len(entry_ids):
+        raise ValueError("not one value per entry")
+    return [None if v is None else bytes(v) for v in reply]
+
+
+@_shaped
+def parse_save_partial(reply: Any, receipt: Receipt) -> str:
+    """save_partial: 'saved' or 'replay' (StaleReceipt, PartialTooLarge: nothing written)."""
+    return _fields("save_partial", reply, receipt_context(receipt), _word)[0]  # type: ignore[no-any-return]
 
 
 def decode_reservation_group(fields: Mapping[bytes, bytes]) -> SourceGroup:
@@ -570,7 +599,7 @@ _TOKEN = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 #: meta fields that are times, not counters.
 _NOT_COUNTERS = frozenset({"last_commit_ms"})
 _STATS = ("meta", "server_ms", "length", "ready", "buffer", "workers_alive", "workers_silent", "leases", "holds",
-          "dlq", "commits", "bufvers", "ledger_lines", "source_ids", "outages", "submitted")
+          "dlq", "commits", "bufvers", "ledger_lines", "source_ids", "outages", "submitted", "partial_records")
 
 
 def _version_counts(items: Sequence[Any]) -> tuple[tuple[int, int], ...]:
@@ -588,7 +617,7 @@ def _version_counts(items: Sequence[Any]) -> tuple[tuple[int, int], ...]:
 def parse_stats(reply: Any) -> QueueStats:
     """stats: one consistent snapshot. Lenient on the meta hash (garbage written there by hand is
     skipped or read as 0), strict on the reply's own shape."""
-    values = _fields("stats", reply, {}, _items, *([_int] * 10), _items, _int, _int, _int, _int)
+    values = _fields("stats", reply, {}, _items, *([_int] * 10), _items, _int, _int, _int, _int, _int)
     f = dict(zip(_STATS, values))
     meta = {k: s(v) for k, v in pairs(f["meta"]).items()}
 
@@ -622,6 +651,7 @@ def parse_stats(reply: Any) -> QueueStats:
         buffer_versions=buffered,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
         ledger_lines=f["ledger_lines"], source_ids=f["source_ids"], outages=f["outages"],
+        partial_records=f["partial_records"],
         since_commit_ms=None if last_commit is None else max(0, f["server_ms"] - last_commit),
     )
 

@@ -102,10 +102,12 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          _OPEN + ("submit", "produce"), ("hget",), ("meta", "producers"), read_keys=("meta",)),
     Role("worker", "reserves, completes, fails, aborts, filters; heartbeats",
          _OPEN + ("reserve", "complete", "complete_many", "fail", "abort", "filter", "reject", "heartbeat",
-                  "close_worker", "push_join"),
+                  "close_worker", "push_join", "save_partial"),
          # MULTI, SET, EXEC: a completion's payloads are staged in its call's transaction; SET only on
          # payload:* (a selector), so it cannot overwrite meta or the stream with a string.
-         ("hget", "xread", "subscribe", "multi", "exec"), ("meta", "wake_work"), versions_channel=True,
+         # HMGET: the progress records of the entries a reserve granted (flows.reservations).
+         ("hget", "hmget", "xread", "subscribe", "multi", "exec"), ("meta", "wake_work", "partial"),
+         versions_channel=True,
          selectors=(("set", "payload:*"),)),
     Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
          _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
@@ -152,6 +154,8 @@ def script_keys(script: Script, keys: QueueKeys) -> set[str]:
         out.add(keys.lease("*"))
     if "'payload:'" in script.source:
         out.add(keys.prefix + "payload:*")
+    if "'partial:head'" in script.source:  # progress records (lua/include/partial_keys.lua)
+        out |= {keys["partial"], keys["partial_head"]}
     if "'clock'" in script.source:
         out.add(keys["clock"])
     return out

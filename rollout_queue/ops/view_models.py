@@ -117,6 +117,8 @@ class EntryView:
     partition: str = ""
     #: a dead entry whose dead letter was requeued: the entry ID its group lives on as
     requeued_as: str | None = None
+    #: its progress record's head (partial rollouts), as stored: 'attempt|tokens|min_version|bytes|worker'
+    progress: str | None = None
 
     @property
     def staleness(self) -> int | None:

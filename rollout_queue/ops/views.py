@@ -596,13 +596,14 @@ def entry(keys: QueueKeys, entry_id: str) -> Flow[EntryView]:
     if "history" in more:  # a dead letter carries the attempts it died with: those are the truth
         failures, history = more.pop("counted_failures"), more.pop("history")
     group = (decode_fields(fields) if fields else None) or more.pop("group", None)
+    progress = p.parse_text((yield p.Command(("HGET", keys["partial_head"], entry_id))), "HGET partial:head")
     return EntryView(
         entry_id=entry_id, state=state, owner=owner, attempt=count or _ledger_attempt(ledger), idle_ms=idle,
         counted_failures=failures, history=history, ledger=ledger, server_ms=(yield from server_ms(keys)),
         version=bad.number("version", (yield from meta(keys)).get("version")) or 0,
         source_id=group.source_id if group else (fields.get(b"sid", b"").decode(errors="replace") or None),
         n=group.n if group else None, group=group, garbage=tuple(bad.notes), requeued_as=_requeued_as(raw_history),
-        **{k: v for k, v in more.items() if k != "group"})
+        progress=progress, **{k: v for k, v in more.items() if k != "group"})
 
 
 def _details(keys: QueueKeys, entry_id: str, state: str, owner: str, attempt: int, timeout_ms: int,

@@ -30,7 +30,6 @@ from typing import Any, Callable, Sequence
 from rollout_queue.core import flows
 from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import check_int, check_items, check_seconds
-from rollout_queue.core.codec import CodecError
 from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import (ConfigMismatch, InvalidInput, OutcomeUnknown, PartitionsUnreachable,
                                        ProtocolError, QueueNotFound, WorkersGone)
@@ -340,13 +339,8 @@ def _reserve_one(layout: Layout, sel: Selector, i: int, worker_id: str, groups: 
     trace.op, trace.reply = call, None
     reply = trace.reply = yield Probe(call)
     r = p.parse_reserve(reply, worker_id)
-    out = []
-    for receipt, fields in r.granted:
-        try:
-            out.append(Reservation(receipt, p.decode_reservation_group(fields), r.version))
-        except CodecError as exc:  # as in flows.reserve: garbage is dead-lettered, never returned
-            yield from guarded(flows.reject(keys, receipt, str(exc)), True, trace)
-    return out
+    # As in flows.reserve: garbage is dead-lettered, never returned; progress records are read.
+    return (yield from guarded(flows.reservations(keys, r), True, trace))
 
 
 def _refresh_backlog(layout: Layout, sel: Selector, clock: Clock) -> Flow[None]:

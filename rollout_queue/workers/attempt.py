@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rollout_queue import (
     AsyncWorker,
     MalformedCompletion,
+    PartialTooLarge,
     PayloadTooLarge,
     Receipt,
     Reservation,
@@ -34,7 +35,7 @@ from rollout_queue.workers.engines.base import SampleOutput, SamplingConfig
 from rollout_queue.workers.events import CompletionRefused, Observer, Settled, StaleSettlement
 from rollout_queue.workers.rewards import Generated, Scorer, ScoringError
 from rollout_queue.workers.served import ServedQueues, receipt_scope
-from rollout_queue.workers.verdicts import VERDICTS, Complete, Fail, Filter, Verdict
+from rollout_queue.workers.verdicts import VERDICTS, Abort, Complete, Fail, Filter, Verdict
 
 @dataclass(frozen=True)
 class Output:
@@ -50,11 +51,33 @@ class Output:
     turns: tuple[Turn, ...] = ()
     reward: float | None = None
     metadata: Mapping[str, Any] | None = None
+    #: per-token versions as run lengths (Sample.segments): set on a sample continued from an
+    #: earlier attempt's progress; () means every token is at min(seen)
+    segments: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, out: SampleOutput, seen: Sequence[int], seconds: float = 0.0) -> "Output":
         """A single-turn sample: one engine output."""
         return cls(out.token_ids, out.logprobs, out.finish_reason, tuple(seen), seconds)
+
+    @classmethod
+    def continued(cls, prefix: Sample, finish_reason: str | None = None) -> "Output":
+        """An earlier attempt's sample taken as it is (it had ended, or fills max_tokens already)."""
+        return cls(prefix.token_ids, prefix.logprobs, finish_reason or prefix.finish_reason,
+                   prefix.versions or (prefix.version,), segments=prefix.segments)
+
+    def after(self, prefix: Sample) -> "Output":
+        """This continuation joined to the ``prefix`` it continued: the prefix's tokens, logprobs and
+        segments, then this output's tokens at the oldest version they ran under (its own segment,
+        unless that is the prefix's last version). Versions never decrease along it: the caller
+        continues only a prefix no newer than its weights."""
+        before = prefix.segments or ((0, prefix.version),)
+        segments = before
+        if self.token_ids and min(self.seen) != before[-1][1]:
+            segments = (*before, (len(prefix.token_ids), min(self.seen)))
+        seen = (*(prefix.versions or (prefix.version,)), *(self.seen if self.token_ids else ()))
+        return replace(self, token_ids=prefix.token_ids + self.token_ids, logprobs=prefix.logprobs + self.logprobs,
+                       seen=seen, segments=segments if len(segments) > 1 else ())
 
     @property
     def aborted(self) -> bool:
@@ -85,6 +108,9 @@ class RuntimeStats:
     reconciled: int = 0  # orphaned attempts handed back by reconcile.py
     samples: int = 0
     tokens: int = 0
+    #: tokens taken from earlier attempts' progress instead of generated again (partial rollouts),
+    #: over the attempts settled; not in ``generated``, which counts what this engine produced
+    continued: int = 0
     # Every sample's length and duration, counted into the shared buckets (core/histograms.py): the
     # heartbeat reports them, so operators see the long tail of trajectories.
     sample_tokens: list[int] = field(default_factory=lambda: empty_counts(TOKEN_BUCKETS))
@@ -118,6 +144,8 @@ class Attempt:
     engine_error: BaseException | None = None
     #: tokens the engine returned for this attempt's requests so far (execution.engine_request)
     generated_tokens: int = 0
+    #: tokens taken from an earlier attempt's progress instead of generated again (partial rollouts)
+    continued_tokens: int = 0
 
     @property
     def receipt(self) -> Receipt:
@@ -181,6 +209,10 @@ class Settler:
             self._count(Fail.counter, a)
             self.emit(CompletionRefused(a.receipt, str(exc)))
             return
+        except PartialTooLarge:  # over max_partial_bytes, nothing written: abort without it (starts over)
+            assert isinstance(verdict, Abort)
+            await self.settle(a, replace(verdict, progress=()))
+            return
         except PayloadTooLarge as exc:  # nothing was written and we still own it: fail it instead
             await self.settle(a, Fail(str(exc)))
             return
@@ -190,10 +222,19 @@ class Settler:
     def _count(self, ending: str, a: Attempt) -> None:
         self.stats.settled[ending] += 1
         self.stats.generated[ending] += a.generated_tokens
+        self.stats.continued += a.continued_tokens
 
 
 def to_sample(slot: int, out: Output, reward: float | None) -> Sample:
     """``version`` is the oldest policy version the sample ran under; ``versions`` all of them."""
     return Sample(slot=slot, token_ids=out.token_ids, logprobs=out.logprobs, reward=reward, version=min(out.seen),
                   finish_reason=out.finish_reason, versions=tuple(sorted(set(out.seen))), turns=out.turns,
-                  metadata=out.metadata)
+                  metadata=out.metadata, segments=out.segments)
+
+
+def progress_of(outputs: Sequence[Output]) -> tuple[Sample, ...]:
+    """An aborted attempt's samples so far, as the progress record the next attempt continues from:
+    every slot with tokens and one logprob each (a slot cut short keeps finish_reason "abort", one
+    that had ended its own), never a trajectory. No reward: the next attempt scores the group."""
+    return tuple(to_sample(slot, out, None) for slot, out in enumerate(outputs)
+                 if out.token_ids and len(out.logprobs) == len(out.token_ids) and not out.turns)

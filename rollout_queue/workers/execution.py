@@ -6,6 +6,13 @@ id ``<entry_id>/<attempt>/<slot>``, one seed per slot), then abort (a weight upd
 the engine cut a request short: not counted), fail (a ``RequestFailed``: counted), or score and
 complete or filter (``attempt.Settler``).
 
+Partial rollouts (DESIGN: Partial rollouts): a reservation may carry the progress an earlier attempt
+left (``Reservation.progress``). A slot that had ended is taken as it was; a slot cut short is
+continued: its prompt plus its tokens so far go to the engine as the prompt, ``max_tokens`` less
+what it has, and the sample keeps the prefix's behaviour logprobs and segments, with a new segment
+for the continuation's version. An attempt aborted here hands its samples so far back with the abort
+(``attempt.progress_of``). Trajectories are not continued (their environment state is not kept).
+
 It must not reserve, keep the set of attempts, or decide that the worker stops: whatever escapes
 ``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``, ``EnvironmentsHung``) is the
 runtime's to judge. An engine failure is remembered on the attempt whose own request raised it
@@ -18,10 +25,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
+from rollout_queue import Sample
+
 from rollout_queue.core.errors import EnvironmentFailed, TrajectoryAborted
-from rollout_queue.workers.attempt import Attempt, Output, Phase, Settler, sampling_for
+from rollout_queue.workers.attempt import Attempt, Output, Phase, Settler, progress_of, sampling_for
 from rollout_queue.workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
 from rollout_queue.workers.tasks import cancel
 from rollout_queue.workers.verdicts import Abort, Fail
@@ -79,7 +89,9 @@ class AttemptExecutor:
         if a.abort_reason is None and any(out.aborted for out in outputs):
             a.abort_reason = "engine aborted a request"
         if a.abort_reason is not None:
-            await self.settler.settle(a, Abort(a.abort_reason))
+            # Not the group's fault: its samples so far go back with it, for the next attempt.
+            progress = () if self.trajectories is not None else progress_of(outputs)
+            await self.settler.settle(a, Abort(a.abort_reason, progress))
         else:
             await self.settler.score_and_settle(a, outputs)
 
@@ -94,28 +106,44 @@ class AttemptExecutor:
     async def _generate(self, a: Attempt) -> list[Output]:
         group = a.reservation.group
         prompt = list(group.prompt_token_ids) if group.prompt_token_ids else self.engine.encode(group.prompt)
-        tasks = [asyncio.create_task(self._sample(a, slot, prompt)) for slot in range(group.n)]
+        prefixes = {s.slot: s for s in a.reservation.progress} if self.trajectories is None else {}
+        tasks = [asyncio.create_task(self._sample(a, slot, prompt, prefixes.get(slot))) for slot in range(group.n)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
             await cancel(tasks)  # cancelling a generate aborts it inside the engine
             raise
 
-    async def _sample(self, a: Attempt, slot: int, prompt: list[int]) -> Output:
+    async def _sample(self, a: Attempt, slot: int, prompt: list[int], prefix: Sample | None = None) -> Output:
         params = sampling_for(self.sampling, a.reservation.group.source_id, slot)
         try:
             if self.trajectories is not None:
                 return await self.trajectories.run(a, slot, prompt, params)
-            return await self._single(a, slot, prompt, params)
+            if prefix is not None and prefix.finish_reason != "abort":
+                return Output.continued(prefix)  # it had ended before the earlier attempt was cut short
+            return await self._single(a, slot, prompt, params, prefix)
         finally:
             self.on_sample_done(a)
 
-    async def _single(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig) -> Output:
-        """A single-turn sample: one engine request."""
+    async def _single(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig,
+                      prefix: Sample | None = None) -> Output:
+        """A single-turn sample: one engine request, continuing ``prefix`` (an earlier attempt's
+        tokens so far) when there is one this worker may continue."""
         rid = a.request_id(slot)
         started = time.monotonic()
         with self.versions.request(rid, a.rids) as seen:
+            # A prefix newer than this worker's weights cannot be continued here (versions only rise
+            # along a sample): start from the prompt. One past max_tokens is already done.
+            if prefix is not None and max(prefix.versions or (prefix.version,)) > seen[0]:
+                prefix = None
+            if prefix is not None and len(prefix.token_ids) >= params.max_tokens:
+                return Output.continued(prefix, "length")
             if a.abort_reason is not None:
-                return Output((), (), "abort", tuple(seen))
-            out = await engine_request(self.engine, a, rid, prompt, params)
-            return Output.of(out, seen, time.monotonic() - started)
+                return Output.continued(prefix) if prefix is not None else Output((), (), "abort", tuple(seen))
+            if prefix is None:
+                out = await engine_request(self.engine, a, rid, prompt, params)
+                return Output.of(out, seen, time.monotonic() - started)
+            a.continued_tokens += len(prefix.token_ids)
+            params = replace(params, max_tokens=params.max_tokens - len(prefix.token_ids))
+            out = await engine_request(self.engine, a, rid, [*prompt, *prefix.token_ids], params)
+            return Output.of(out, seen, time.monotonic() - started).after(prefix)

@@ -166,9 +166,9 @@ class ServedQueues:
         worker, inner = self._route(receipt)
         return await worker.fail(inner, reason)
 
-    async def abort(self, receipt: Receipt, reason: str = "aborted") -> str:
+    async def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = ()) -> str:
         worker, inner = self._route(receipt)
-        return await worker.abort(inner, reason)
+        return await worker.abort(inner, reason, progress)
 
     # -- liveness, reconciliation, close --------------------------------------------------------
 

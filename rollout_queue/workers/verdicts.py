@@ -81,11 +81,19 @@ class Fail(_Explained):
 
 @dataclass(frozen=True)
 class Abort(_Explained):
-    """Back to ready, not counted: a weight update, a drain, or the worker stopping."""
+    """Back to ready, not counted: a weight update, a drain, or the worker stopping. ``progress``: the
+    samples so far, kept in the same call for the next attempt to continue (partial rollouts)."""
 
+    progress: tuple[Sample, ...] = ()
     counter: ClassVar[str] = "aborted"
 
+    def log_fields(self) -> dict[str, Any]:
+        tokens = sum(len(s.token_ids) for s in self.progress)
+        return {**super().log_fields(), **({"progress_tokens": tokens} if tokens else {})}
+
     async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+        if self.progress:
+            return await worker.abort(receipt, self.reason, progress=list(self.progress))
         return await worker.abort(receipt, self.reason)
 
 

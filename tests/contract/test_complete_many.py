@@ -393,4 +393,4 @@ def test_per_item_cost_is_the_receipt_check_and_the_entry_read(open_queue, raw: 
     assert {c: n for c, n in extra.items() if n} == {"xpending": 5, "xrange": 5, "set": 5}, (five, ten)
     # The only write per item is the staged SET: every other write runs a fixed number of times a call.
     assert ten["set"] == 10 and all(n <= 2 for c, n in _writes(ten).items() if c != "set"), ten
-    assert sum(ten.values()) <= 3 * 10 + 14, ten
+    assert sum(ten.values()) <= 3 * 10 + 15, ten  # 15 a call: one is drop_partials' HLEN (progress records)

@@ -150,7 +150,7 @@ PARSERS: list[tuple[Callable[..., Any], tuple[Any, ...], list[Any], int]] = [
     (p.parse_prune, (), [b"ok", 32, 0], 3),
     (p.parse_finish_interrupted, (), [b"ok", b"restore", 4, 7, 1], 5),
     (p.parse_stats, (), [b"ok", [b"version", b"3", b"retained", b"1"], 1000, 10, 2, 1, 1, 0, 0, 0, 0, 0,
-                         [b"3", b"2"], 5, 5, 0, 12], 17),
+                         [b"3", b"2"], 5, 5, 0, 12, 1], 18),
     (p.parse_dlq_requeue, ("1-0",), [b"ok", b"9-0"], 2),
     (p.parse_produce, ("p1", "plan", 0), [b"ok", 2, 2, 5], 4),
     (p.parse_requeue, (R,), [b"ok", b"ready"], 2),

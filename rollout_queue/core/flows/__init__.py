@@ -11,7 +11,7 @@ One module per role:
 
 - ``base``: Flow, T, Clock, new_id, the wake wait and the bounds every role shares (BATCH, ...);
 - ``queue``: open, submit, policy versions, checkpoint and restore, stats, dead letters;
-- ``worker``: reserve, complete, complete_many, fail, abort, filter, reject, heartbeat, close;
+- ``worker``: reserve, complete, complete_many, fail, abort, filter, reject, save_partial, heartbeat, close;
 - ``trainer``: lease, commit, rollback, extend;
 - ``hold``: admission holds;
 - ``reaper``: the reaper's pass (and prune, finish_interrupted);
@@ -86,8 +86,11 @@ from rollout_queue.core.flows.worker import (
     fail,
     filter_group,
     heartbeat,
+    progress_args,
     reject,
+    reservations,
     reserve,
+    save_partial,
 )
 
 #: The role modules, in the order a name set on the package is passed on to them.
@@ -101,6 +104,7 @@ __all__ = [
     "encode_groups", "encode_source", "extend", "fail", "filter_group", "finish_interrupted", "heartbeat", "hold_open",
     "hold_release", "hold_wait", "lease", "new_id", "open_queue", "owned_attempts", "owned_command",
     "produce", "prune", "publish_version", "push_close", "push_join", "push_open", "push_seal", "read_cursor", "reap", "reject", "requeue_dead_letter", "reserve",
+    "progress_args", "reservations", "save_partial",
     "restore", "rollback", "stats", "submit", "version",
 ]
 

@@ -8,8 +8,8 @@ from typing import Sequence
 
 from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import check_choice, check_int, check_items
-from rollout_queue.core.codec import CodecError, encode_completion
-from rollout_queue.core.errors import PayloadTooLarge
+from rollout_queue.core.codec import CodecError, decode_partial, encode_completion, encode_partial
+from rollout_queue.core.errors import PartialTooLarge, PayloadTooLarge
 from rollout_queue.core.histograms import format_counts
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import (
@@ -42,20 +42,67 @@ def reserve(keys: QueueKeys, worker_id: str, max_groups: int, max_samples: int, 
         reply = yield p.build(keys, "reserve", worker_id=worker_id, max_groups=max_groups,
                               max_samples=max_samples, request_id=new_id(), overcommit=1 if overcommit else 0)
         r = p.parse_reserve(reply, worker_id)
-        out = []
-        for receipt, fields in r.granted:
-            try:
-                group = p.decode_reservation_group(fields)
-            except CodecError as exc:
-                yield from reject(keys, receipt, str(exc))
-                continue
-            out.append(Reservation(receipt, group, r.version))
+        out = yield from reservations(keys, r)
         if out:
             return out
         if r.status == "retry" or r.granted:
             continue  # garbage was dead-lettered on the way: there may be good work behind it
         if block_ms <= 0 or not (yield from _wait(keys["wake_work"], r.wake_id, deadline, clock)):
             return []
+
+
+def reservations(keys: QueueKeys, r: p.ReserveReply) -> Flow[list[Reservation]]:
+    """The granted reservations of a reserve reply, each with the progress an earlier attempt left
+    (one HMGET, only when some grant has a record). An undecodable body is dead-lettered (``reject``),
+    never returned; an undecodable progress record is ignored: that attempt starts from the prompt
+    (its own progress, if it saves any, replaces the record; settlement drops it)."""
+    out: list[Reservation] = []
+    sizes: dict[str, int] = {}
+    for (receipt, fields), size in zip(r.granted, r.progress_bytes or (0,) * len(r.granted)):
+        try:
+            group = p.decode_reservation_group(fields)
+        except CodecError as exc:
+            yield from reject(keys, receipt, str(exc))
+            continue
+        out.append(Reservation(receipt, group, r.version))
+        if size:
+            sizes[receipt.entry_id] = size
+    if not sizes:
+        return out
+    ids = list(sizes)
+    records = dict(zip(ids, p.parse_progress((yield p.read_progress(keys, ids)), ids)))
+    return [_with_progress(res, records.get(res.entry_id)) for res in out]
+
+
+def _with_progress(res: Reservation, record: bytes | None) -> Reservation:
+    if not record:
+        return res
+    try:
+        by_slot = decode_partial(record, res.group.n)
+    except CodecError:
+        return res  # garbage (a hand edit): start from the prompt
+    return Reservation(res.receipt, res.group, res.version, tuple(by_slot[k] for k in sorted(by_slot)))
+
+
+def progress_args(receipt: Receipt, samples: Sequence[Sample], max_partial_bytes: int) -> tuple[int, int, bytes]:
+    """(tokens, min_version, record) of an attempt's progress as save_partial and abort take them.
+    Raises PartialTooLarge (over the queue's max_partial_bytes) or InvalidInput before anything is sent."""
+    samples = check_items(samples, Sample, "progress")
+    record = encode_partial(samples)
+    if len(record) > max_partial_bytes:
+        raise PartialTooLarge(f"progress record of {receipt.entry_id}", len(record), max_partial_bytes)
+    return sum(len(s.token_ids) for s in samples), min(s.version for s in samples), record
+
+
+def save_partial(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_partial_bytes: int) -> Flow[str]:
+    """Record the attempt's progress (partial rollouts): the next attempt of the group continues from
+    it. Returns 'saved' or 'replay'. Raises StaleReceipt (another attempt owns the entry: nothing
+    written), PartialTooLarge (nothing sent, or refused by the stored bound)."""
+    receipt = check_receipt(receipt)
+    tokens, min_version, record = progress_args(receipt, samples, max_partial_bytes)
+    reply = yield p.build(keys, "save_partial", entry_id=receipt.entry_id, attempt=receipt.attempt,
+                          worker_id=receipt.worker_id, tokens=tokens, min_version=min_version, record=record)
+    return p.parse_save_partial(reply, receipt)
 
 
 def reject(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[None]:
@@ -153,11 +200,19 @@ def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed
     return p.parse_ended(reply, "fail", receipt)
 
 
-def abort(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
-    """End the attempt aborted (not counted). Returns 'ready' or 'replay'."""
+def abort(keys: QueueKeys, receipt: Receipt, reason: str, progress: Sequence[Sample] = (),
+          max_partial_bytes: int = 0) -> Flow[str]:
+    """End the attempt aborted (not counted). Returns 'ready' or 'replay'.
+
+    ``progress``: the attempt's samples so far, stored in the same script call as the progress record
+    the next attempt continues from (partial rollouts). Raises PartialTooLarge, before anything is
+    sent, when the record is over ``max_partial_bytes`` (or the stored bound refused it): the attempt
+    is still owned; abort again without progress."""
     check_receipt(receipt)
+    tokens, min_version, record = progress_args(receipt, progress, max_partial_bytes) if progress else ("", "", b"")
     reply = yield p.build(keys, "abort", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, reason=_reason_text(reason))
+                          worker_id=receipt.worker_id, reason=_reason_text(reason), tokens=tokens,
+                          min_version=min_version, progress=record)
     return p.parse_ended(reply, "abort", receipt)
 
 

@@ -15,12 +15,18 @@ ARGV:
   attempt    the receipt's attempt
   worker_id  the receipt's worker
   reason     text kept in the attempt history (e.g. 'weight update', 'drain')
+  tokens       count, the tokens of `progress` ('' or 0 with no progress)
+  min_version  integer, the oldest policy version of those tokens ('' or 0 with no progress)
+  progress     bytes, the attempt's progress record (codec.encode_partial), '' for none: stored as
+               save_partial stores it (built keys partial and partial_head), in this same call
 Returns:
   {'ok', 'ready' | 'replay'}
   {'stale_receipt', owner, delivery_count}   nothing written
+  {'partial_too_large', size, limit}         nothing written: abort again without progress
 Invariant:
   the entry is owned by @ready and indexed in ready; its counted failures are unchanged (an abort is
-  not the group's fault: weight updates, drains).
+  not the group's fault: weight updates, drains); with progress, the entry's progress record is
+  this attempt's (save_partial's invariant), so the next attempt continues from it.
 ]]
 -- @include now_ms
 -- @include load_config
@@ -28,6 +34,8 @@ Invariant:
 -- @include receipt_refusal
 -- @include replayed
 -- @include end_attempt
+-- @include check_partial
+-- @include write_partial
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
@@ -35,4 +43,9 @@ local refused = receipt_refusal(id, attempt, worker, function(last)
   return replayed(id, attempt, worker, 'aborted', last)
 end)
 if refused then return refused end
+if A.progress ~= '' then
+  local too_large = check_partial(A.tokens, A.min_version, A.progress, cfg)
+  if too_large then return too_large end
+  write_partial(id, attempt, worker, A.tokens, A.min_version, A.progress)
+end
 return {'ok', end_attempt(id, attempt, worker, 'aborted', A.reason, false, cfg, now)}

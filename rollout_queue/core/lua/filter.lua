@@ -33,6 +33,7 @@ Invariant:
 -- @include record_settled
 -- @include reason_counter
 -- @include payloads
+-- @include drop_partials
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
@@ -50,4 +51,5 @@ redis.call('HINCRBY', K.counters, 'retained', -1)
 redis.call('HINCRBY', K.counters, 'filtered', 1)
 redis.call('HINCRBY', K.counters, reason_counter(A.reason), 1)
 drop_payloads({{id = id, attempt = attempt}})  -- a completion staged for it but never adopted
+drop_partials({id})  -- settled: no attempt will continue it
 return {'ok', 'filtered'}

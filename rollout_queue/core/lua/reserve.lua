@@ -27,12 +27,13 @@ ARGV:
               max_samples may be the first grant of the call (docs/DESIGN.md: groups larger than a
               caller's slots); with 0 such groups are skipped for another caller
 Returns:
-  {status, version, version_published 0|1, wake_id, dead_lettered, {{entry_id, attempt, fields}, ...}}
+  {status, version, version_published 0|1, wake_id, dead_lettered, {{entry_id, attempt, fields, progress_bytes}, ...}}
   status 'ok' when something was granted (or a replay), else why not: 'held', 'backpressure',
   'capacity', 'admission', 'retained_full', 'empty', 'oversized' (only groups larger than
   max_samples were there, left for another caller), 'retry' (garbage was dead-lettered: call
   again now); wake_id is set when nothing was granted. At most RESERVE_MAX_GROUPS groups and about
   RESERVE_MAX_BYTES of reservations per call, whatever max_groups asks (bounded script time).
+  progress_bytes: its progress record's length (0: none), read by the client after the call.
 Invariant:
   every granted entry is owned by worker_id in the PEL with delivery count = attempt; executing
   samples <= max_executing_samples, retained <= max_retained_groups, admitted <= (version +
@@ -52,6 +53,7 @@ Invariant:
 -- @include reserve_ready
 -- @include reserve_backlog
 -- @include reserve_answer
+-- @include attach_partials
 local now = now_ms()
 local cfg = load_config()
 local worker, max_groups, max_samples = parse_reserve_args(A.worker_id, A.max_groups, A.max_samples, A.overcommit)
@@ -60,7 +62,7 @@ redis.call('ZADD', K.workers, now, worker)
 -- A retry of the same call (connection lost before the reply) replays the entries it granted that
 -- the worker still owns, instead of granting more: a worker never holds work it is not executing.
 local replay = reserve_replay(worker, A.request_id, version, published)
-if replay then return replay end
+if replay then attach_partials(replay[6], cfg, false) return replay end
 
 reap_some_worker(cfg, now, 16)
 evict_stale_some(cfg, now, 32)
@@ -73,4 +75,5 @@ end
 local r, counters = reserve_budget(cfg, max_groups, max_samples, A.overcommit == '1')
 local stop = reserve_ready(r, cfg, now, worker)
 if stop == nil and not reserve_full(r) then stop = reserve_backlog(r, cfg, now, worker, counters) end
+attach_partials(r.grants, cfg, true)
 return reserve_answer(worker, A.request_id, stop, r, version, published)

@@ -21,7 +21,7 @@ Returns:
   {'ok', {meta and counters name, value, ...}, server_ms, stream length, ready, buffer, workers alive, workers
    silent, active leases, active holds, dlq length, commits length,
    buffered groups per min version {v, count, ...} (oldest first), ledger lines, source_ids, outages
-   seen by the queue clock, submitted}
+   seen by the queue clock, submitted, progress records (partial rollouts)}
 Invariant:
   none (read-only); counts come from one atomic script so they agree with each other. Bounded
   whatever the queue's size: every call is O(1) or O(log N), and the buffer's versions are read one
@@ -32,6 +32,7 @@ Invariant:
 -- @include now_ms
 -- @include load_config
 -- @include buffer_score
+-- @include partial_keys
 local MAX_VERSIONS = 64
 
 -- {v, count, ...} of the buffered groups, oldest version first (see the invariant). A member whose
@@ -71,4 +72,4 @@ return {'ok', fields, now, redis.call('XLEN', K.src), redis.call('ZCARD', K.read
   redis.call('ZCOUNT', K.holds, '(' .. due, '+inf'), redis.call('XLEN', K.dlq), redis.call('XLEN', K.commits),
   versions, redis.call('HLEN', K.ledger), redis.call('HLEN', K.ids),
   tonumber(redis.call('HGET', clock_key(), 'outages')) or 0,
-  tonumber(redis.call('HGET', K.intake, 'submitted')) or 0}
+  tonumber(redis.call('HGET', K.intake, 'submitted')) or 0, redis.call('HLEN', PARTIAL_HEAD_KEY)}

@@ -81,6 +81,7 @@ class ScriptedEngine:
         block_loop_calls: int | None = None,
         seed: int = 0,
         push: bool = False,
+        abort_share: float | None = None,
     ) -> None:
         if max_concurrency < 1 or tokens < 0:
             raise ValueError("max_concurrency must be >= 1 and tokens >= 0")
@@ -95,6 +96,12 @@ class ScriptedEngine:
         self.block_loop_s, self.block_loop_calls = block_loop_s, block_loop_calls
         self.weights_uri = model
         self.push = push
+        # An aborted request keeps this share of its tokens whatever the time it ran (None: the share
+        # of its latency that elapsed): "mid-generation" made deterministic, for partial-rollout tests
+        # whose requests hang until aborted.
+        if abort_share is not None and not 0 <= abort_share <= 1:
+            raise ValueError("abort_share must be in [0, 1]")
+        self.abort_share = abort_share
         self._push: PushStage[Any] = PushStage()
         self.pushed_loads = 0  # versions loaded from a push staged for their URI
         self.loads: list[str] = []
@@ -267,6 +274,7 @@ class ScriptedEngine:
             self.aborted += 1
             elapsed = 0.0 if request.started_at is None else asyncio.get_running_loop().time() - request.started_at
             share = elapsed / request.latency if math.isfinite(request.latency) and request.latency > 0 else 0.0
+            share = share if self.abort_share is None else self.abort_share
             tokens = tokens[: int(len(tokens) * min(1.0, share))]
         else:
             self.finished += 1

@@ -54,5 +54,10 @@ local function complete_attempt(b, cfg, id, attempt, worker, size, min_version, 
     b.dirty = b.base ~= nil  -- end_attempt moves executing_* itself
     return {'malformed', detail, end_attempt(id, attempt, worker, 'malformed', detail, true, cfg, batch_now(b))}
   end
+  -- The completion holds every token of the entry's progress record: a later requeue of it (stale,
+  -- overflow, rollback) starts from the prompt, never from an older prefix. Dropped once per call
+  -- (finish_completions: drop_partials), so an item costs no command more.
+  b.partials = b.partials or {}
+  table.insert(b.partials, id)
   return buffer_completion(b, cfg, id, attempt, worker, min_version, n)
 end

@@ -10,7 +10,7 @@ local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 
   'dead_requeued', 'evicted_stale', 'evicted_overflow', 'executing_groups', 'executing_samples', 'filtered',
   'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'failed', 'malformed',
   'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted', 'reindexed',
-  'filtered_reasons', 'workers_reaped'}
+  'filtered_reasons', 'workers_reaped', 'partial_bytes', 'partial_saved', 'partial_continued', 'partial_stale'}
 local COUNTER_SET = {}
 for _, name in ipairs(COUNTERS) do COUNTER_SET[name] = true end
 local function is_integer(raw)
@@ -21,7 +21,7 @@ local function load_config()
   local v = redis.call('HMGET', K.meta, 'library', 'max_executing_samples', 'max_retained_groups',
     'max_completed_groups', 'max_staleness', 'batch_groups', 'buffer_order', 'lease_timeout_ms',
     'worker_timeout_ms', 'max_attempts', 'max_payload_bytes', 'hold_timeout_ms', 'commits_maxlen',
-    'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms')
+    'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms', 'max_partial_bytes')
   if not v[1] then
     bug('queue not initialised: open it with RolloutQueue.from_url first')
   end
@@ -43,12 +43,14 @@ local function load_config()
     lease_record_ttl_ms = tonumber(v[15]),
     checkpoint = tonumber(v[16]),            -- nil until the first checkpoint
     settled_retention_ms = tonumber(v[17]),  -- 0 means None: settled lines are kept forever
+    max_partial_bytes = tonumber(v[18]),     -- 0: no progress record is kept (partial rollouts off)
   }
   -- Garbage written into meta must surface as a ROLLOUTQ error naming the field, never as a Lua
   -- runtime error deep in a script (or a HINCRBY refusal) that says nothing about the cause.
   local names = {'max_executing_samples', 'max_retained_groups', 'max_completed_groups', 'max_staleness',
     'batch_groups', 'lease_timeout_ms', 'worker_timeout_ms', 'max_attempts', 'max_payload_bytes',
-    'hold_timeout_ms', 'commits_maxlen', 'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms'}
+    'hold_timeout_ms', 'commits_maxlen', 'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms',
+    'max_partial_bytes'}
   for i, name in ipairs(names) do
     local raw = v[i < 6 and i + 1 or i + 2]  -- v[1] is library, v[7] buffer_order
     local optional = name == 'version' or name == 'checkpoint'

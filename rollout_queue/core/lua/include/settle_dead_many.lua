@@ -1,11 +1,12 @@
 -- @include call_batched
 -- @include ledger_settled
+-- @include drop_partials
 --[[
 settle_dead_many: PEL (any owner) -> settled(dead) for a batch of entries ended by one worker for one
 reason: one dlq entry each (the reason, the attempt history e.history and the pristine fields e.kv,
 prefixed f:), then one XACK, XDEL and HSET ledger for the batch. The attempt history stays (as the
 ledger line does) until prune, so a settlement replayed after the group died still answers 'replay'.
-Uses: K.src, K.dlq, K.history, K.ledger, K.counters. The caller has already released any executing or
+Uses: K.src, K.dlq, K.history, K.ledger, K.counters, K.meta (drop_partials). The caller has already released any executing or
 buffer capacity the entries held; this releases their retained slots (DESIGN: settlement only).
 Why: the dead letter is per entry; everything else is one command per batch.
 ]]
@@ -35,4 +36,5 @@ local function settle_dead_many(entries, reason, worker, now)
   call_batched({'HSET', K.ledger}, ledger_pairs)
   redis.call('HINCRBY', K.counters, 'retained', -#entries)
   redis.call('HINCRBY', K.counters, 'dead', #entries)
+  drop_partials(ids)  -- settled: no attempt will continue them (drop_partials.lua)
 end

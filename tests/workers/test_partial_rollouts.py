@@ -1,0 +1,157 @@
+"""Partial rollouts through the worker runtime (issue 30 section 1; DESIGN: Partial rollouts).
+
+An attempt cut short for a reason that is not its group's fault (a weight update in abort mode, a
+drain) hands its samples so far back with the abort; the next attempt, on any worker, continues each
+sample from them: the trained sample is the prefix plus the continuation, with one segment per
+version, and every token is generated once. Each test here fails on a build without progress
+records (the next attempt regenerated every sample from the prompt).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from typing import Any
+
+import pytest
+
+from rollout_queue import CompletedGroup, RolloutQueue
+from rollout_queue.devtools.local_server import LocalServer
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.scripted import ScriptedEngine
+from rollout_queue.workers.runtime import WorkerOptions, WorkerRuntime
+from tests.helpers import wait_until
+from tests.workers.runtime_helpers import (
+    RuntimeThread,
+    open_queue,
+    pel_owners,
+    spawn_worker,
+    submit,
+    train,
+    worker_server,  # noqa: F401  # a fixture, used by name
+)
+from tests.workers.test_runtime_process import drain_once, finish
+
+MAX_TOKENS = 20
+
+
+@pytest.fixture
+def url(worker_server: LocalServer) -> str:  # noqa: F811  # the fixture above, by name
+    return worker_server.url
+
+
+@pytest.fixture
+def name() -> str:
+    return f"p-{uuid.uuid4().hex[:10]}"
+
+
+def start(url: str, name: str, engine: ScriptedEngine, **options: Any) -> RuntimeThread:
+    opts = WorkerOptions(**{"block_ms": 200, "sampling": SamplingConfig(max_tokens=MAX_TOKENS), **options})
+    return RuntimeThread(WorkerRuntime(url, name, engine, opts, worker_id=f"wk-{uuid.uuid4().hex[:6]}")).start()
+
+
+def check_continued(trained: list[CompletedGroup], before: int, after: int) -> None:
+    """Every sample: MAX_TOKENS tokens, its first half at version ``before``, the rest at ``after``."""
+    for g in trained:
+        assert g.attempt == 2
+        for s in g.samples:
+            assert len(s.token_ids) == MAX_TOKENS == len(s.logprobs)
+            assert (s.version, s.versions, s.segments) == (before, (before, after), ((0, before), (10, after)))
+            assert s.token_versions == (before,) * 10 + (after,) * 10
+
+
+def test_an_attempt_aborted_by_a_weight_update_is_continued_not_restarted(url: str, name: str) -> None:
+    q = open_queue(url, name, max_staleness=2)
+    submit(q, 2, n=2)
+    engine = ScriptedEngine(hang=True, tokens=MAX_TOKENS, abort_share=0.5)
+    rt = start(url, name, engine, weights_mode="abort")
+    wait_until(lambda: engine.running == 4, 10)
+    engine.hang = False  # the continuations finish normally
+    q.publish_version(1, "file:///weights/v1")
+    _, trained = train(q, {"g-0", "g-1"})
+    check_continued(trained, 0, 1)
+    stats = rt.runtime.stats
+    assert rt.drain() is None
+    # Every trained token was generated once: 10 per sample before the update, 10 after.
+    assert (stats.generated["aborted"], stats.generated["completed"], stats.continued) == (40, 40, 40)
+    st = q.stats()
+    assert (st.counters["partial_continued"], st.counters["partial_saved"]) == (40, 2)
+    assert (st.partial_records, st.counters["partial_bytes"], st.terminals["aborted"]) == (0, 0, 2)
+
+
+def test_a_drained_workers_attempts_are_continued_by_another_worker(url: str, name: str) -> None:
+    q = open_queue(url, name, max_staleness=2)
+    submit(q, 1, n=2)
+    first = ScriptedEngine(hang=True, tokens=MAX_TOKENS, abort_share=0.5)
+    rt1 = start(url, name, first, drain_timeout_s=0.0)
+    wait_until(lambda: first.running == 2, 10)
+    assert rt1.drain() is None  # SIGTERM's path: the drain deadline aborts what still generates
+    assert q.stats().partial_records == 1
+    q.publish_version(2, "file:///weights/v2")  # within max_staleness of the prefix; the next worker starts on v3 (adopted before it reserves)
+    second = ScriptedEngine(tokens=MAX_TOKENS)
+    rt2 = start(url, name, second)
+    _, trained = train(q, {"g-0"})
+    assert rt2.drain() is None and second.loads == ["file:///weights/v2"]
+    check_continued(trained, 0, 2)
+    assert rt2.runtime.stats.continued == 20 and rt2.runtime.stats.generated["completed"] == 20
+
+
+def test_a_prefix_older_than_the_staleness_bound_is_regenerated(url: str, name: str) -> None:
+    q = open_queue(url, name, max_staleness=None)  # strictly on-policy: no prefix of an older version
+    submit(q, 1, n=2)
+    engine = ScriptedEngine(hang=True, tokens=MAX_TOKENS, abort_share=0.5)
+    rt = start(url, name, engine, weights_mode="abort")
+    wait_until(lambda: engine.running == 2, 10)
+    engine.hang = False
+    q.publish_version(1, "file:///weights/v1")
+    _, trained = train(q, {"g-0"})
+    assert rt.drain() is None
+    for s in trained[0].samples:
+        assert (len(s.token_ids), s.version, s.segments) == (MAX_TOKENS, 1, ())
+    st = q.stats()
+    assert (st.counters["partial_stale"], st.counters.get("partial_continued", 0)) == (20, 0)
+
+
+def test_the_worker_process_continues_across_a_weight_update_and_a_sigterm_drain(url: str, name: str) -> None:
+    """The shipped worker: aborted by a weight update in abort mode (10 tokens of 20 kept at v0), it
+    continues at v1 and is drained by SIGTERM (5 more kept); a second worker process finishes each
+    sample. The trained sample is the first attempts' tokens plus the last one's, with segments over
+    both versions, and the fleet generated exactly the tokens trained."""
+    q = open_queue(url, name, max_staleness=2)
+    [eid] = submit(q, 1, n=2)
+    hanging = ("--engine-arg", "hang=true", "--engine-arg", "abort_share=0.5", "--engine-arg", f"tokens={MAX_TOKENS}",
+               "--max-tokens", str(MAX_TOKENS), "--weights-mode", "abort", "--drain-timeout", "0", "--json-logs")
+    first = spawn_worker(url, name, "first", *hanging)
+    try:
+        wait_until(lambda: pel_owners(url, name).get("first") == 1, 20, message="the first attempt reserved")
+        q.publish_version(1, "file:///weights/v1")  # abort mode: the attempt is aborted, its progress kept
+        wait_until(lambda: q.stats().counters.get("partial_continued", 0) == 20, 20,
+                   message="the aborted attempt continued by the same worker")
+        code, err = drain_once(first, lambda: q.stats().executing_groups == 1, "the continuation executing")
+    finally:
+        first.kill()
+    assert code == 0, err
+    assert q.stats().partial_records == 1
+    second = spawn_worker(url, name, "second", "--engine-arg", f"tokens={MAX_TOKENS}", "--max-tokens", str(MAX_TOKENS),
+                          "--json-logs")
+    try:
+        _, trained = train(q, {"g-0"})
+        second.send_signal(signal.SIGTERM)
+        code, err2 = finish(second)
+    finally:
+        second.kill()
+    assert code == 0, err2
+    [g] = trained
+    assert (g.entry_id, g.attempt) == (eid, 3)
+    for s in g.samples:
+        assert len(s.token_ids) == MAX_TOKENS == len(s.logprobs)
+        assert (s.version, s.versions, s.segments) == (0, (0, 1), ((0, 0), (10, 1)))
+    st = q.stats()
+    # 2 x 10 handed to the continuation at v1, then 2 x 15 to the second worker.
+    assert (st.counters["partial_continued"], st.terminals["aborted"], st.partial_records) == (50, 2, 0)
+    generated = [json.loads(line) for line in (err + err2).splitlines() if line.startswith("{")]
+    closed = [e for e in generated if e.get("msg") == "worker closed"]
+    assert len(closed) == 2
+    made = sum(v for e in closed for k, v in e.items() if k.startswith("tokens_"))
+    assert made == 2 * MAX_TOKENS  # every trained token generated once, nothing thrown away
