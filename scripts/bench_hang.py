@@ -10,6 +10,9 @@ last heartbeat plus two waits (``block_ms``); the figure printed beside each is 
 - ``ranks``: RankedStream over two gloo rank processes (tests/integrations/rank_trainer.py), two
   scripted-engine workers; timed to the last rank's error (rank 0: WorkersGone, rank 1: RankFailed
   carrying its text);
+- ``nemo-rl``: NeMo-RL's ``create_sampler`` over the queue sampler (integrations/nemo_rl), its own
+  ``TQReplayBuffer`` and data plane, two scripted-engine workers (needs NeMo-RL: run it in the side
+  environment of scripts/test_frameworks.sh nemo-rl);
 - ``trl``: examples/trl_grpo.py (TRL's GRPOTrainer on CPU, the tiny model), two torch-engine
   workers; timed to WorkersGone in the trainer's log (its traceback, as train() raised it), and to
   the process's exit (``kill_to_exit_s``, its teardown included).
@@ -202,6 +205,49 @@ def measure_trl(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps: 
         kill_all([*workers, trainer])
 
 
+def measure_nemo_rl(url: str, name: str, logs: Path, timeout_s: float = 2.0, grace_s: float | None = None,
+                    steps: int = 3) -> dict[str, Any]:
+    """NeMo-RL's train pump over the queue sampler (integrations/nemo_rl), built by NeMo-RL's own
+    ``create_sampler`` over its ``TQReplayBuffer`` and in-process data plane (needs ``$NEMO_RL_SRC``
+    and Python 3.13: scripts/test_frameworks.sh nemo-rl); two scripted workers SIGKILLed after
+    ``steps`` selected steps; timed to the error select raises."""
+    import asyncio
+
+    from nemo_rl.algorithms.async_utils.replay_buffer import TQReplayBuffer
+    from nemo_rl.algorithms.async_utils.staleness_sampler import CustomSamplerConfig, create_sampler
+    from nemo_rl.data_plane.adapters.noop import NoOpDataPlaneClient
+
+    q = RolloutQueue.from_url(url, name, QueueConfig(worker_timeout_s=timeout_s, max_staleness=1000))
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(GROUPS)])
+    workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log", "--reward", "length_reward")
+               for i in (1, 2)]
+    dp = NoOpDataPlaneClient()
+    dp.register_partition(partition_id="train", fields=["input_ids"], num_samples=4096, consumer_tasks=["train"])
+    sampler = create_sampler(TQReplayBuffer(dp, "train", pad_value_dict={"token_ids": 0}), CustomSamplerConfig(
+        target="rollout_queue.integrations.nemo_rl.sampler:QueueSampler", url=url, queue=name, wait_s=600,
+        fleet_grace_s=grace_s))
+
+    async def train(weight: int) -> None:
+        meta, _ = await sampler.select(current_train_weight=weight, min_prompt_groups=2, max_prompt_groups=2)
+        dp.clear_samples(sample_ids=list(meta.sample_ids), partition_id="train")
+
+    try:
+        sampler.set_dispatch_index(0)
+        for weight in range(steps):
+            asyncio.run(train(weight))
+        killed = kill_all(workers)
+        try:
+            for weight in range(steps, 10_000):
+                asyncio.run(train(weight))
+            raise AssertionError("the sampler never raised")
+        except WorkersGone as exc:
+            return result("nemo-rl", timeout_s, sampler.stream.fleet.grace(timeout_s), time.time() - killed, str(exc))
+    finally:
+        kill_all(workers)
+        sampler.close()
+        q.close()
+
+
 def _exists(url: str, name: str) -> bool:
     from rollout_queue.core.errors import QueueNotFound
 
@@ -233,6 +279,8 @@ def main() -> int:
                     rows.append(measure_stream(url, name, logs, a.worker_timeout, a.grace))
                 elif scenario == "ranks":
                     rows.append(measure_ranks(url, name, logs, a.worker_timeout, a.grace))
+                elif scenario == "nemo-rl":
+                    rows.append(measure_nemo_rl(url, name, logs, a.worker_timeout, a.grace))
                 elif scenario == "trl":
                     rows.append(measure_trl(url, name, logs, a.worker_timeout))
                 else:
