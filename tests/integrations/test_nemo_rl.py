@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup, WorkersGone
+from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
 from tests.helpers import wait_until
 from tests.integrations.framework_src import add_source

@@ -57,7 +57,6 @@ import asyncio
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
