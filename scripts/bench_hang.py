@@ -10,6 +10,13 @@ last heartbeat plus two waits (``block_ms``); the figure printed beside each is 
 - ``ranks``: RankedStream over two gloo rank processes (tests/integrations/rank_trainer.py), two
   scripted-engine workers; timed to the last rank's error (rank 0: WorkersGone, rank 1: RankFailed
   carrying its text);
+- ``slime``: slime's rollout function (``generate_rollout`` over ``QueueDataSource``), two
+  scripted-engine workers;
+- ``miles``: miles' fully-async buffer (``QueueDataBuffer.get``) fed by two scripted-engine workers
+  (needs miles: ``$MILES_SRC``, scripts/test_frameworks.sh miles);
+- ``nemo-rl``: NeMo-RL's ``create_sampler`` over the queue sampler (integrations/nemo_rl), its own
+  ``TQReplayBuffer`` and data plane, two scripted-engine workers (needs NeMo-RL: run it in the side
+  environment of scripts/test_frameworks.sh nemo-rl);
 - ``trl``: examples/trl_grpo.py (TRL's GRPOTrainer on CPU, the tiny model), two torch-engine
   workers; timed to WorkersGone in the trainer's log (its traceback, as train() raised it), and to
   the process's exit (``kill_to_exit_s``, its teardown included).
@@ -202,6 +209,140 @@ def measure_trl(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps: 
         kill_all([*workers, trainer])
 
 
+def measure_nemo_rl(url: str, name: str, logs: Path, timeout_s: float = 2.0, grace_s: float | None = None,
+                    steps: int = 3) -> dict[str, Any]:
+    """NeMo-RL's train pump over the queue sampler (integrations/nemo_rl), built by NeMo-RL's own
+    ``create_sampler`` over its ``TQReplayBuffer`` and in-process data plane (needs ``$NEMO_RL_SRC``
+    and Python 3.13: scripts/test_frameworks.sh nemo-rl); two scripted workers SIGKILLed after
+    ``steps`` selected steps; timed to the error select raises."""
+    import asyncio
+
+    from nemo_rl.algorithms.async_utils.replay_buffer import TQReplayBuffer
+    from nemo_rl.algorithms.async_utils.staleness_sampler import CustomSamplerConfig, create_sampler
+    from nemo_rl.data_plane.adapters.noop import NoOpDataPlaneClient
+
+    q = RolloutQueue.from_url(url, name, QueueConfig(worker_timeout_s=timeout_s, max_staleness=1000))
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(GROUPS)])
+    workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log", "--reward", "length_reward")
+               for i in (1, 2)]
+    dp = NoOpDataPlaneClient()
+    dp.register_partition(partition_id="train", fields=["input_ids"], num_samples=4096, consumer_tasks=["train"])
+    sampler = create_sampler(TQReplayBuffer(dp, "train", pad_value_dict={"token_ids": 0}), CustomSamplerConfig(
+        target="rollout_queue.integrations.nemo_rl.sampler:QueueSampler", url=url, queue=name, wait_s=600,
+        fleet_grace_s=grace_s))
+
+    async def train(weight: int) -> None:
+        meta, _ = await sampler.select(current_train_weight=weight, min_prompt_groups=2, max_prompt_groups=2)
+        dp.clear_samples(sample_ids=list(meta.sample_ids), partition_id="train")
+
+    try:
+        sampler.set_dispatch_index(0)
+        for weight in range(steps):
+            asyncio.run(train(weight))
+        killed = kill_all(workers)
+        try:
+            for weight in range(steps, 10_000):
+                asyncio.run(train(weight))
+            raise AssertionError("the sampler never raised")
+        except WorkersGone as exc:
+            return result("nemo-rl", timeout_s, sampler.stream.fleet.grace(timeout_s), time.time() - killed, str(exc))
+    finally:
+        kill_all(workers)
+        sampler.close()
+        q.close()
+
+
+def measure_slime(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps: int = 3) -> dict[str, Any]:
+    """slime's rollout function over the queue (``generate_rollout`` with ``QueueDataSource``,
+    convert/slime.py) in this process, as slime's rollout manager calls it; two scripted workers
+    SIGKILLed after ``steps`` rollouts. slime's ``Sample`` where slime imports, its fields otherwise."""
+    from types import SimpleNamespace
+
+    from rollout_queue.integrations.convert.slime import THIS_ROLLOUT_FUNCTION, QueueDataSource, generate_rollout
+
+    q = RolloutQueue.from_url(url, name, QueueConfig(worker_timeout_s=timeout_s, max_staleness=1000))
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(GROUPS)])
+    workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log") for i in (1, 2)]
+    args = SimpleNamespace(rollout_batch_size=2, rollout_function_path=THIS_ROLLOUT_FUNCTION, eval_interval=None,
+                           eval_function_path=None)
+    source = QueueDataSource(args, queue=q)
+    try:
+        source.load(None)
+        for rollout_id in range(steps):
+            generate_rollout(args, rollout_id, source)
+        killed = kill_all(workers)
+        try:
+            for rollout_id in range(steps, 10_000):
+                generate_rollout(args, rollout_id, source)
+            raise AssertionError("the rollout function never raised")
+        except WorkersGone as exc:
+            grace = source.rollout.stream.fleet.grace(timeout_s)
+            return result("slime", timeout_s, grace, time.time() - killed, str(exc))
+    finally:
+        kill_all(workers)
+        q.close()
+
+
+def measure_miles(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps: int = 3,
+                  give_up_s: float = 120.0) -> dict[str, Any]:
+    """miles' fully-async buffer over the queue (``QueueDataBuffer.get``, integrations/miles) in this
+    process, fed by two scripted rollout-queue workers (the "workers on other hosts" of
+    docs/integrations/miles.md), SIGKILLed after ``steps`` gets. Needs miles (``$MILES_SRC``:
+    scripts/test_frameworks.sh miles). A get still waiting ``give_up_s`` after the kill is reported
+    as a hang (``kill_to_error_s`` None)."""
+    import asyncio
+    from argparse import Namespace
+
+    sys.path.insert(0, str(REPO))
+    from tests.integrations.framework_src import add_source, stub_sglang
+
+    add_source("MILES_SRC")
+    stub_sglang()
+    from miles.rollout.fully_async_data_buffer import DataBufferConstructorInput
+
+    from rollout_queue.integrations.miles import QueueDataBuffer
+    from rollout_queue.integrations.miles.ledger import forget_ledgers
+
+    q = RolloutQueue.from_url(url, name, QueueConfig(worker_timeout_s=timeout_s, max_staleness=1000))
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(GROUPS)])
+    workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log") for i in (1, 2)]
+    saved = {k: os.environ.get(k) for k in ("REDIS_URL", "ROLLOUT_QUEUE")}
+    os.environ.update(REDIS_URL=url, ROLLOUT_QUEUE=name)
+    args = Namespace(rollout_batch_size=2, n_samples_per_prompt=2, max_weight_staleness=None,
+                     async_data_buffer_capacity_factor=100.0, async_unused_samples_handler="drop",
+                     dynamic_sampling_filter_path=None, start_rollout_id=0)
+    try:
+        buffer = QueueDataBuffer(DataBufferConstructorInput(args=args, unused_handler_fn=lambda _: None))
+
+        async def drain(limit: float) -> None:
+            while True:
+                await asyncio.wait_for(buffer.get(), limit)
+
+        async def run() -> dict[str, Any]:
+            for _ in range(steps):
+                await buffer.get()
+            killed = kill_all(workers)
+            try:
+                await drain(give_up_s)
+            except WorkersGone as exc:
+                return result("miles", timeout_s, timeout_s, time.time() - killed, str(exc))
+            except asyncio.TimeoutError:
+                return {**result("miles", timeout_s, timeout_s, 0.0, f"no error {give_up_s:g} s after the kill"),
+                        "kill_to_error_s": None}
+            raise AssertionError("unreachable")
+
+        return asyncio.run(run())
+    finally:
+        kill_all(workers)
+        forget_ledgers()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        q.close()
+
+
 def _exists(url: str, name: str) -> bool:
     from rollout_queue.core.errors import QueueNotFound
 
@@ -233,12 +374,19 @@ def main() -> int:
                     rows.append(measure_stream(url, name, logs, a.worker_timeout, a.grace))
                 elif scenario == "ranks":
                     rows.append(measure_ranks(url, name, logs, a.worker_timeout, a.grace))
+                elif scenario == "slime":
+                    rows.append(measure_slime(url, name, logs, a.worker_timeout))
+                elif scenario == "miles":
+                    rows.append(measure_miles(url, name, logs, a.worker_timeout))
+                elif scenario == "nemo-rl":
+                    rows.append(measure_nemo_rl(url, name, logs, a.worker_timeout, a.grace))
                 elif scenario == "trl":
                     rows.append(measure_trl(url, name, logs, a.worker_timeout))
                 else:
                     raise SystemExit(f"unknown scenario {scenario!r}")
                 row = rows[-1]
-                print(f"{row['scenario']:>6}: kill -> error {row['kill_to_error_s']:6.2f} s  (bound "
+                took = "never" if row["kill_to_error_s"] is None else f"{row['kill_to_error_s']:6.2f} s"
+                print(f"{row['scenario']:>6}: kill -> error {took}  (bound "
                       f"{row['bound_s']:.1f} s: worker_timeout_s {row['worker_timeout_s']:g} + grace "
                       f"{row['grace_s']:g} + two waits of {BLOCK_S:g})  {row['error'][:160]}", flush=True)
     finally:

@@ -284,3 +284,28 @@ def test_areal_trajectory_masks_observations_and_marks_their_versions() -> None:
     assert t["loss_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 1]
     assert t["versions"][0].tolist() == [-1, -1, 3, 3, -1, -1, 4]
     assert t["logprobs"][0].tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0]
+
+
+def test_nemo_rl_records_keep_observations_out_of_the_loss() -> None:
+    """NeMo-RL trains assistant messages that carry generation_logprobs (integrations/nemo_rl/records.py)."""
+    from rollout_queue.core.errors import InvalidInput
+    from rollout_queue.integrations.nemo_rl import to_record
+
+    record = to_record(trajectory_group(), 7, as_dict=True)
+    assert record["prompt_idx"] == 7 and record["prompt"][0]["token_ids"].tolist() == [5, 6]
+    traj, single = record["completions"]
+    assert [m["role"] for m in traj["message_log"]] == ["user", "assistant", "tool", "assistant"]
+    assert [m["token_ids"].tolist() for m in traj["message_log"][1:]] == [[10, 11], [20, 21], [12]]
+    assert "generation_logprobs" not in traj["message_log"][2]
+    assert traj["message_log"][3]["generation_logprobs"].tolist() == [-1.0] and traj["reward"] == 1.0
+    assert [m["role"] for m in single["message_log"]] == ["user", "assistant"] and not single["truncated"]
+    assert traj["message_log"][0] is not single["message_log"][0]   # NeMo-RL writes masks into each in place
+    assert record["metadata"]["queue_entry"] == "8-0" and record["metadata"]["source_id"] == "q8"
+    bare = CompletedGroup("9-0", SourceGroup("q9", "p", 1, {}, (5,)), (Sample(0, (1, 2), (), reward=1.0),),
+                          attempt=1, min_version=0)
+    with pytest.raises(InvalidInput, match="behaviour logprobs"):
+        to_record(bare, 0, as_dict=True)
+    unscored = CompletedGroup("9-1", SourceGroup("q9", "p", 1, {}, (5,)), (Sample(0, (1,), (-0.1,)),),
+                              attempt=1, min_version=0)
+    with pytest.raises(InvalidInput, match="no reward"):
+        to_record(unscored, 0, as_dict=True)

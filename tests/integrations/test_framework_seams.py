@@ -48,3 +48,31 @@ def test_the_buffer_uses_only_the_pinned_miles_names() -> None:
     source = inspect.getsource(buffer_module)
     used = set(re.findall(r'_miles\("(\w+)"\)', source))
     assert used == MILES_NAMES
+
+
+#: NeMo-RL's ``PromptGroupSampler`` protocol at NVIDIA-NeMo/RL@7ea279abfbeb698b092856d0dab61e7cf39bc909
+#: (``nemo_rl/algorithms/async_utils/staleness_sampler.py``): member -> its parameters after self
+#: (keyword-only where NeMo-RL calls them by keyword); coroutines marked.
+NEMO_RL_PROTOCOL = {
+    "admit": (["trainer_version_fn"], True),
+    "select": (["current_train_weight", "min_prompt_groups", "max_prompt_groups"], True),
+    "evict": (["current_train_weight"], True),
+    "should_abort_inflight": (["start_weight_version", "current_train_weight"], False),
+    "required_buffer_capacity": (["groups_per_step"], False),
+    "set_dispatch_index": (["resume_from_step"], False),
+}
+
+
+def test_the_nemo_rl_sampler_has_the_pinned_protocol() -> None:
+    from rollout_queue.integrations.nemo_rl.sampler import QueueSampler
+
+    for name, (params, is_coroutine) in NEMO_RL_PROTOCOL.items():
+        method = getattr(QueueSampler, name)
+        assert list(inspect.signature(method).parameters)[1:] == params, name
+        assert inspect.iscoroutinefunction(method) is is_coroutine, name
+    assert isinstance(QueueSampler.is_on_policy, property)
+    # the branch that adds it (amahishi/partial-rollout-*) requires a bool class attribute
+    assert QueueSampler.supports_buffer_checkpoint is False
+    # create_sampler calls cls(buffer, **extra_keys): buffer first, the rest by keyword
+    params = list(inspect.signature(QueueSampler.__init__).parameters.values())
+    assert params[1].name == "buffer" and all(p.kind is p.KEYWORD_ONLY for p in params[2:])

@@ -48,6 +48,28 @@ def test_a_stream_whose_workers_are_killed_raises_workers_gone_within_the_bound(
         assert part in row["error"], row["error"]
 
 
+def test_slimes_rollout_function_raises_workers_gone_within_the_bound(private_redis_url: str, fresh_name: str,
+                                                                     tmp_path: Path) -> None:
+    row = bench.measure_slime(private_redis_url, fresh_name, tmp_path, timeout_s=1.0)
+    within_bound(row)
+    assert "no worker has been alive" in row["error"] and "w1 (last heartbeat" in row["error"], row["error"]
+
+
+def test_miles_buffer_raises_workers_gone_though_its_own_process_heartbeats(private_redis_url: str,
+                                                                            fresh_name: str, tmp_path: Path) -> None:
+    """miles' rollout process registers a worker of its own (its data source's reservations): left out
+    while it holds none, so a get waiting on dead rollout-queue workers raises instead of waiting for ever."""
+    from tests.integrations.framework_src import add_source, stub_sglang
+
+    add_source("MILES_SRC")
+    stub_sglang()
+    pytest.importorskip("miles.rollout.fully_async_data_buffer",
+                        reason="miles is not importable: set MILES_SRC (scripts/test_frameworks.sh miles)")
+    row = bench.measure_miles(private_redis_url, fresh_name, tmp_path, timeout_s=1.0, give_up_s=60.0)
+    assert row["kill_to_error_s"] is not None, row
+    within_bound(row)
+
+
 @pytest.mark.torch
 def test_ranks_whose_workers_are_killed_all_raise_within_the_bound(private_redis_url: str, fresh_name: str,
                                                                    tmp_path: Path) -> None:

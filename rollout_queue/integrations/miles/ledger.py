@@ -29,6 +29,14 @@ When a lease commits, read at radixark/miles@31f1ca96 (``train_async.py``,
 5. A lease that is never committed goes back: rolled back by ``load``, or by the reaper at its
    deadline when this process dies. While the process lives a thread heartbeats its reservations
    and extends its open leases, so neither times out under a long step.
+6. Hang-to-error (issue 31, section 5): that heartbeat registers this process as a worker, so the
+   queue's own fleet rule (core/liveness.py) would count it alive for as long as miles runs and a
+   ``get`` waiting for groups from rollout-queue workers that all died would wait for ever. The
+   buffer's blocking lease uses ``fleet`` instead: the same rule, with this process's own worker
+   left out while it holds no reservation (miles' engines generate nothing for the queue then). It
+   counts as alive only while its last heartbeat, timed from before the call, is younger than
+   ``worker_timeout_s``, so a live worker elsewhere is never hidden. While it holds a reservation,
+   miles' own engines are the fleet and nothing changes.
 
 No decision spans round trips: each call is one queue operation; the class remembers only which
 leases are its own.
@@ -36,20 +44,24 @@ leases are its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from rollout_queue.api.lease import Lease
 from rollout_queue.api.queue import RolloutQueue, default_process_id
 from rollout_queue.api.worker import Worker
 from rollout_queue.core.errors import IntegrationConfigError, LeasesOpen, RolloutQueueError
+from rollout_queue.core.liveness import FleetWatch
+from rollout_queue.core.models import QueueStats
 from rollout_queue.ops.logs import fields
 
 log = logging.getLogger("rollout_queue.integrations.miles")
 
-__all__ = ["MilesLedger", "ledger_for"]
+__all__ = ["MilesLedger", "OthersWatch", "ledger_for"]
 
 _LEDGERS: dict[tuple[str, str], "MilesLedger"] = {}
 _LEDGERS_LOCK = threading.Lock()
@@ -80,8 +92,21 @@ def forget_ledgers() -> None:
         ledger.close()
 
 
+class OthersWatch(FleetWatch):
+    """The queue's fleet rule over every worker but this process's own, while it holds nothing (rule 6)."""
+
+    def __init__(self, ledger: "MilesLedger", grace_s: float | None = None) -> None:
+        super().__init__(grace_s)
+        self.ledger = ledger
+
+    def observe(self, stats: QueueStats, worker_timeout_s: float, now: float, waited_s: float = 0.0) -> float | None:
+        if not self.ledger.sources and self.ledger.beating(worker_timeout_s):
+            stats = dataclasses.replace(stats, workers_alive=max(0, stats.workers_alive - 1))
+        return super().observe(stats, worker_timeout_s, now, waited_s)
+
+
 class MilesLedger:
-    """The reservations and leases of one miles rollout process (module docstring, rules 1-5)."""
+    """The reservations and leases of one miles rollout process (module docstring, rules 1-6)."""
 
     def __init__(self, queue: RolloutQueue, args: Any, *, ack_lag: int = 1, tick_s: float | None = None) -> None:
         if queue.driver.is_async:
@@ -98,6 +123,9 @@ class MilesLedger:
         self.sources: dict[str, dict[str, Any]] = {}
         #: serialises leasing against save's commit-then-checkpoint (rule 3) and guards ``open``
         self.lock = threading.RLock()
+        #: the buffer's view of whether the rollout-queue workers are gone (rule 6)
+        self.fleet = OthersWatch(self)
+        self._beat_at: float | None = None   # monotonic time just before the last heartbeat that succeeded
         self._stop = threading.Event()
         self._tick_s = tick_s or max(0.5, min(queue.config.worker_timeout_s, self.lease_timeout_s) / 4)
         self._thread = threading.Thread(target=self._keepalive, name=f"miles-ledger-{queue.name}", daemon=True)
@@ -128,7 +156,7 @@ class MilesLedger:
                 return lease
         if block_ms:  # wait outside the lock (save must not wait behind an idle lease call), then try once more
             lease = self.queue.lease(groups=1, timeout_s=self.lease_timeout_s, block_ms=block_ms,
-                                     trainer_id=self.worker.worker_id)
+                                     trainer_id=self.worker.worker_id, fleet=self.fleet)  # WorkersGone: rule 6
             if lease is not None:
                 with self.lock:
                     self.open.setdefault(self.rollout_id, []).append(lease)
@@ -181,11 +209,19 @@ class MilesLedger:
 
     # -- liveness ---------------------------------------------------------------------------------
 
+    def beating(self, worker_timeout_s: float) -> bool:
+        """Whether the queue surely counts this process's worker alive: its last heartbeat, timed from
+        before the call (so never younger than it is), is younger than ``worker_timeout_s``."""
+        beat = self._beat_at
+        return beat is not None and time.monotonic() - beat < worker_timeout_s
+
     def _keepalive(self) -> None:
         """Heartbeat the reservations and extend the open leases until close() (rule 5)."""
         while not self._stop.wait(self._tick_s):
             try:
+                started = time.monotonic()
                 self.worker.heartbeat()
+                self._beat_at = started
                 with self.lock:
                     leases = [lease for group in self.open.values() for lease in group]
                 for lease in leases:
