@@ -92,6 +92,7 @@ class Report:
     late_accepted: int = 0
     dead_valid: int = 0
     dead_hostile: int = 0                     # hostile groups the shipped workers failed max_attempts times
+    hang_after_pause: int = 0  # hostile hang groups a shipped worker completed because it was paused across the step
     commits: int = 0
     commits_refused: int = 0
     rollbacks: int = 0
@@ -243,8 +244,11 @@ class Checker:
         for rec in self.h.by_op["crash"]:
             r.violate(f"{rec['role']} {rec['pid']} crashed with {rec['error_type']}: {rec['error']}")
         for rec in self.h.by_op["payload_mismatch"]:
-            r.violate(f"lease {rec['lease']} carried samples that are not what their attempt generated: "
-                      f"{rec.get('why') or rec['ids']}")
+            why = {eid: reason for eid, reason in (rec.get("why") or {}).items()
+                   if not self._hang_outlived_by_a_pause(eid, reason)}
+            if why or not rec.get("why"):
+                r.violate(f"lease {rec['lease']} carried samples that are not what their attempt generated: "
+                          f"{why or rec['ids']}")
         r.unknown_exits = len(self.h.by_op["exit_unknown"])
         for rec in self.h.by_op["exit"]:
             # 0: done; 3: OutcomeUnknown (roles.py rule 1) or unreachable Redis (CLI); SIGKILL/SIGTERM: ours.
@@ -254,6 +258,25 @@ class Checker:
         for role in ("producer", "worker", "trainer"):
             if not any(rec["role"] == role for rec in self.h.by_op["start"]):
                 r.violate(f"no {role} process ever started")
+
+    def _hang_outlived_by_a_pause(self, eid: str, reason: str) -> bool:
+        """A hanging tool call (hostile ``hang``/``hang_async``) returns a valid step after 3 x the step
+        deadline. If the shipped worker was SIGSTOPped across that step, the call and the deadline
+        both ended while it was stopped, and on SIGCONT it took the step that was there: the worker
+        never waited past its deadline (it was not running), and the trajectory is a real one. So a
+        hang group completed by a worker paused between its reserve and its complete is no mismatch."""
+        if not re.search(r"\((hang|hang_async)\)", reason):
+            return False
+        for done in self.h.by_op["complete_ok"]:
+            if done.get("eid") != eid or not done.get("shipped"):
+                continue
+            began = [g for g in self.h.by_op["reserve_ok"] if g.get("pid") == done["pid"]
+                     and any(grant[0] == eid and grant[1] == done["attempt"] for grant in g.get("grants", []))]
+            start = min((g["t"] for g in began), default=done["t"])
+            if any(p_start < done["t"] and p_stop > start for p_start, p_stop, _ in self.paused.get(done["pid"], [])):
+                self.report.hang_after_pause += 1
+                return True
+        return False
 
     # -- 1. submits --------------------------------------------------------------------------------
 
