@@ -148,6 +148,26 @@ def test_crashes_and_wrong_payloads_fail_the_run(op: str) -> None:
     assert violations(records, truth)
 
 
+@pytest.mark.parametrize("kind, paused, excused", [
+    ("hang", True, True), ("hang_async", True, True), ("hang", False, False), ("oov", True, False)])
+def test_a_hang_group_is_excused_only_when_its_shipped_worker_was_paused_across_it(
+        kind: str, paused: bool, excused: bool) -> None:
+    """A hanging tool call returns a valid step after 3 x the step deadline; a worker SIGSTOPped across
+    it finds the step there at SIGCONT and completes a real trajectory. Nothing else is excused."""
+    records, truth = clean_history()
+    for r in records:
+        if r["op"] in ("reserve_ok", "complete_ok"):
+            r["shipped"] = True
+    records.append(rec("payload_mismatch", 3.05, "trainer", lease="L1", ids=[E0],
+                       why={E0: f"a hostile group ({kind}) was trained with a trajectory"}))
+    if paused:
+        records += [rec("signal", 2.05, "harness", slot="traj0", child=1, sig="SIGSTOP", kind="worker_pause"),
+                    rec("signal", 2.15, "harness", slot="traj0", child=1, sig="SIGCONT", kind="worker_pause_end")]
+    report = check(records, truth, SPEC)
+    mismatch = [v for v in report.violations if "not what their attempt generated" in v]
+    assert (mismatch == []) is excused and report.hang_after_pause == int(excused)
+
+
 def test_counters_that_disagree_with_the_records_are_caught() -> None:
     records, truth = clean_history()
     truth = copy.deepcopy(truth)
