@@ -104,12 +104,16 @@ end
 local members, versions, counts = {}, {}, {}
 local marked = redis.call('ZCARD', K.suspects) > 0
 local apart, took_suspect = {}, false
-local range = 'ZRANGE'
-if cfg.buffer_order == 'lifo' then range = 'ZREVRANGE' end
+local lifo = cfg.buffer_order == 'lifo'
 local offset = 0
 while #members < want do
   local need = math.min(want - #members, 1000)  -- keeps ZMSCORE's unpack() within Lua's C stack
-  local batch = redis.call(range, K.buffer, offset, offset + need + 15)
+  local batch
+  if lifo then
+    batch = redis.call('ZREVRANGE', K.buffer, offset, offset + need + 15)
+  else
+    batch = redis.call('ZRANGE', K.buffer, offset, offset + need + 15)
+  end
   if not batch[1] then break end  -- ghosts dropped on the way made the buffer shorter than counted
   local done = owned_counts(batch, '@done')
   local scores = redis.call('ZMSCORE', K.bufver, unpack(batch))

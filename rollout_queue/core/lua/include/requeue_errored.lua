@@ -89,7 +89,7 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
   local dead, back, marks, ids = {}, {}, {}, {}
   if n > 0 then
     for i, e in ipairs(entries) do ids[i] = e.id end
-    local seen = hmget_many(K.suspects, ids, 'ZMSCORE')
+    local seen = zmscore_many(K.suspects, ids)
     for i, e in ipairs(entries) do
       e.errors, e.pos = (tonumber(seen[i]) or 0) + 1, i
       if e.errors >= cfg.max_attempts then
