@@ -45,6 +45,7 @@ KEY_SUFFIXES: dict[str, str] = {
     "push": "push",
     "push_members": "push:members",
     "suspects": "suspects",
+    "parked": "parked",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

@@ -201,16 +201,29 @@ def test_only_the_trainer_derives_admission_control(urls: Urls, queue_name: str,
 
 def test_the_documented_limit_is_real(urls: Urls, queue_name: str) -> None:
     """What OPERATIONS.md says ACLs cannot prevent: a credential may send, directly, the commands its
-    own scripts use on their keys (no "only inside this script" permission exists). SCRIPT LOAD of
-    new code is allowed, but EVALSHA of it is refused: only allow-listed SHA1s run."""
+    own scripts use on the keys they use them on (no "only inside this script" permission exists). For
+    the worker that is no longer XACK or XDEL (issue 29 item 7: its scripts park what they settle), but
+    XCLAIM in the source stream still is. SCRIPT LOAD of new code is allowed, but EVALSHA of it is
+    refused: only allow-listed SHA1s run."""
     RolloutQueue.from_url(urls["producer"], queue_name).submit([SourceGroup("s-0", "p", 2)])
     wq = RolloutQueue.from_url(urls["worker"], queue_name)
     (res,) = wq.worker("gpu-0").reserve(1)
-    assert wq.client.xack(wq.keys["src"], "rollout", res.entry_id) == 1  # bypasses every script's checks
+    denied(lambda: wq.client.xack(wq.keys["src"], "rollout", res.entry_id))
+    denied(lambda: wq.client.xdel(wq.keys["src"], res.entry_id))
+    denied(lambda: wq.client.xadd(wq.keys["dlq"], {"entry_id": res.entry_id}))
+    denied(lambda: wq.client.delete(wq.keys["src"]))
+    # XCLAIM stays (its scripts park with it): it bypasses every script's checks, and the receipt is gone.
+    assert wq.client.xclaim(wq.keys["src"], "rollout", "@dead", 0, [res.entry_id], justid=True) == [
+        res.entry_id.encode()]
     sha = wq.client.script_load("return redis.call('DEL', KEYS[1])")
     denied(lambda: wq.client.evalsha(sha, 1, wq.keys["src"]))
-    with pytest.raises(StaleReceipt):  # the ledger no longer knows the attempt: damage done outside any script
+    with pytest.raises(StaleReceipt):  # the PEL no longer gives the attempt to gpu-0: waste, not loss
         wq.worker("gpu-0").complete(Receipt(res.entry_id, 1, "gpu-0"), samples(2, 0))
+    # Claimed to a parking consumer without a record is no settlement: the reaper requeues the group.
+    reaper = RolloutQueue.from_url(urls["reaper"], queue_name)
+    assert reaper.reap().settled == 1
+    (again,) = wq.worker("gpu-1").reserve(1)
+    assert again.entry_id == res.entry_id
     # It stages completions with a plain SET, so it may write any payload key of its queue directly
     # (not another queue's: every key pattern names this queue), and no other key: the SET selector
     # names the payload keys alone, so meta or the stream cannot be turned into a string.

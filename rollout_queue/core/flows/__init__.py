@@ -73,6 +73,7 @@ from rollout_queue.core.flows.reaper import (
     finish_interrupted,
     prune,
     reap,
+    settle_parked,
 )
 from rollout_queue.core.flows.worker import (
     COMPLETE_BATCH,
@@ -101,7 +102,7 @@ __all__ = [
     "encode_groups", "encode_source", "extend", "fail", "filter_group", "finish_interrupted", "heartbeat", "hold_open",
     "hold_release", "hold_wait", "lease", "new_id", "open_queue", "owned_attempts", "owned_command",
     "produce", "prune", "publish_version", "push_close", "push_join", "push_open", "push_seal", "read_cursor", "reap", "reject", "requeue_dead_letter", "reserve",
-    "restore", "rollback", "stats", "submit", "version",
+    "restore", "rollback", "settle_parked", "stats", "submit", "version",
 ]
 
 

@@ -13,6 +13,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   suspects   entry ID -> leases rolled back on a trainer error that held it
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
@@ -48,6 +50,7 @@ Invariant:
 -- @include bug
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include hold_active
 -- @include reap_some_lease
 -- @include reap_some_worker
@@ -162,6 +165,7 @@ if #members < want and apart[1] then
   end
 end
 if #members == 0 or (#members < groups and A.partial ~= '1') then
+  settle_parked_now(cfg)
   return {'insufficient', #members, wake_id(K.wake_done)}
 end
 
@@ -187,4 +191,5 @@ redis.call('ZADD', K.leases, deadline, lease_id)
 redis.call('HINCRBY', K.counters, 'leased', #members)
 redis.call('HINCRBY', K.counters, 'leases_total', 1)
 if was_full then wake(K.wake_work) end
+settle_parked_now(cfg)
 return lease_reply(lease_id, deadline, cfg.version_eff, members_csv, versions_csv, counts)
