@@ -34,3 +34,13 @@ def wait_until(
             what = message or getattr(predicate, "__name__", repr(predicate))
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {value!r}")
         time.sleep(interval)  # polling interval inside a deadline-bound wait
+
+
+Q = TypeVar("Q")
+
+
+def after_settling(q: Q) -> Q:
+    """``q`` after settling what workers parked (the reaper's pass does it; a test that reads dead
+    letters or filtered groups right after a worker's call settles them first). Returns ``q``."""
+    q.settle_parked()  # type: ignore[attr-defined]
+    return q

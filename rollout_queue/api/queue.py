@@ -263,6 +263,11 @@ class RolloutQueue:
         """One reaper pass over every partition that answers (safe from several processes at once)."""
         return self.run(pf.reap(self.layout, self.selector, budget, self.clock))
 
+    def settle_parked(self) -> Result[int]:
+        """Finish the settlements workers' scripts parked (dead letters, filtered groups: the worker
+        role holds no XACK), as the reaper's pass does; returns how many. Trainer and admin may too."""
+        return self.run(pf.settle_parked(self.layout))
+
     def dead_letters(self, count: int = 100, start: str = "-") -> Result[list[DeadLetter]]:
         """Up to ``count`` oldest dead letters (of each partition), each naming its partition in ``queue``."""
         return self.run(pf.dead_letters(self.layout, count, start))

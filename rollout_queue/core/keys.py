@@ -50,6 +50,7 @@ KEY_SUFFIXES: dict[str, str] = {
     # that reserve reads without copying the record. Not `progress`: that is the workers' heartbeats.
     "partial": "partial",
     "partial_head": "partial:head",
+    "parked": "parked",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

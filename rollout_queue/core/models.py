@@ -669,7 +669,8 @@ class ReapReport:
     """What one reap pass did. ``pruned``: settled groups whose ledger line (and source_id mapping)
     outlived ``settled_retention_s`` and were deleted. ``finished``: entries a restore or checkpoint
     whose caller died between batches still had to move (requeued or dropped). ``reindexed``:
-    owned entries an index had lost (re-indexed or requeued)."""
+    owned entries an index had lost (re-indexed or requeued). ``settled``: groups a worker's script
+    parked (dead or filtered: the worker role holds no XACK) that the pass settled."""
 
     lost: int = 0
     expired: int = 0
@@ -680,6 +681,7 @@ class ReapReport:
     pruned: int = 0
     finished: int = 0
     reindexed: int = 0
+    settled: int = 0
 
     def __add__(self, other: "ReapReport") -> "ReapReport":
         return ReapReport(*(a + b for a, b in zip(_astuple(self), _astuple(other))))

@@ -641,7 +641,7 @@ def parse_stats(reply: Any) -> QueueStats:
     last_commit = ints.get("last_commit_ms")
     counters["submitted"] = f["submitted"]  # kept in the intake key (the producer role may only read meta)
     return QueueStats(
-        backlog=f["length"] - retained - kept, ready=f["ready"], executing_groups=n("executing_groups"),
+        backlog=f["length"] - retained - kept - n("parked"), ready=f["ready"], executing_groups=n("executing_groups"),
         executing_samples=n("executing_samples"), completed=f["buffer"], leased=n("leased"), retained=retained,
         committed=n("committed"), filtered=n("filtered"), dead=n("dead"), version=ver, version_published=published,
         submitted=f["submitted"], kept=kept, workers_alive=f["workers_alive"], workers_silent=f["workers_silent"],
@@ -830,6 +830,14 @@ def parse_reap_stale(reply: Any) -> tuple[int, bool]:
 def parse_reindex(reply: Any) -> int:
     """reindex: owned entries re-indexed or requeued by this call."""
     return _fields("reindex", reply, {}, _int, _flag)[0]  # type: ignore[no-any-return]
+
+
+@_shaped
+def parse_settle_parked(reply: Any) -> tuple[int, bool]:
+    """settle_parked: (parked entries settled, plus entries a parking consumer held without a record
+    and that went back to ready, by this call; done)."""
+    settled, requeued, done = _fields("settle_parked", reply, {}, _int, _int, _flag)
+    return settled + requeued, done
 
 
 @_shaped

@@ -2,8 +2,10 @@
 
 Owns deriving each role's rules from the script library itself, so that they follow the Lua as it
 changes: which scripts a role may run (EVALSHA allow-listed by SHA1, with Redis's ``+cmd|first-arg``
-rule), which commands those scripts call (a script runs with its caller's permissions), which keys
-they declare or build (``lease:*``, ``payload:*``), plus the plain commands a role's client sends
+rule), and which command those scripts call on which key (a script runs with its caller's
+permissions; ops/script_access.py reads the (command, key) pairs from the Lua): every keyed command is
+granted in a Redis 7 selector on exactly the keys it is used on (``(+del +set ~payload:*)``), so the
+worker's DEL of payloads is no DEL of the stream, plus the plain commands a role's client sends
 outside scripts (blocking XREAD on a wake stream, HGET of the version, the worker's MULTI / SET / EXEC
 that stages a completion's payload around its complete call, the trainer's MGET of the payloads it
 leased, SUBSCRIBE to the versions channel).
@@ -19,7 +21,7 @@ What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", s
 - SCRIPT LOAD is allowed to the other roles: a loaded script only runs if its SHA1 is on the list, and
   SHA1 names the content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
 - They cannot stop a holder of a role's password from sending, directly, the commands its own
-  scripts use on the keys they declare (a worker credential can XACK or XCLAIM in the source stream).
+  scripts use on the keys they use them on (a worker credential can XCLAIM in the source stream).
   Redis has no "only inside this script" permission. ACLs stop the wrong process and a misconfigured
   one and bound a leaked credential to one queue; they are not a sandbox for hostile code.
 """
@@ -31,8 +33,9 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from rollout_queue.core.keys import QueueKeys
+from rollout_queue.core.keys import KEY_SUFFIXES, QueueKeys
 from rollout_queue.core.scripts import LIBRARY_VERSION, READ_ONLY_SCRIPTS, SCRIPTS, Script
+from rollout_queue.ops.script_access import script_access
 from rollout_queue.scale.layout import partition_names
 
 #: Commands whose ACL rules name a subcommand (``xgroup|create``) or a first argument (``info|server``:
@@ -112,11 +115,12 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
          _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
                   "publish_version", "checkpoint", "restore", "stats",
-                  "push_open", "push_seal", "push_close", "derive_admission"),
-         ("hget", "hmget", "mget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True),
+                  "push_open", "push_seal", "push_close", "derive_admission", "settle_parked"),
+         ("hget", "hmget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True,
+         selectors=(("mget", "payload:*"),)),  # the payloads of the groups it leased (P2)
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",
-                  "finish_interrupted", "reindex", "sweep_owners")),
+                  "finish_interrupted", "reindex", "sweep_owners", "settle_parked")),
     Role("operator", "read-only: stats, top, inspect, workers, leases, verify, dlq list, metrics, the redis-cli guide",
          ("stats", "reap_scan"), READ_COMMANDS + ("subscribe",), versions_channel=True, all_keys=True,
          read_only=True),
@@ -147,24 +151,69 @@ def script_commands(script: Script) -> set[str]:
 
 
 def script_keys(script: Script, keys: QueueKeys) -> set[str]:
-    """Key patterns a script may write: its declared KEYS and the lease records, payloads and clock it
-    builds (same hash tag). The keys it only READS are ``script_reads``."""
-    out = {keys[role] for role in script.keys}
-    if "'lease:'" in script.source:
-        out.add(keys.lease("*"))
-    if "'payload:'" in script.source:
-        out.add(keys.prefix + "payload:*")
-    if "'partial:head'" in script.source:  # progress records (lua/include/partial_keys.lua)
-        out |= {keys["partial"], keys["partial_head"]}
-    if "'clock'" in script.source:
-        out.add(keys["clock"])
-    return out
+    """Key patterns a script declares (KEYS): Redis checks an EVALSHA's declared keys as read-write,
+    so the role's root permissions hold them, for its EVALSHAs only (every other keyed command is
+    granted per key, ``key_grants``)."""
+    return {keys[role] for role in script.keys}
 
 
 def script_reads(script: Script, keys: QueueKeys) -> set[str]:
     """Key patterns a script names under READS: a role all of whose scripts only read a key holds it
     read-only (``%R~``), so it cannot write it directly either."""
     return {keys[role] for role in script.reads}
+
+
+#: Commands that name no key: granted at the root of a role's rules (PUBLISH and SUBSCRIBE name a
+#: channel, which ``&`` rules confine).
+KEYLESS = frozenset({"ping", "time", "cluster|slots", "command", "script|load", "wait", "multi", "exec",
+                     "subscribe", "info|server", "publish"})
+
+
+def role_access(role: str, library: Mapping[str, Script] = SCRIPTS) -> dict[str, frozenset[str]]:
+    """Command -> the key patterns (suffixes under a queue's prefix: ``src``, ``payload:*``) a role may
+    run it on: what its scripts run it on (script_access.py reads the Lua), its raw commands on its
+    raw keys, its selectors, and GET / EXISTS of the partition-count record. A write command is dropped
+    on a key the role may only read (its scripts name it under READS and never declare it, or its
+    ``read_keys``): a script of the role that writes there uses ``redis.pcall`` and answers a refusal
+    (open.lua's create_refused). Fail closed: a script whose keys cannot be read raises ValueError."""
+    spec = ROLES[role]
+    scripts = [library[name] for name in spec.scripts]
+    suffix = KEY_SUFFIXES
+    written = {suffix[k] for s in scripts for k in s.keys}
+    read_only = ({suffix[k] for s in scripts for k in s.reads} | {suffix[k] for k in spec.read_keys}) - written
+    forced = {suffix[k] for k in spec.read_keys} & written
+    if forced:  # Redis checks an EVALSHA's declared keys as read-write: that script would be refused
+        raise ValueError(f"role {role}: a script it runs declares {sorted(forced)}, which it may only read")
+    access: dict[str, set[str]] = {}
+    for script in scripts:
+        for cmd, keys in script_access(script, KNOWN_COMMANDS).items():
+            if keys:
+                access.setdefault(cmd, set()).update(keys)
+    for cmd in spec.raw:
+        if cmd not in KEYLESS:
+            access.setdefault(cmd, set()).update(suffix[k] for k in spec.raw_keys)
+    for cmd, pattern in spec.selectors:
+        access.setdefault(cmd, set()).add(pattern)
+    for cmd in ("get", "exists"):  # opening reads the partition-count record first (scale/flows)
+        access.setdefault(cmd, set()).add("partitions")
+    out = {}
+    for cmd, keys in access.items():
+        kept = keys - read_only if cmd.split("|")[0] in WRITE_COMMANDS else keys
+        if kept:
+            out[cmd] = frozenset(kept)
+    return out
+
+
+def key_grants(access: Mapping[str, frozenset[str]], prefixes: Sequence[str]) -> list[str]:
+    """Redis 7 selectors for per-key grants: the commands used on one set of keys share a selector
+    ``(+cmd ... ~key ... %R~key ...)``; a write command holds its keys read-write, a read command
+    read-only. A command granted in a selector runs only on that selector's keys."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for cmd, keys in sorted(access.items()):
+        mode = "~" if cmd.split("|")[0] in WRITE_COMMANDS else "%R~"
+        rules = tuple(mode + prefix + k for k in sorted(keys) for prefix in prefixes)
+        groups.setdefault(rules, []).append("+" + cmd)
+    return [f"({' '.join(cmds + list(rules))})" for rules, cmds in sorted(groups.items(), key=lambda g: g[1])]
 
 
 @dataclass(frozen=True)
@@ -216,42 +265,33 @@ def role_rules(queue: str, role: str, password: str | None = None,
     scripts = [library[name] for name in spec.scripts]
     # A Redis Cluster client reads the slot map (CLUSTER SLOTS) and the command table (COMMAND) when it
     # connects: metadata only, granted to every role so each process runs on a cluster URL too.
-    commands = {"ping", "time", "cluster|slots", "command"} | set(spec.raw) | (
-        set() if spec.read_only else {"script|load", "wait"})
-    for script in scripts:
-        commands |= script_commands(script)
-    if spec.read_only:
-        commands = {c for c in commands if c.split("|")[0] not in WRITE_COMMANDS}
-    if not spec.all_keys:
-        # Opening reads the partition-count record first (scale/flows.open_partitioned): a queue
-        # recorded as partitioned must not be opened as a plain one. Read-only, for every role.
-        commands |= {"get", "exists"}  # and a process that must not create the queue checks it exists
-    key_rules: list[str] = []
-    channels: list[str] = []
-    for name in names:
-        keys = QueueKeys(name)
-        # Written: what its scripts declare or build. Read only: what they name under READS, what its
-        # raw commands (all reads) touch and its read_keys, unless a script of the role writes it.
-        patterns: set[str] = set()
-        read = {keys[k] for k in spec.raw_keys + spec.read_keys}
+    base = {"ping", "time", "cluster|slots", "command"} | ({"script|load", "wait"} if not spec.read_only else set())
+    channels = [f"&{QueueKeys(n).versions_channel}" for n in names]
+    if spec.all_keys:  # the operator: reads every key of its queue, writes none, in or out of a script
+        commands = base | set(spec.raw)
         for script in scripts:
-            patterns |= script_keys(script, keys)
-            read |= script_reads(script, keys)
-        forced = {keys[k] for k in spec.read_keys} & patterns
-        if forced:  # Redis checks an EVALSHA's declared keys as read-write: that script would be refused
-            raise ValueError(f"role {role}: a script it runs declares {sorted(forced)}, which it may only read")
-        read -= patterns
-        if not spec.all_keys:
-            read.add(keys.partitions)
-        if spec.all_keys:
-            key_rules.append("%R~" + keys.pattern if spec.read_only else "~" + keys.pattern)
-        else:
-            key_rules += ["~" + k for k in sorted(patterns)] + ["%R~" + k for k in sorted(read)]
-        channels.append("&" + keys.versions_channel)
+            commands |= script_commands(script)
+        commands = {c for c in commands if c.split("|")[0] not in WRITE_COMMANDS}
+        key_rules = ["%R~" + QueueKeys(n).pattern for n in names]
+        if partitions > 1:
+            key_rules.append("%R~" + record)  # the logical name's record (its own prefix is no partition)
+        rules = head + key_rules + (channels if spec.versions_channel else [])
+        rules += ["+" + c for c in sorted(commands)] + [
+            f"+{'evalsha_ro' if s.name in READ_ONLY_SCRIPTS else 'evalsha'}|{s.sha}" for s in scripts]
+        return RoleRules(role, user_name(queue, role), tuple(rules))
+    # Every other role: the root holds the keyless commands and the EVALSHA of each of its scripts on
+    # the keys the scripts declare; every keyed command is granted in a selector on the keys it is
+    # used on (role_access), so a credential cannot aim a command of one key at another.
+    access = role_access(role, library)
+    commands = base | {c for c in spec.raw if c in KEYLESS} | {
+        c for s in scripts for c, keys in script_access(s, KNOWN_COMMANDS).items() if not keys and c in KEYLESS}
+    declared = sorted({k for n in names for s in scripts for k in script_keys(s, QueueKeys(n))})
+    prefixes = [QueueKeys(n).prefix for n in names]
+    selectors = key_grants(access, prefixes)
     if partitions > 1:
-        key_rules.append("%R~" + record)  # the logical name's record (its own prefix is no partition)
-    key_rules += [f"(+{cmd} ~{QueueKeys(name).prefix}{pattern})" for name in names for cmd, pattern in spec.selectors]
-    rules = head + key_rules + (channels if spec.versions_channel or "publish" in commands else [])
+        selectors.append("(+get +exists %R~" + record + ")")  # the logical name's partition-count record
+    rules = head + ["~" + k for k in declared] + selectors
+    rules += channels if spec.versions_channel or "publish" in commands else []
     rules += ["+" + c for c in sorted(commands)] + [
         f"+{'evalsha_ro' if s.name in READ_ONLY_SCRIPTS else 'evalsha'}|{s.sha}" for s in scripts]
     return RoleRules(role, user_name(queue, role), tuple(rules))

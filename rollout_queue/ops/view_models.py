@@ -44,7 +44,10 @@ class OwnerKind:
 
 #: The queue's own PEL owners (DESIGN: "How each state shows in Redis"). Any other owner is a worker,
 #: executing an attempt. A new owner kind is one line here: every view and `verify` read this table.
-OWNER_KINDS = (OwnerKind("@ready", "ready"), OwnerKind("@done", "completed"), OwnerKind("@lease:", "leased"))
+OWNER_KINDS = (OwnerKind("@ready", "ready"), OwnerKind("@done", "completed"), OwnerKind("@lease:", "leased"),
+               # Parked by a worker's script (lua/include/park_many.lua) until settle_parked XACKs it: the
+               # ledger already says the settlement, so the group counts as dead or filtered.
+               OwnerKind("@dead", "dead", settled=True), OwnerKind("@filtered", "filtered", settled=True))
 WORKER = OwnerKind("", "executing")
 
 

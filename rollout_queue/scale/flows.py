@@ -256,6 +256,14 @@ def reap(layout: Layout, sel: Selector, budget: int, clock: Clock) -> Flow[ReapR
     return sum(got.values(), ReapReport())
 
 
+def settle_parked(layout: Layout) -> Flow[int]:
+    """Settle what workers parked, in every partition (the reaper's pass does it too)."""
+    if layout.count == 1:
+        return (yield from flows.settle_parked(layout.keys[0])).settled
+    got = yield from each(layout, "settle_parked", lambda i: flows.settle_parked(layout.keys[i]))
+    return sum(r.settled for r in got.values())
+
+
 def dead_letters(layout: Layout, count: int, start: str = "-") -> Flow[list[DeadLetter]]:
     """Up to ``count`` oldest dead letters of each partition from ``start`` (a dlq stream ID, applied
     in each partition), each naming its partition in ``queue``."""

@@ -13,6 +13,7 @@ import redis
 from rollout_queue import QueueConfig, StaleReceipt
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import group, history, ledger, pel, ready_ids
+from tests.helpers import after_settling
 
 CFG = QueueConfig(max_attempts=2)
 
@@ -39,14 +40,14 @@ def test_aborts_never_dead_letter(open_queue, raw: redis.Redis, queue_name: str)
         [res] = w.reserve(1)
         assert res.receipt.attempt == attempt
         assert w.abort(res.receipt) == "ready"
-    assert q.dead_letters() == [] and history(raw, queue_name, eid)["f"] == 0
+    assert after_settling(q).dead_letters() == [] and history(raw, queue_name, eid)["f"] == 0
     [res] = w.reserve(1)
     assert w.fail(res.receipt, "one") == "ready"  # aborts in between did not count
     [res] = w.reserve(1)
     assert w.abort(res.receipt) == "ready"
     [res] = w.reserve(1)
     assert (res.receipt.attempt, w.fail(res.receipt, "two")) == (8, "dead")
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert [h["t"] for h in dead.history] == ["aborted"] * 5 + ["failed", "aborted", "failed"]
 
 

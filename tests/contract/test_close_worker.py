@@ -12,6 +12,7 @@ import redis
 
 from rollout_queue import QueueConfig
 from tests.contract.worker_support import call, consumers, group, history, keys, ledger, pel, ready_ids, samples
+from tests.helpers import after_settling
 
 CFG = QueueConfig(max_attempts=2)
 
@@ -49,7 +50,7 @@ def test_close_with_terminal_lost_counts(open_queue, raw: redis.Redis, queue_nam
     assert history(raw, queue_name, eid)["f"] == 1
     q.worker("w2").reserve(1)
     assert q.worker("w2").close("lost", "engine died again") == (0, 1)
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert (dead.entry_id, dead.reason) == (eid, "max_attempts")
     assert [(h["t"], h["r"]) for h in dead.history] == [("lost", "engine died"), ("lost", "engine died again")]
     assert q.stats().terminals["lost"] == 2
@@ -88,9 +89,11 @@ def test_one_close_batch_mixes_a_dead_letter_and_a_requeue(open_queue, raw: redi
     assert [(r.entry_id, r.receipt.attempt) for r in got] == [(a, 2), (b, 1)]
     assert call(q, "close_worker", worker_id="w2", terminal="lost", reason="engine died", count=64) == \
         ["ok", 1, 1, 1]
+    assert pel(raw, queue_name) == {a: ("@dead", 2), b: ("@ready", 1)}  # a parked until settle_parked
+    assert q.settle_parked() == 1
     assert pel(raw, queue_name) == {b: ("@ready", 1)}
     assert ready_ids(raw, queue_name) == [b]
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert (dead.entry_id, dead.reason, dead.attempt, dead.worker_id) == (a, "max_attempts", 2, "w2")
     assert [(h["a"], h["t"], h["r"]) for h in dead.history] == [(1, "failed", "flaky"), (2, "lost", "engine died")]
     # The dead entry's history is kept (until prune) beside its dead letter's copy.

@@ -36,7 +36,7 @@ from tests.contract.worker_support import (
     samples,
     stored_payload,
 )
-from tests.helpers import wait_until
+from tests.helpers import wait_until, after_settling
 
 # The default worker_timeout_s (60 s) keeps the reaper out of every test but the one about it.
 CFG = QueueConfig(max_attempts=3, max_payload_bytes=600)
@@ -110,7 +110,7 @@ def test_malformed_completions_reach_max_attempts_and_dead_letter(open_queue, ra
     with pytest.raises(MalformedCompletion) as info:
         w.complete(res2.receipt, [Sample(0, (1,))])
     assert info.value.requeued_to == "dead"
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert (dead.entry_id, dead.reason, dead.group) == (res.entry_id, "max_attempts", group("c", n=2))
     assert [(h["a"], h["t"]) for h in dead.history] == [(1, "malformed"), (2, "malformed")]
     assert pel(raw, queue_name) == {}

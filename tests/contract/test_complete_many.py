@@ -122,8 +122,9 @@ def _recount(raw: redis.Redis, name: str, stats: Any) -> None:
     """The counters complete_many moves agree with a recount from Redis truth."""
     t = observe(raw, QueueKeys(name))
     executing = [e for e, (owner, _) in t.pel.items() if not owner.startswith("@")]
+    retained = [e for e, (owner, _) in t.pel.items() if owner not in ("@dead", "@filtered")]  # parked: settled
     got = (stats.executing_groups, stats.executing_samples, stats.completed, stats.retained, stats.ready)
-    assert got == (len(executing), sum(t.n_of(e) for e in executing), len(t.buffer), len(t.pel), len(t.ready))
+    assert got == (len(executing), sum(t.n_of(e) for e in executing), len(t.buffer), len(retained), len(t.ready))
 
 
 # The mixed batch: every outcome of the header, an overflow that evicts earlier members of the same

@@ -1,6 +1,6 @@
 """The dead-letter stream and dlq_requeue.lua, against real servers over both transports.
 
-Proves that q.dead_letters() gives the reason, every attempt's history and the pristine group; that
+Proves that after_settling(q).dead_letters() gives the reason, every attempt's history and the pristine group; that
 q.requeue_dead_letter(id) ('ok') submits the group again under a new entry ID its source_id maps to,
 trainable from attempt 1, and removes the dead letter; and that an unknown id ('not_found') raises
 NotFound with every key byte-identical.
@@ -13,6 +13,7 @@ import pytest
 from rollout_queue import NotFound, QueueConfig
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import check_header, complete_all, keys, make_groups, pel, samples_for
+from tests.helpers import after_settling
 
 
 def test_header_matches_builder() -> None:
@@ -34,7 +35,7 @@ def test_dead_letters_give_reasons_history_and_the_pristine_group(open_queue, ra
     q = open_queue(QueueConfig(max_attempts=2))
     [group] = make_groups(1, n=3)
     entry_id = _kill(q, group, ["CUDA OOM", "engine crashed"])
-    [dl] = q.dead_letters()
+    [dl] = after_settling(q).dead_letters()
     assert (dl.entry_id, dl.source_id, dl.reason, dl.attempt, dl.worker_id) == \
         (entry_id, group.source_id, "max_attempts", 2, "w-2")
     assert [(h["a"], h["w"], h["t"], h["r"]) for h in dl.history] == \
@@ -51,12 +52,12 @@ def test_requeue_dead_letter_submits_it_again(open_queue, raw, queue_name) -> No
     q = open_queue(QueueConfig(max_attempts=1))
     [group] = make_groups(1)
     old_id = _kill(q, group, ["bad prompt"])
-    [dl] = q.dead_letters()
+    [dl] = after_settling(q).dead_letters()
     new_id = q.requeue_dead_letter(dl.dlq_id)
     assert new_id != old_id
     assert raw.hget(keys(queue_name)["ids"], group.source_id).decode() == new_id
     assert q.submit([group]) == [new_id], "its source_id now maps to the new entry"
-    assert q.dead_letters() == []
+    assert after_settling(q).dead_letters() == []
     s = q.stats()
     assert (s.dead, s.backlog, s.counters["dead_requeued"]) == (0, 1, 1)
     # Trainable: attempts start again from 1 on the pristine group.
@@ -74,7 +75,7 @@ def test_requeue_dead_letter_submits_it_again(open_queue, raw, queue_name) -> No
 def test_requeue_unknown_dead_letter_is_not_found(open_queue, raw, queue_name) -> None:
     q = open_queue(QueueConfig(max_attempts=1))
     _kill(q, make_groups(1)[0], ["x"])
-    [dl] = q.dead_letters()
+    [dl] = after_settling(q).dead_letters()
     q.requeue_dead_letter(dl.dlq_id)
     before = snapshot(raw, queue_name)
     with pytest.raises(NotFound):
@@ -91,7 +92,7 @@ def test_a_malformed_reservation_is_dead_lettered_with_its_raw_fields(open_queue
     [good] = q.submit(make_groups(1))
     [res] = q.worker("w-a").reserve(1)
     assert res.entry_id == good, "garbage never blocks the entries behind it"
-    [dl] = q.dead_letters()
+    [dl] = after_settling(q).dead_letters()
     assert dl.entry_id == bad and dl.reason.startswith("malformed_reservation")
     assert dl.fields[b"sid"] == b"junk" and dl.group is None
     assert q.worker("w-a").complete(res.receipt, samples_for(res)) == "buffered"

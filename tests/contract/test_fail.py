@@ -13,6 +13,7 @@ import redis
 from rollout_queue import InvalidInput, QueueConfig, StaleReceipt
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import call, group, history, keys, ledger, pel, ready_ids
+from tests.helpers import after_settling
 
 CFG = QueueConfig(max_attempts=3)
 
@@ -44,7 +45,7 @@ def test_the_last_failure_dead_letters_with_every_attempts_reason(open_queue, ra
         assert res.receipt.attempt == i + 1
         answers.append(w.fail(res.receipt, f"reason {i}"))
     assert answers == ["ready", "ready", "dead"]
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert (dead.entry_id, dead.source_id, dead.reason, dead.attempt, dead.worker_id) == (
         eid, "doomed", "max_attempts", 3, "w2")
     assert [(h["a"], h["w"], h["t"], h["r"]) for h in dead.history] == [

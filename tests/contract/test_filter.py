@@ -26,7 +26,11 @@ def test_filter_settles_the_group(open_queue, raw: redis.Redis, queue_name: str)
     w.abort(res.receipt)  # some history, which settlement keeps until prune
     [res] = w.reserve(1)
     assert w.filter(res.receipt, "zero_std") == "filtered"
-    assert pel(raw, queue_name) == {}
+    # Parked: the worker role holds no XACK; @filtered owns it with its record until settle_parked.
+    assert pel(raw, queue_name) == {eid: ("@filtered", 2)} and q.stats().filtered == 1
+    assert raw.hget(keys(queue_name)["parked"], eid).startswith(b"filtered|2|w1|")
+    assert q.settle_parked() == 1
+    assert pel(raw, queue_name) == {} and raw.hlen(keys(queue_name)["parked"]) == 0
     assert raw.xlen(keys(queue_name)["src"]) == 0
     assert [h["t"] for h in history(raw, queue_name, eid)["h"]] == ["aborted"]
     assert ledger(raw, queue_name, eid) == "s|filtered|2|w1|zero_std"

@@ -19,6 +19,7 @@ from rollout_queue import CheckpointPruned, LeaseLost, QueueConfig, RestoreInPro
 from rollout_queue.core import flows
 from rollout_queue.ops import actions
 from tests.contract.lifecycle import execute, fill_buffer, history, keys, meta, pel, reserve_all, submit, train, zmembers
+from tests.helpers import after_settling
 
 CFG = QueueConfig(max_attempts=1)
 
@@ -172,12 +173,12 @@ def test_an_interrupted_purge_counts_each_dead_letter_once(open_queue, raw, queu
         return q
 
     def purge(q: Any) -> Any:
-        return actions.purge_dead_letters(q.keys, [d.dlq_id for d in q.dead_letters()])
+        return actions.purge_dead_letters(q.keys, [d.dlq_id for d in after_settling(q).dead_letters()])
 
     for k in cut_points(setup, purge):
         q = setup()
-        ids = [d.dlq_id for d in q.dead_letters()]
+        ids = [d.dlq_id for d in after_settling(q).dead_letters()]
         run_calls(q, actions.purge_dead_letters(q.keys, ids), k)
         q.run(actions.purge_dead_letters(q.keys, ids))  # the operator repeats the command
-        assert q.stats().dead == 0 and q.dead_letters() == []
+        assert q.stats().dead == 0 and after_settling(q).dead_letters() == []
         assert int(meta(raw, queue_name)["dead_purged"]) == 5

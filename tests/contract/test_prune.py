@@ -28,6 +28,7 @@ from rollout_queue.ops.reaper import run_reaper
 from tests.contract.conftest import snapshot
 from tests.contract.lifecycle import (check_header, complete_all, execute, fill_buffer, keys, ledger, make_groups,
                                       reserve_all, samples_for, server_ms, submit, train, wait_past)
+from tests.helpers import after_settling
 
 RETENTION_S = 0.05
 CFG = QueueConfig(settled_retention_s=RETENTION_S, max_attempts=1)
@@ -38,7 +39,7 @@ def test_header_matches_builder() -> None:
     check_header("reap_scan", ["meta", "workers", "leases", "holds", "bufver", "settled", "kept", "retired"],
                  ["count"])
     check_header("sweep_owners", ["src", "meta", "workers", "leases"], ["count"])
-    check_header("filter", ["src", "ledger", "wake_work", "settled", "counters"],
+    check_header("filter", ["src", "ledger", "wake_work", "parked", "counters"],
                  ["entry_id", "attempt", "worker_id", "reason"])
 
 
@@ -139,6 +140,8 @@ def test_filter_is_recorded_and_pruned(open_queue, raw, queue_name) -> None:
     w = q.worker("w1")
     [res] = w.reserve(1)
     assert w.filter(res.receipt, "zero_std") == "filtered"
+    assert _recorded(raw, queue_name) == {}  # parked: settle_parked records it for prune
+    after_settling(q)
     assert _recorded(raw, queue_name) == {eid: g.source_id}
     _past_retention(raw)
     assert q.reap().pruned == 1
@@ -181,6 +184,7 @@ def _dead(q: Any, count: int) -> list[str]:
     w = q.worker("w-dead")
     for res in reserve_all(w, count):
         assert w.fail(res.receipt, "engine crashed") == "dead"  # max_attempts = 1
+    after_settling(q)  # parked by the worker's fail; settled (dead-lettered) here
     return ids
 
 
@@ -191,7 +195,7 @@ def test_dead_letters_are_kept_until_purged_then_pruned(open_queue, raw, queue_n
     before = snapshot(raw, queue_name)
     assert q.reap() == ReapReport()  # in the DLQ: the ledger line and the mapping stay
     assert snapshot(raw, queue_name) == before
-    letters = q.dead_letters()
+    letters = after_settling(q).dead_letters()
     assert q.run(actions.purge_dead_letters(q.keys, [letters[0].dlq_id] * 2)) == 1  # listed ids, counted once
     assert set(_recorded(raw, queue_name)) == {ids[0]}
     assert q.run(actions.purge_all_dead_letters(q.keys)) == 2  # up to the newest
@@ -205,7 +209,7 @@ def test_dead_letters_are_kept_until_purged_then_pruned(open_queue, raw, queue_n
 def test_a_requeued_dead_letter_forgets_the_old_id_but_keeps_the_mapping(open_queue, raw, queue_name) -> None:
     q = open_queue(CFG)
     [old] = _dead(q, 1)
-    [letter] = q.dead_letters()
+    [letter] = after_settling(q).dead_letters()
     new = q.requeue_dead_letter(letter.dlq_id)
     assert _recorded(raw, queue_name) == {old: letter.source_id}
     _past_retention(raw)
@@ -288,7 +292,8 @@ def test_a_hand_written_record_never_forgets_an_unsettled_group(open_queue, raw,
 
 def test_a_broken_settled_key_fails_each_settlement_before_its_first_write(open_queue, raw, queue_name) -> None:
     """The record is each settlement's first write: a settled key of the wrong type (a bug or a hand
-    edit) makes commit, filter, checkpoint, dlq purge and requeue fail whole, never half done."""
+    edit) makes commit, settle_parked (a filter's record), checkpoint, dlq purge and requeue fail
+    whole, never half done."""
     q = open_queue(CFG)
     fill_buffer(q, 2)
     lease = q.lease(1)
@@ -298,17 +303,18 @@ def test_a_broken_settled_key_fails_each_settlement_before_its_first_write(open_
     w = q.worker("w1")
     [res] = w.reserve(1)
     _dead(q, 1)
-    [letter] = q.dead_letters()
+    [letter] = after_settling(q).dead_letters()
+    assert w.filter(res.receipt, "zero_std") == "filtered"  # parked: no record yet
     raw.set(keys(queue_name)["settled"], b"not a stream")
     before = snapshot(raw, queue_name)
-    for call in (lease.commit, lambda: w.filter(res.receipt, "zero_std"),
+    for call in (lease.commit, q.settle_parked,
                  lambda: q.requeue_dead_letter(letter.dlq_id),
                  lambda: q.run(actions.purge_dead_letters(q.keys, [letter.dlq_id]))):
         with pytest.raises(ScriptError, match="WRONGTYPE"):
             call()
         assert snapshot(raw, queue_name) == before
     raw.delete(keys(queue_name)["settled"])
-    assert lease.commit() and w.filter(res.receipt, "zero_std") == "filtered"
+    assert lease.commit() and q.settle_parked() == 1 and w.filter(res.receipt, "zero_std") == "replay"
     settled = keys(queue_name)["settled"]
     saved = raw.dump(settled)
     raw.set(settled, b"not a stream")  # checkpoint runs with no lease open (else LeasesOpen first)
@@ -341,15 +347,17 @@ def test_prune_is_idempotent_and_bounded_per_call(open_queue, raw, queue_name) -
 
 
 def test_records_of_one_group_are_taken_up_to_the_bound(open_queue, raw, queue_name) -> None:
-    """Filters record one group each: a call still takes `count` of them, and whole commits after."""
+    """Filters are parked and settled (recorded for prune) in batches: a call takes whole records up
+    to `count`, and whole commits after."""
     q = open_queue(QueueConfig(settled_retention_s=RETENTION_S, max_completed_groups=100))
     submit(q, 40)
     w = q.worker("w1")
     for res in reserve_all(w, 40):
         w.filter(res.receipt, "zero_std")
+    assert q.settle_parked() == 40
     fill_buffer(q, 10)
     train(q, 10)
-    assert [len(pairs) for _, pairs in _records(raw, queue_name)] == [1] * 40 + [10]
+    assert [len(pairs) for _, pairs in _records(raw, queue_name)] == [32, 8, 10]
     _past_retention(raw)
     assert _prune_once(q, queue_name) == ["ok", 32, 0]
     assert _prune_once(q, queue_name) == ["ok", 18, 1]  # 8 filters and the commit of 10

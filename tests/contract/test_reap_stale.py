@@ -29,7 +29,7 @@ from tests.contract.lifecycle import (
 
 
 def test_header_matches_builder() -> None:
-    check_header("reap_stale", ["src", "meta", "ready", "buffer", "bufver", "history", "ledger", "dlq", "wake_work", "counters"],
+    check_header("reap_stale", ["src", "meta", "ready", "buffer", "bufver", "history", "ledger", "dlq", "parked", "settled", "wake_work", "counters"],
                  ["count"])
 
 

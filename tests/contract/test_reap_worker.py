@@ -41,7 +41,7 @@ LOST_REASON = "worker silent past worker_timeout"
 
 
 def test_header_matches_builder() -> None:
-    check_header("reap_worker", ["src", "meta", "ready", "workers", "reserves", "history", "ledger", "dlq", "wake_work", "progress", "reaped", "retired", "counters"],
+    check_header("reap_worker", ["src", "meta", "ready", "workers", "reserves", "history", "ledger", "dlq", "parked", "settled", "wake_work", "progress", "reaped", "retired", "counters"],
                  ["worker_id", "count"])
 
 

@@ -14,6 +14,7 @@ from rollout_queue import QueueConfig, StaleReceipt
 from rollout_queue.core import flows
 from tests.contract.conftest import snapshot
 from tests.contract.worker_support import call, group, keys, ledger, pel
+from tests.helpers import after_settling
 
 CFG = QueueConfig()
 REASON = "malformed_reservation: test"
@@ -26,7 +27,7 @@ def test_reject_settles_the_reservation_dead(open_queue, raw: redis.Redis, queue
     [res] = q.worker("w1").reserve(1)
     reply = call(q, "reject", entry_id=eid, attempt=1, worker_id="w1", reason=REASON)
     assert reply == ["ok", b"dead"]
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert (dead.entry_id, dead.source_id, dead.reason, dead.attempt, dead.worker_id) == (eid, "rj", REASON, 1, "w1")
     assert dead.fields == {k.encode(): v for k, v in pristine.items()} and dead.group == res.group
     assert pel(raw, queue_name) == {} and raw.xlen(keys(queue_name)["src"]) == 0
@@ -67,7 +68,7 @@ def test_reserve_rejects_a_body_that_is_not_orjson(open_queue, raw: redis.Redis,
                                                    "g": '{"prompt": 7}'}).decode()
     [good] = q.submit([group("good")])
     assert [r.entry_id for r in q.worker("w1").reserve(3)] == [good]
-    dead = {d.entry_id: d for d in q.dead_letters()}
+    dead = {d.entry_id: d for d in after_settling(q).dead_letters()}
     assert set(dead) == {bad, bad_prompt}
     assert all(d.reason.startswith("malformed_reservation") and d.worker_id == "w1" for d in dead.values())
     assert dead[bad].fields[b"g"] == b"\xff not json" and dead[bad].group is None

@@ -33,7 +33,7 @@ from tests.contract.worker_support import (
     samples,
     send,
 )
-from tests.helpers import wait_until
+from tests.helpers import wait_until, after_settling
 
 CFG = QueueConfig(max_attempts=10)  # the default worker_timeout_s keeps the reaper out
 REFUSAL_TOUCHES = ("workers", "reserves")
@@ -333,7 +333,7 @@ def test_garbage_is_dead_lettered_and_never_blocks_the_good_entry_behind_it(
     [good] = q.submit([group("good")])
     got = q.worker("w1").reserve(1)
     assert entry_ids(got) == [good]
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert dead.entry_id == bad and dead.reason.startswith("malformed_reservation") and reason in dead.reason
     assert dead.fields == {k.encode(): v.encode() for k, v in fields.items()}  # the pristine payload
     assert pel(raw, queue_name) == {good: ("w1", 1)}
@@ -352,7 +352,7 @@ def test_a_long_run_of_garbage_is_cleared_across_calls(open_queue, raw: redis.Re
     assert (first.status, first.granted) == ("retry", ())  # dead-lettered some: call again at once
     assert first.dead_lettered > 0
     assert entry_ids(q.worker("w1").reserve(1)) == [good]
-    assert q.stats().dead == 40 and len(q.dead_letters()) == 40
+    assert q.stats().dead == 40 and len(after_settling(q).dead_letters()) == 40
 
 
 def test_a_group_larger_than_max_executing_samples_is_refused_at_submit(open_queue, raw: redis.Redis,
@@ -366,7 +366,7 @@ def test_a_group_larger_than_max_executing_samples_is_refused_at_submit(open_que
     assert (exc.value.source_id, exc.value.n, exc.value.limit, exc.value.partitions) == ("big", 5, 4, 1)
     assert "raise max_executing_samples to >= 5" in str(exc.value)
     assert snapshot(raw, queue_name) == before
-    assert q.stats().backlog == 0 and q.dead_letters() == []
+    assert q.stats().backlog == 0 and after_settling(q).dead_letters() == []
     [ok] = q.submit([group("ok", n=4)])
     assert entry_ids(q.worker("w1").reserve(1)) == [ok]
 
@@ -379,7 +379,7 @@ def test_a_group_the_bound_was_lowered_under_is_dead_lettered(open_queue, raw: r
     big, ok = q.submit([group("big", n=5), group("ok", n=4)])
     q.run(actions.set_config(q.keys, {"max_executing_samples": 4}))
     assert entry_ids(q.worker("w1").reserve(2)) == [ok]
-    [dead] = q.dead_letters()
+    [dead] = after_settling(q).dead_letters()
     assert (dead.entry_id, dead.group) == (big, group("big", n=5))
     assert "exceeds max_executing_samples" in dead.reason
 

@@ -51,11 +51,13 @@ def recount(raw, queue_name) -> dict[str, int]:
         "ready": by_owner["@ready"], "completed": by_owner["@done"], "leased": by_owner["@lease"],
         "executing_groups": by_owner["worker"],
         "executing_samples": sum(int(entries[e]["n"]) for e in executing),
-        "retained": len(owners), "kept": raw.zcard(k["kept"]),
+        # Parked entries (@dead, @filtered: a worker's script settled them as far as its role may)
+        # are settled already: not retained, counted dead or filtered, still in the stream.
+        "retained": len(owners) - by_owner["@dead"] - by_owner["@filtered"], "kept": raw.zcard(k["kept"]),
         "backlog": sum(1 for e in entries if _id_key(e) > last),
         "xlen_backlog": raw.xlen(k["src"]) - len(owners) - raw.zcard(k["kept"]),
         "committed": committed,
-        "commit_lines": sum(len(kv[b"ids"].decode().split(",")) for _, kv in raw.xrange(k["commits"])), "dead": raw.xlen(k["dlq"]), "active_leases": raw.zcard(k["leases"]),
+        "commit_lines": sum(len(kv[b"ids"].decode().split(",")) for _, kv in raw.xrange(k["commits"])), "dead": raw.xlen(k["dlq"]) + by_owner["@dead"], "active_leases": raw.zcard(k["leases"]),
         "ready_index": raw.zcard(k["ready"]), "buffer_index": raw.zcard(k["buffer"]),
     }
 

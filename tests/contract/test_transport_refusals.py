@@ -26,7 +26,7 @@ from rollout_queue.drivers.transport import refusal
 from tests.conftest import SERVER_KINDS
 from tests.contract.conftest import SyncView
 from tests.contract.worker_support import group
-from tests.helpers import wait_until
+from tests.helpers import wait_until, after_settling
 from tests.proxy import Proxy
 
 CFG = QueueConfig(max_attempts=1, worker_timeout_s=30.0)
@@ -87,7 +87,7 @@ def dead_letter(q: Any) -> str:
     q.submit([group("dl")])
     [res] = q.worker("w1").reserve(1)
     assert q.worker("w1").fail(res.receipt, "bad") == "dead"
-    [dl] = q.dead_letters()
+    [dl] = after_settling(q).dead_letters()
     return dl.dlq_id
 
 
@@ -152,7 +152,7 @@ def test_a_call_that_meets_busy_is_retried_until_the_script_is_killed(opener, tr
         backoffs = on_backoff(q, transport, kill)
         new_id = q.requeue_dead_letter(dlq_id)
     assert backoffs, "the call never met BUSY"
-    assert q.dead_letters() == [] and q.submit([group("dl")]) == [new_id]
+    assert after_settling(q).dead_letters() == [] and q.submit([group("dl")]) == [new_id]
     stats = q.stats()
     assert (stats.backlog, stats.dead) == (2, 0), "each call ran exactly once"
     assert eid != new_id
@@ -202,7 +202,7 @@ def test_a_call_that_meets_loading_is_retried_even_if_not_idempotent(opener, tra
     finally:
         starting.join(timeout=30)
     assert backoffs, "the call never met LOADING"
-    assert q.dead_letters() == [] and q.submit([group("dl")]) == [new_id]
+    assert after_settling(q).dead_letters() == [] and q.submit([group("dl")]) == [new_id]
     assert q.stats().backlog == 1
 
 
@@ -260,7 +260,7 @@ def test_readonly_after_a_failover_is_retried_until_the_server_is_primary_again(
     [res] = q.worker("w2").reserve(1)  # idempotent
     assert backoffs, "the call never met READONLY"
     assert res.entry_id == eid
-    assert q.dead_letters() == [] and q.submit([group("dl")]) == [new_id]
+    assert after_settling(q).dead_letters() == [] and q.submit([group("dl")]) == [new_id]
     assert q.stats().backlog == 1  # the requeued dead letter; eid is executing on w2
 
 
@@ -272,7 +272,7 @@ def test_readonly_past_the_window_raises_server_unavailable(opener, fresh_server
         q.requeue_dead_letter(dlq_id)
     assert caught.value.refusal == "READONLY"
     fresh_server.promote()
-    assert len(q.dead_letters()) == 1, "nothing ran"
+    assert len(after_settling(q).dead_letters()) == 1, "nothing ran"
 
 
 def test_masterdown_on_a_replica_is_retried_until_it_is_promoted(opener, transport: str,
@@ -292,7 +292,7 @@ def test_masterdown_on_a_replica_is_retried_until_it_is_promoted(opener, transpo
             backoffs = on_backoff(q, transport, replica.promote)
             new_id = q.requeue_dead_letter(dlq_id)  # not idempotent
             assert backoffs, "the call never met MASTERDOWN"
-            assert q.dead_letters() == [] and q.submit([group("dl")]) == [new_id]
+            assert after_settling(q).dead_letters() == [] and q.submit([group("dl")]) == [new_id]
         finally:
             replica.cleanup(graceful=False)
 
@@ -306,7 +306,7 @@ def test_noreplicas_is_retried_until_enough_replicas_are_back(opener, transport:
     backoffs = on_backoff(q, transport, lambda: control.config_set("min-replicas-to-write", 0))
     new_id = q.requeue_dead_letter(dlq_id)
     assert backoffs, "the call never met NOREPLICAS"
-    assert q.dead_letters() == [] and q.submit([group("dl")]) == [new_id]
+    assert after_settling(q).dead_letters() == [] and q.submit([group("dl")]) == [new_id]
     control.close()
 
 

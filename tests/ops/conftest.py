@@ -97,6 +97,7 @@ def build_known_state(url: str, queue: str) -> KnownState:
     q.run(flows.reaper._reap_worker(q.layout.keys[0], REAPED.encode(), False, 100))
     wait_until(lambda: q.stats().workers_silent >= 2, timeout=5, interval=0.02, message="host-b silent")
     state = KnownState(url, queue, q, ids, lease.lease_id, lease, {ALIVE: a, SILENT: b})
+    q.settle_parked()  # g0 was parked by host-a's fail (the worker role holds no XACK): settled here
     state.dlq_id = q.dead_letters()[0].dlq_id
     state.refresh()
     return state

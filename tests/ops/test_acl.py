@@ -59,12 +59,13 @@ def test_acl_prints_rules_for_every_role_in_three_formats(cli: Cli) -> None:
     assert "#" + hashlib.sha256(b"s3cret").hexdigest() in worker and "s3cret" not in worker
     assert f"+evalsha|{SCRIPTS['reserve'].sha}" in worker and f"evalsha|{SCRIPTS['commit'].sha}" not in worker
     assert "~rollout:{demo}:commits" not in worker and "~rollout:{demo}:src" in worker
-    trainer = lines[ROLES.index("trainer")].split()
-    assert "+mget" in trainer and "~rollout:{demo}:payload:*" in trainer, "a trainer reads its leased payloads"
-    # A worker stages a completion's payload with MULTI / SET / EXEC around its complete call; SET is
-    # granted by a selector on the payload keys alone, never with the role's other keys.
-    assert {"+multi", "+exec", "~rollout:{demo}:payload:*"} <= set(worker.split()) and "+set" not in worker.split()
-    assert "(+set ~rollout:{demo}:payload:*)" in worker
+    trainer = lines[ROLES.index("trainer")]
+    assert "(+mget %R~rollout:{demo}:payload:*)" in trainer, "a trainer reads its leased payloads"
+    # A worker stages a completion's payload with MULTI / SET / EXEC around its complete call; SET (and
+    # DEL) are granted by a selector on the payload keys alone, never with the role's other keys.
+    root = [x for x in acl.role_rules("demo", "worker").rules if not x.startswith("(")]
+    assert {"+multi", "+exec"} <= set(root) and "+set" not in root and "+del" not in root
+    assert "(+del +set ~rollout:{demo}:payload:*)" in worker
     operator = lines[ROLES.index("operator")].split()
     assert {"+strlen", "+mget"} <= set(operator), "inspect reads a completed group's payload size"
     assert not any(":results" in line for line in lines), "the results hash is gone"
@@ -118,7 +119,7 @@ def test_each_role_does_its_job(urls: Urls, queue_name: str, cli: Cli) -> None:
     (extra,) = w2.reserve(1, block_ms=100)
     w2.complete(extra.receipt, samples(extra.group.n, 1))
     code, out, err = cli(urls["operator"], queue_name, "inspect", extra.entry_id)
-    size = len(wq.client.get(wq.keys.payload(extra.entry_id, extra.receipt.attempt)))
+    size = len(redis.Redis.from_url(urls["admin"]).get(wq.keys.payload(extra.entry_id, extra.receipt.attempt)))
     assert code == 0 and f"{size} bytes" in out, (out, err)
     for args in (["stats", "--json"], ["inspect", ids[1]], ["workers"], ["leases"], ["dlq", "list"],
                  ["config", "show"], ["drain", "status"], ["metrics", "--once"], ["top", "--once"],
@@ -200,16 +201,29 @@ def test_only_the_trainer_derives_admission_control(urls: Urls, queue_name: str,
 
 def test_the_documented_limit_is_real(urls: Urls, queue_name: str) -> None:
     """What OPERATIONS.md says ACLs cannot prevent: a credential may send, directly, the commands its
-    own scripts use on their keys (no "only inside this script" permission exists). SCRIPT LOAD of
-    new code is allowed, but EVALSHA of it is refused: only allow-listed SHA1s run."""
+    own scripts use on the keys they use them on (no "only inside this script" permission exists). For
+    the worker that is no longer XACK or XDEL (issue 29 item 7: its scripts park what they settle), but
+    XCLAIM in the source stream still is. SCRIPT LOAD of new code is allowed, but EVALSHA of it is
+    refused: only allow-listed SHA1s run."""
     RolloutQueue.from_url(urls["producer"], queue_name).submit([SourceGroup("s-0", "p", 2)])
     wq = RolloutQueue.from_url(urls["worker"], queue_name)
     (res,) = wq.worker("gpu-0").reserve(1)
-    assert wq.client.xack(wq.keys["src"], "rollout", res.entry_id) == 1  # bypasses every script's checks
+    denied(lambda: wq.client.xack(wq.keys["src"], "rollout", res.entry_id))
+    denied(lambda: wq.client.xdel(wq.keys["src"], res.entry_id))
+    denied(lambda: wq.client.xadd(wq.keys["dlq"], {"entry_id": res.entry_id}))
+    denied(lambda: wq.client.delete(wq.keys["src"]))
+    # XCLAIM stays (its scripts park with it): it bypasses every script's checks, and the receipt is gone.
+    assert wq.client.xclaim(wq.keys["src"], "rollout", "@dead", 0, [res.entry_id], justid=True) == [
+        res.entry_id.encode()]
     sha = wq.client.script_load("return redis.call('DEL', KEYS[1])")
     denied(lambda: wq.client.evalsha(sha, 1, wq.keys["src"]))
-    with pytest.raises(StaleReceipt):  # the ledger no longer knows the attempt: damage done outside any script
+    with pytest.raises(StaleReceipt):  # the PEL no longer gives the attempt to gpu-0: waste, not loss
         wq.worker("gpu-0").complete(Receipt(res.entry_id, 1, "gpu-0"), samples(2, 0))
+    # Claimed to a parking consumer without a record is no settlement: the reaper requeues the group.
+    reaper = RolloutQueue.from_url(urls["reaper"], queue_name)
+    assert reaper.reap().settled == 1
+    (again,) = wq.worker("gpu-1").reserve(1)
+    assert again.entry_id == res.entry_id
     # It stages completions with a plain SET, so it may write any payload key of its queue directly
     # (not another queue's: every key pattern names this queue), and no other key: the SET selector
     # names the payload keys alone, so meta or the stream cannot be turned into a string.
@@ -335,7 +349,8 @@ def test_rotation_revokes_the_old_password_and_reapplying_keeps_logins(server: L
         assert login("rotated") and not login("leaked")
         fields = r.acl_getuser(user)
         assert len(fields["passwords"]) == 1
-        assert len(fields["selectors"]) == len(acl.ROLES["worker"].selectors), "re-applying stacked selectors"
+        selectors = [x for x in acl.role_rules(queue_name, "worker").rules if x.startswith("(")]
+        assert len(fields["selectors"]) == len(selectors), "re-applying stacked selectors"
         # The printed forms carry the same revocation: resetpass before the hash, only with a password.
         with_pw = acl.role_rules(queue_name, "worker", "x").rules
         assert with_pw.index("resetpass") == with_pw.index("#" + hashlib.sha256(b"x").hexdigest()) - 1
@@ -406,7 +421,8 @@ def test_the_worker_role_cannot_rewrite_a_push_round(urls: Urls, queue_name: str
     denied(lambda: worker.hdel(keys["push"], "unreached:gpu-1"))
     denied(lambda: worker.delete(keys["push"]))
     assert dump(r, queue_name) == before
-    assert worker.hget(keys["push"], "addr") == b"127.0.0.1:29500"  # it reads the round it joins
+    # It reads the round only inside push_join (a direct HGET is not among the worker's reads).
+    denied(lambda: worker.hget(keys["push"], "addr"))
     ticket = w.join_push(epoch)
     assert ticket is not None and (ticket.rank, ticket.addr) == (1, "127.0.0.1:29500")
     seal = trainer.seal_push(epoch, expect=1)

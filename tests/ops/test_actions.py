@@ -22,7 +22,8 @@ def dump(r: redis.Redis, st: KnownState) -> dict[bytes, Any]:
 
 
 @pytest.mark.parametrize("name, keys, argv", [
-    ("requeue", ("src", "meta", "ready", "workers", "history", "ledger", "dlq", "wake_work", "counters"),
+    ("requeue", ("src", "meta", "ready", "workers", "history", "ledger", "dlq", "parked", "settled", "wake_work",
+                 "counters"),
      ("entry_id", "attempt", "worker_id", "mode", "terminal", "reason")),
     ("config_set", ("meta", "counters"), ("library", "*fields")),
     ("drain", ("meta", "holds", "wake_work", "wake_done"), ("action", "timeout_ms", "reason")),

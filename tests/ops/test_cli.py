@@ -495,6 +495,7 @@ def test_dlq_list_show_requeue_purge(cli: Cli, known_state: KnownState) -> None:
     st.refresh()
     (res,) = [x for x in st.workers[ALIVE].reserve(10) if x.group.source_id == "prompt-4"]
     assert st.workers[ALIVE].fail(res.receipt, "still broken") == "dead"
+    st.q.settle_parked()  # parked by the worker's fail: the reaper's next pass writes its dead letter
     code, out, err = run(cli, st, "dlq", "purge", "--all", "--yes")
     assert code == 0 and out == "purged\t1\n"
     code, out, err = run(cli, st, "dlq", "list")  # empty: stdout stays empty (pipes), stderr says so

@@ -82,6 +82,11 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
     def ledger_matches_redis(self) -> None:
         if self.q is None:
             return
+        # The model settles a worker's dead letter or filter whole; Redis parks it (the worker role
+        # holds no XACK) until settle_parked, which the reaper runs each pass: run it first. Parked
+        # groups themselves are checked by redis_truth (their owner, record and ledger line) and the
+        # contract tests (test_settle_parked.py).
+        self.q.settle_parked()
         truth = observe(self.raw, self.keys)
         states = check_states(truth, self.model)
         check_commits(truth, self.model, states)

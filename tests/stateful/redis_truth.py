@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -54,6 +54,7 @@ class Truth:
     settled: dict[str, str]                     # entry_id -> source_id of each record waiting for prune
     history: dict[str, Any]                     # entry_id -> {"f": counted failures, "h": [attempts]}
     suspects: dict[str, float]                  # entry_id -> leases rolled back on a trainer error that held it
+    parked: dict[str, str] = field(default_factory=dict)  # entry_id -> settlement record (park_many)
 
     @property
     def dead_ids(self) -> Counter[str]:
@@ -127,6 +128,7 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         settled=_records(r, keys["settled"]),
         history={_s(k): json.loads(v) for k, v in r.hgetall(keys["history"]).items()},
         suspects=_zset(r, keys["suspects"]),
+        parked=_hash(r, keys["parked"]),
     )
 
 
@@ -148,8 +150,12 @@ def states_of(t: Truth, entry_id: str) -> list[str]:
         votes.append(BACKLOG)
     if owner is None and ledger.startswith("s|committed|"):
         votes.append(COMMITTED)
-    if owner is None and ledger.startswith("s|filtered|"):
+    # Parked (a worker's script settled it as far as its role may): its owner is the parking consumer
+    # and it counts as settled until settle_parked finishes it; in the dlq too would be two states.
+    if (owner is None and ledger.startswith("s|filtered|")) or owner == "@filtered":
         votes.append(FILTERED)
+    if owner == "@dead":
+        votes.append(DEAD)
     if entry_id in t.dead_ids:
         votes.append(DEAD)
     return votes
@@ -186,6 +192,10 @@ def derive_state(t: Truth, entry_id: str) -> str:
     elif state == COMMITTED:
         assert not has_payload and entry_id not in t.bufver, where
         assert (entry_id in t.kept) == (entry_id in t.stream), f"kept copy of {entry_id}: {where}"
+    elif owner in ("@dead", "@filtered"):
+        word = owner[1:]
+        assert ledger_of(t, entry_id).startswith(f"s|{word}|") and not has_payload, where
+        assert t.parked.get(entry_id, "").startswith(f"{word}|"), f"parked {entry_id} without its record: {where}"
     elif state in (FILTERED, DEAD):
         assert entry_id not in t.stream and not has_payload and entry_id not in t.kept, where
         if state == DEAD:
@@ -197,7 +207,12 @@ def _where(t: Truth, entry_id: str) -> str:
     return (f"pel={t.pel.get(entry_id)} ready={entry_id in t.ready} buffer={entry_id in t.buffer} "
             f"bufver={entry_id in t.bufver} payloads={sorted(t.payloads.get(entry_id, ()))} "
             f"kept={t.kept.get(entry_id)} "
-            f"stream={entry_id in t.stream} dlq={t.dead_ids[entry_id]} ledger={t.ledger.get(entry_id)!r}")
+            f"stream={entry_id in t.stream} dlq={t.dead_ids[entry_id]} ledger={t.ledger.get(entry_id)!r} "
+            f"parked={t.parked.get(entry_id)!r}")
+
+
+def ledger_of(t: Truth, entry_id: str) -> str:
+    return t.ledger.get(entry_id, "")
 
 
 def check_no_ghosts(t: Truth) -> None:
@@ -212,7 +227,7 @@ def check_no_ghosts(t: Truth) -> None:
     active = {i for i, rec in t.lease_records.items() if rec.get("state") == "active"}
     assert active == set(t.leases), f"active lease records {sorted(active)} != leases zset {sorted(t.leases)}"
     for owner, _ in t.pel.values():
-        assert not owner.startswith("@") or owner in ("@ready", "@done") or owner[7:] in active, (
+        assert not owner.startswith("@") or owner in ("@ready", "@done", "@dead", "@filtered") or owner[7:] in active, (
             f"PEL owner {owner} is neither a worker nor a live queue owner")
 
 

@@ -73,6 +73,7 @@ from rollout_queue.core.flows.reaper import (
     finish_interrupted,
     prune,
     reap,
+    settle_parked,
 )
 from rollout_queue.core.flows.worker import (
     COMPLETE_BATCH,
@@ -105,7 +106,7 @@ __all__ = [
     "hold_release", "hold_wait", "lease", "new_id", "open_queue", "owned_attempts", "owned_command",
     "produce", "prune", "publish_version", "push_close", "push_join", "push_open", "push_seal", "read_cursor", "reap", "reject", "requeue_dead_letter", "reserve",
     "progress_args", "reservations", "save_partial",
-    "restore", "rollback", "stats", "submit", "version",
+    "restore", "rollback", "settle_parked", "stats", "submit", "version",
 ]
 
 

@@ -61,6 +61,7 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
         report += yield from finish_interrupted(keys, budget, PRUNE_CALLS_PER_PASS)
     reply = yield p.build(keys, "reindex", count=REINDEX_BATCH)
     report += ReapReport(reindexed=p.parse_reindex(reply))
+    report += yield from settle_parked(keys, SETTLE_BATCH, PRUNE_CALLS_PER_PASS)
     return report
 
 
@@ -72,6 +73,17 @@ OWNERS_BATCH = 256
 #: PEL entries one reap pass checks against their index (reindex.lua): ~0.1 ms of script a call, so a
 #: queue of 100k owned entries is swept every ~400 passes (minutes at the reaper's 1 s interval).
 REINDEX_BATCH = 256
+
+
+#: Parked entries one settle_parked call settles (one dead letter each: well under a ms a call).
+SETTLE_BATCH = 64
+
+
+def settle_parked(keys: QueueKeys, count: int = SETTLE_BATCH, max_calls: int | None = None) -> Flow[ReapReport]:
+    """Settle what workers' scripts parked (dead letters and filtered groups: the worker role holds no
+    XACK), ``count`` entries per call, until none is left or ``max_calls`` ran."""
+    return ReapReport(settled=(yield from _batches(keys, "settle_parked", count, max_calls,
+                                                   p.parse_settle_parked)))
 
 
 def finish_interrupted(keys: QueueKeys, count: int = BATCH, max_calls: int | None = None) -> Flow[ReapReport]:

@@ -7,7 +7,8 @@ KEYS:
   reserves   worker id -> last reserve (for replay)
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
-  dlq        dead letters
+  parked     entry ID -> settlement record of a group this call dead-letters (park_many: the
+             worker role holds no XACK; settle_parked finishes it)
   wake_work  wake stream for blocked reservers
   progress   worker id -> its last reported counts (deleted with the registration)
   retired    worker ids deregistered while their consumer may remain, by when

@@ -8,7 +8,8 @@ KEYS:
   bufver     completed entry IDs by (min_version, arrival)
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
-  dlq        dead letters
+  parked     entry ID -> settlement record of a group this call dead-letters (park_many: the
+             worker role holds no XACK; settle_parked finishes it)
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
   counters   counters (apart from meta: the worker role writes these, never the config or version)

@@ -9,6 +9,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   wake_work  wake stream for blocked reservers
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
   counters   counters (apart from meta: the worker role writes these, never the config or version)
@@ -24,10 +26,12 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include requeue_lease
 local now = now_ms()
 local cfg = load_config()
 local n, done = reap_lease(A.lease_id, tonumber(A.count), cfg, now)
 -- A lease closed with nothing left to requeue (or an unknown id) gives the reaper nothing to do.
 if n == nil or (n == 0 and done) then return {'not_due', 0} end
+settle_parked_now(cfg)
 return {'ok', 'expired', n, done and 1 or 0}

@@ -5,7 +5,8 @@ KEYS:
   ready      requeued entry IDs
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
-  dlq        dead letters
+  parked     entry ID -> settlement record of a group this call dead-letters (park_many: the
+             worker role holds no XACK; settle_parked finishes it)
   wake_work  wake stream for blocked reservers
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 READS:

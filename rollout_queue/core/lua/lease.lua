@@ -13,6 +13,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   suspects   entry ID -> leases rolled back on a trainer error that held it
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
@@ -48,6 +50,7 @@ Invariant:
 -- @include bug
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include hold_active
 -- @include reap_some_lease
 -- @include reap_some_worker
@@ -104,12 +107,16 @@ end
 local members, versions, counts = {}, {}, {}
 local marked = redis.call('ZCARD', K.suspects) > 0
 local apart, took_suspect = {}, false
-local range = 'ZRANGE'
-if cfg.buffer_order == 'lifo' then range = 'ZREVRANGE' end
+local lifo = cfg.buffer_order == 'lifo'
 local offset = 0
 while #members < want do
   local need = math.min(want - #members, 1000)  -- keeps ZMSCORE's unpack() within Lua's C stack
-  local batch = redis.call(range, K.buffer, offset, offset + need + 15)
+  local batch
+  if lifo then
+    batch = redis.call('ZREVRANGE', K.buffer, offset, offset + need + 15)
+  else
+    batch = redis.call('ZRANGE', K.buffer, offset, offset + need + 15)
+  end
   if not batch[1] then break end  -- ghosts dropped on the way made the buffer shorter than counted
   local done = owned_counts(batch, '@done')
   local scores = redis.call('ZMSCORE', K.bufver, unpack(batch))
@@ -158,6 +165,7 @@ if #members < want and apart[1] then
   end
 end
 if #members == 0 or (#members < groups and A.partial ~= '1') then
+  settle_parked_now(cfg)
   return {'insufficient', #members, wake_id(K.wake_done)}
 end
 
@@ -183,4 +191,5 @@ redis.call('ZADD', K.leases, deadline, lease_id)
 redis.call('HINCRBY', K.counters, 'leased', #members)
 redis.call('HINCRBY', K.counters, 'leases_total', 1)
 if was_full then wake(K.wake_work) end
+settle_parked_now(cfg)
 return lease_reply(lease_id, deadline, cfg.version_eff, members_csv, versions_csv, counts)

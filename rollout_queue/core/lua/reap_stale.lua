@@ -9,6 +9,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   wake_work  wake stream for blocked reservers
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
@@ -20,8 +22,10 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include evict_stale_some
 local now = now_ms()
 local cfg = load_config()
 local evicted, more = evict_stale_some(cfg, now, tonumber(A.count))
+settle_parked_now(cfg)
 return {'ok', evicted, 1 - more}

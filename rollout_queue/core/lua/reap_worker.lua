@@ -9,6 +9,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   wake_work  wake stream for blocked reservers
   progress   worker id -> its last reported counts (deleted with the registration)
   reaped     capped stream: one line per reaping call (who, last heartbeat, what it held)
@@ -28,6 +30,7 @@ Invariant:
 -- @include bug
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include reap_worker_entries
 local now = now_ms()
 local cfg = load_config()
@@ -43,4 +46,5 @@ if done then
   redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker)
   redis.call('ZREM', K.retired, worker)
 end
+settle_parked_now(cfg)
 return {'ok', requeued, dead, done and 1 or 0}

@@ -13,6 +13,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   wake_work  wake stream for blocked reservers
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
@@ -27,6 +29,7 @@ Invariant:
 -- @include bug
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include ready_score
 -- @include call_batched
 -- @include evict_buffered_many
@@ -72,4 +75,5 @@ if #ids < count then
 else
   redis.call('HSET', clock_key(), 'reindex', owner .. '|' .. ids[#ids])
 end
+settle_parked_now(cfg)
 return {'ok', fixed, wrapped}

@@ -2,9 +2,9 @@
 reject: executing -> settled(dead): the worker found the reservation's body undecodable.
 KEYS:
   src        the reservations stream
-  history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
-  dlq        dead letters
+  parked     entry ID -> settlement record of a group this call dead-letters (park_many: the
+             worker role holds no XACK; settle_parked finishes it)
   wake_work  wake stream for blocked reservers
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 READS:
@@ -28,7 +28,7 @@ Invariant:
 -- @include ledger_settled
 -- @include read_entry
 -- @include release_executing
--- @include settle_dead
+-- @include park_many
 -- @include payloads
 local now = now_ms()
 load_config()
@@ -37,6 +37,6 @@ local refused = receipt_refusal(id, attempt, worker, ledger_settled('dead', atte
 if refused then return refused end
 local f, kv = read_entry(id)
 release_executing(tonumber(f and f.n) or 0)
-settle_dead(id, kv, A.reason, redis.call('HGET', K.history, id), attempt, worker, now)
+park_many({{id = id, attempt = attempt}}, 'dead', A.reason, worker, now)
 drop_payloads({{id = id, attempt = attempt}})  -- a completion staged for it but never adopted
 return {'ok', 'dead'}

@@ -9,6 +9,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   wake_work  wake stream for blocked reservers
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 ARGV:
@@ -31,6 +33,7 @@ Invariant:
 -- @include bug
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include parse_receipt
 -- @include receipt_refusal
 -- @include replayed
@@ -51,4 +54,6 @@ if A.mode == 'silent' then
   if seen and seen >= now - cfg.worker_timeout_ms then return {'alive', seen} end
 end
 local counted = A.terminal ~= 'aborted'
-return {'ok', end_attempt(id, attempt, worker, A.terminal, A.reason, counted, cfg, now)}
+local where = end_attempt(id, attempt, worker, A.terminal, A.reason, counted, cfg, now)
+settle_parked_now(cfg)
+return {'ok', where}

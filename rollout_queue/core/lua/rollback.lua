@@ -12,6 +12,8 @@ KEYS:
   history    counted failures and attempt reasons
   ledger     entry ID -> last terminal or settlement
   dlq        dead letters
+  parked     entry ID -> settlement record (park_many); what this call parks it settles at once
+  settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   suspects   entry ID -> leases rolled back on a trainer error that held it
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
@@ -37,6 +39,7 @@ Invariant:
 ]]
 -- @include now_ms
 -- @include load_config
+-- @include settle_parked_entries
 -- @include lease_record
 -- @include requeue_lease
 -- @include requeue_errored
@@ -59,7 +62,9 @@ local count = tonumber(A.count)
 local reason = redis.call('HGET', lease_key, 'error')
 if reason then
   local n, dead, done = requeue_errored_members(lease_key, A.lease_id, reason, count, cfg, now)
+  settle_parked_now(cfg)
   return {'ok', word, n, dead, done and 1 or 0}
 end
 local n, done = requeue_lease_members(lease_key, A.lease_id, 'rolled_back', count, cfg, now)
+settle_parked_now(cfg)
 return {'ok', word, n, 0, done and 1 or 0}

@@ -42,7 +42,7 @@ end
 local seen, workers, leases = {}, {}, {}
 for _, row in ipairs(rows) do
   local name = row[2]
-  if not seen[name] and name ~= '@ready' and name ~= '@done' then
+  if not seen[name] and name ~= '@ready' and name ~= '@done' and name ~= '@dead' and name ~= '@filtered' then
     seen[name] = true
     if string.sub(name, 1, 7) == '@lease:' then leases[#leases + 1] = name else workers[#workers + 1] = name end
   end

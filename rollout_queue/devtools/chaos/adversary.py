@@ -68,38 +68,55 @@ _STREAM_ID = re.compile(r"\d+-\d+")
 
 
 @dataclass(frozen=True)
-class Grants:
-    """One ACL user's rules, read back: its commands, the keys it may write and read, its selectors."""
+class Permissions:
+    """One permission set of an ACL user (its root, or one selector): commands, keys read-write, keys
+    read-only."""
 
     commands: frozenset[str]
     write_keys: tuple[str, ...]
     read_keys: tuple[str, ...]
-    selectors: tuple[tuple[str, str], ...]
 
     @classmethod
-    def parse(cls, rules: Sequence[str]) -> "Grants":
-        commands, write, read, selectors = set(), [], [], []
+    def parse(cls, rules: Sequence[str]) -> "Permissions":
+        commands, write, read = set(), [], []
         for rule in rules:
-            if rule.startswith("(") and rule.endswith(")"):  # (+cmd ~pattern): one selector per command
-                parts = rule[1:-1].split()
-                keys = [p[1:] for p in parts if p.startswith("~")]
-                selectors += [(p[1:], k) for p in parts if p.startswith("+") for k in keys]
-            elif rule.startswith("+"):
+            if rule.startswith("+"):
                 commands.add(rule[1:].lower())
             elif rule.startswith("%R~"):
                 read.append(rule[3:])
             elif rule.startswith("~"):
                 write.append(rule[1:])
-        return cls(frozenset(commands), tuple(write), tuple(read), tuple(selectors))
+        return cls(frozenset(commands), tuple(write), tuple(read))
+
+    def permits(self, name: str, first_arg: str | None, keys: Sequence[str]) -> bool:
+        writes = name in WRITE_COMMANDS or name == "evalsha"  # a script's keys are checked read-write
+        if name in self.commands or (first_arg is not None and f"{name}|{first_arg.lower()}" in self.commands):
+            return all(_match(k, self.write_keys) or (not writes and _match(k, self.read_keys)) for k in keys)
+        return False
+
+
+@dataclass(frozen=True)
+class Grants:
+    """One ACL user's rules, read back: its root permissions and its selectors (``(+cmd ... ~key ...)``,
+    acl.key_grants): Redis runs a command if any one of them allows it on all its keys."""
+
+    root: Permissions
+    selectors: tuple[Permissions, ...]
+
+    @property
+    def commands(self) -> frozenset[str]:
+        """Every command some permission set names (on some keys)."""
+        return self.root.commands.union(*(s.commands for s in self.selectors))
+
+    @classmethod
+    def parse(cls, rules: Sequence[str]) -> "Grants":
+        selectors = [Permissions.parse(r[1:-1].split()) for r in rules if r.startswith("(") and r.endswith(")")]
+        return cls(Permissions.parse([r for r in rules if not r.startswith("(")]), tuple(selectors))
 
     def permits(self, command: str, first_arg: str | None, keys: Sequence[str]) -> bool:
         """Whether Redis runs ``command`` (with ``first_arg``, for ``evalsha|<sha>``) on ``keys``."""
         name = command.lower()
-        writes = name in WRITE_COMMANDS or name == "evalsha"  # a script's keys are checked read-write
-        if name in self.commands or (first_arg is not None and f"{name}|{first_arg.lower()}" in self.commands):
-            if all(_match(k, self.write_keys) or (not writes and _match(k, self.read_keys)) for k in keys):
-                return True
-        return any(cmd == name and all(fnmatch.fnmatchcase(k, pattern) for k in keys) for cmd, pattern in self.selectors)
+        return any(p.permits(name, first_arg, keys) for p in (self.root, *self.selectors))
 
 
 def _match(key: str, patterns: Sequence[str]) -> bool:

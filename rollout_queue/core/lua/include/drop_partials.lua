@@ -10,8 +10,8 @@ head counts 0).
 Why: a record is attached to an entry only while the entry is unsettled and its group unfinished:
 complete drops it (the completion holds every token the record had, and a later requeue of that
 completion, stale or rolled back, must start from the prompt, not from an older prefix), and so does
-every settlement of an executing or ready entry (filter, and every dead letter through
-settle_dead_many). Commit needs none: a committed group was completed, and only a receipt's owner
+every settlement of an executing or ready entry (filter and every dead letter, both parked through
+park_many). Commit needs none: a committed group was completed, and only a receipt's owner
 writes a record (save_partial, abort), never for a completed or leased entry.
 ]]
 local function drop_partials(ids)

@@ -12,8 +12,9 @@ Why a head apart from the record: reserve judges and counts up to 64 records per
 records of up to max_partial_bytes into Lua would hold Redis for the copy (DESIGN: bounded scripts).
 partial_head(raw) -> {attempt, tokens, min_version, bytes, worker}, or nil for an absent or garbage head.
 ]]
-local PARTIAL_PREFIX = string.sub(K.meta, 1, -5)
-local PARTIAL_KEY, PARTIAL_HEAD_KEY = PARTIAL_PREFIX .. 'partial', PARTIAL_PREFIX .. 'partial:head'
+-- Each spelled out from K.meta's prefix, the one shape ops/script_access.py reads to grant per key.
+local PARTIAL_KEY = string.sub(K.meta, 1, -5) .. 'partial'
+local PARTIAL_HEAD_KEY = string.sub(K.meta, 1, -5) .. 'partial:head'
 local function partial_head(raw)
   if not raw then return nil end
   local a, t, v, b, w = string.match(raw, '^(%d+)|(%d+)|(%d+)|(%d+)|(.+)$')

@@ -1,7 +1,7 @@
 -- @include append_histories
 -- @include hmget_many
 -- @include read_entry
--- @include settle_dead_many
+-- @include park_many
 -- @include claim_counted
 -- @include ready_score
 -- @include call_batched
@@ -50,7 +50,7 @@ local function requeue_entries(entries, owner, terminal, reason, counted, cfg, n
       table.insert(scored, e.id)
     end
   end
-  settle_dead_many(dead, 'max_attempts', owner, now)
+  park_many(dead, 'dead', 'max_attempts', owner, now)
   if #ready > 0 then
     claim_counted('@ready', ready, bodies)
     call_batched({'ZADD', K.ready}, scored)

@@ -4,7 +4,7 @@
 -- @include append_histories
 -- @include hmget_many
 -- @include read_entry
--- @include settle_dead_many
+-- @include park_many
 -- @include claim_entries
 -- @include call_batched
 -- @include buffer_score
@@ -89,7 +89,7 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
   local dead, back, marks, ids = {}, {}, {}, {}
   if n > 0 then
     for i, e in ipairs(entries) do ids[i] = e.id end
-    local seen = hmget_many(K.suspects, ids, 'ZMSCORE')
+    local seen = zmscore_many(K.suspects, ids)
     for i, e in ipairs(entries) do
       e.errors, e.pos = (tonumber(seen[i]) or 0) + 1, i
       if e.errors >= cfg.max_attempts then
@@ -121,7 +121,7 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
         e.kv = kv or false
         gone[i] = e.id
       end
-      settle_dead_many(dead, TRAINER_ERROR .. ': ' .. reason, owner, now)
+      park_many(dead, 'dead', TRAINER_ERROR .. ': ' .. reason, owner, now)
       drop_payloads(dead)
       call_batched({'ZREM', K.suspects}, gone)
     end

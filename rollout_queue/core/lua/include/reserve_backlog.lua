@@ -2,7 +2,7 @@
 -- @include fields_of
 -- @include last_delivered
 -- @include validate_reservation
--- @include settle_dead
+-- @include park_many
 -- @include ready_score
 -- @include call_batched
 --[[
@@ -10,7 +10,7 @@ reserve_backlog: backlog -> executing for the rest of one reserve call, within m
 and admission control. Returns a stop reason ('retained_full', 'admission', 'capacity') or nil.
 Appends {entry_id, 1, fields} to r.grants. `counters` = HMGET of executing_samples, retained,
 committed.
-Uses: K.src, K.counters, K.ready and what settle_dead uses.
+Uses: K.src, K.counters, K.ready and what park_many uses (a dead reservation is parked: settle_parked finishes it).
 Why: the backlog is peeked first (XRANGE after the group's cursor), so a refusal leaves the cursor
 where it was; only what the peek accepted is delivered. A group too large for the caller cannot be
 left in the stream behind the cursor, so it is delivered and parked in ready at attempt 0 (owner
@@ -70,7 +70,7 @@ local function reserve_backlog(r, cfg, now, worker, counters)
       table.insert(scored, ready_score(e[1]))
       table.insert(scored, e[1])
     elseif v then
-      settle_dead(e[1], e[2], v, nil, 1, worker, now)
+      park_many({{id = e[1], attempt = 1}}, 'dead', v, worker, now)
       r.dead = r.dead + 1
     else
       table.insert(r.grants, {e[1], 1, e[2]})

@@ -2,12 +2,12 @@
 -- @include pel_entry
 -- @include read_entry
 -- @include validate_reservation
--- @include settle_dead
+-- @include park_many
 --[[
 reserve_ready: ready -> executing for the requeued groups of one reserve call, oldest submission
 first; groups too large for the caller are skipped in place (reserve_fit). Returns a stop reason
 ('capacity', or 'full': the call is served) or nil. Appends {entry_id, attempt, fields} to r.grants.
-Uses: K.src, K.ready, K.counters and what settle_dead uses.
+Uses: K.src, K.ready, K.counters and what park_many uses (a dead reservation is parked: settle_parked finishes it).
 Why: requeued work keeps its place (DESIGN, Buffer and staleness), and a call's work is bounded by
 what it can grant: at most r.groups grants, RESERVE_LOOKAHEAD skipped groups and as many garbage
 members (ghosts, malformed reservations dead-lettered on the way), whatever the size of ready.
@@ -28,7 +28,7 @@ local function reserve_ready(r, cfg, now, worker)
       local bad = validate_reservation(f, cfg)
       if bad then
         redis.call('ZREM', K.ready, head)
-        settle_dead(head, kv, bad, redis.call('HGET', K.history, head), count, '@ready', now)
+        park_many({{id = head, attempt = count}}, 'dead', bad, '@ready', now)
         r.dead = r.dead + 1
         garbage = garbage + 1
       else
