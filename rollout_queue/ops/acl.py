@@ -117,7 +117,9 @@ ROLES: dict[str, Role] = {r.name: r for r in (
                   "publish_version", "checkpoint", "restore", "stats",
                   "push_open", "push_seal", "push_close", "derive_admission", "settle_parked"),
          ("hget", "hmget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True,
-         selectors=(("mget", "payload:*"),)),  # the payloads of the groups it leased (P2)
+         # the payloads of the groups it leased (P2); the workers that are gone, named in WorkersGone
+         # (core/liveness.last_workers: read-only, on these keys alone)
+         selectors=(("mget", "payload:*"), ("zrevrange", "workers"), ("xrevrange", "reaped"), ("hget", "clock"))),
     Role("reaper", "requeues the work of silent workers, expired leases and stale groups",
          _OPEN + ("reap_scan", "reap_worker", "expire_lease", "reap_stale", "hold_release", "prune",
                   "finish_interrupted", "reindex", "sweep_owners", "settle_parked")),
