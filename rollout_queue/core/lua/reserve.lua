@@ -10,8 +10,7 @@ KEYS:
   holds      admission hold ids by deadline
   history    entry ID -> counted failures and recent attempt reasons
   ledger     entry ID -> last terminal or settlement
-  parked     entry ID -> settlement record of a group this call dead-letters (park_many: the
-             worker role holds no XACK; settle_parked finishes it)
+  parked     entry ID -> record of a group parked dead here (the reaper's settle_parked ends it)
   wake_work  wake stream for blocked reservers
   progress   worker id -> reported counts (a reaped worker's is deleted)
   reaped     capped stream of reaped workers
