@@ -427,12 +427,13 @@ def test_a_model_turn_cancelled_with_its_attempt_frees_its_engine_slot(url: str,
     runs, so the attempt cancels that turn. The scripted engine used to keep the cancelled request's
     running slot for ever (the cancellation cancelled its future, and abort skips a done future);
     with every slot leaked, each later trajectory waited out its deadline (30 s in the chaos run)
-    and the worker reserved nothing more. Here one slot, one such attempt, then a healthy group."""
+    and the worker reserved nothing more. Here two slots (both turns of the attempt run at once),
+    one such attempt, then a healthy group."""
     def latency(prompt: str, request_id: str) -> float:  # the sibling's turn runs when slot 0 fails
         return 60.0 if "boom" in prompt and request_id.endswith("/1#0") else 0.0
 
     q = open_queue(url, name, max_attempts=1)
-    engine = ScriptedEngine(text_fn=envs.turn_text, max_concurrency=1, latency_fn=latency)
+    engine = ScriptedEngine(text_fn=envs.turn_text, max_concurrency=2, latency_fn=latency)
     q.submit([SourceGroup("bad", "boom here", 2)])
     rt = start(url, name, envs.Raising, engine)
     wait_until(lambda: q.stats().dead == 1, 20, message="the failing attempt")
@@ -440,7 +441,7 @@ def test_a_model_turn_cancelled_with_its_attempt_frees_its_engine_slot(url: str,
     wait_until(lambda: engine.running == 0, 20, message="the cancelled turn to give its slot back")
     assert engine.aborted == 1  # aborted inside the engine, as base.py's rules say a cancellation does
     q.submit([SourceGroup("ok", "fine", 1)])
-    committed, _ = train(q, {"ok"}, timeout=20)  # before the fix: only at the 600 s trajectory deadline
+    committed, _ = train(q, {"ok"}, timeout=20)
     assert rt.drain() is None
     assert committed == {"ok": 1}
 
