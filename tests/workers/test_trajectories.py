@@ -14,6 +14,7 @@ landing anywhere (also while environments are built) never stop a worker.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import uuid
 from collections.abc import Iterator
@@ -419,6 +420,51 @@ def test_weight_updates_landing_anywhere_in_trajectories_never_stop_a_worker(url
     st = q.stats()
     assert (st.dead, st.terminals["lost"], st.terminals["failed"]) == (0, 0, 0)
     assert st.terminals["aborted"] > 0  # the updates did abort trajectories
+
+
+def test_a_model_turn_cancelled_with_its_attempt_frees_its_engine_slot(url: str, name: str) -> None:
+    """The chaos stall (seeds 41, 42): one slot's environment fails while a sibling slot's model turn
+    runs, so the attempt cancels that turn. The scripted engine used to keep the cancelled request's
+    running slot for ever (the cancellation cancelled its future, and abort skips a done future);
+    with every slot leaked, each later trajectory waited out its deadline (30 s in the chaos run)
+    and the worker reserved nothing more. Here two slots (both turns of the attempt run at once),
+    one such attempt, then a healthy group."""
+    def latency(prompt: str, request_id: str) -> float:  # the sibling's turn runs when slot 0 fails
+        return 60.0 if "boom" in prompt and request_id.endswith("/1#0") else 0.0
+
+    q = open_queue(url, name, max_attempts=1)
+    engine = ScriptedEngine(text_fn=envs.turn_text, max_concurrency=2, latency_fn=latency)
+    q.submit([SourceGroup("bad", "boom here", 2)])
+    rt = start(url, name, envs.Raising, engine)
+    wait_until(lambda: q.stats().dead == 1, 20, message="the failing attempt")
+    assert "tool crashed" in q.dead_letters()[0].history[-1]["r"]
+    wait_until(lambda: engine.running == 0, 20, message="the cancelled turn to give its slot back")
+    assert engine.aborted == 1  # aborted inside the engine, as base.py's rules say a cancellation does
+    q.submit([SourceGroup("ok", "fine", 1)])
+    committed, _ = train(q, {"ok"}, timeout=20)
+    assert rt.drain() is None
+    assert committed == {"ok": 1}
+
+
+def test_a_cancelled_scripted_request_is_aborted_and_frees_its_slot() -> None:
+    """The engine rule behind the test above, without Redis: cancelling ``generate`` aborts the
+    request in the engine, so the next one runs at once."""
+    async def go() -> None:
+        engine = ScriptedEngine(max_concurrency=1, latency_s=60.0)
+        await engine.start()
+        first = asyncio.ensure_future(engine.generate("a", [1, 5], SamplingConfig(max_tokens=4)))
+        await asyncio.sleep(0)  # admitted: it holds the one slot
+        assert engine.running_ids == {"a"}
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert (engine.running, engine.aborted) == (0, 1)
+        engine.latency_s = 0.0
+        out = await asyncio.wait_for(engine.generate("b", [1, 5], SamplingConfig(max_tokens=4)), 30)
+        assert out.finish_reason != "abort"
+        await engine.close()
+
+    asyncio.run(go())
 
 
 def test_load_environment_names_what_to_fix() -> None:

@@ -153,7 +153,10 @@ class ScriptedEngine:
         self._waiting.append(request)
         self._admit()
         try:
-            return await request.future
+            # shield: cancelling the caller would otherwise cancel the future itself, and abort()
+            # skips a done future, so the request would keep its running slot for ever (at
+            # max_concurrency such leaks, every later request waits until its caller's deadline).
+            return await asyncio.shield(request.future)
         except asyncio.CancelledError:
             await self.abort(request_id)
             raise
