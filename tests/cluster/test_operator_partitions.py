@@ -63,6 +63,7 @@ def build(url: str, name: str, count: int) -> Partitioned:
         expected[r.receipt.queue]["executing"] += 1
     dead, done1, done2, rest = got[0], got[1], got[2], got[3:]
     w.fail(dead.receipt, "prompt too long")
+    q.settle_parked()  # parked by the worker's fail (the worker role holds no XACK): the reaper's pass, here
     expected[dead.receipt.queue].update({"executing": -1, "dead": 1})
     for r in (done1, done2):
         w.complete(r.receipt, [Sample(slot=i, token_ids=(1, 2), logprobs=(-0.1, -0.2), reward=1.0, version=1)
