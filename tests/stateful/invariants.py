@@ -8,7 +8,10 @@
 4. nothing is lost: submitted == backlog + retained + committed + filtered + dead, counting unique
    source_ids (a requeued dead letter is the same source under a new entry ID) plus the pruned groups
    (whose mapping is gone; their source_id may since have been submitted as a new entry);
-5. (checked on every lease, in the machine) no lease holds a group staler than max_staleness.
+5. (checked on every lease, in the machine) no lease holds a group staler than max_staleness;
+6. progress records (partial rollouts): one only for a ready or executing entry (never after
+   settlement, nor for a buffered or leased group), each exactly the model's (head and decoded
+   samples), its head's attempt never decreasing, partial_bytes the sum of the records' lengths.
 
 This module only reads: a Truth (redis_truth.py), a QueueStats and the model. It must never weaken
 a check to fit the code: a failure here is a bug in the queue or in the model, to be found.
@@ -17,9 +20,10 @@ a check to fit the code: a failure here is a bug in the queue or in the model, t
 from __future__ import annotations
 
 from rollout_queue import QueueStats
+from rollout_queue.core.codec import decode_partial
 
 from .ledger_model import LedgerModel
-from .model_entries import COMMITTED, FILTERED, LEASED, RETAINED, RETIRED, STATES
+from .model_entries import COMMITTED, EXECUTING, FILTERED, LEASED, READY, RETAINED, RETIRED, STATES
 from .redis_truth import VERSION_SHIFT, Truth, check_no_ghosts, derive_state, states_of
 
 
@@ -138,3 +142,27 @@ def check_bounds(truth: dict[str, int], m: LedgerModel) -> None:
     if cfg.batch_groups:
         limit = (m.version + m.staleness_bound + 1) * cfg.batch_groups
         assert truth["retained"] + truth["committed"] <= limit, f"admission past {limit}: {truth}"
+
+
+PARTIAL_COUNTERS = ("partial_bytes", "partial_saved", "partial_continued", "partial_stale")
+
+
+def check_partials(t: Truth, s: QueueStats, m: LedgerModel, states: dict[str, str], seen: dict[str, int]) -> None:
+    """Invariant 6. ``seen``: the highest head attempt observed so far per entry, kept by the machine
+    across steps (a head whose attempt went down means an older attempt overwrote a newer one's record)."""
+    want = {eid: e.progress.head for eid, e in m.entries.items() if e.progress is not None}
+    assert t.partial_head == want, f"progress heads {t.partial_head} != model {want}"
+    for eid, head in t.partial_head.items():
+        assert states.get(eid) in (READY, EXECUTING), f"{eid} is {states.get(eid)} with a progress record"
+        attempt, _, _, size, _ = head.split("|", 4)
+        assert int(attempt) >= seen.get(eid, 0), f"{eid}: progress head went back from attempt {seen[eid]} to {attempt}"
+        seen[eid] = int(attempt)
+        e = m.entries[eid]
+        assert e.progress is not None and len(t.partial[eid]) == int(size), f"{eid}: record length != head {head}"
+        got = decode_partial(t.partial[eid], e.n)
+        assert tuple(got[k] for k in sorted(got)) == e.progress.samples, f"{eid}: the stored record is not the saved one"
+    total = sum(len(v) for v in t.partial.values())
+    counters = {k: int(t.meta.get(k, 0)) for k in PARTIAL_COUNTERS}
+    assert counters["partial_bytes"] == total, f"partial_bytes {counters['partial_bytes']} != records' {total} bytes"
+    assert counters == {k: m.counters[k] for k in PARTIAL_COUNTERS}, f"{counters} != model"
+    assert s.partial_records == len(t.partial_head), f"stats counts {s.partial_records} progress records"

@@ -1,7 +1,8 @@
 """A hypothesis rule-based machine that drives one real queue on a real server against a model.
 
 Each example opens a new queue (a uuid name) on the test's private server (redis and valkey), drives
-random producer, worker, trainer, operator and crash steps (worker_steps.py, trainer_steps.py), and
+random producer, worker, trainer, operator and crash steps (worker_steps.py, trainer_steps.py;
+progress records of partial rollouts too: save_partial, abort with progress, continuation), and
 after EVERY step checks DESIGN's invariants from Redis truth (invariants.py, redis_truth.py),
 compared with the in-memory model (ledger_model.py) wherever the model is exact. Calls that must
 change nothing (a stale receipt, a replayed settlement, a refused lease or restore) are checked key
@@ -32,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from rollout_queue import Hold, QueueConfig, RetryPolicy, RolloutQueue
 
-from .invariants import check_commits, check_states, check_stats
+from .invariants import check_commits, check_partials, check_states, check_stats
 from .ledger_model import LedgerModel
 from .model_entries import BACKLOG, COMPLETED, DEAD, EXECUTING, LEASED, READY
 from .redis_truth import observe
@@ -50,22 +51,26 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
         self.holds: dict[str, Hold] = {}  # the client's handle of each hold the model knows
         self.restarts = 0
         self.no_reaper = False
+        self.head_attempts: dict[str, int] = {}  # the highest progress head attempt seen per entry
 
     @initialize(order=st.sampled_from(["fifo", "lifo"]), max_completed=st.integers(2, 4),
                 max_staleness=st.sampled_from([1, 1, 1, 0, None]),
                 max_exec=st.sampled_from([4, 4, 6, 9, 2]), max_retained=st.integers(3, 8),
                 batch=st.sampled_from([None, None, 1, 2, 3]), max_attempts=st.integers(2, 3),
-                retention=st.sampled_from([0.001, 0.001, None, 86_400.0]), no_reaper=st.booleans())
+                retention=st.sampled_from([0.001, 0.001, None, 86_400.0]), no_reaper=st.booleans(),
+                max_partial=st.sampled_from([PAYLOAD_LIMIT] * 6 + [200, 0]))
     def open_queue(self, order: str, max_completed: int, max_staleness: int | None, max_exec: int,
                    max_retained: int, batch: int | None, max_attempts: int, retention: float | None,
-                   no_reaper: bool) -> None:
+                   no_reaper: bool, max_partial: int) -> None:
         """max_exec=2 with n up to 3 makes some submits refused whole (GroupTooLarge: could never run).
         retention 1 ms: every reap prunes what earlier steps settled (steps_base.reap_pass); a day:
-        settlements are recorded, never due; None: nothing is recorded."""
+        settlements are recorded, never due; None: nothing is recorded. max_partial 200 refuses the
+        larger progress records (PartialTooLarge), 0 every one."""
         cfg = QueueConfig(max_executing_samples=max_exec, max_retained_groups=max_retained,
                           max_completed_groups=max_completed, max_staleness=max_staleness, batch_groups=batch,
                           buffer_order=order, max_attempts=max_attempts, lease_timeout_s=600.0,
-                          worker_timeout_s=60.0, max_payload_bytes=PAYLOAD_LIMIT, settled_retention_s=retention)
+                          worker_timeout_s=60.0, max_payload_bytes=PAYLOAD_LIMIT, settled_retention_s=retention,
+                          max_partial_bytes=max_partial)
         self.raw = redis.Redis.from_url(self.server.url)
         self.q = RolloutQueue.from_url(self.server.url, f"sm-{uuid.uuid4().hex[:12]}", cfg,
                                        retry=RetryPolicy(window_s=20.0))
@@ -90,7 +95,9 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
         truth = observe(self.raw, self.keys)
         states = check_states(truth, self.model)
         check_commits(truth, self.model, states)
-        check_stats(truth, self.q.stats(), self.model, states)
+        stats = self.q.stats()
+        check_stats(truth, stats, self.model, states)
+        check_partials(truth, stats, self.model, states, self.head_attempts)
 
     def teardown(self) -> None:
         if not self.server.is_running():  # the example ended inside server_restart: bring it back
@@ -127,6 +134,7 @@ ACTIONS: list[tuple[str, int, Callable[[LedgerMachine], bool]]] = [
     ("extend", 1, lambda m: bool(m.model.active_leases())),
     ("closed_lease_call", 1, lambda m: bool(m.model.closed_leases())),
     ("late_settlement", 2, lambda m: bool(m.model.old_receipts())),
+    ("save_partial", 3, _has(EXECUTING)),  # mostly the owner; sometimes an attempt that is over
     ("close_worker", 1, _has(EXECUTING)),
     ("lost_reply", 1, lambda m: True),
     ("requeue_dead_letter", 1, _has(DEAD)),

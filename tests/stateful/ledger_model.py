@@ -28,6 +28,7 @@ from .model_entries import (
     Attempt,
     Entry,
     LeaseRecord,
+    Progress,
     attempt_line,
     completer,
     id_key,
@@ -186,9 +187,49 @@ class LedgerModel(TrainerModel):
         for e in call.grants:
             e.state, e.worker = EXECUTING, worker
             self.receipts.append(Receipt(e.entry_id, e.attempt, worker))
+            self._hand_out(e)
         if not call.grants:
             return (stop or ("retry" if call.dead else "oversized" if call.skipped else "empty")), []
         return "ok", [(e.entry_id, e.attempt) for e in call.grants]
+
+    def _hand_out(self, e: Entry) -> None:
+        """lua/include/attach_partials.lua on a fresh grant: a record already past the staleness bound
+        is dropped (its tokens counted stale), any other is handed to the attempt (counted continued)."""
+        p = e.progress
+        e.handed = ()
+        if p is None:
+            return
+        if self.published and self.version - p.min_version > self.staleness_bound:
+            self.counters["partial_stale"] += p.tokens
+            self._drop_progress(e)
+            return
+        self.counters["partial_continued"] += p.tokens
+        e.handed = p.samples
+
+    def _drop_progress(self, e: Entry) -> None:
+        if e.progress is not None:
+            self.counters["partial_bytes"] -= e.progress.size
+            e.progress = None
+
+    def _write_progress(self, e: Entry, r: Receipt, samples: Sequence[Sample], size: int) -> None:
+        """lua/include/write_partial.lua: replaces any earlier record, moves partial_bytes by the difference."""
+        self._drop_progress(e)
+        e.progress = Progress(r.attempt, r.worker_id, sum(len(s.token_ids) for s in samples),
+                              min(s.version for s in samples), size, tuple(sorted(samples, key=lambda s: s.slot)))
+        self.counters["partial_bytes"] += size
+        self.counters["partial_saved"] += 1
+
+    def save_partial(self, r: Receipt, samples: Sequence[Sample], size: int) -> str:
+        """'saved' | 'replay' (the attempt ended and the stored record is its own) | 'stale' |
+        'too_large' (refused by the client before anything is sent)."""
+        if size > self.cfg.max_partial_bytes:
+            return "too_large"
+        e = self.entries[r.entry_id]
+        if not e.owns(r):
+            p = e.progress
+            return "replay" if p is not None and (p.attempt, p.worker) == (r.attempt, r.worker_id) else "stale"
+        self._write_progress(e, r, samples, size)
+        return "saved"
 
     def _grant_ready(self, call: "_Call") -> str | None:
         for e in self.in_state(READY):
@@ -246,6 +287,9 @@ class LedgerModel(TrainerModel):
         if any(not 0 <= s < e.n for s in slots) or len(set(slots)) < e.n:
             return "malformed", self._end_attempt(e, "malformed", counted=True)
         self.arrivals += 1
+        # The completion holds every token of the record (complete_attempt.lua): dropped either way.
+        self._drop_progress(e)
+        e.continued_from, e.handed = e.handed, ()
         min_version = min(s.version for s in samples)
         evicted = ""
         done = [x for x in self.entries.values() if x.state == COMPLETED]
@@ -289,10 +333,16 @@ class LedgerModel(TrainerModel):
             return "replay" if self._ended_before(e, r, terminal) else "stale"
         return self._end_attempt(e, terminal, counted=True)
 
-    def abort(self, r: Receipt) -> str:
+    def abort(self, r: Receipt, progress: Sequence[Sample] = (), size: int = 0) -> str:
+        """'ready' | 'replay' | 'stale' | 'too_large' (progress over max_partial_bytes: refused by the
+        client before anything is sent). With progress, the owner's record is written in the same call."""
+        if progress and size > self.cfg.max_partial_bytes:
+            return "too_large"
         e = self.entries[r.entry_id]
         if not e.owns(r):
             return "replay" if self._ended_before(e, r, "aborted") else "stale"
+        if progress:
+            self._write_progress(e, r, progress, size)
         return self._end_attempt(e, "aborted", counted=False)
 
     def filter(self, r: Receipt, reason: str) -> str:
@@ -302,6 +352,7 @@ class LedgerModel(TrainerModel):
             return "replay" if e.ledger == line else "stale"
         e.state, e.worker, e.ledger = FILTERED, None, line
         e.recorded = self.records
+        self._drop_progress(e)
         self.counters[f"filtered_reason:{reason}"] += 1
         return "filtered"
 
@@ -331,6 +382,7 @@ class LedgerModel(TrainerModel):
                 self._settle_dead(e, "max_attempts", e.attempt, e.worker or "")
                 return "dead"
         e.state, e.worker, e.lease_id, e.samples = READY, None, None, ()
+        e.handed, e.continued_from = (), ()  # the record, if any, stays for the next attempt
         return "ready"
 
     def _evict(self, e: Entry, reason: str) -> None:
@@ -340,6 +392,7 @@ class LedgerModel(TrainerModel):
 
     def _settle_dead(self, e: Entry, reason: str, attempt: int, worker: str) -> None:
         e.state, e.worker, e.lease_id, e.samples = DEAD, None, None, ()
+        self._drop_progress(e)  # settle_dead_many.lua: no attempt will continue it
         e.ledger = f"s|dead|{attempt}|{worker}|{reason}"
 
 

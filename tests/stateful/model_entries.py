@@ -74,6 +74,9 @@ class Entry:
     pruned: bool = False           # its ledger line and source_id mapping were pruned
     history: list[Attempt] = field(default_factory=list)  # until prune, as the ledger line
     marks: int = 0                 # leases rolled back on a trainer error that held it (suspects), until prune
+    progress: Progress | None = None       # its progress record (partial rollouts), ready or executing only
+    handed: tuple[Sample, ...] = ()        # the progress its executing attempt was handed by reserve
+    continued_from: tuple[Sample, ...] = ()  # the record its buffered completion continued, if any
 
     @property
     def n(self) -> int:
@@ -81,6 +84,23 @@ class Entry:
 
     def owns(self, r: Receipt) -> bool:
         return self.state == EXECUTING and self.worker == r.worker_id and self.attempt == r.attempt
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress record (partial rollouts) as the model expects it: the head's fields
+    (lua/include/partial_keys.lua) and the samples the next attempt must be handed (by slot)."""
+
+    attempt: int
+    worker: str
+    tokens: int
+    min_version: int
+    size: int                      # the record's byte length (codec.encode_partial)
+    samples: tuple[Sample, ...]
+
+    @property
+    def head(self) -> str:
+        return f"{self.attempt}|{self.tokens}|{self.min_version}|{self.size}|{self.worker}"
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Redis truth for the stateful machine: read every key of one queue and derive each entry's state.
 
 This module owns reading the queue raw (XPENDING over the whole PEL, the ready/buffer/kept sorted
-sets, the lease hashes, the completion payload keys, the ledger, commits and dlq streams) and
-deciding, index by index, which states each entry is in, so that "exactly one state" is checked
-against what Redis holds and not against what the model believes. It must not call the queue's
-scripts or change any key.
+sets, the lease hashes, the completion payload keys, the ledger, commits and dlq streams, the
+progress records of partial rollouts) and deciding, index by index, which states each entry is in,
+so that "exactly one state" is checked against what Redis holds and not against what the model
+believes. It must not call the queue's scripts or change any key.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class Truth:
     settled: dict[str, str]                     # entry_id -> source_id of each record waiting for prune
     history: dict[str, Any]                     # entry_id -> {"f": counted failures, "h": [attempts]}
     suspects: dict[str, float]                  # entry_id -> leases rolled back on a trainer error that held it
+    partial: dict[str, bytes]                   # entry_id -> progress record (partial rollouts)
+    partial_head: dict[str, str]                # entry_id -> 'attempt|tokens|min_version|bytes|worker'
     parked: dict[str, str] = field(default_factory=dict)  # entry_id -> settlement record (park_many)
 
     @property
@@ -128,6 +130,8 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         settled=_records(r, keys["settled"]),
         history={_s(k): json.loads(v) for k, v in r.hgetall(keys["history"]).items()},
         suspects=_zset(r, keys["suspects"]),
+        partial={_s(k): v for k, v in r.hgetall(keys["partial"]).items()},
+        partial_head=_hash(r, keys["partial_head"]),
         parked=_hash(r, keys["parked"]),
     )
 
@@ -177,6 +181,9 @@ def derive_state(t: Truth, entry_id: str) -> str:
             f"{sorted(t.payloads.get(entry_id, ()))}: {where}")
     else:
         assert not has_payload, f"{state} {entry_id} kept payload keys {sorted(t.payloads[entry_id])}: {where}"
+    # A progress record belongs to an unfinished group only: settled, buffered or leased, it is a leak.
+    assert entry_id not in t.partial or state in (READY, EXECUTING), (
+        f"{state} {entry_id} kept a progress record (head {t.partial_head.get(entry_id)!r}): {where}")
     if state == READY:
         assert owner == "@ready" and not has_payload, f"ready entry {entry_id} is inconsistent: {where}"
     elif state == COMPLETED:
@@ -224,6 +231,10 @@ def check_no_ghosts(t: Truth) -> None:
         ghosts = set(ids) - known
         assert not ghosts, f"{name} names entries nobody submitted: {sorted(ghosts)}"
     assert set(t.buffer) == set(t.bufver), f"buffer {sorted(t.buffer)} != bufver {sorted(t.bufver)}"
+    ghosts = set(t.partial) - known
+    assert not ghosts, f"progress records of entries nobody submitted, or already retired: {sorted(ghosts)}"
+    assert set(t.partial) == set(t.partial_head), (
+        f"progress records {sorted(t.partial)} != their heads {sorted(t.partial_head)}")
     active = {i for i, rec in t.lease_records.items() if rec.get("state") == "active"}
     assert active == set(t.leases), f"active lease records {sorted(active)} != leases zset {sorted(t.leases)}"
     for owner, _ in t.pel.values():

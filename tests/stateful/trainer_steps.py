@@ -101,6 +101,13 @@ class TrainerSteps(Steps):
             e = self.model.entries[g.entry_id]
             assert g.group == e.group, "a leased group is not the pristine reservation"
             assert (g.samples, g.attempt, g.min_version) == (e.samples, e.attempt, e.min_version)
+            # A continued sample starts with the record its attempt was handed, tokens and logprobs.
+            for prefix in e.continued_from:
+                first = next(x for x in g.samples if x.slot == prefix.slot)
+                n = len(prefix.token_ids)
+                assert (first.token_ids[:n], first.logprobs[:n]) == (prefix.token_ids, prefix.logprobs), (
+                    f"{g.entry_id} slot {prefix.slot} does not continue its saved progress")
+                event("leased a group continued from progress")
             # Invariant 5: no lease ever holds a group staler than max_staleness.
             assert lease.version - g.min_version <= self.model.staleness_bound, (
                 f"lease {lease.lease_id} holds {g.entry_id} at version {g.min_version}, policy {lease.version}")
@@ -214,6 +221,7 @@ class TrainerSteps(Steps):
                 flows.reserve(self.keys, worker, max_groups, 0, 0, self.q.clock))
             assert [(x.entry_id, x.receipt.attempt) for x in got] == expected
             assert [(r.entry_id, r.attempt) for r, _ in protocol.parse_reserve(first, worker).granted] == expected
+            self.check_handed(got)  # the replay hands out the records again, dropping none
             event(f"lost reserve reply -> {len(expected)} groups")
             return
         groups = data.draw(st.integers(1, 2), label="groups")
@@ -513,6 +521,8 @@ class TrainerSteps(Steps):
         for i in range(rounds):
             s = q.stats()
             if s.backlog + s.ready + s.executing_groups + s.completed + s.leased == 0:
+                assert s.partial_records == 0 and s.counters.get("partial_bytes", 0) == 0, (
+                    f"progress records left after every group settled: {s.partial_records}")
                 event(f"drained in {i} rounds" + (" without a reaper" if no_reaper else ""))
                 return
             version = q.version

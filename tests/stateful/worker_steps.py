@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from rollout_queue import MalformedCompletion, PayloadTooLarge, Receipt, Sample, SourceGroup, StaleReceipt, Turn
 from rollout_queue.core import flows, protocol
-from rollout_queue.core.errors import GroupTooLarge
+from rollout_queue.core.codec import encode_partial
+from rollout_queue.core.errors import GroupTooLarge, PartialTooLarge
 
 from .model_entries import DEAD
 from .steps_base import WORKERS, Steps
@@ -53,17 +54,29 @@ class WorkerSteps(Steps):
         max_groups = data.draw(st.integers(1, 3), label="max_groups")
         max_samples = data.draw(st.sampled_from([0, 0, 0, 1, 2, 4]), label="max_samples")
         overcommit = max_samples > 0 and data.draw(st.booleans(), label="overcommit")
+        stale_before = self.model.counters["partial_stale"]
         expected = self.model.reserve(worker, max_groups, max_samples, overcommit=overcommit)
+        if self.model.counters["partial_stale"] > stale_before:
+            event("reserve dropped a progress record already past the staleness bound")
         got = self.q.worker(worker).reserve(max_groups, max_samples=max_samples, overcommit=overcommit)
         event(f"reserve -> {len(expected)} groups ({self.model.last_reserve})")
         assert [(x.entry_id, x.receipt.attempt) for x in got] == expected
+        self.check_handed(got)
         for x in got:
             assert x.group == self.model.entries[x.entry_id].group, "an attempt did not see the pristine group"
             assert x.version == self.model.version and x.receipt.worker_id == worker
 
+    def check_handed(self, got: list[Any]) -> None:
+        """Each grant carries exactly the progress record the model says its entry kept (and did not
+        drop as already stale): what an earlier attempt saved, slot by slot, bit for bit."""
+        for x in got:
+            handed = self.model.entries[x.entry_id].handed
+            assert x.progress == handed, f"{x.entry_id} was handed {x.progress}, the model saved {handed}"
+            if handed:
+                event("reserve handed progress to the next attempt")
     def settle_attempt(self, data: st.DataObject) -> None:
         receipt = data.draw(st.sampled_from(self.model.executing_receipts()), label="receipt")
-        op = data.draw(st.sampled_from(["complete"] * 5 + ["complete_many"] * 2 + ["fail", "abort", "filter"]),
+        op = data.draw(st.sampled_from(["complete"] * 5 + ["complete_many"] * 2 + ["fail", "abort", "abort", "filter"]),
                        label="op")
         if op == "complete_many":
             self.complete_batch(data, receipt)
@@ -83,7 +96,7 @@ class WorkerSteps(Steps):
         for r in receipts:
             shape = data.draw(st.sampled_from(["ok"] * 6 + ["missing_slot", "bad_slot", "too_large"]),
                               label="completion")
-            items.append((r, self.samples_for(data, self.model.entries[r.entry_id].n, shape)))
+            items.append((r, self.samples_for(data, self.model.entries[r.entry_id].n, shape, r)))
             shapes.append(shape)
         lose_reply = data.draw(st.booleans(), label="reply lost") and any(s != "too_large" for s in shapes)
         expected = [("too_large", "") if shape == "too_large" else self.model.complete(r, samples)
@@ -130,11 +143,14 @@ class WorkerSteps(Steps):
         if op == "complete":
             shape = data.draw(st.sampled_from(["ok"] * 6 + ["missing_slot", "bad_slot", "too_large"]),
                               label="completion")
-            samples = self.samples_for(data, self.model.entries[receipt.entry_id].n, shape)
+            samples = self.samples_for(data, self.model.entries[receipt.entry_id].n, shape, receipt)
             expected, detail = ("too_large", "") if shape == "too_large" else self.model.complete(receipt, samples)
             call: Callable[[], Any] = partial(w.complete, receipt, samples)
         elif op == "fail":
             expected, call = self.model.fail(receipt), partial(w.fail, receipt, "engine error")
+        elif op == "abort" and data.draw(st.sampled_from([True, True, False]), label="abort with progress"):
+            self.abort_with_progress(receipt, data)
+            return
         elif op == "abort":
             expected, call = self.model.abort(receipt), partial(w.abort, receipt, "weight update")
         else:
@@ -157,14 +173,21 @@ class WorkerSteps(Steps):
         else:
             assert call() == expected
 
-    def samples_for(self, data: st.DataObject, n: int, shape: str) -> list[Sample]:
+    def samples_for(self, data: st.DataObject, n: int, shape: str, receipt: Receipt | None = None) -> list[Sample]:
+        """A completion; an executing attempt handed progress continues it: the first output of each
+        handed slot is the saved prefix plus new tokens (the prefix's logprobs and segments kept)."""
         v = self.model.version
         slots = list(range(n))
         if shape == "missing_slot":
             slots.remove(data.draw(st.sampled_from(slots), label="missing slot"))
+        handed = self.handed_to(receipt)
         out = []
         for slot in slots:
             for j in range(data.draw(st.integers(1, 2), label=f"outputs of slot {slot}")):
+                if j == 0 and slot in handed:
+                    new = data.draw(st.integers(1, 3), label="new tokens")
+                    out.append(self.continue_sample(handed[slot], slot, new, "stop"))
+                    continue
                 # Mostly the current policy; sometimes one or two versions behind (maybe stale).
                 version = max(0, v - data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="versions behind"))
                 # Some outputs are trajectories: a model turn, an observation, a model turn one version on.
@@ -225,3 +248,103 @@ class WorkerSteps(Steps):
                 assert len(counted) == self.model.cfg.max_attempts, d.history
         e = data.draw(st.sampled_from(dead), label="dead entry")
         self.model.requeue_dead_letter(e.entry_id, self.q.requeue_dead_letter(letters[e.entry_id].dlq_id))
+
+    # -- partial rollouts (issue 30): progress records ---------------------------------------------
+
+    def handed_to(self, receipt: Receipt | None) -> dict[int, Sample]:
+        """The progress the receipt's attempt was handed, by slot, while it still owns its entry."""
+        e = self.model.entries[receipt.entry_id] if receipt is not None else None
+        return {x.slot: x for x in e.handed} if e is not None and e.owns(receipt) else {}  # type: ignore[arg-type]
+
+    def continue_sample(self, prefix: Sample | None, slot: int, new: int, finish_reason: str) -> Sample:
+        """A sample of ``new`` more tokens at the current version after ``prefix`` (its tokens,
+        logprobs and segments kept, a segment added when the version moved), as a worker continues one."""
+        v = self.model.version
+        tokens = tuple(100 * (slot + 1) + i for i in range(new))
+        logprobs = tuple(LOGPROBS[i % len(LOGPROBS)] for i in range(new))
+        if prefix is None:
+            return Sample(slot=slot, token_ids=tokens, logprobs=logprobs, version=v, finish_reason=finish_reason)
+        segments = prefix.segments or ((0, prefix.version),)
+        if v > segments[-1][1]:
+            segments += ((len(prefix.token_ids), v),)
+        return Sample(slot=slot, token_ids=prefix.token_ids + tokens, logprobs=prefix.logprobs + logprobs,
+                      version=prefix.version, finish_reason=finish_reason,
+                      segments=segments if len(segments) > 1 else ())
+
+    def progress_for(self, data: st.DataObject, receipt: Receipt) -> list[Sample]:
+        """An unfinished attempt's samples so far: every slot it was handed (continued further) and
+        some others, each cut short ('abort')."""
+        n = self.model.entries[receipt.entry_id].n
+        handed = self.handed_to(receipt)
+        slots = set(handed) | set(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True),
+                                            label="progress slots"))
+        return [self.continue_sample(handed.get(slot), slot, data.draw(st.integers(1, 3), label="new tokens"), "abort")
+                for slot in sorted(slots)]
+
+    def save_partial(self, data: st.DataObject) -> None:
+        """save_partial by the owner ('saved'), by an attempt that is over (StaleReceipt, or 'replay'
+        when the stored record is its own), over max_partial_bytes (PartialTooLarge before anything is
+        sent); a lost reply is resent at once (the owner writes the same record again) or after the
+        attempt was aborted (a replay: nothing written, the record is the next attempt's to continue)."""
+        owners, old = self.model.executing_receipts(), self.model.old_receipts()
+        receipt = data.draw(st.sampled_from(owners * 3 + old[-4:]), label="receipt")
+        samples = self.progress_for(data, receipt)
+        size = len(encode_partial(samples))
+        expected = self.model.save_partial(receipt, samples, size)
+        w = self.q.worker(receipt.worker_id)
+        resend = data.draw(st.sampled_from(["no", "no", "at once", "after abort"]), label="reply lost")
+        lost = expected == "saved" and resend != "no"
+        event(f"save_partial -> {expected}" + (f" (reply lost, resent {resend})" if lost else ""))
+        call = partial(w.save_partial, receipt, samples)
+        if expected == "too_large":
+            with pytest.raises(PartialTooLarge):
+                self.unchanged(call)
+        elif expected == "stale":
+            with pytest.raises(StaleReceipt):
+                self.unchanged(call)
+        elif expected == "replay":
+            assert self.unchanged(call) == "replay"
+        elif resend == "no":
+            assert call() == "saved"
+        else:
+            flow = flows.save_partial(self.keys, receipt, samples, self.q.config.max_partial_bytes)
+            op = next(flow)
+            first = self.q.driver.execute(op)
+            assert protocol.parse_save_partial(first, receipt) == "saved"
+            if resend == "after abort":
+                assert self.model.abort(receipt) == "ready" and w.abort(receipt, "weight update") == "ready"
+                reply = self.unchanged(partial(self.q.driver.execute, op))
+            else:
+                assert self.model.save_partial(receipt, samples, size) == "saved"  # the same record, counted again
+                reply = self.q.driver.execute(op)
+            with pytest.raises(StopIteration) as stop:
+                flow.send(reply)
+            assert stop.value.value == ("replay" if resend == "after abort" else "saved")
+
+    def abort_with_progress(self, receipt: Receipt, data: st.DataObject) -> None:
+        """abort carrying the attempt's samples so far: the record is written in the same call (the
+        owner's only); a lost reply's resend is a replay that writes nothing."""
+        samples = self.progress_for(data, receipt)
+        size = len(encode_partial(samples))
+        expected = self.model.abort(receipt, samples, size)
+        lose = expected == "ready" and data.draw(st.booleans(), label="reply lost")
+        event(f"abort with progress -> {expected}" + (" (reply lost)" if lose else ""))
+        w = self.q.worker(receipt.worker_id)
+        call = partial(w.abort, receipt, "weight update", samples)
+        if expected == "too_large":
+            with pytest.raises(PartialTooLarge):
+                self.unchanged(call)
+        elif expected == "stale":
+            with pytest.raises(StaleReceipt):
+                self.unchanged(call)
+        elif expected == "replay":
+            assert self.unchanged(call) == "replay"
+        elif lose:
+            flow = flows.abort(self.keys, receipt, "weight update", samples, self.q.config.max_partial_bytes)
+            op = next(flow)
+            assert protocol.parse_ended(self.q.driver.execute(op), "abort", receipt) == "ready"
+            with pytest.raises(StopIteration) as stop:
+                flow.send(self.unchanged(partial(self.q.driver.execute, op)))
+            assert stop.value.value == "replay"
+        else:
+            assert call() == expected

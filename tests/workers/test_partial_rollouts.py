@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import signal
+import struct
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollout_queue import CompletedGroup, RolloutQueue
+from rollout_queue import CompletedGroup, RolloutQueue, Sample, SourceGroup
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.engines.scripted import ScriptedEngine
@@ -155,3 +157,87 @@ def test_the_worker_process_continues_across_a_weight_update_and_a_sigterm_drain
     assert len(closed) == 2
     made = sum(v for e in closed for k, v in e.items() if k.startswith("tokens_"))
     assert made == 2 * MAX_TOKENS  # every trained token generated once, nothing thrown away
+
+
+PREFIX = 6  # tokens the version-0 attempt had when it was cut short
+
+
+def greedy_prefix(model_dir: Path, prompt: list[int], count: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """``count`` greedy tokens under the weights in ``model_dir`` and their raw logprobs (float32, as
+    the queue stores them): what a version-0 attempt had generated when the abort came."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids, lps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(count):
+            row = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+            ids.append(int(row.argmax()))
+            lps.append(float(row.max()))
+    return tuple(ids[len(prompt):]), tuple(struct.unpack(f"<{count}f", struct.pack(f"<{count}f", *lps)))
+
+
+def forced_rows(model_dir: Path, prompt: list[int], tokens: tuple[int, ...]) -> Any:
+    """log p(. | prompt + tokens[:i]) for every i under the weights in ``model_dir``: one forward
+    pass, as a trainer recomputes them (rows of log-softmax over the vocabulary)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + list(tokens)])).logits[0, len(prompt) - 1:-1]
+    return torch.log_softmax(logits, -1)
+
+
+@pytest.mark.torch
+def test_the_torch_engine_continues_a_version_0_prefix_under_version_1(
+        url: str, name: str, tiny_model: Path, perturbed_model: Path) -> None:
+    """A prefix saved under version 0 (the tiny model), continued by a TorchEngine worker on version 1
+    (the perturbed model): the engine's prompt is prompt + prefix, so the new tokens are version 1's
+    greedy continuation of it with version 1's logprobs, and the prefix keeps version 0's."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from rollout_queue.workers.engines.torch import TorchEngine
+
+    text = "What is 12 plus 30?"
+    prompt = AutoTokenizer.from_pretrained(tiny_model)(text)["input_ids"]
+    q = open_queue(url, name, max_staleness=2)
+    q.submit([SourceGroup("g-0", text, 2)])
+    prefix, prefix_lps = greedy_prefix(tiny_model, prompt, PREFIX)
+    hand = q.worker("wk-v0")
+    [res] = hand.reserve(1)
+    saved = Sample(slot=0, token_ids=prefix, logprobs=prefix_lps, version=0, finish_reason="abort")
+    assert hand.abort(res.receipt, "weight update", progress=[saved]) == "ready"  # slot 1 had nothing yet
+    hand.close()
+    q.publish_version(1, str(perturbed_model))
+    options = WorkerOptions(block_ms=200, sampling=SamplingConfig(max_tokens=MAX_TOKENS, temperature=0))
+    rt = RuntimeThread(WorkerRuntime(url, name, TorchEngine(str(tiny_model), max_batch_size=8), options,
+                                     worker_id=f"wk-{uuid.uuid4().hex[:6]}")).start()
+    try:
+        _, [g] = train(q, {"g-0"}, timeout=120)
+    finally:
+        error = rt.drain(timeout=60)
+    assert error is None and rt.runtime.loaded_version == 1
+    continued, fresh = g.samples
+    new = continued.token_ids[PREFIX:]
+    assert continued.token_ids[:PREFIX] == prefix and continued.logprobs[:PREFIX] == prefix_lps
+    assert len(continued.token_ids) == MAX_TOKENS == len(continued.logprobs) and len(new) >= 1
+    assert (continued.version, continued.versions, continued.segments) == (0, (0, 1), ((0, 0), (PREFIX, 1)))
+    assert continued.token_versions == (0,) * PREFIX + (1,) * len(new)
+    assert (fresh.version, fresh.segments, len(fresh.token_ids)) == (1, (), MAX_TOKENS)  # no progress: from the prompt
+    # The new tokens are what version 1 computes given prompt + prefix: its greedy picks, its logprobs.
+    rows = forced_rows(perturbed_model, prompt, continued.token_ids)[PREFIX:]
+    assert [int(i) for i in rows.argmax(-1)] == list(new)
+    picked = [float(rows[i, t]) for i, t in enumerate(new)]
+    assert max(abs(a - b) for a, b in zip(picked, continued.logprobs[PREFIX:])) < 1e-3
+    # The prefix's logprobs are version 0's (kept, not recomputed); the new ones are not version 0's.
+    old = forced_rows(tiny_model, prompt, continued.token_ids)
+    assert max(abs(float(old[i, t]) - lp) for i, (t, lp) in enumerate(zip(prefix, prefix_lps))) < 1e-4
+    assert max(abs(float(old[PREFIX + i, t]) - lp) for i, (t, lp) in enumerate(
+        zip(new, continued.logprobs[PREFIX:]))) > 1e-2
+    st = q.stats()
+    assert (st.partial_records, st.counters["partial_bytes"], st.counters["partial_continued"]) == (0, 0, PREFIX)
+    assert rt.runtime.stats.continued == PREFIX
