@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from rollout_queue import InvalidInput, MalformedCompletion, PayloadTooLarge, RolloutQueueError, Sample, SourceGroup
 from rollout_queue.core import protocol as p
 from rollout_queue.core.codec import encode_completion
+from tests.helpers import after_settling
 
 from .support import EXAMPLES, drive, fresh_queue, samples_for, typed
 
@@ -99,7 +100,7 @@ def test_bad_source_groups_are_refused_or_dead_lettered(redis_url: str, spec: di
         if group is not None:
             typed(lambda: q.submit([group]), script_errors="none")
         assert drive(q, raw, [bystander]) == {bystander}
-        for letter in q.dead_letters():  # whatever reserve refused is a dead letter with its reason
+        for letter in after_settling(q).dead_letters():  # whatever reserve refused is a dead letter with its reason
             assert letter.reason.startswith("malformed_reservation"), letter
 
 

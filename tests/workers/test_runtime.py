@@ -16,7 +16,7 @@ from rollout_queue import RolloutQueue, Sample, SourceGroup
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.ops import views
-from tests.helpers import wait_until
+from tests.helpers import after_settling, wait_until
 from tests.workers.runtime_helpers import (
     RuntimeThread,
     open_queue,
@@ -281,7 +281,7 @@ def test_a_reward_that_raises_fails_the_attempt_with_the_reason(url: str, name: 
     rt = start(url, name, engine, Scorer(rewards.arithmetic_exact_match))
     train(q, {"ok"})
     wait_until(lambda: q.stats().dead == 1, 10)
-    (letter,) = q.dead_letters()
+    (letter,) = after_settling(q).dead_letters()
     assert letter.source_id == "bad" and letter.attempt == 2
     assert [h["t"] for h in letter.history] == ["failed", "failed"]
     assert all("arithmetic_exact_match raised ValueError" in h["r"] for h in letter.history)
@@ -305,7 +305,7 @@ def test_a_reward_that_is_no_list_of_finite_numbers_fails_only_its_attempt(url: 
     committed, _ = train(q, {"ok"})
     wait_until(lambda: q.stats().dead == 2, 10, message="two dead letters")
     assert rt.drain() is None  # the worker lived through both
-    reasons = {d.source_id: d.history[-1]["r"] for d in q.dead_letters()}
+    reasons = {d.source_id: d.history[-1]["r"] for d in after_settling(q).dead_letters()}
     assert "returned float 1.0: a group reward returns a list" in reasons["scalar"]
     assert "returned int 1000000" in reasons["huge"] and "rewards must be finite numbers" in reasons["huge"]
     assert committed == {"ok": 1} and q.stats().terminals["lost"] == 0
@@ -334,7 +334,7 @@ def test_request_failed_fails_only_that_attempt(url: str, name: str) -> None:
     rt = start(url, name, ScriptedEngine(fail_prompt="poison"))
     train(q, {"fine"})
     wait_until(lambda: q.stats().dead == 1, 10)
-    assert "request failed" in q.dead_letters()[0].reason or q.dead_letters()[0].history
+    assert "request failed" in after_settling(q).dead_letters()[0].reason or after_settling(q).dead_letters()[0].history
     assert rt.alive and rt.runtime.stats.settled["failed"] == 1
     assert rt.drain() is None
 
@@ -400,7 +400,7 @@ def test_a_fatal_engine_error_counts_against_the_attempt_whose_request_raised_it
     st = q.stats()
     assert (st.ready, st.executing_groups, st.dead) == (2, 0, 1)
     assert (st.terminals["failed"], st.terminals["aborted"], st.terminals["lost"]) == (1, 2, 0)
-    (letter,) = q.dead_letters()
+    (letter,) = after_settling(q).dead_letters()
     assert letter.source_id == "g-2" and "the engine failed under this group's request" in letter.history[-1]["r"]
     assert "scripted fatal error at call 6" in letter.history[-1]["r"]
     assert_nothing_owned(url, name, rt.runtime.worker_id)

@@ -32,7 +32,7 @@ from rollout_queue.workers.rewards import Scorer
 from rollout_queue.core.errors import EnvironmentsHung
 from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 from rollout_queue.workers.trajectory import TrajectoryLimits
-from tests.helpers import wait_until
+from tests.helpers import after_settling, wait_until
 from tests.workers import envs
 from tests.workers.runtime_helpers import (
     RuntimeThread,
@@ -208,7 +208,7 @@ def test_step_rewards_that_sum_past_a_float_fail_the_attempt(url: str, name: str
     rt = start(url, name, envs.Overflow)
     wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
     assert rt.drain() is None
-    (letter,) = q.dead_letters()
+    (letter,) = after_settling(q).dead_letters()
     assert "step rewards sum to inf" in letter.history[-1]["r"]
 
 
@@ -228,7 +228,7 @@ def test_a_broken_environment_fails_the_attempt_with_its_reason_until_dead_lette
         assert committed == {"ok": 1}
     wait_until(lambda: q.stats().dead == (2 if env is envs.Garbage else 1), 20, message="the dead letter")
     assert rt.drain() is None
-    letter = next(d for d in q.dead_letters() if d.source_id == "bad")
+    letter = next(d for d in after_settling(q).dead_letters() if d.source_id == "bad")
     assert letter.attempt == 2 and [h["t"] for h in letter.history] == ["failed", "failed"]
     assert all(reason in h["r"] for h in letter.history), letter.history
 
@@ -283,7 +283,7 @@ def test_hung_tool_calls_fail_only_their_own_attempts(url: str, name: str, stuck
     q.submit([SourceGroup(f"hang-{i}", f"hang {i}", 1) for i in range(40)])
     rt = start(url, name, envs.Stuck, step_timeout_s=0.3)
     wait_until(lambda: q.stats().dead == 40, 30, message="the hung tool calls to fail their attempts")
-    assert all("environment step exceeded its 0.3 s deadline" in d.history[-1]["r"] for d in q.dead_letters())
+    assert all("environment step exceeded its 0.3 s deadline" in d.history[-1]["r"] for d in after_settling(q).dead_letters())
     host = rt.runtime.environment
     assert host is not None and host.hung == 40  # still running, one thread each
     q.submit([SourceGroup(f"ok-{i}", f"fine {i}", 2) for i in range(10)])
@@ -351,7 +351,7 @@ def test_a_step_that_cannot_be_read_fails_only_its_own_attempt(
     committed, _ = train(q, {"ok"})
     wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
     assert rt.drain() is None  # the worker lived through it
-    (letter,) = q.dead_letters()
+    (letter,) = after_settling(q).dead_letters()
     assert letter.source_id == "bad" and all(r in letter.history[-1]["r"] for r in reasons), letter.history
     assert committed == {"ok": 1} and q.stats().terminals["lost"] == 0
 
@@ -367,7 +367,7 @@ def test_token_ids_outside_the_vocabulary_never_reach_the_buffer(url: str, name:
     assert rt.drain() is None
     st = q.stats()
     assert (st.completed, st.committed, st.terminals["failed"]) == (0, 0, 1)
-    (letter,) = q.dead_letters()
+    (letter,) = after_settling(q).dead_letters()
     assert "observation holds token id 1000, outside the model's vocabulary of 259" in letter.history[-1]["r"]
 
 
@@ -385,7 +385,7 @@ def test_a_model_turn_outside_the_vocabulary_fails_the_attempt(url: str, name: s
     rt = start(url, name, envs.ScriptedTool, SmallVocabulary(text_fn=envs.turn_text))
     wait_until(lambda: q.stats().dead == 1, 20, message="the dead letter")
     assert rt.drain() is None
-    assert "the engine returned token id 112, outside its vocabulary of 3" in q.dead_letters()[0].history[-1]["r"]
+    assert "the engine returned token id 112, outside its vocabulary of 3" in after_settling(q).dead_letters()[0].history[-1]["r"]
 
 
 def test_weight_updates_landing_anywhere_in_trajectories_never_stop_a_worker(url: str, name: str) -> None:
@@ -437,7 +437,7 @@ def test_a_model_turn_cancelled_with_its_attempt_frees_its_engine_slot(url: str,
     q.submit([SourceGroup("bad", "boom here", 2)])
     rt = start(url, name, envs.Raising, engine)
     wait_until(lambda: q.stats().dead == 1, 20, message="the failing attempt")
-    assert "tool crashed" in q.dead_letters()[0].history[-1]["r"]
+    assert "tool crashed" in after_settling(q).dead_letters()[0].history[-1]["r"]
     wait_until(lambda: engine.running == 0, 20, message="the cancelled turn to give its slot back")
     assert engine.aborted == 1  # aborted inside the engine, as base.py's rules say a cancellation does
     q.submit([SourceGroup("ok", "fine", 1)])
