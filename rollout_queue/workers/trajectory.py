@@ -148,7 +148,16 @@ class TrajectoryRunner:
             raise TrajectoryAborted
         task = asyncio.ensure_future(work)
         timeout = math.inf if deadline is None else max(0.0, deadline - time.monotonic())
-        if await wait_tasks([task], timeout, a.aborted):
+        try:
+            late = await wait_tasks([task], timeout, a.aborted)
+        except BaseException:
+            # This trajectory was cancelled itself (a sibling slot failed, a drain): cancel the work
+            # and retrieve whatever it ends with, so a step failing later is not an orphan error
+            # ("Task exception was never retrieved") in the worker's log.
+            task.cancel()
+            task.add_done_callback(_retrieved)
+            raise
+        if late:
             await cancel([task])
             if a.abort_reason is not None:
                 raise TrajectoryAborted
@@ -162,6 +171,12 @@ class TrajectoryRunner:
         if isinstance(observation, str):
             return list(self.engine.encode_continuation(observation[:16 * max(1, room) + 16]))
         return list(observation[:max(0, room) + 1])
+
+
+def _retrieved(task: "asyncio.Future[Any]") -> None:
+    """Mark a left-behind task's outcome as read (its caller is gone; nothing else will)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class _Trajectory:
