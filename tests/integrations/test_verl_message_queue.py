@@ -216,7 +216,7 @@ def test_killed_between_two_redis_calls_nothing_is_lost_or_handed_out_twice(
 
 def test_misconfigured_runs_fail_at_construction(private_redis_url: str, fresh_name: str, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ROLLOUT_QUEUE_URL", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
     cfg = verl_config(private_redis_url, fresh_name, tmp_path)
     del cfg.rollout_queue
     with pytest.raises(IntegrationConfigError, match=r"\+rollout_queue.url"):
@@ -230,6 +230,21 @@ def test_misconfigured_runs_fail_at_construction(private_redis_url: str, fresh_n
     with pytest.raises(IntegrationConfigError, match="bytes"):
         asyncio.run(mq.QueueMessageQueue(verl_config(private_redis_url, fresh_name + "b", tmp_path), 10)
                     .put_sample({"not": "bytes"}))
+
+
+def test_the_queue_may_come_from_the_projects_environment(private_redis_url: str, fresh_name: str,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """REDIS_URL / ROLLOUT_QUEUE name the queue when verl's config does not; the config wins over them."""
+    monkeypatch.setenv("REDIS_URL", private_redis_url)
+    monkeypatch.setenv("ROLLOUT_QUEUE", fresh_name)
+    cfg = verl_config(private_redis_url, fresh_name, tmp_path)
+    del cfg.rollout_queue
+    queue = mq.open_queue(cfg, 10)
+    assert queue.name == fresh_name
+    queue.close()
+    queue = mq.open_queue(verl_config(private_redis_url, fresh_name + "-config", tmp_path), 10)
+    assert queue.name == fresh_name + "-config"
+    queue.close()
 
 
 @pytest.mark.parametrize(("handed", "resumed", "per_version", "step"), [

@@ -221,7 +221,7 @@ def test_staleness_pairings_that_cannot_hold_are_refused_at_construction(
 def test_missing_settings_and_unknown_queues_fail_before_verl_starts(private_redis_url: str,
                                                                       fresh_name: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ROLLOUT_QUEUE_URL", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
     cfg = verl_config(private_redis_url, fresh_name)
     cfg.trainer.v1.sampler.sampler_kwargs = {}
     with pytest.raises(IntegrationConfigError, match="sampler_kwargs.url"):
@@ -231,6 +231,19 @@ def test_missing_settings_and_unknown_queues_fail_before_verl_starts(private_red
         build(cfg)
     with pytest.raises(QueueNotFound):
         build(verl_config(private_redis_url, fresh_name))
+
+
+def test_the_queue_may_come_from_the_projects_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """REDIS_URL / ROLLOUT_QUEUE fill in what sampler_kwargs leaves out; sampler_kwargs wins over them."""
+    monkeypatch.setenv("REDIS_URL", "redis://env-host:6379/0")
+    monkeypatch.setenv("ROLLOUT_QUEUE", "env-queue")
+    settings = sampler.SamplerSettings.from_kwargs({"wait_s": 5})
+    assert (settings.url, settings.queue, settings.wait_s) == ("redis://env-host:6379/0", "env-queue", 5.0)
+    settings = sampler.SamplerSettings.from_kwargs({"url": "redis://config-host:6379/0"})
+    assert (settings.url, settings.queue) == ("redis://config-host:6379/0", "env-queue")
+    monkeypatch.delenv("ROLLOUT_QUEUE")
+    with pytest.raises(IntegrationConfigError, match=r"sampler_kwargs\.queue or ROLLOUT_QUEUE"):
+        sampler.SamplerSettings.from_kwargs({"url": "redis://config-host:6379/0"})
 
 
 def test_wait_blocks_for_fresh_groups_then_says_why_none_came(transfer_queue: Any, private_redis_url: str,

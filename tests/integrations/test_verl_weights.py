@@ -170,8 +170,8 @@ def test_settings_fail_at_construction_with_the_key_to_set(private_redis_url: st
                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
-    monkeypatch.delenv("ROLLOUT_QUEUE_URL", raising=False)
-    monkeypatch.delenv("ROLLOUT_QUEUE_NAME", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("ROLLOUT_QUEUE", raising=False)
     good = {"url": private_redis_url, "queue": f"absent-{uuid.uuid4().hex[:8]}", "root": str(tmp_path),
             "model_path": str(models["tiny"])}
     for kwargs, error, match in [

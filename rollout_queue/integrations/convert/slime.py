@@ -22,6 +22,7 @@ from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.integrations.convert import flat, framework_class
+from rollout_queue.integrations.environment import queue_address
 from rollout_queue.integrations.stream import TrainingStream
 
 __all__ = ["QueueDataSource", "QueueRollout", "generate_rollout", "to_samples"]
@@ -143,11 +144,7 @@ class QueueDataSource(_SourceBase):  # type: ignore[misc]
                 "evaluation rollouts are not served from the training queue (they would consume training groups): "
                 f"add --eval-function-path {SLIME_EVAL_FUNCTION} (slime's own, on its engines) or drop --eval-interval")
         if queue is None:
-            url, name = os.environ.get("REDIS_URL"), os.environ.get("ROLLOUT_QUEUE")
-            if not url or not name:
-                raise IntegrationConfigError("QueueDataSource reads the queue from the environment: set REDIS_URL and "
-                                             "ROLLOUT_QUEUE for the job (ray job submit --runtime-env-json ...)")
-            queue = RolloutQueue.from_url(url, name, create=False)
+            queue = RolloutQueue.from_url(*queue_address(needs="QueueDataSource"), create=False)
         timeout = os.environ.get("ROLLOUT_SLIME_LEASE_TIMEOUT_S")
         self.args = args
         self.rollout = QueueRollout(queue, ack_lag=int(os.environ.get("ROLLOUT_SLIME_ACK_LAG") or 1),

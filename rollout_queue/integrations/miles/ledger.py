@@ -49,6 +49,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rollout_queue.api.lease import Lease
@@ -57,6 +58,7 @@ from rollout_queue.api.worker import Worker
 from rollout_queue.core.errors import IntegrationConfigError, LeasesOpen, RolloutQueueError
 from rollout_queue.core.liveness import FleetWatch
 from rollout_queue.core.models import QueueStats
+from rollout_queue.integrations.environment import queue_address
 from rollout_queue.ops.logs import fields
 
 log = logging.getLogger("rollout_queue.integrations.miles")
@@ -67,15 +69,10 @@ _LEDGERS: dict[tuple[str, str], "MilesLedger"] = {}
 _LEDGERS_LOCK = threading.Lock()
 
 
-def ledger_for(args: Any, environ: dict[str, str] | None = None) -> "MilesLedger":
-    """This process's ledger of the queue named by ``REDIS_URL`` / ``ROLLOUT_QUEUE`` (opened once).
-    Raises IntegrationConfigError when either is unset."""
-    env = os.environ if environ is None else environ
-    url, name = env.get("REDIS_URL"), env.get("ROLLOUT_QUEUE")
-    if not url or not name:
-        raise IntegrationConfigError("the miles integration reads the queue from the environment: set REDIS_URL and "
-                                     "ROLLOUT_QUEUE for the job (ray job submit --runtime-env-json "
-                                     "'{\"env_vars\": {\"REDIS_URL\": ..., \"ROLLOUT_QUEUE\": ...}}')")
+def ledger_for(args: Any, environ: Mapping[str, str] | None = None) -> "MilesLedger":
+    """This process's ledger of the queue the environment names (``queue_address``; opened once).
+    Raises IntegrationConfigError when it names none."""
+    url, name = queue_address(needs="the miles integration", environ=environ)
     with _LEDGERS_LOCK:
         ledger = _LEDGERS.get((url, name))
         if ledger is None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_queue.api.queue import RolloutQueue
-from rollout_queue.core.errors import IntegrationConfigError
+from rollout_queue.integrations.environment import queue_address
 from rollout_queue.weights.miles_delta import BASE_RECORD
 
 __all__ = ["record_version"]
@@ -58,10 +58,7 @@ def record_version(args: Any, version_dir: str, rollout_engines: Any = None) -> 
     if _rank() != 0:
         return False
     folder = Path(version_dir).resolve()
-    url, name = os.environ.get("REDIS_URL"), os.environ.get("ROLLOUT_QUEUE")
-    if not url or not name:
-        raise IntegrationConfigError("record_version publishes to the queue named by REDIS_URL and ROLLOUT_QUEUE: "
-                                     "set both in the job's environment")
+    url, name = queue_address(needs="record_version (it publishes to the queue)")
     if not folder.name.startswith("weight_v"):  # the baseline: the delta root, just emptied
         base = {"hf_checkpoint": os.fspath(Path(args.hf_checkpoint).resolve())}
         (folder / BASE_RECORD).write_text(json.dumps(base))

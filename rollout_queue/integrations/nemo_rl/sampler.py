@@ -65,6 +65,7 @@ from rollout_queue.api.lease import Lease, error_reason
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, LeasesOpen
 from rollout_queue.integrations.convert import framework_class
+from rollout_queue.integrations.environment import queue_address
 from rollout_queue.integrations.nemo_rl.records import to_record
 from rollout_queue.integrations.stream import TrainingStream
 from rollout_queue.ops.logs import fields
@@ -82,22 +83,22 @@ class QueueSampler(_Base):  # type: ignore[misc]
     """NeMo-RL's ``PromptGroupSampler`` whose groups are leases of the queue (module docstring).
 
     The constructor is NeMo-RL's custom-sampler contract: ``buffer`` first, then the sampler
-    config's extra keys. It connects at once, so a wrong URL or queue name fails before NeMo-RL
-    starts its workers. Raises IntegrationConfigError, QueueNotFound.
+    config's extra keys; ``url`` / ``queue`` left out come from the environment (``queue_address``).
+    It connects at once, so a wrong URL or queue name fails before NeMo-RL starts its workers.
+    Raises IntegrationConfigError, QueueNotFound.
     """
 
     supports_buffer_checkpoint: ClassVar[bool] = False
 
-    def __init__(self, buffer: Any, *, url: str, queue: str, wait_s: float = 600.0,
+    def __init__(self, buffer: Any, *, url: str | None = None, queue: str | None = None, wait_s: float = 600.0,
                  lease_timeout_s: float | None = None, fleet_grace_s: float | None = None,
                  checkpoint_dir: str | None = None, tokenizer: str | None = None, block_ms: int = 1000) -> None:
         if _Base is not object:
             super().__init__(buffer)
         else:
             self._buffer = buffer
-        if not url or not queue:
-            raise IntegrationConfigError("the queue sampler needs async_rl.sampler.url (redis://...) and "
-                                         "async_rl.sampler.queue (the queue's name)")
+        url, queue = queue_address(url, queue, needs="the queue sampler",
+                                   keys=("async_rl.sampler.url", "async_rl.sampler.queue"))
         if wait_s <= 0 or (lease_timeout_s is not None and lease_timeout_s <= 0):
             raise IntegrationConfigError(f"wait_s and lease_timeout_s must be > 0, got {wait_s}, {lease_timeout_s}")
         self.stream = TrainingStream(RolloutQueue.from_url(url, queue, create=False), wait_s=wait_s,

@@ -31,7 +31,7 @@ for method (verl's ``MessageQueueClient`` drives it unchanged); what a method do
    (every group put and not handed out), and ``put_sample`` always answers True.
 
 Settings: ``+rollout_queue.url=...`` and ``+rollout_queue.queue=...`` in verl's config (or
-ROLLOUT_QUEUE_URL / ROLLOUT_QUEUE_NAME); the queue is created if missing (admission control off,
+REDIS_URL / ROLLOUT_QUEUE in the environment, as every process of the project reads them); the queue is created if missing (admission control off,
 ``max_completed_groups`` at least ``max_queue_size``). Redis calls run on a thread: the actor's event
 loop keeps serving the rollouter while the trainer waits.
 """
@@ -54,6 +54,7 @@ from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.config import QueueConfig
 from rollout_queue.core.errors import IntegrationConfigError, LeasesOpen, QueueNotFound
 from rollout_queue.core.models import Sample, SourceGroup
+from rollout_queue.integrations.environment import queue_address
 
 log = logging.getLogger("rollout_queue.integrations.verl")
 
@@ -236,15 +237,11 @@ class QueueMessageQueue:
 
 
 def open_queue(config: Any, max_queue_size: int) -> RolloutQueue:
-    """The queue named in verl's config (``rollout_queue.url`` / ``.queue``, or the environment),
-    created when missing. Raises IntegrationConfigError when neither names it."""
+    """The queue named in verl's config (``rollout_queue.url`` / ``.queue``, or the environment:
+    ``queue_address``), created when missing. Raises IntegrationConfigError when neither names it."""
     node = config.get("rollout_queue") or {}
-    url = node.get("url") or os.environ.get("ROLLOUT_QUEUE_URL")
-    name = node.get("queue") or os.environ.get("ROLLOUT_QUEUE_NAME")
-    if not url or not name:
-        raise IntegrationConfigError("the queue's MessageQueue needs +rollout_queue.url=redis://... and "
-                                     "+rollout_queue.queue=NAME in verl's config (or ROLLOUT_QUEUE_URL / "
-                                     "ROLLOUT_QUEUE_NAME in the environment of verl's Ray workers)")
+    url, name = queue_address(node.get("url"), node.get("queue"), needs="the queue's MessageQueue",
+                              keys=("+rollout_queue.url", "+rollout_queue.queue"))
     try:
         queue = RolloutQueue.from_url(str(url), str(name), create=False)
     except QueueNotFound:

@@ -42,7 +42,6 @@ Where verl knows what (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_base.py``):
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -56,12 +55,15 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, StreamStarved
+from rollout_queue.integrations.environment import queue_address
 from rollout_queue.integrations.stream import TrainingStream
 from rollout_queue.integrations.verl.trajectories import is_queue_key, to_rows
 
 log = logging.getLogger("rollout_queue.integrations.verl")
 
 __all__ = ["QueueCheckpointCallback", "QueueReplayBuffer", "SamplerSettings"]
+
+_SAMPLER_KWARGS = "trainer.v1.sampler.sampler_kwargs"
 
 
 @dataclass(frozen=True)
@@ -76,24 +78,20 @@ class SamplerSettings:
 
     @classmethod
     def from_kwargs(cls, kwargs: Any) -> "SamplerSettings":
-        """From verl's DictConfig (or a dict); ``url``/``queue`` fall back to ROLLOUT_QUEUE_URL /
-        ROLLOUT_QUEUE_NAME. Raises IntegrationConfigError naming the missing or unknown key."""
+        """From verl's DictConfig (or a dict); ``url``/``queue`` fall back to the environment
+        (``queue_address``). Raises IntegrationConfigError naming the missing or unknown key."""
         given = dict(kwargs or {})
         unknown = set(given) - {"url", "queue", "wait_s", "lease_timeout_s", "tokenizer"}
         if unknown:
             raise IntegrationConfigError(f"unknown trainer.v1.sampler.sampler_kwargs {sorted(unknown)}: the queue "
                                          "sampler takes url, queue, wait_s, lease_timeout_s, tokenizer")
-        url = given.get("url") or os.environ.get("ROLLOUT_QUEUE_URL")
-        queue = given.get("queue") or os.environ.get("ROLLOUT_QUEUE_NAME")
-        if not url or not queue:
-            raise IntegrationConfigError("the queue sampler needs +trainer.v1.sampler.sampler_kwargs.url=redis://... "
-                                         "and +trainer.v1.sampler.sampler_kwargs.queue=NAME (or ROLLOUT_QUEUE_URL / "
-                                         "ROLLOUT_QUEUE_NAME in the trainer's environment)")
+        url, queue = queue_address(given.get("url"), given.get("queue"), needs="the queue sampler",
+                                   keys=(f"+{_SAMPLER_KWARGS}.url", f"+{_SAMPLER_KWARGS}.queue"))
         wait_s = float(given.get("wait_s", 600.0))
         timeout = given.get("lease_timeout_s")
         if wait_s <= 0 or (timeout is not None and float(timeout) <= 0):
             raise IntegrationConfigError(f"wait_s and lease_timeout_s must be > 0, got {wait_s}, {timeout}")
-        return cls(str(url), str(queue), wait_s, None if timeout is None else float(timeout),
+        return cls(url, queue, wait_s, None if timeout is None else float(timeout),
                    given.get("tokenizer"))
 
 

@@ -53,6 +53,7 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError, VersionRegression
+from rollout_queue.integrations.environment import queue_address
 from rollout_queue.weights.manifest import MANIFEST_NAME
 from rollout_queue.weights.publisher import WeightPublisher
 
@@ -86,17 +87,17 @@ class WeightSettings:
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "WeightSettings":
-        """From verl's engine kwargs; ``url``/``queue`` fall back to ROLLOUT_QUEUE_URL /
-        ROLLOUT_QUEUE_NAME. Raises IntegrationConfigError naming the key to set or fix."""
+        """From verl's engine kwargs; ``url``/``queue`` fall back to the environment
+        (``queue_address``). Raises IntegrationConfigError naming the key to set or fix."""
         given = cls.check_names(kwargs)
-        given["url"] = given.get("url") or os.environ.get("ROLLOUT_QUEUE_URL")
-        given["queue"] = given.get("queue") or os.environ.get("ROLLOUT_QUEUE_NAME")
-        missing = [name for name in ("url", "queue", "root", "model_path") if not given.get(name)]
+        given["url"], given["queue"] = queue_address(given.get("url"), given.get("queue"),
+                                                     needs="the queue's checkpoint engine",
+                                                     keys=(f"{_KWARGS}.url", f"{_KWARGS}.queue"))
+        missing = [name for name in ("root", "model_path") if not given.get(name)]
         if missing:
             raise IntegrationConfigError(
-                f"the queue's checkpoint engine needs {', '.join(f'{_KWARGS}.{m}' for m in missing)} (url and queue "
-                "may come from ROLLOUT_QUEUE_URL / ROLLOUT_QUEUE_NAME; model_path is usually "
-                "${actor_rollout_ref.model.path})")
+                f"the queue's checkpoint engine needs {', '.join(f'{_KWARGS}.{m}' for m in missing)} (model_path "
+                "is usually ${actor_rollout_ref.model.path})")
         settings = cls(**{k: (str(v) if k in ("url", "queue", "root", "model_path") else v) for k, v in given.items()})
         if settings.transport not in ("folder", "delta"):
             raise IntegrationConfigError(f"{_KWARGS}.transport must be 'folder' or 'delta', got {settings.transport!r} "
