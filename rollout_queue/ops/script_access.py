@@ -23,6 +23,7 @@ It does no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -41,83 +42,82 @@ _LITERAL = re.compile(r"'([A-Z]+)'")
 _FUNCTION = re.compile(r"^([ \t]*)local function (\w+)\(([^)]*)\)", re.M)
 _STRING = re.compile(r"^'([A-Za-z0-9_:]*)'$")
 _SUB = re.compile(r"^string\.sub\(K\.(\w+),\s*1,\s*-(\d+)\)$")
+_LONG_COMMENT = re.compile(r"--\[(=*)\[")
+#: What ends an expression at bracket depth 0 besides a newline or ``;`` (Reader.expression).
+_KEYWORD = re.compile(r"\s(?:end|then|do|else|elseif)\b")
+_OPEN, _CLOSE = "({[", ")}]"
+
+
+def _lex(text: str, pos: int = 0, *, comments: bool = True) -> Iterator[tuple[int, int, str]]:
+    """The pieces of Lua ``text`` from ``pos``, as ``(start, end, kind)``: ``"string"`` (a quoted literal,
+    its quotes and escapes included; an unterminated one runs to the end), ``"comment"`` (``-- ...`` up
+    to its newline, which stays code, or ``--[[ ... ]]`` / ``--[==[ ... ]==]``; only with ``comments``)
+    or ``"code"`` (one character). The only place that knows Lua's quoting and comments: every reader
+    below builds on it, so a quote or a bracket inside a string can never be read differently by two
+    of them."""
+    n, i = len(text), pos
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            end, kind = min(j + 1, n), "string"
+        elif comments and text.startswith("--", i):
+            long = _LONG_COMMENT.match(text, i)
+            close = text.find(f"]{long.group(1)}]", i) if long else text.find("\n", i)
+            end = n if close < 0 else close + (len(long.group(1)) + 2 if long else 0)
+            kind = "comment"
+        else:
+            end, kind = i + 1, "code"
+        yield i, end, kind
+        i = end
+
+
+def _code(text: str, pos: int = 0) -> Iterator[tuple[int, str, int]]:
+    """``(offset, character, depth)`` of each character of ``text`` from ``pos`` outside strings.
+    ``depth`` counts the brackets opened since ``pos`` and still open; a closing bracket is reported at
+    the depth it leaves, so -1 means it closes a bracket opened before ``pos``. The readers run on
+    comment-free text (strip_comments), where a ``--`` is only met when ``pos`` fell inside a string (a
+    regex matched there): it is read as code, not as a comment that would swallow the line."""
+    depth = 0
+    for at, _, kind in _lex(text, pos, comments=False):
+        if kind != "code":
+            continue
+        c = text[at]
+        if c in _CLOSE:
+            depth -= 1
+        yield at, c, depth
+        if c in _OPEN:
+            depth += 1
 
 
 def strip_comments(source: str) -> str:
     """``source`` without Lua comments (``-- ...`` and ``--[[ ... ]]``), strings kept, offsets not."""
-    out, i, n, quote = [], 0, len(source), ""
-    while i < n:
-        c = source[i]
-        if quote:
-            out.append(c)
-            if c == "\\" and i + 1 < n:
-                out.append(source[i + 1])
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-            out.append(c)
-        elif source.startswith("--", i):
-            long = re.match(r"--\[(=*)\[", source[i:])
-            end = source.find("]" + long.group(1) + "]", i) + len(long.group(1)) + 2 if long else source.find("\n", i)
-            i = n if end < (2 if long else 0) else end
-            continue
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
+    return "".join(source[start:end] for start, end, kind in _lex(source) if kind != "comment")
 
 
 def split_args(text: str, pos: int) -> tuple[list[str], int]:
     """The comma-separated expressions from ``pos`` up to the bracket that closes them, and the offset
     of that bracket. ``pos`` is just inside an opening bracket (or after a first argument)."""
-    args, depth, start, i, quote = [], 0, pos, pos, ""
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "({[":
-            depth += 1
-        elif c in ")}]":
-            if depth == 0:
-                args.append(text[start:i].strip())
-                return [a for a in args if a], i
-            depth -= 1
-        elif c == "," and depth == 0:
+    args, start = [], pos
+    for i, c, depth in _code(text, pos):
+        if depth < 0:
+            args.append(text[start:i].strip())
+            return [a for a in args if a], i
+        if c == "," and depth == 0:
             args.append(text[start:i].strip())
             start = i + 1
-        i += 1
     raise ValueError("unbalanced brackets")
 
 
 def _top_split(expr: str, sep: str) -> list[str]:
     """``expr`` split at ``sep`` where it is outside brackets and strings."""
-    parts, depth, start, i, quote = [], 0, 0, 0, ""
-    while i < len(expr):
-        c = expr[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "({[":
-            depth += 1
-        elif c in ")}]":
-            depth -= 1
-        elif depth == 0 and expr.startswith(sep, i):
+    parts, start = [], 0
+    for i, _, depth in _code(expr):
+        if depth == 0 and i >= start and expr.startswith(sep, i):  # i < start: inside the last separator
             parts.append(expr[start:i].strip())
             start = i + len(sep)
-            i = start
-            continue
-        i += 1
     return parts + [expr[start:].strip()]
 
 
@@ -251,26 +251,12 @@ class _Reader:
     def expression(self, at: int) -> str:
         """The expression that starts at ``at``: up to the line's end, a ``;`` or a keyword
         (``end``, ``then`` ...) outside brackets and strings."""
-        depth, i, quote, text = 0, at, "", self.text
-        while i < len(text):
-            c = text[i]
-            if quote:
-                if c == "\\":
-                    i += 1
-                elif c == quote:
-                    quote = ""
-            elif c in "'\"":
-                quote = c
-            elif c in "({[":
-                depth += 1
-            elif c in ")}]":
-                if depth == 0:
-                    break
-                depth -= 1
-            elif depth == 0 and (c in "\n;" or re.match(r"\s(?:end|then|do|else|elseif)\b", text[i:i + 8])):
+        end = len(self.text)
+        for i, c, depth in _code(self.text, at):
+            if depth < 0 or depth == 0 and (c in "\n;" or _KEYWORD.match(self.text, i, i + 8)):
+                end = i
                 break
-            i += 1
-        return text[at:i].strip()
+        return self.text[at:end].strip()
 
     def elements(self, name: str, pos: int, seen: frozenset[tuple[str, int]]) -> set[str]:
         """Key patterns of the items of table ``name``: its constructor's elements, ``name[i] = x``

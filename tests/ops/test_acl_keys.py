@@ -15,7 +15,7 @@ import redis
 from rollout_queue.core.keys import KEY_SUFFIXES, QueueKeys
 from rollout_queue.core.scripts import SCRIPTS
 from rollout_queue.ops import acl
-from rollout_queue.ops.script_access import script_access, strip_comments
+from rollout_queue.ops.script_access import script_access, split_args, strip_comments
 from rollout_queue.devtools.local_server import LocalServer
 
 #: Every key of a queue, as a concrete name under its prefix: the KEY_SUFFIXES and the built ones.
@@ -136,3 +136,17 @@ def test_the_reader_fails_closed_on_a_key_it_cannot_tell() -> None:
     with pytest.raises(ValueError, match="probe2"):
         access(hidden, acl.KNOWN_COMMANDS)
     assert "'XACK'" not in strip_comments("-- 'XACK', K.src\nlocal x = 1 --[[ 'DEL' ]]")
+
+
+def test_strings_comments_and_brackets_are_read_one_way() -> None:
+    """One scanner serves every reader: a quote, a bracket or a ``--`` inside a string is text, a
+    long comment ends only at its own level, and an unclosed one runs to the end."""
+    assert strip_comments("local a = 'x -- y' -- gone\nb") == "local a = 'x -- y' \nb"
+    assert strip_comments('c("a\\"--b", 1) -- d') == 'c("a\\"--b", 1) '
+    assert strip_comments("x --[==[ ]] 'still' ]==] y") == "x  y"
+    assert strip_comments("x --[=[ never closed") == "x "
+    text = "f(a, '(,)', {b, c}, \"]\"), rest"
+    assert split_args(text, 2) == (["a", "'(,)'", "{b, c}", '"]"'], text.index("), rest"))
+    for unclosed in ("f(a, ')'", "f(a, {b)"):   # the string's bracket is text; the brace takes the paren
+        with pytest.raises(ValueError, match="unbalanced"):
+            split_args(unclosed, 2)
