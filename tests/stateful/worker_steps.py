@@ -24,6 +24,27 @@ from .steps_base import WORKERS, Steps
 SOURCES = tuple(f"p-{i}" for i in range(10))  # a small pool, so duplicate source_ids are common
 LOGPROBS = (-0.5, -0.25, -1.0)                # exact in float32: samples round-trip bit for bit
 PAYLOAD_LIMIT = 4096                          # the queue's max_payload_bytes (ledger_machine.py)
+#: How a drawn completion is shaped: mostly valid, sometimes malformed or over max_payload_bytes.
+COMPLETION_SHAPES = st.sampled_from(["ok"] * 6 + ["missing_slot", "bad_slot", "too_large"])
+#: The model's outcome -> what the client raises for it (a complete_many item carries it as its
+#: value instead). Every other outcome is the call's return value.
+RAISES: dict[str, type[Exception]] = {"too_large": PayloadTooLarge, "stale": StaleReceipt,
+                                      "malformed": MalformedCompletion}
+#: Outcomes that must leave every key of the queue as it was: refused before or by the script, or replayed.
+WRITES_NOTHING = frozenset({"too_large", "stale", "replay"})
+
+
+def check_outcome(outcome: Any, want: str, detail: str = "", where: str = "") -> None:
+    """``outcome`` (a return value, or the exception raised) is what the model predicted: ``want``,
+    and for a malformed completion the state its group was requeued to (``detail``; a replay of
+    one answers the original error, whose state the model no longer knows)."""
+    kind = RAISES.get(want)
+    if kind is None:
+        assert outcome == want, f"{where}{outcome!r}, model {want}"
+        return
+    assert isinstance(outcome, kind), f"{where}{outcome!r}, model {want}"
+    if want == "malformed" and detail != "replay":
+        assert outcome.requeued_to == detail, f"{where}the group went {detail}, the error says otherwise"
 
 
 class WorkerSteps(Steps):
@@ -94,8 +115,7 @@ class WorkerSteps(Steps):
         items: list[tuple[Receipt, list[Sample]]] = []
         shapes = []
         for r in receipts:
-            shape = data.draw(st.sampled_from(["ok"] * 6 + ["missing_slot", "bad_slot", "too_large"]),
-                              label="completion")
+            shape = data.draw(COMPLETION_SHAPES, label="completion")
             items.append((r, self.samples_for(data, self.model.entries[r.entry_id].n, shape, r)))
             shapes.append(shape)
         lose_reply = data.draw(st.booleans(), label="reply lost") and any(s != "too_large" for s in shapes)
@@ -121,14 +141,22 @@ class WorkerSteps(Steps):
     @staticmethod
     def check_batch(got: list[Any], expected: list[tuple[str, str]]) -> None:
         assert len(got) == len(expected)
-        kinds = {"too_large": PayloadTooLarge, "stale": StaleReceipt, "malformed": MalformedCompletion}
         for i, (outcome, (want, detail)) in enumerate(zip(got, expected)):
-            if want in kinds:
-                assert isinstance(outcome, kinds[want]), f"item {i}: {outcome!r}, model {want}"
-                if want == "malformed" and detail != "replay":
-                    assert outcome.requeued_to == detail, f"item {i}: the group went {detail}, the error says otherwise"
-            else:
-                assert outcome == want, f"item {i}: {outcome!r}, model {want}"
+            check_outcome(outcome, want, detail, f"item {i}: ")
+
+    def check_call(self, call: Callable[[], Any], want: str, detail: str = "",
+                   too_large: type[Exception] = PayloadTooLarge) -> None:
+        """Run one call the model predicted ``want`` for: its return value or the exception it raised
+        (``too_large``: the exact PayloadTooLarge expected) must match, and a call in WRITES_NOTHING
+        must leave every key as it was."""
+        run = partial(self.unchanged, call) if want in WRITES_NOTHING else call
+        kind = too_large if want == "too_large" else RAISES.get(want)
+        if kind is None:
+            check_outcome(run(), want, detail)
+            return
+        with pytest.raises(kind) as raised:
+            run()
+        check_outcome(raised.value, want, detail)
 
     def late_settlement(self, data: st.DataObject) -> None:
         """A paused worker wakes up with a receipt whose attempt is over: StaleReceipt (or, for the
@@ -141,8 +169,7 @@ class WorkerSteps(Steps):
         w = self.q.worker(receipt.worker_id)
         detail = ""  # complete's second answer: the evicted entry, or where a malformed attempt went
         if op == "complete":
-            shape = data.draw(st.sampled_from(["ok"] * 6 + ["missing_slot", "bad_slot", "too_large"]),
-                              label="completion")
+            shape = data.draw(COMPLETION_SHAPES, label="completion")
             samples = self.samples_for(data, self.model.entries[receipt.entry_id].n, shape, receipt)
             expected, detail = ("too_large", "") if shape == "too_large" else self.model.complete(receipt, samples)
             call: Callable[[], Any] = partial(w.complete, receipt, samples)
@@ -157,21 +184,7 @@ class WorkerSteps(Steps):
             reason = data.draw(st.sampled_from(["all_equal", "too_long"]), label="filter reason")
             expected, call = self.model.filter(receipt, reason), partial(w.filter, receipt, reason)
         event(f"{op} -> {expected}" + (" (overflow eviction)" if expected == "buffered" and detail else ""))
-        if expected == "too_large":  # refused before the script: the attempt stays executing
-            with pytest.raises(PayloadTooLarge):
-                self.unchanged(call)
-        elif expected == "stale":
-            with pytest.raises(StaleReceipt):
-                self.unchanged(call)
-        elif expected == "replay":
-            assert self.unchanged(call) == "replay"
-        elif expected == "malformed":
-            with pytest.raises(MalformedCompletion) as exc:
-                call()
-            if detail != "replay":
-                assert exc.value.requeued_to == detail, f"the group went {detail}, the error says otherwise"
-        else:
-            assert call() == expected
+        self.check_call(call, expected, detail)  # too_large: refused before the script, still executing
 
     def samples_for(self, data: st.DataObject, n: int, shape: str, receipt: Receipt | None = None) -> list[Sample]:
         """A completion; an executing attempt handed progress continues it: the first output of each
@@ -296,16 +309,8 @@ class WorkerSteps(Steps):
         lost = expected == "saved" and resend != "no"
         event(f"save_partial -> {expected}" + (f" (reply lost, resent {resend})" if lost else ""))
         call = partial(w.save_partial, receipt, samples)
-        if expected == "too_large":
-            with pytest.raises(PartialTooLarge):
-                self.unchanged(call)
-        elif expected == "stale":
-            with pytest.raises(StaleReceipt):
-                self.unchanged(call)
-        elif expected == "replay":
-            assert self.unchanged(call) == "replay"
-        elif resend == "no":
-            assert call() == "saved"
+        if not lost:
+            self.check_call(call, expected, too_large=PartialTooLarge)
         else:
             flow = flows.save_partial(self.keys, receipt, samples, self.q.config.max_partial_bytes)
             op = next(flow)
@@ -331,20 +336,12 @@ class WorkerSteps(Steps):
         event(f"abort with progress -> {expected}" + (" (reply lost)" if lose else ""))
         w = self.q.worker(receipt.worker_id)
         call = partial(w.abort, receipt, "weight update", samples)
-        if expected == "too_large":
-            with pytest.raises(PartialTooLarge):
-                self.unchanged(call)
-        elif expected == "stale":
-            with pytest.raises(StaleReceipt):
-                self.unchanged(call)
-        elif expected == "replay":
-            assert self.unchanged(call) == "replay"
-        elif lose:
+        if not lose:
+            self.check_call(call, expected, too_large=PartialTooLarge)
+        else:
             flow = flows.abort(self.keys, receipt, "weight update", samples, self.q.config.max_partial_bytes)
             op = next(flow)
             assert protocol.parse_ended(self.q.driver.execute(op), "abort", receipt) == "ready"
             with pytest.raises(StopIteration) as stop:
                 flow.send(self.unchanged(partial(self.q.driver.execute, op)))
             assert stop.value.value == "replay"
-        else:
-            assert call() == expected
