@@ -65,9 +65,10 @@ class Worker:
                                           self.queue.config.max_partial_bytes))
 
     def save_partial(self, receipt: Receipt, samples: Sequence[Sample]) -> Result[str]:
-        """Record the attempt's progress so far ('saved', or 'replay' for a resent call after the
-        attempt ended): if the attempt ends unfinished, the next one continues from it. Only the
-        receipt's owner writes (StaleReceipt otherwise); PartialTooLarge over max_partial_bytes."""
+        """Record the attempt's progress so far ('saved', or 'replay' for a resent call: the record
+        stored is already this one, nothing written): if the attempt ends unfinished, the next one
+        continues from it. Only the receipt's owner writes (StaleReceipt otherwise); PartialTooLarge
+        over max_partial_bytes."""
         return self.queue.run(flows.save_partial(self._keys(receipt), receipt, samples,
                                                  self.queue.config.max_partial_bytes))
 

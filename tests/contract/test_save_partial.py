@@ -10,6 +10,8 @@ completes or settles.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import redis
 
@@ -112,6 +114,34 @@ def test_a_save_resent_after_its_attempt_ended_is_a_replay(open_queue, raw: redi
     before = snapshot(raw, queue_name)
     assert w.save_partial(res.receipt, prefix()) == "replay"
     assert snapshot(raw, queue_name) == before
+
+
+def test_a_save_resent_while_its_attempt_owns_the_entry_writes_and_counts_nothing(open_queue, raw: redis.Redis,
+                                                                                  queue_name: str) -> None:
+    """A lost reply's resend (the same attempt sending the same progress again) is a replay: nothing
+    written, partial_saved not moved (rule 5). A record that differs, even by bytes only, is saved and
+    counted; an abort carrying the record already stored ends the attempt without counting it again."""
+    q = open_queue(CFG)
+    [eid] = q.submit([group("ro", n=2)])
+    w = q.worker("w1")
+    [res] = w.reserve(1)
+    assert w.save_partial(res.receipt, prefix()) == "saved"
+    assert counter(raw, queue_name, "partial_saved") == 1
+    before = snapshot(raw, queue_name)
+    assert w.save_partial(res.receipt, prefix()) == "replay"
+    assert snapshot(raw, queue_name) == before
+    # The same head (attempt, tokens, version, length, worker), other bytes: a new record.
+    shifted = [replace(s, token_ids=tuple(t + 1 for t in s.token_ids)) for s in prefix()]
+    assert len(encode_partial(shifted)) == len(encode_partial(prefix()))
+    assert w.save_partial(res.receipt, shifted) == "saved"
+    assert records(raw, queue_name)[0] == {eid.encode(): encode_partial(shifted)}
+    assert w.save_partial(res.receipt, prefix(tokens=5)) == "saved"
+    assert counter(raw, queue_name, "partial_saved") == 3
+    assert w.abort(res.receipt, "drain", progress=prefix(tokens=5)) == "ready"
+    assert counter(raw, queue_name, "partial_saved") == 3
+    assert counter(raw, queue_name, "partial_bytes") == len(encode_partial(prefix(tokens=5)))
+    [again] = w.reserve(1)
+    assert again.progress == tuple(prefix(tokens=5))
 
 
 def test_a_record_over_the_bound_is_refused_whole(open_queue, raw: redis.Redis, queue_name: str) -> None:

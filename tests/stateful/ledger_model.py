@@ -211,25 +211,30 @@ class LedgerModel(TrainerModel):
             self.counters["partial_bytes"] -= e.progress.size
             e.progress = None
 
-    def _write_progress(self, e: Entry, r: Receipt, samples: Sequence[Sample], size: int) -> None:
-        """lua/include/write_partial.lua: replaces any earlier record, moves partial_bytes by the difference."""
+    def _write_progress(self, e: Entry, r: Receipt, samples: Sequence[Sample], size: int) -> bool:
+        """lua/include/write_partial.lua: replaces any earlier record, moves partial_bytes by the difference
+        and counts it. False, nothing written or counted, when the stored record is already this one
+        (the same attempt sending the same samples in the same order: the same bytes)."""
+        p = e.progress
+        if p is not None and (p.attempt, p.worker, p.samples) == (r.attempt, r.worker_id, tuple(samples)):
+            return False
         self._drop_progress(e)
         e.progress = Progress(r.attempt, r.worker_id, sum(len(s.token_ids) for s in samples),
                               min(s.version for s in samples), size, tuple(sorted(samples, key=lambda s: s.slot)))
         self.counters["partial_bytes"] += size
         self.counters["partial_saved"] += 1
+        return True
 
     def save_partial(self, r: Receipt, samples: Sequence[Sample], size: int) -> str:
-        """'saved' | 'replay' (the attempt ended and the stored record is its own) | 'stale' |
-        'too_large' (refused by the client before anything is sent)."""
+        """'saved' | 'replay' (the stored record is its own and the attempt ended, or it is this very
+        record: a resend) | 'stale' | 'too_large' (refused by the client before anything is sent)."""
         if size > self.cfg.max_partial_bytes:
             return "too_large"
         e = self.entries[r.entry_id]
         if not e.owns(r):
             p = e.progress
             return "replay" if p is not None and (p.attempt, p.worker) == (r.attempt, r.worker_id) else "stale"
-        self._write_progress(e, r, samples, size)
-        return "saved"
+        return "saved" if self._write_progress(e, r, samples, size) else "replay"
 
     def _grant_ready(self, call: "_Call") -> str | None:
         for e in self.in_state(READY):

@@ -295,10 +295,11 @@ class WorkerSteps(Steps):
                 for slot in sorted(slots)]
 
     def save_partial(self, data: st.DataObject) -> None:
-        """save_partial by the owner ('saved'), by an attempt that is over (StaleReceipt, or 'replay'
-        when the stored record is its own), over max_partial_bytes (PartialTooLarge before anything is
-        sent); a lost reply is resent at once (the owner writes the same record again) or after the
-        attempt was aborted (a replay: nothing written, the record is the next attempt's to continue)."""
+        """save_partial by the owner ('saved', or 'replay' when it sends the record already stored), by
+        an attempt that is over (StaleReceipt, or 'replay' when the stored record is its own), over
+        max_partial_bytes (PartialTooLarge before anything is sent); a lost reply is resent at once or
+        after the attempt was aborted: a replay either way, nothing written or counted (rule 5; after
+        the abort the record is the next attempt's to continue)."""
         owners, old = self.model.executing_receipts(), self.model.old_receipts()
         receipt = data.draw(st.sampled_from(owners * 3 + old[-4:]), label="receipt")
         samples = self.progress_for(data, receipt)
@@ -318,13 +319,11 @@ class WorkerSteps(Steps):
             assert protocol.parse_save_partial(first, receipt) == "saved"
             if resend == "after abort":
                 assert self.model.abort(receipt) == "ready" and w.abort(receipt, "weight update") == "ready"
-                reply = self.unchanged(partial(self.q.driver.execute, op))
-            else:
-                assert self.model.save_partial(receipt, samples, size) == "saved"  # the same record, counted again
-                reply = self.q.driver.execute(op)
+            # Either way the resend is a replay: the record is this one, written and counted once.
+            assert self.model.save_partial(receipt, samples, size) == "replay"
             with pytest.raises(StopIteration) as stop:
-                flow.send(reply)
-            assert stop.value.value == ("replay" if resend == "after abort" else "saved")
+                flow.send(self.unchanged(partial(self.q.driver.execute, op)))
+            assert stop.value.value == "replay"
 
     def abort_with_progress(self, receipt: Receipt, data: st.DataObject) -> None:
         """abort carrying the attempt's samples so far: the record is written in the same call (the

@@ -47,6 +47,7 @@ if refused then return refused end
 if A.progress ~= '' then
   local too_large = check_partial(A.tokens, A.min_version, A.progress, cfg)
   if too_large then return too_large end
+  -- false when this record is already stored (saved before the abort): kept, not counted again
   write_partial(id, attempt, worker, A.tokens, A.min_version, A.progress)
 end
 return {'ok', end_attempt(id, attempt, worker, 'aborted', A.reason, false, cfg, now)}

@@ -17,14 +17,17 @@ ARGV:
   min_version  integer, the oldest policy version of those tokens
   record       bytes, the record (at most max_partial_bytes)
 Returns:
-  {'ok', 'saved'}       the record replaced any earlier one of this entry
-  {'ok', 'replay'}      the attempt has ended and the stored record is its own: a resent call
+  {'ok', 'saved'}       the record replaced any earlier one of this entry (partial_saved + 1)
+  {'ok', 'replay'}      a resent call, nothing written or counted: the attempt has ended and the
+                        stored record is its own, or it still owns the entry and the stored record
+                        is this very one (the same head and bytes)
   {'stale_receipt', owner, delivery_count}   nothing written: another attempt owns the entry now
   {'partial_too_large', size, limit}         nothing written
 Invariant:
   an entry has at most one progress record, written by the attempt that owned it at the time; an
   older attempt never replaces a newer one's (receipt check); partial_bytes counts the bytes of
-  every record stored. The entry's state, its PEL owner and its pristine reservation are unchanged.
+  every record stored, partial_saved each record written once (a replay moves neither). The entry's
+  state, its PEL owner and its pristine reservation are unchanged.
 ]]
 -- @include load_config
 -- @include parse_receipt
@@ -41,5 +44,5 @@ local refused = receipt_refusal(id, attempt, worker, function(_)
 end)
 if refused then return refused end
 if too_large then return too_large end
-write_partial(id, attempt, worker, A.tokens, A.min_version, A.record)
+if not write_partial(id, attempt, worker, A.tokens, A.min_version, A.record) then return {'ok', 'replay'} end
 return {'ok', 'saved'}
