@@ -7,6 +7,7 @@ for a loaded machine (the figures on an idle one: docs/PERFORMANCE.md, "Kill -> 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import time
 from pathlib import Path
 from types import ModuleType
@@ -105,8 +106,17 @@ def test_a_slow_worker_and_one_still_starting_never_trip_it(private_redis_url: s
         q.close()
 
 
+def has_beaten(q: RolloutQueue, worker_id: str) -> bool:
+    """The worker's heartbeat thread has beaten (its progress line: past its process's start-up)."""
+    return worker_id.encode() in q.client.hkeys(q.keys["progress"])
+
+
 def test_a_restart_within_the_grace_is_waited_out_and_a_lease_goes_on_after_the_error(
         private_redis_url: str, fresh_name: str, tmp_path: Path) -> None:
+    """No step waits on a fixed count or a start-up time: a worker process may take many seconds to
+    start on a loaded machine, so the restart is waited out until the new worker has beaten (the
+    patient grace, 120 s, is the bound), and after WorkersGone the stream is asked again once the
+    next worker has beaten, as the error says (before that, a lease call answers WorkersGone again)."""
     q = RolloutQueue.from_url(private_redis_url, fresh_name, QueueConfig(worker_timeout_s=1.0))
     q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2) for i in range(2000)])
     patient = TrainingStream(q, groups_per_step=2, wait_s=300, fleet_grace_s=120)
@@ -116,11 +126,13 @@ def test_a_restart_within_the_grace_is_waited_out_and_a_lease_goes_on_after_the_
         patient.ack(1)
         bench.kill_all(workers)
         workers.append(bench.spawn_worker(private_redis_url, fresh_name, "w1-again", tmp_path / "w1b.log"))
-        for step in range(2, 200):  # the buffer, then the gap while w1-again starts: no error, batches again
+        deadline = time.monotonic() + 300  # past the grace: only a loop that never ends is caught here
+        for step in itertools.count(2):  # the buffer, then the gap while w1-again starts: no error, batches again
             patient.next()
             patient.ack(step)
-            if b"w1-again" in q.client.hkeys(q.keys["progress"]):  # it heartbeat: the restart is over
+            if has_beaten(q, "w1-again"):  # the restart is over
                 break
+            assert time.monotonic() < deadline, "w1-again never heartbeat (its log: w1b.log)"
         bench.kill_all(workers)
         with pytest.raises(WorkersGone, match="w1-again"):
             quick = TrainingStream(q, groups_per_step=2, wait_s=300, fleet_grace_s=0.5)
@@ -129,6 +141,8 @@ def test_a_restart_within_the_grace_is_waited_out_and_a_lease_goes_on_after_the_
                 quick.next()
                 quick.ack(0)
         workers.append(bench.spawn_worker(private_redis_url, fresh_name, "w2", tmp_path / "w2.log"))
+        wait_until(lambda: has_beaten(q, "w2"), timeout=120, interval=0.1,
+                   message="w2's first heartbeat (its log: w2.log)")
         assert len(quick.next()) == 2  # WorkersGone is an answer, not a broken stream: it goes on
     finally:
         bench.kill_all(workers)
