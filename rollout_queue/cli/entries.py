@@ -54,8 +54,6 @@ def cmd_leases(args: argparse.Namespace) -> int:
     fit (`top`'s rows), --full for all. ``leases rollback LEASE_ID``: cmd_lease_rollback."""
     if args.action == "rollback":
         return cmd_lease_rollback(args)
-    if args.lease_id is not None:
-        raise UsageError(f"leases takes no lease id without an action (did you mean `leases rollback {args.lease_id}`?)")
     return _listing(args, partition_views.leases,
                     lambda _, ls, parted: render.leases_section(ls, limit=10_000, partitioned=parted),
                     lambda ls, width, height: top.lease_lines(ls, height, width, "(--full lists all)"))
