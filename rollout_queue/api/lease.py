@@ -7,11 +7,12 @@ per group because each group belongs to exactly one member and each member commi
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from rollout_queue.api.results import Result
-from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, RolloutQueueError
+from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, LeaseLost, RolloutQueueError
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.models import CompletedGroup
 from rollout_queue.scale import flows as pf
@@ -106,8 +107,10 @@ class Lease:
         return self.queue.run(self._commit(step))
 
     def _commit(self, step: int | None) -> Flow[str]:
-        ids = yield from ml.commit(self.members, self.committed, step, self.fence_s)
+        with self._beaten_until_lost():
+            ids = yield from ml.commit(self.members, self.committed, step, self.fence_s)
         self.closed = "committed"
+        self.queue.beats.discard(self)
         if self.queue.layout.count == 1:
             return ids[0]
         return ",".join(f"{name}/{commit_id}" for name, commit_id in zip(self.partitions, ids))
@@ -123,9 +126,20 @@ class Lease:
         return self.queue.run(self._rollback(reason))
 
     def _rollback(self, reason: str | None = None) -> Flow[int]:
-        n = yield from ml.rollback(self.members, self.committed, reason)
+        with self._beaten_until_lost():
+            n = yield from ml.rollback(self.members, self.committed, reason)
         self.closed = "rolled_back"
+        self.queue.beats.discard(self)
         return n
+
+    @contextmanager
+    def _beaten_until_lost(self) -> Iterator[None]:
+        """A LeaseLost ends the beating (the lease is gone); OutcomeUnknown does not (call again)."""
+        try:
+            yield
+        except LeaseLost:
+            self.queue.beats.discard(self)
+            raise
 
     def extend(self, seconds: float) -> Result[int]:
         """Move the deadline ``seconds`` from now; returns the new (earliest) deadline in ms."""

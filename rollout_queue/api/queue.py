@@ -19,6 +19,7 @@ import socket
 import time
 from typing import Any, Awaitable, Callable, ClassVar, Sequence, TypeVar
 
+from rollout_queue.api.beat import LeaseBeat, beat_lease
 from rollout_queue.api.lease import Hold, Lease
 from rollout_queue.api.results import Result
 from rollout_queue.api.worker import Worker
@@ -64,6 +65,7 @@ class RolloutQueue:
     clock: Callable[[], float]
     selector: Selector
     fleet: FleetWatch
+    beats: LeaseBeat
     configs: tuple[QueueConfig, ...]
     config: QueueConfig
 
@@ -81,6 +83,8 @@ class RolloutQueue:
         self.selector = Selector(partitions)  # which partitions leases, stats and reaps of this client try first
         #: whether the generation side is gone, as this client's blocking leases saw it (core/liveness.py)
         self.fleet = FleetWatch()
+        #: this client's open leases, beaten while they are open (api/beat.py)
+        self.beats = LeaseBeat(self)
 
     def _open(self: Q, config: QueueConfig | None, create: bool) -> Flow[Q]:
         self.configs = yield from pf.open_partitioned(self.layout, config, create)
@@ -205,20 +209,34 @@ class RolloutQueue:
         return Worker(self, default_process_id() if worker_id is None else worker_id)
 
     def lease(self, groups: int, timeout_s: float | None = None, block_ms: int = 0, partial: bool = False,
-              trainer_id: str | None = None, fleet: FleetWatch | None = None) -> Result[Lease | None]:
+              trainer_id: str | None = None, fleet: FleetWatch | None = None,
+              beat: bool = True) -> Result[Lease | None]:
         """Lease exactly ``groups`` fresh completed groups (>= 1 when ``partial``), or None. Raises
         LeaseUnsatisfiable at once for a lease the bounds can never fill, and, from a blocking lease
         (``block_ms`` > 0) that waited in vain, WorkersGone once no worker has been live for the
         grace of ``fleet`` (core/liveness.py; None: this queue's own watch, ``self.fleet``, whose
-        grace is worker_timeout_s) while groups wait to be generated."""
+        grace is worker_timeout_s) while groups wait to be generated.
+
+        ``beat``: the lease beats in the background until it is committed, rolled back or lost
+        (api/beat.py), so that if this process dies the reaper takes its groups back
+        trainer_silence_s after the last beat rather than at the deadline. False: the deadline alone
+        (an asyncio trainer that blocks its loop for longer than trainer_silence_s)."""
         return self.run(self._lease(groups, timeout_s, block_ms, partial, trainer_id or default_process_id(),
-                                    fleet or self.fleet))
+                                    fleet or self.fleet, beat))
 
     def _lease(self, groups: int, timeout_s: float | None, block_ms: int, partial: bool,
-               trainer_id: str, fleet: FleetWatch) -> Flow[Lease | None]:
+               trainer_id: str, fleet: FleetWatch, beat: bool = True) -> Flow[Lease | None]:
         members = yield from ml.lease_watched(self.layout, self.selector, trainer_id, groups, partial, timeout_s,
                                               block_ms, self.clock, self.config, fleet)
-        return None if members is None else Lease(self, members, timeout_s or self.config.lease_timeout_s)
+        if members is None:
+            return None
+        lease = Lease(self, members, timeout_s or self.config.lease_timeout_s)
+        if beat:
+            # Beaten once before it is handed out: the silence bound holds from the lease's first instant.
+            interval = yield from beat_lease(lease)
+            if interval is not None:
+                self.beats.add(lease, interval)
+        return lease
 
     def hold(self, timeout_s: float | None = None, holder: str | None = None,
              reason: str = "weight update") -> Result[Hold]:
@@ -278,7 +296,8 @@ class RolloutQueue:
         return self.run(pf.requeue_dead_letter(self.layout, dlq_id, partition))
 
     def close(self) -> Result[None]:
-        """Close the connection (await it on an asyncio queue)."""
+        """Stop beating this client's leases and close the connection (await it on an asyncio queue)."""
+        self.beats.stop()
         return self.driver.close()
 
     def __enter__(self: Q) -> Q:
@@ -291,6 +310,7 @@ class RolloutQueue:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.beats.stop()
         await self.driver.close()
 
     def __repr__(self) -> str:

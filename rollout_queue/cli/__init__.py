@@ -50,6 +50,7 @@ from rollout_queue.cli.common import (
     PermissionDenied,
     UsageError,
     add_connection_args,
+    is_denied,
 )
 
 __all__ = ["build_parser", "main"]
@@ -79,16 +80,6 @@ def _exit(code: int, message: str) -> int:
     return code
 
 
-def _is_denied(exc: BaseException | None) -> bool:
-    """An ACL refusal, possibly wrapped (the transport raises ScriptError from NoPermissionError; redis-py
-    strips the NOPERM prefix, a script's own error keeps it)."""
-    while exc is not None:
-        if isinstance(exc, (redis.exceptions.NoPermissionError, PermissionDenied)) or "NOPERM" in str(exc):
-            return True
-        exc = exc.__cause__
-    return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.json_logs)
@@ -112,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (InvalidInput, ValueError) as exc:  # bad input: an entry id, a queue name, a config value
         return _exit(EXIT_USAGE, str(exc))
     except (RolloutQueueError, redis.exceptions.ResponseError) as exc:
-        if _is_denied(exc):
+        if is_denied(exc):
             return _exit(EXIT_DENIED, f"permission denied (check this user's ACL role): {exc}")
         return _exit(EXIT_FAIL, str(exc))
     except (ConnectionError, redis.exceptions.ConnectionError, OSError) as exc:

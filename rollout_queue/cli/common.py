@@ -211,6 +211,16 @@ def open_operated(args: argparse.Namespace) -> RolloutQueue:
                         durability=durability(args), create=False)
 
 
+def is_denied(exc: BaseException | None) -> bool:
+    """An ACL refusal, possibly wrapped (the transport raises ScriptError from NoPermissionError; redis-py
+    strips the NOPERM prefix, a script's own error keeps it)."""
+    while exc is not None:
+        if isinstance(exc, (redis.exceptions.NoPermissionError, PermissionDenied)) or "NOPERM" in str(exc):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def confirm(args: argparse.Namespace, what: str) -> None:
     """Destructive commands act only with --yes (no prompt: shell scripts must not hang)."""
     if not getattr(args, "yes", False):

@@ -1,6 +1,6 @@
 """Who holds what: ``inspect ENTRY_ID``, ``workers``, ``leases``, ``holds``, ``reaped``, ``stragglers``,
-``at-risk`` (read-only) and ``requeue ENTRY_ID``
-(the one command here that changes state: it ends exactly one executing attempt)."""
+``at-risk`` (read-only), and the two commands here that change state: ``requeue ENTRY_ID`` (it ends
+exactly one executing attempt) and ``leases rollback LEASE_ID`` (it rolls back exactly one lease)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from rollout_queue.ops import actions, partition_views
+from rollout_queue.ops import acl, actions, partition_views
 from rollout_queue.cli import render, top
-from rollout_queue.cli.common import (EXIT_OK, UsageError, add_full, confirm, log_action, open_operated, open_view, print_json,
-                                     print_line)
+from rollout_queue.cli.common import (EXIT_OK, PermissionDenied, UsageError, add_full, confirm, is_denied, log_action,
+                                     open_operated, open_view, print_json, print_line)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -50,10 +50,39 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
-    """The nearest deadline first; on a terminal as many as fit (`top`'s rows), --full for all."""
+    """The nearest due first (a silent holder's lease before its deadline); on a terminal as many as
+    fit (`top`'s rows), --full for all. ``leases rollback LEASE_ID``: cmd_lease_rollback."""
+    if args.action == "rollback":
+        return cmd_lease_rollback(args)
     return _listing(args, partition_views.leases,
                     lambda _, ls, parted: render.leases_section(ls, limit=10_000, partitioned=parted),
                     lambda ls, width, height: top.lease_lines(ls, height, width, "(--full lists all)"))
+
+
+def cmd_lease_rollback(args: argparse.Namespace) -> int:
+    """Prints ``LEASE_ID<TAB>rolled_back|replay<TAB>groups requeued``. A lease of a dead or stuck trainer
+    goes back now instead of at its deadline; the trainer's own commit is then refused (LeaseLost).
+    Refusals exit 5 (committed or expired), 4 (no such lease), 6 with the role that may do it."""
+    if not args.lease_id:
+        raise UsageError("leases rollback takes the lease id (the LEASE column of `rollout-queue leases`)")
+    confirm(args, f"leases rollback {args.lease_id} hands its groups back to be generated again")
+    try:
+        q = open_operated(args)
+        layout = q.layout
+        index, (word, groups) = q.run(partition_views.locate(
+            layout, args.lease_id, "lease", lambda keys, ident: actions.revoke_lease(keys, ident, args.reason)))
+    except Exception as exc:
+        if not is_denied(exc):
+            raise
+        raise PermissionDenied(
+            f"leases rollback runs revoke_lease.lua, which only the {' or '.join(acl.roles_running('revoke_lease'))} "
+            f"role may run; this user's ACL role may not (it is refused by Redis: {exc}). Run it with an admin "
+            "user's --url (`rollout-queue acl` prints the roles)") from exc
+    lease_id = partition_views.split_ref(layout, args.lease_id)[1]
+    log_action(args, "rolled back lease", "lease_rollback", lease_id=lease_id, outcome=word, groups=groups,
+               reason=args.reason, **({"partition": layout.names[index]} if layout.count > 1 else {}))
+    print_line(partition_views.qualified(layout, layout.names[index], lease_id), word, groups)
+    return EXIT_OK
 
 
 def cmd_holds(args: argparse.Namespace) -> int:
@@ -128,7 +157,16 @@ def register(sub: Any) -> None:
     add_full(p)
     p.set_defaults(func=cmd_workers)
 
-    p = sub.add_parser("leases", help="active leases with their trainers and deadlines")
+    p = sub.add_parser("leases", help="active leases: trainers, holders' last beats, deadlines; "
+                       "`leases rollback LEASE_ID --yes` rolls one back (admin role)",
+                       description="Lists the active leases. `leases rollback LEASE_ID --yes` rolls one back by its "
+                                   "id (its holder is dead or stuck): its groups go back to ready, not counted, and "
+                                   "the holder's commit is refused. Needs the admin role.")
+    p.add_argument("action", nargs="?", choices=["rollback"], help="rollback: roll back the lease LEASE_ID")
+    p.add_argument("lease_id", nargs="?", metavar="LEASE_ID", help="with rollback: the lease (PARTITION/ID on a "
+                   "partitioned queue, or the bare ID, looked up in every partition)")
+    p.add_argument("--reason", default="rolled back by operator", help="with rollback: kept in the lease record")
+    p.add_argument("--yes", action="store_true", help="confirm a rollback")
     p.add_argument("--json", action="store_true")
     add_full(p)
     p.set_defaults(func=cmd_leases)

@@ -281,14 +281,15 @@ def worker_status(w: WorkerView) -> str:
 def leases_section(ls: Sequence[LeaseView], limit: int = 20, partitioned: bool = False) -> Section:
     """One row per lease; on a partitioned queue one per member lease, with a partition column."""
     if not partitioned:
-        rows = [(lv.lease_id, lv.trainer, lv.groups, "?" if lv.version is None else lv.version, _deadline(lv))
-                for lv in ls[:limit]]
-        return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "deadline"), rows,
-                       whole=(0,), ids=(1,))
+        rows = [(lv.lease_id, lv.trainer, lv.groups, "?" if lv.version is None else lv.version, _holder(lv),
+                 _deadline(lv)) for lv in ls[:limit]]
+        return section(f"leases: {len(ls)} active", ("lease", "trainer", "groups", "version", "holder", "deadline"),
+                       rows, whole=(0,), ids=(1,))
     rows = [(lv.lease_id, lv.partition, lv.trainer, lv.groups, "?" if lv.version is None else lv.version,
-             _deadline(lv)) for lv in ls[:limit]]
+             _holder(lv), _deadline(lv)) for lv in ls[:limit]]
     return section(f"leases: {len(ls)} active in the partitions ({sum(lv.groups for lv in ls)} groups)",
-                   ("lease", "partition", "trainer", "groups", "version", "deadline"), rows, whole=(0,), ids=(2,))
+                   ("lease", "partition", "trainer", "groups", "version", "holder", "deadline"), rows, whole=(0,),
+                   ids=(2,))
 
 
 def stragglers_section(attempts: Sequence[AttemptView], truncated: bool, partitioned: bool = False) -> Section:
@@ -335,6 +336,16 @@ def partitions_section(snap: Snapshot) -> Section:
     title = f"partitions: {len(snap.partitions)}" + (f", {len(down)} UNREACHABLE (left out of the totals: "
                                                      f"{', '.join(down)})" if down else "")
     return section(title, columns, rows)
+
+
+def _holder(lv: LeaseView) -> str:
+    """The holder's last beat, and when the reaper takes the lease if the holder stays silent."""
+    if lv.silent_ms is None:
+        return "never beat (deadline only)"
+    if not lv.holder_silent:
+        return f"beat {duration(lv.silent_ms)} ago"
+    return f"SILENT {duration(lv.silent_ms)}, " + (
+        "due: the reaper rolls it back" if lv.overdue else f"rolled back in {duration(lv.due_in_ms)}")
 
 
 def _deadline(lv: LeaseView) -> str:

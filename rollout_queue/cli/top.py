@@ -2,8 +2,9 @@
 
 An operator opens `top` during an incident, often in a small pane. So the frame is plain lines laid
 out for the terminal's exact size (no table borders): a header, then one line per urgent condition
-(a silent worker, an overdue lease, a held admission and by whom, a drain, a stalled trainer, an
-unreachable partition, dead letters), then states with their longest waits, rates and the policy
+(a silent worker, a lease whose holder went silent or that is overdue, a held admission and by whom,
+a drain, a stalled trainer by the run's own step time (view_models.stall_after_ms), an unreachable
+partition, dead letters), then states with their longest waits, rates and the policy
 line (and one saying so when the queue has no admission control), then as many worker and lease
 rows as the height leaves, urgent rows first (silent workers, overdue leases) and a "... N more"
 line for the rest. Every line is cut to the width, and IDs are cut from their middle (fit.middle)
@@ -21,9 +22,6 @@ from rollout_queue.cli.render import WAITING, _rate, duration, edge_text, hold_t
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import LeaseView, SampleDistribution, Snapshot, WorkerView
 
-#: A trainer that has not committed for this long while completed groups wait is called stalled
-#: (the guide's alert uses the same 10 minutes).
-STALLED_MS = 600_000
 #: The `rates` keys (status.RATES labels) of groups in, completed and out, in that order.
 RATE_LABELS = ("in/s (submitted)", "completed/s", "out/s (committed)")
 #: State names short enough for two 80-column lines (groups per state, and the longest wait in each).
@@ -60,18 +58,35 @@ def urgent_lines(snap: Snapshot) -> list[str]:
         lines.append(f"! worker {middle(w.worker_id, URGENT_ID)} {what}, holding {w.executing_groups} group(s)"
                      + (f", oldest {duration(w.oldest_attempt_ms)}" if w.oldest_attempt_ms is not None else ""))
     out += _collapsed(lines, "workers silent or unregistered")
-    overdue = [f"! lease {lv.lease_id} OVERDUE by {duration(-lv.remaining_ms)} ({middle(lv.trainer, URGENT_ID)}, "
-               f"{lv.groups} "
-               "group(s)): the reaper rolls it back" for lv in snap.leases
-               if lv.remaining_ms is not None and lv.remaining_ms < 0]
-    out += _collapsed(overdue, "leases overdue")
+    out += _collapsed([_lease_alarm(lv) for lv in snap.leases if lv.holder_silent or lv.overdue],
+                      "leases silent or overdue")
     st = snap.stats
-    if st.completed and st.since_commit_ms is not None and st.since_commit_ms > STALLED_MS:
-        out.append(f"! trainer stalled? last commit {duration(st.since_commit_ms)} ago, {st.completed} "
+    if st.completed and st.since_commit_ms is not None and st.since_commit_ms > snap.stall_after_ms:
+        steps = "" if snap.step_ms is None else f" (steps take {duration(snap.step_ms)})"
+        out.append(f"! trainer stalled? last commit {duration(st.since_commit_ms)} ago{steps}, {st.completed} "
                    "completed group(s) waiting")
     if st.dead:
         out.append(f"! {st.dead} dead letter(s): rollout-queue dlq list")
     return out
+
+
+def _lease_alarm(lv: LeaseView) -> str:
+    """A lease whose holder stopped beating (likely dead: it goes back at its due time), or overdue."""
+    who = f"({middle(lv.trainer, URGENT_ID)}, {lv.groups} group(s))"
+    if lv.holder_silent:
+        when = ("the reaper rolls it back" if lv.overdue else
+                f"rolled back in {duration(lv.due_in_ms)}" if lv.due_in_ms is not None else "")
+        return f"! lease {lv.lease_id} holder SILENT {duration(lv.silent_ms)} {who}: {when}"
+    late = lv.remaining_ms if lv.remaining_ms is not None and lv.remaining_ms < 0 else lv.due_in_ms
+    return f"! lease {lv.lease_id} OVERDUE by {duration(-(late or 0))} {who}: the reaper rolls it back"
+
+
+def holder_text(lv: LeaseView) -> str:
+    """``beat 3.2s`` (its holder beats), ``SILENT 42.0s`` (missed two beats), ``-`` (never beat: the
+    deadline alone decides)."""
+    if lv.silent_ms is None:
+        return "-"
+    return f"{'SILENT' if lv.holder_silent else 'beat'} {duration(lv.silent_ms)}"
 
 
 def samples_line(snap: Snapshot) -> str | None:
@@ -120,19 +135,26 @@ def worker_lines(ws: Sequence[WorkerView], room: int, width: int = 80, more: str
 
 
 def lease_lines(ls: Sequence[LeaseView], room: int, width: int = 80, more: str = "") -> list[str]:
-    """The lease rows, the nearest deadline first, in ``room`` lines of ``width`` (also `leases`'
-    concise view). The lease ID is never cut: it is what `inspect` and a rollback take."""
+    """The lease rows, the first due first (a silent holder's before the rest), in ``room`` lines of
+    ``width`` (also `leases`' concise view). The lease ID is never cut: it is what `inspect` and
+    `leases rollback` take. HOLDER is its holder's last beat (SILENT after two missed beats), or
+    OVERDUE past the deadline; the policy version is left to `--full`, so that the trainer's host and
+    pid:nonce both fit 80 columns."""
     if room <= 0:
         return []
     lid = max([16] + [len(lv.lease_id) for lv in ls])
-    tid = max(16, width - lid - 32)  # the indent, groups, version and a deadline (OVERDUE 23h59m) take 32
-    head = [f"leases: {len(ls)} active", f"  {'LEASE':<{lid}} {'TRAINER':<{tid}} {'GROUPS':>6} {'VER':>4} DEADLINE"]
+    # The indent, groups, holder (SILENT 42.0s) and a deadline (23h59m ago) take 32.
+    tid = max(12, width - lid - 32)
+    silent = sum(1 for lv in ls if lv.holder_silent)
+    head = [f"leases: {len(ls)} active" + (f", {silent} with a SILENT holder" if silent else ""),
+            f"  {'LEASE':<{lid}} {'TRAINER':<{tid}} {'GRPS':>4} {'HOLDER':<12} DEADLINE"]
     body = []
-    for lv in sorted(ls, key=lambda x: (x.remaining_ms is None, x.remaining_ms or 0)):
+    for lv in sorted(ls, key=lambda x: (x.due_ms is None, x.due_ms or 0)):
+        late = lv.remaining_ms is not None and lv.remaining_ms < 0
         left = "?" if lv.remaining_ms is None else (
-            f"in {duration(lv.remaining_ms)}" if lv.remaining_ms >= 0 else f"OVERDUE {duration(-lv.remaining_ms)}")
-        body.append(f"  {lv.lease_id:<{lid}} {middle(lv.trainer, tid):<{tid}} {lv.groups:>6} "
-                    f"{'?' if lv.version is None else lv.version:>4} {left}")
+            f"{duration(-lv.remaining_ms)} ago" if late else f"in {duration(lv.remaining_ms)}")
+        body.append(f"  {lv.lease_id:<{lid}} {middle(lv.trainer, tid):<{tid}} {lv.groups:>4} "
+                    f"{'OVERDUE' if late else holder_text(lv):<12} {left}")
     return _fit(head, body, room, more)
 
 
@@ -201,7 +223,7 @@ def top_lines(snap: Snapshot, rates: Mapping[str, float | None] | None, spark: S
     if samples and height - len(lines) > 5:
         lines.append(samples)
     room = height - len(lines)
-    overdue = any(x.remaining_ms is not None and x.remaining_ms < 0 for x in snap.leases)
+    overdue = any(x.overdue or x.holder_silent for x in snap.leases)
     # Leases get a fair share (all they need, up to a third of what is left), workers the rest.
     lease_room = min(len(snap.leases) + 2 if snap.leases else 1, max(room // 3, 3 if overdue else 1))
     more = "" if rates is not None else "(--full lists all)"

@@ -42,6 +42,11 @@ class Derived(enum.Enum):
 
 #: The default of ``QueueConfig.batch_groups``: sized by the trainer (see Derived).
 DERIVED: Final = Derived.DERIVED
+#: A beating lease holder beats this many times per ``trainer_silence_s``: three beats may be lost (a
+#: slow round trip, a GC pause, a blip in the connection) before the fourth's silence is judged.
+BEATS_PER_SILENCE: Final = 4
+#: The shortest trainer_silence_s: its beats (4 per bound) stay a negligible load on Redis.
+MIN_TRAINER_SILENCE_S: Final = 1.0
 #: batch_groups as stored: -1 unset (DERIVED), 0 off (None), n >= 1 set.
 _STORED_DERIVED, _STORED_OFF = -1, 0
 
@@ -78,6 +83,12 @@ class QueueConfig:
     #: every aborted attempt restarts from its prompt. A record over it is refused (PartialTooLarge)
     #: and the attempt is aborted without it.
     max_partial_bytes: int = 4 * 2**20
+    #: How long a lease whose holder has beaten (Lease's background beat, every
+    #: ``trainer_silence_s / BEATS_PER_SILENCE``) may stay silent before the reaper rolls it back,
+    #: well before its deadline: a dead trainer's groups come back in this bound instead of
+    #: ``lease_timeout_s``. A lease that never beat (an older client, a lease taken with ``beat=False``)
+    #: keeps the deadline rule alone. ``None``: beats are recorded, silence is never judged.
+    trainer_silence_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         """Refuse any value the scripts could not enforce exactly: a bool (``True`` would be stored as
@@ -95,6 +106,11 @@ class QueueConfig:
             self._set(name, check_seconds(getattr(self, name), f"QueueConfig.{name}"))
         self._set("settled_retention_s", check_optional_seconds(
             self.settled_retention_s, "QueueConfig.settled_retention_s (or None: keep forever)"))
+        silence = check_optional_seconds(self.trainer_silence_s, "QueueConfig.trainer_silence_s (or None: off)")
+        if silence is not None and silence < MIN_TRAINER_SILENCE_S:
+            raise InvalidInput(f"QueueConfig.trainer_silence_s must be at least {MIN_TRAINER_SILENCE_S} s (a lease "
+                               f"beats every trainer_silence_s / {BEATS_PER_SILENCE}), got {silence!r}")
+        self._set("trainer_silence_s", silence)
         if self.buffer_order not in ("fifo", "lifo"):
             raise InvalidInput(f"QueueConfig.buffer_order must be 'fifo' or 'lifo', got {describe(self.buffer_order)}")
 
@@ -119,7 +135,13 @@ class QueueConfig:
             "lease_record_ttl_ms": str(_ms(self.lease_record_ttl_s)),
             "settled_retention_ms": str(0 if self.settled_retention_s is None else _ms(self.settled_retention_s)),
             "max_partial_bytes": str(self.max_partial_bytes),
+            "trainer_silence_ms": str(0 if self.trainer_silence_s is None else _ms(self.trainer_silence_s)),
         }
+
+    @property
+    def beat_interval_s(self) -> float | None:
+        """How often a lease's holder beats (None: silence is not judged, so no beat is needed)."""
+        return None if self.trainer_silence_s is None else self.trainer_silence_s / BEATS_PER_SILENCE
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, str]) -> "QueueConfig":
@@ -178,7 +200,7 @@ _SECONDS = ("lease_timeout_s", "worker_timeout_s", "hold_timeout_s", "lease_reco
 #: field -> its name in meta, where the stored form differs (seconds are stored as ms).
 _STORED = {"lease_timeout_s": "lease_timeout_ms", "worker_timeout_s": "worker_timeout_ms",
            "hold_timeout_s": "hold_timeout_ms", "lease_record_ttl_s": "lease_record_ttl_ms",
-           "settled_retention_s": "settled_retention_ms"}
+           "settled_retention_s": "settled_retention_ms", "trainer_silence_s": "trainer_silence_ms"}
 #: The stored form of an integer, exactly as to_meta writes it (and load_config.lua accepts).
 _DECIMAL = re.compile(r"-?[0-9]{1,16}")
 
@@ -196,7 +218,7 @@ def _decode(name: str, raw: str | None) -> object:
         return None if number < 0 else number
     if name == "batch_groups":
         return DERIVED if number == _STORED_DERIVED else None if number == _STORED_OFF else number
-    if name == "settled_retention_s":
+    if name in ("settled_retention_s", "trainer_silence_s"):
         return None if number == 0 else number / 1000
     return number / 1000 if name in _STORED else number
 

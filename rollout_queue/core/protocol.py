@@ -739,6 +739,22 @@ def parse_extend(reply: Any, lease_id: str) -> int:
 
 
 @_shaped
+def parse_lease_beat(reply: Any, lease_id: str) -> tuple[int, int, int]:
+    """lease_beat: (the lease's deadline, when the reaper takes it if no beat follows, in queue ms;
+    the stored trainer_silence in ms, 0: off)."""
+    return _fields("lease_beat", reply, {"lease_id": lease_id}, _int, _int, _int)
+
+
+@_shaped
+def parse_revoke_lease(reply: Any, lease_id: str) -> tuple[str, int, bool]:
+    """revoke_lease: ('rolled_back' or 'replay', groups requeued by this call, done); LeaseLost when
+    there is no active lease (state 'unknown': no record)."""
+    word, n, done = _fields("revoke_lease", reply, {"lease_id": lease_id}, _word, _int, _flag)
+    _one_of("revoke_lease", word, ("rolled_back", "replay"))
+    return word, n, done
+
+
+@_shaped
 def parse_hold_open(reply: Any, hold_id: str) -> int:
     """hold_open: how many executing attempts the hold waits for."""
     return _fields("hold_open", reply, {"hold_id": hold_id}, _int, _int)[0]  # type: ignore[no-any-return]

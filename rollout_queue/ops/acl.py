@@ -113,7 +113,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          versions_channel=True,
          selectors=(("set", "payload:*"),)),
     Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
-         _OPEN + ("lease", "commit", "rollback", "extend", "hold_open", "hold_poll", "hold_release",
+         _OPEN + ("lease", "commit", "rollback", "extend", "lease_beat", "hold_open", "hold_poll", "hold_release",
                   "publish_version", "checkpoint", "restore", "stats",
                   "push_open", "push_seal", "push_close", "derive_admission", "settle_parked"),
          ("hget", "hmget", "xread"), ("meta", "wake_work", "wake_done"), versions_channel=True,
@@ -133,6 +133,14 @@ ROLES: dict[str, Role] = {r.name: r for r in (
 ADMIN_RULES = ("+@all", "-@dangerous", "-@admin", "-function", "-script", "+script|load", "+script|exists",
                "+info|server")
 ROLE_NAMES = tuple(ROLES) + ("admin",)
+
+
+
+def roles_running(script: str) -> tuple[str, ...]:
+    """The roles whose rules let them run ``script`` (the admin runs every script): what a refused
+    operator action names as the role to use."""
+    return tuple(name for name, role in ROLES.items() if script in role.scripts) + ("admin",)
+
 
 _CALL = re.compile(r"""'([A-Z]+)'(?:\s*,\s*'([A-Z]+)')?""")
 

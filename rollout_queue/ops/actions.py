@@ -1,6 +1,8 @@
-"""Operator actions that change state: requeue one attempt, config set, drain, dead-letter purge.
+"""Operator actions that change state: requeue one attempt, roll back a lease, config set, drain,
+dead-letter purge.
 
-Each action is one Lua script (requeue.lua, config_set.lua, drain.lua, dlq_purge.lua) that re-checks,
+Each action is one Lua script (requeue.lua, revoke_lease.lua, config_set.lua, drain.lua, dlq_purge.lua)
+that re-checks,
 inside Redis, what the operator's view showed (the exact receipt, every stored config field), so
 nothing is read, decided in Python and written in a later round trip. The flows here only build the
 calls, read what a call needs to name, and parse replies; clients drive them with ``q.run(flow)``.
@@ -9,13 +11,14 @@ Split from views.py (read-only) so that the read-only side stays importable and 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 from rollout_queue.core import flows
 from rollout_queue.core import protocol as p
 from rollout_queue.core.checks import check_seconds
 from rollout_queue.core.config import QueueConfig, corrupt_message
-from rollout_queue.core.errors import InvalidInput, StateConflict
+from rollout_queue.core.errors import InvalidInput, LeaseLost, NotFound, StateConflict
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import Receipt, check_entry_id, check_reason, check_worker_id
@@ -24,6 +27,8 @@ from rollout_queue.ops.view_models import entry_state
 from rollout_queue.ops.views import entry, meta, require_queue
 
 Clock = Callable[[], float]
+#: What lease.lua accepts as a lease id.
+LEASE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
 class OperatorRefused(StateConflict):
@@ -73,6 +78,36 @@ def requeue(keys: QueueKeys, entry_id: str, *, force: bool = False, counted: boo
             "Wait for worker_timeout, stop that worker, or pass --force to end exactly this attempt (its "
             "late result will be refused).")
     return receipt, outcome
+
+
+def revoke_lease(keys: QueueKeys, lease_id: str, reason: str = "rolled back by operator") -> Flow[tuple[str, int]]:
+    """Roll back an active lease by its id alone (the operator has no token): its groups go back to
+    ready, not counted, and its holder's later commit is refused (LeaseLost 'rolled_back'), so what
+    it trained on them is never committed. Returns ('rolled_back' or 'replay': a rollback already
+    under way, finished here; groups requeued). One script per batch of flows.BATCH members, the
+    first of which flips the record (revoke_lease.lua).
+
+    Raises NotFound (no such lease, or its record expired lease_record_ttl_s after it closed),
+    OperatorRefused (committed or expired: nothing to roll back)."""
+    if not isinstance(lease_id, str) or not LEASE_ID.fullmatch(lease_id):
+        raise InvalidInput(f"{lease_id!r} is not a lease id (the LEASE column of `rollout-queue leases`)")
+    reason = check_reason(reason, "reason")
+    word, total = "rolled_back", 0
+    first = True
+    while True:
+        reply = yield p.build(keys, "revoke_lease", lease_id=lease_id, reason=reason, count=flows.BATCH)
+        try:
+            said, n, done = p.parse_revoke_lease(reply, lease_id)
+        except LeaseLost as exc:
+            if exc.state == "unknown":
+                raise NotFound(f"lease {lease_id} not found in {keys.queue!r} (never leased there, or closed longer "
+                               "ago than lease_record_ttl_s)") from exc
+            raise OperatorRefused(f"lease {lease_id} is {exc.state}: nothing to roll back") from exc
+        word = said if first else word
+        first = False
+        total += n
+        if done:
+            return word, total
 
 
 def set_config(keys: QueueKeys, changes: Mapping[str, Any]) -> Flow[tuple[dict[str, Any], QueueConfig, int]]:

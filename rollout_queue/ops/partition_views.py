@@ -80,13 +80,15 @@ def merge_snapshots(parts: Sequence[tuple[str, Snapshot | None]]) -> Snapshot:
                      _most([s.pel.oldest_ms for s in got]), _most([s.pel.oldest_by_worker for s in got]),
                      sum_maps([s.pel.pending_by_owner for s in got]), _least([s.pel.newest_by_owner for s in got]))
     leases = sorted((x for s in got for x in s.leases),
-                    key=lambda x: (x.deadline_ms is None, x.deadline_ms or 0, x.partition))
+                    key=lambda x: (x.due_ms is None, x.due_ms or 0, x.partition))
     backlog = [s.backlog_oldest_ms for s in got if s.backlog_oldest_ms is not None]
     return Snapshot(stats, pel, tuple(w for s in got for w in s.workers), tuple(leases),
                     merge_drains([s.drain for s in got]),
                     _sum_counts([s.buffer_staleness for s in got]), max(backlog, default=None),
                     tuple(h for s in got for h in s.holds), push=got[0].push if got else None,
-                    partitions=tuple(parts))
+                    partitions=tuple(parts),
+                    # the slowest partition's step: a stall is called no sooner than any partition's rule says
+                    step_ms=max((s.step_ms for s in got if s.step_ms is not None), default=None))
 
 
 def _sum_counts(parts: Sequence[Sequence[tuple[int, int]]]) -> tuple[tuple[int, int], ...]:
@@ -154,13 +156,13 @@ def workers(layout: Layout) -> Flow[list[WorkerView]]:
 
 
 def leases(layout: Layout) -> Flow[list[LeaseView]]:
-    """Every partition's active leases by deadline, each naming its partition (a trainer's lease of
-    a partitioned queue is one member lease per partition it took groups from)."""
+    """Every partition's active leases, the first due first, each naming its partition (a trainer's
+    lease of a partitioned queue is one member lease per partition it took groups from)."""
     found = yield from _all(layout, "leases", views.leases)
     if layout.count == 1:
         return found[0]
     rows = [replace(x, partition=name) for name, ls in zip(layout.names, found) for x in ls]
-    return sorted(rows, key=lambda x: (x.deadline_ms is None, x.deadline_ms or 0, x.partition))
+    return sorted(rows, key=lambda x: (x.due_ms is None, x.due_ms or 0, x.partition))
 
 
 def stragglers(layout: Layout, count: int = 20) -> Flow[tuple[list[AttemptView], bool]]:

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from rollout_queue.core.histograms import (SECOND_BUCKETS, TOKEN_BUCKETS, add_counts, bucket_count, max_edge,
                                            quantile_edge)
+from rollout_queue.core.config import BEATS_PER_SILENCE
 from rollout_queue.core.models import DeadLetter, SourceGroup
 
 #: The hold id of `rollout-queue drain` (lua/drain.lua); client holds use random hex ids.
@@ -320,8 +321,10 @@ class AtRiskView:
 
 @dataclass(frozen=True)
 class LeaseView:
-    """An active lease; ``remaining_ms`` < 0 means overdue (the reaper rolls it back). A number that
-    is None could not be read (``garbage`` names it)."""
+    """An active lease; ``remaining_ms`` is the time to its deadline. ``due_ms`` (its ``leases``
+    score) is when the reaper rolls it back: the deadline, or trainer_silence_s after its holder's
+    last beat (``beat_ms``; None: it never beat, an older client or ``beat=False``), whichever is
+    first (lua/include/lease_due.lua). A number that is None could not be read (``garbage`` names it)."""
 
     lease_id: str
     trainer: str
@@ -334,6 +337,27 @@ class LeaseView:
     garbage: tuple[str, ...] = ()
     #: the partition (queue name) holding it: a lease of a partitioned queue is one member per partition
     partition: str = ""
+    #: the queue time of its holder's last beat (None: never beat), and ms since it (server clock)
+    beat_ms: int | None = None
+    silent_ms: int | None = None
+    #: when the reaper takes it (its index score) and ms until then (< 0: due now, the reaper rolls it back)
+    due_ms: int | None = None
+    due_in_ms: int | None = None
+    #: the queue's trainer_silence_s in ms (None: off, a beating holder's silence is not judged)
+    silence_bound_ms: int | None = None
+
+    @property
+    def holder_silent(self) -> bool:
+        """Its holder beat, then missed two beats in a row (a beat comes every trainer_silence_s / 4):
+        likely dead or paused, and rolled back at ``due_ms`` unless a beat comes first."""
+        return (self.silent_ms is not None and self.silence_bound_ms is not None
+                and self.silent_ms > 2 * self.silence_bound_ms // BEATS_PER_SILENCE)
+
+    @property
+    def overdue(self) -> bool:
+        """Due for the reaper now (past its deadline, or its holder silent past the bound)."""
+        return (self.due_in_ms is not None and self.due_in_ms < 0) or (
+            self.remaining_ms is not None and self.remaining_ms < 0)
 
 
 @dataclass(frozen=True)
@@ -371,6 +395,32 @@ class DrainStatus:
     garbage: tuple[str, ...] = ()
 
 
+#: top's stall rule (docs/OPERATIONS.md, "Is the trainer stalled?"): a trainer is called stalled once
+#: completed groups wait and its last commit is older than STALL_STEPS of its own recent steps (the
+#: median gap between its last STEP_SAMPLE + 1 commits), and never before STALL_FLOOR_MS; until
+#: STEP_SAMPLE_MIN gaps are known, after STALL_UNKNOWN_MS. Commits less than STEP_MERGE_MS apart are
+#: one step's (a stream that acks several leases at once, a composite lease's partitions).
+STALL_STEPS, STALL_FLOOR_MS, STALL_UNKNOWN_MS = 10, 60_000, 600_000
+STEP_SAMPLE, STEP_SAMPLE_MIN, STEP_MERGE_MS = 20, 3, 1_000
+
+
+def step_ms(commit_ms: Sequence[int]) -> int | None:
+    """The run's own step time: the median gap between consecutive commits (``commit_ms``: when
+    each recent commit happened, in any order), gaps under STEP_MERGE_MS left out; None with fewer
+    than STEP_SAMPLE_MIN gaps."""
+    times = sorted(commit_ms)
+    gaps = sorted(b - a for a, b in zip(times, times[1:]) if b - a >= STEP_MERGE_MS)
+    if len(gaps) < STEP_SAMPLE_MIN:
+        return None
+    mid = len(gaps) // 2
+    return gaps[mid] if len(gaps) % 2 else (gaps[mid - 1] + gaps[mid]) // 2
+
+
+def stall_after_ms(step: int | None) -> int:
+    """How long after the last commit a trainer with completed groups waiting is called stalled."""
+    return STALL_UNKNOWN_MS if step is None else max(STALL_STEPS * step, STALL_FLOOR_MS)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything `stats`, `top` and the exporter show, read in one pass."""
@@ -390,6 +440,13 @@ class Snapshot:
     #: a partitioned queue's partitions, each (name, its own snapshot or None when it did not answer);
     #: the fields above are then their sum (merge_snapshots). Empty for a plain queue.
     partitions: tuple[tuple[str, "Snapshot | None"], ...] = field(default=())
+    #: the run's step time from its recent commits (step_ms; None: too few commits yet)
+    step_ms: int | None = None
+
+    @property
+    def stall_after_ms(self) -> int:
+        """How long without a commit, while completed groups wait, top calls the trainer stalled."""
+        return stall_after_ms(self.step_ms)
 
     def oldest_ms(self, state: str) -> int | None:
         """How long the longest-waiting group of ``state`` (backlog, ready, completed, leased,

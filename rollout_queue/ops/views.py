@@ -40,6 +40,7 @@ from rollout_queue.scale.layout import Layout
 from rollout_queue.ops.view_models import (
     DRAIN_HOLD,
     STATES,
+    STEP_SAMPLE,
     Attempt,
     AtRiskView,
     AttemptView,
@@ -55,6 +56,7 @@ from rollout_queue.ops.view_models import (
     WorkerProgress,
     WorkerView,
     entry_state,
+    step_ms,
     stream_id,
 )
 
@@ -299,7 +301,15 @@ def snapshot(keys: QueueKeys) -> Flow[Snapshot]:
     drain = yield from drain_status(keys)
     return Snapshot(st, pel, tuple(ws), tuple(ls), drain, buffer_staleness(st),
                     backlog_oldest_ms=(yield from backlog_oldest(keys)), holds=tuple((yield from holds(keys))),
-                    push=(yield from push_round(keys)))
+                    push=(yield from push_round(keys)), step_ms=(yield from recent_step_ms(keys)))
+
+
+def recent_step_ms(keys: QueueKeys) -> Flow[int | None]:
+    """The run's step time from its last STEP_SAMPLE + 1 commits (view_models.step_ms): the commits
+    stream's IDs are when each commit happened (server ms). None with too few commits."""
+    reply = yield p.Command(("XREVRANGE", keys["commits"], "+", "-", "COUNT", STEP_SAMPLE + 1))
+    times = [number(entry_id.partition("-")[0]) for entry_id, _ in p.parse_stream_entries(reply, "XREVRANGE")]
+    return step_ms([t for t in times if t is not None])
 
 
 def push_round(keys: QueueKeys) -> Flow[PushView | None]:
@@ -428,21 +438,27 @@ def reaped(keys: QueueKeys, count: int = 20) -> Flow[list[ReapedView]]:
 
 
 def leases(keys: QueueKeys, limit: int = 1000) -> Flow[list[LeaseView]]:
-    """Active leases by deadline (never their fencing tokens)."""
+    """Active leases, the first due first (never their fencing tokens): each with its deadline, its
+    holder's last beat and when the reaper takes it (the ``leases`` score, lua/include/lease_due.lua)."""
     yield from require_queue(keys)
     now = yield from server_ms(keys)
+    bound = number((yield p.Command(("HGET", keys["meta"], "trainer_silence_ms")))) or None  # 0: off
     ids = _scored((yield p.Command(("ZRANGE", keys["leases"], 0, limit - 1, "WITHSCORES"))))
     out = []
     for lease_id, score in ids:
         bad = Garbage()
-        deadline = bad.number("deadline score", score)
-        names = ("trainer", "created_ms", "members", "version", "state")
+        due = bad.number("due score", score)
+        names = ("trainer", "created_ms", "members", "version", "state", "deadline", "beat_ms")
         f = p.parse_hmget((yield p.Command(("HMGET", keys.lease(lease_id), *names))), names)
         created, version = bad.number("created_ms", f["created_ms"]), bad.number("version", f["version"])
+        deadline = bad.number("deadline", f["deadline"]) if f["deadline"] is not None else due
+        beat = bad.number("beat_ms", f["beat_ms"])
         trainer, members, state = (None if v is None else text(v) for v in (f["trainer"], f["members"], f["state"]))
         groups = len(members.split(",")) if members else 0
         out.append(LeaseView(lease_id, trainer or "", deadline, None if deadline is None else deadline - now, groups,
-                             version, created, state or "unknown", tuple(bad.notes)))
+                             version, created, state or "unknown", tuple(bad.notes), beat_ms=beat,
+                             silent_ms=None if beat is None else max(0, now - beat), due_ms=due,
+                             due_in_ms=None if due is None else due - now, silence_bound_ms=bound))
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import Receipt, RolloutQueue, ScriptError, SourceGroup, StaleReceipt
+from rollout_queue import LeaseLost, Receipt, RolloutQueue, ScriptError, SourceGroup, StaleReceipt
 from rollout_queue.ops import acl
 from rollout_queue.core import flows
 from rollout_queue.devtools.local_server import LocalServer
@@ -430,3 +430,31 @@ def test_the_worker_role_cannot_rewrite_a_push_round(urls: Urls, queue_name: str
     for c in (trainer, wq):
         c.close()
     worker.close()
+
+
+def test_only_the_admin_rolls_back_a_lease_by_id_and_others_are_told_so(urls: Urls, queue_name: str,
+                                                                        r: redis.Redis, cli: Cli) -> None:
+    """`leases rollback` (revoke_lease.lua) changes state: the read-only operator, and the trainer (which
+    rolls back only the leases it holds the token of), are refused with the role that may do it."""
+    admin = RolloutQueue.from_url(urls["admin"], queue_name)
+    admin.submit([SourceGroup("s1", "p", 2)])
+    worker = admin.worker("w")
+    (res,) = worker.reserve(max_groups=1, block_ms=1000)
+    worker.complete(res.receipt, samples(res.group.n, res.version))
+    trainer = RolloutQueue.from_url(urls["trainer"], queue_name)
+    lease = trainer.lease(1)
+    assert lease is not None
+    trainer.beats.stop()  # no background beat moves the lease's score while the refusals are compared
+    before = dump(r, queue_name)
+    for role in ("operator", "trainer", "worker"):
+        code, out, err = cli(urls[role], queue_name, "leases", "rollback", lease.lease_id, "--yes")
+        assert code == 6 and out == "", (role, err)
+        assert "only the admin role may run" in err and "revoke_lease" in err, err
+    assert dump(r, queue_name) == before, "a refused rollback wrote something"
+    code, out, err = cli(urls["admin"], queue_name, "leases", "rollback", lease.lease_id, "--yes")
+    assert code == 0 and out == f"{lease.lease_id}\trolled_back\t1\n", err
+    with pytest.raises(LeaseLost):
+        lease.commit()
+    assert admin.stats().ready == 1
+    for q in (admin, trainer):
+        q.close()

@@ -259,6 +259,65 @@ def test_stats_and_top_say_when_a_queue_has_no_admission_control(cli: Cli, known
     assert "admission control" not in frame()
 
 
+def _commit_history(r: redis.Redis, st: KnownState, gap_ms: int, count: int, last_ago_ms: int) -> None:
+    """The commits a run leaves: ``count`` commit lines ``gap_ms`` apart, the last ``last_ago_ms`` ago
+    (what commit.lua writes: a line per commit, and meta's last_commit_ms)."""
+    from rollout_queue.core.keys import QueueKeys
+
+    keys = QueueKeys(st.queue)
+    sec, usec = r.time()
+    last = int(sec) * 1000 + int(usec) // 1000 - last_ago_ms
+    r.delete(keys["commits"])
+    for i in range(count - 1, -1, -1):
+        r.xadd(keys["commits"], {"lease": f"l{i}", "trainer": "t", "entries": "", "step": str(count - i)},
+               id=f"{last - i * gap_ms}-0")
+    r.hset(keys["meta"], "last_commit_ms", last)
+
+
+def test_top_judges_a_stall_by_the_runs_own_step_times(known_state: KnownState, r: redis.Redis) -> None:
+    """Issue 32 item 7: a run committing every 5 s that stops is stalled a minute later (10 steps, the
+    floor 60 s), not after a fixed 10 minutes; a run of 2-minute steps is not stalled 3 minutes in."""
+    from rollout_queue.cli import status, top
+    from rollout_queue.ops import views
+
+    st = known_state
+    assert st.q.stats().completed > 0, "groups wait for the trainer"
+
+    def frame() -> tuple[Any, str]:
+        snap = st.q.run(views.snapshot(st.q.layout.keys[0]))
+        return snap, "\n".join(top.top_lines(snap, status.rates(None, (0.0, {})), [], st.queue, 80, 24))
+
+    _commit_history(r, st, gap_ms=5_000, count=13, last_ago_ms=180_000)
+    snap, text = frame()
+    assert snap.step_ms == 5_000 and snap.stall_after_ms == 60_000
+    assert "! trainer stalled? last commit 3m00s ago (steps take 5.0s)" in text, text
+    _commit_history(r, st, gap_ms=120_000, count=6, last_ago_ms=180_000)
+    snap, text = frame()
+    assert snap.step_ms == 120_000 and snap.stall_after_ms == 1_200_000
+    assert "stalled" not in text, text
+    # Until the run has three steps to judge by, the old 10 minutes stand.
+    _commit_history(r, st, gap_ms=5_000, count=2, last_ago_ms=180_000)
+    snap, text = frame()
+    assert snap.step_ms is None and snap.stall_after_ms == 600_000 and "stalled" not in text
+
+
+def test_leases_rollback_needs_yes_and_an_active_lease(cli: Cli, known_state: KnownState) -> None:
+    st = known_state
+    lease_id = st.lease_id
+    assert run(cli, st, "leases", "rollback", lease_id)[0] == 2, "--yes confirms it"
+    assert run(cli, st, "leases", "rollback", "--yes")[0] == 2, "which lease?"
+    code, _, err = run(cli, st, "leases", "rollback", "no-such-lease", "--yes")
+    assert code == 4 and "not found" in err
+    code, out, err = cli(st.url, st.queue, "--json-logs", "leases", "rollback", lease_id, "--yes",
+                         "--reason", "trainer host lost")
+    assert code == 0 and re.fullmatch(rf"{lease_id}\trolled_back\t\d+\n", out), (out, err)
+    assert '"action":"lease_rollback"' in err and "trainer host lost" in err
+    code, out, _ = run(cli, st, "leases", "--json")
+    assert lease_id not in out, "no longer an active lease"
+    code, out, err = run(cli, st, "leases", "rollback", lease_id, "--yes")
+    assert code == 0 and out == f"{lease_id}\treplay\t0\n", err
+
+
 def test_an_expired_hold_takes_its_holder_line_with_it(known_state: KnownState, r: redis.Redis) -> None:
     st = known_state
     st.q.hold(timeout_s=0.05, holder=TRAINER)

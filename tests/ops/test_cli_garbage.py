@@ -127,7 +127,7 @@ def test_garbage_is_marked_not_fatal(cli: Cli, hostile_state: Any) -> None:
     by_id = {x["lease_id"]: x for x in json.loads(out)}
     known = by_id[st.lease_id]
     assert (known["created_ms"], known["version"], known["trainer"]) == (None, None, hostile("trainer"))
-    assert known["garbage"] == ["created_ms='abc'", "version='\\x1b[31m'"], known
+    assert known["garbage"] == ["created_ms='abc'", "version='\\x1b[31m'", "deadline='soon'"], known
     assert by_id["inf-lease"]["deadline_ms"] is None and by_id["inf-lease"]["garbage"]
     code, out, _ = cli(st.url, st.queue, "workers", "--json")
     ws = {w["worker_id"]: w for w in json.loads(out)}

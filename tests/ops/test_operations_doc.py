@@ -20,6 +20,8 @@ import redis
 
 from rollout_queue.ops import acl
 from rollout_queue.devtools.local_server import LocalServer, available_servers
+from rollout_queue import RolloutQueue
+from rollout_queue.core import flows
 from tests.ops.conftest import ALIVE, PROGRESS, REAPED, SAMPLE_SECONDS, SAMPLE_TOKENS, SILENT, TRAINER, KnownState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
@@ -88,9 +90,11 @@ def check_buffer_empty(out: list[str], st: KnownState, r: redis.Redis) -> None:
 
 
 def check_leases(out: list[str], st: KnownState, r: redis.Redis) -> None:
-    lease_id, deadline, trainer, state, deadline2, members = out
+    lease_id, due, trainer, state, deadline, members = out
     assert (lease_id, trainer, state, members) == (st.lease_id, TRAINER, "active", st.ids[2])
-    assert int(float(deadline)) == int(deadline2)
+    # Its holder beats: due trainer_silence_s (60 s) after the last beat, long before the deadline.
+    beat = int(r.hget(f"{st.prefix}:lease:{lease_id}", "beat_ms"))
+    assert int(float(due)) == beat + 60_000 < int(deadline)
 
 
 def check_backlog(out: list[str], st: KnownState, r: redis.Redis) -> None:
@@ -187,6 +191,28 @@ def setup_holds(st: KnownState) -> None:
     st.q.hold(timeout_s=120, holder=TRAINER, reason="weight update v4")
 
 
+#: queue -> the lease its dead trainer left (setup_dead_trainer), for the check after the block.
+DEAD_LEASES: dict[str, str] = {}
+
+
+def setup_dead_trainer(st: KnownState) -> None:
+    """A trainer leases a group with a short deadline (so its lease is due first) and dies. Run last:
+    the holds block's hold is released first (a lease waits while admission is held)."""
+    for hold_id in st.q.client.hkeys(st.q.keys["holders"]):
+        st.q.run(flows.hold_release(st.q.keys, hold_id.decode()))
+    dead = RolloutQueue.from_url(st.url, st.queue)
+    lease = dead.lease(1, timeout_s=1.0, trainer_id="trainer-that-died")
+    assert lease is not None
+    DEAD_LEASES[st.queue] = lease.lease_id
+    dead.close()
+
+
+def check_cli_lease_rollback(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    lease_id = DEAD_LEASES[st.queue]
+    assert out == [f"{lease_id}\trolled_back\t1"]
+    assert r.hget(f"{st.prefix}:lease:{lease_id}", "revoked") == b"trainer host lost"
+
+
 def check_holds(out: list[str], st: KnownState, r: redis.Redis) -> None:
     hold_id, line = out[0], out[1]
     holder, since, reason = line.split("|", 2)
@@ -206,7 +232,7 @@ def check_waits(out: list[str], st: KnownState, r: redis.Redis) -> None:
 MAX_REDIS_CLI = {"memory": 3}
 
 #: Blocks whose state needs one more step first (run just before the block, in CHECKS order).
-SETUP: dict[str, Callable[[KnownState], None]] = {"holds": setup_holds}
+SETUP: dict[str, Callable[[KnownState], None]] = {"holds": setup_holds, "cli-lease-rollback": setup_dead_trainer}
 
 #: block id -> (the entry $E names, its check). Blocks run in this order: redis-cli first, the CLI
 #: (which changes the state) after.
@@ -220,6 +246,7 @@ CHECKS: dict[str, tuple[int | None, Check]] = {
     "reaped": (None, check_reaped), "progress": (None, check_progress), "samples": (None, check_samples),
     "cli-requeue": (6, check_cli_requeue),
     "cli-dlq-requeue": (None, check_cli_dlq_requeue), "holds": (None, check_holds), "waits": (None, check_waits),
+    "cli-lease-rollback": (None, check_cli_lease_rollback),
 }
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
 from rollout_queue.cli import fit
+from rollout_queue.ops import partition_views
 from rollout_queue.devtools.local_server import LocalServer
 from tests.conftest import _delete_queue_keys
 from tests.helpers import wait_until
@@ -26,6 +27,10 @@ WIDTH, HEIGHT = 80, 24
 LONG_REASON = ("vllm engine error: CUDA out of memory. Tried to allocate 2.50 GiB (GPU 3; 79.15 GiB total "
                "capacity; 74.02 GiB already allocated; 1.20 GiB free; 76.31 GiB reserved in total by PyTorch)")
 TRAINER = "trainer-node-0001.us-east-2.compute.internal:51234:9f8e7d"
+#: A trainer that died holding a lease (its beats stopped: issue 32 item 7).
+DEAD_TRAINER = "trainer-node-0002.us-east-2.compute.internal:60606:dead01"
+#: Short enough that the dead trainer's holder shows SILENT (two missed beats) within a second or two.
+SILENCE_S = 2.0
 
 
 def worker_id(i: int) -> str:
@@ -36,7 +41,8 @@ def worker_id(i: int) -> str:
 class Realistic:
     def __init__(self, url: str, queue: str) -> None:
         self.url, self.queue = url, queue
-        self.q = RolloutQueue.from_url(url, queue, QueueConfig(worker_timeout_s=1.0, max_attempts=2))
+        self.q = RolloutQueue.from_url(url, queue, QueueConfig(worker_timeout_s=1.0, max_attempts=2,
+                                                               trainer_silence_s=SILENCE_S))
         self.ids = self.q.submit([SourceGroup(f"dataset/gsm8k/train/row-{i:06d}", f"Question {i}: " + "x " * 300, 4)
                                   for i in range(100)])
         self.q.publish_version(7, "s3://bucket/run-7/weights/v7")
@@ -60,6 +66,19 @@ class Realistic:
             return self.q.stats().workers_silent == 0
 
         wait_until(reaped, timeout=30, interval=0.05, message="workers 28.. reaped")
+        # Then another trainer leases, beats once, and dies: its client (and so its beats) is gone.
+        # Nothing here reaps leases from now on, so its lease stays listed with a SILENT holder.
+        dead_q = RolloutQueue.from_url(url, queue)
+        self.dead = dead_q.lease(1, trainer_id=DEAD_TRAINER)
+        assert self.dead is not None
+        dead_q.close()
+
+    def dead_holder_silent(self) -> None:
+        def silent() -> bool:
+            return any(lv.lease_id == self.dead.lease_id and lv.holder_silent
+                       for lv in self.q.run(partition_views.leases(self.q.layout)))
+
+        wait_until(silent, timeout=30, interval=0.1, message="the dead trainer's holder shows silent")
 
     def beat(self) -> None:
         for w in self.alive:
@@ -114,7 +133,7 @@ def test_stats_at_80x24(realistic: Realistic) -> None:
     realistic.beat()
     text = fits(screen_of(realistic.url, realistic.queue, "stats", width=WIDTH, height=HEIGHT))
     assert f"rollout-queue stats  queue {realistic.queue}" in text  # the title, also in a TTY
-    assert "groups  backlog" in text and "ended   " in text and "workers:" in text and "leases: 1 active" in text
+    assert "groups  backlog" in text and "ended   " in text and "workers:" in text and "leases: 2 active" in text
     assert "gpu-node-00" in text and "…" in text and "(--full lists all)" in text
     full = screen_of(realistic.url, realistic.queue, "stats", "--full", width=WIDTH, height=HEIGHT)
     assert f"queue {realistic.queue}" in full[0] and "groups by state" in "\n".join(full)
@@ -133,8 +152,20 @@ def test_workers_at_80x24(realistic: Realistic) -> None:
 
 
 def test_leases_at_80x24(realistic: Realistic) -> None:
+    # The dead trainer's lease: its holder shows SILENT and comes first (it is due before the live one).
+    realistic.dead_holder_silent()
     text = fits(screen_of(realistic.url, realistic.queue, "leases", width=WIDTH, height=HEIGHT))
+    print(text)  # the screen, for the record (issue 32 item 7 asks for it)
     assert realistic.lease.lease_id in text and TRAINER.split(":", 1)[1] in text and "trainer-node-0001" in text
+    assert "leases: 2 active, 1 with a SILENT holder" in text
+    lines = text.split("\n")
+    dead = next(line for line in lines if realistic.dead.lease_id in line)
+    live = next(line for line in lines if realistic.lease.lease_id in line)
+    assert "SILENT" in dead and "trainer-node-0002" in dead and DEAD_TRAINER.split(":", 1)[1] in dead
+    assert " beat " in live and "SILENT" not in live
+    assert lines.index(dead) < lines.index(live), "the lease due first comes first"
+    full = "\n".join(screen_of(realistic.url, realistic.queue, "leases", "--full", width=WIDTH, height=HEIGHT))
+    assert "SILENT" in full and "holder" in full
 
 
 def test_reaped_at_80x24(realistic: Realistic) -> None:

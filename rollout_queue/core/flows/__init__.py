@@ -12,7 +12,7 @@ One module per role:
 - ``base``: Flow, T, Clock, new_id, the wake wait and the bounds every role shares (BATCH, ...);
 - ``queue``: open, submit, policy versions, checkpoint and restore, stats, dead letters;
 - ``worker``: reserve, complete, complete_many, fail, abort, filter, reject, save_partial, heartbeat, close;
-- ``trainer``: lease, commit, rollback, extend;
+- ``trainer``: lease, commit, rollback, extend, beat;
 - ``hold``: admission holds;
 - ``reaper``: the reaper's pass (and prune, finish_interrupted);
 - ``owned``: what the PEL gives one worker (reconciliation);
@@ -46,7 +46,7 @@ from rollout_queue.core.flows.base import (
     new_id,
 )
 from rollout_queue.core.flows.hold import hold_open, hold_release, hold_wait
-from rollout_queue.core.flows.trainer import _hand_back, commit, extend, lease, rollback
+from rollout_queue.core.flows.trainer import _hand_back, beat, commit, extend, lease, rollback
 from rollout_queue.core.flows.owned import OWNED_LIMIT, PAGE, owned_attempts, owned_command
 from rollout_queue.core.flows.producer import check_producer_name, encode_groups, produce, read_cursor
 from rollout_queue.core.flows.push import push_close, push_join, push_open, push_seal
@@ -100,7 +100,7 @@ ROLES = (base, queue, worker, trainer, hold, reaper, owned, producer, push)
 __all__ = [
     "BATCH", "COMPLETE_BATCH", "COMPLETE_BATCH_BYTES", "MAX_BLOCK_CHUNK_MS", "MAX_NAME", "MAX_REAP_BUDGET",
     "MAX_URI", "MAX_VERSION", "OWNED_LIMIT", "PAGE", "PRUNE_CALLS_PER_PASS", "REINDEX_BATCH", "SUBMIT_BATCH",
-    "SUBMIT_BATCH_BYTES", "Clock", "Flow", "T", "abort", "check_producer_name",
+    "SUBMIT_BATCH_BYTES", "Clock", "Flow", "T", "abort", "beat", "check_producer_name",
     "checkpoint", "close_worker", "commit", "complete", "complete_many", "dead_letters", "derive_admission",
     "encode_groups", "encode_source", "extend", "fail", "filter_group", "finish_interrupted", "heartbeat", "hold_open",
     "hold_release", "hold_wait", "lease", "new_id", "open_queue", "owned_attempts", "owned_command",

@@ -1,4 +1,4 @@
-"""The trainer's operations on completed groups: lease, commit, rollback, extend.
+"""The trainer's operations on completed groups: lease, commit, rollback, extend, beat.
 """
 
 from __future__ import annotations
@@ -88,3 +88,12 @@ def extend(keys: QueueKeys, lease_id: str, token: str, seconds: float) -> Flow[i
     seconds = check_seconds(seconds, "seconds")
     reply = yield p.build(keys, "extend", lease_id=lease_id, token=token, ms=max(1, int(seconds * 1000)))
     return p.parse_extend(reply, lease_id)
+
+
+def beat(keys: QueueKeys, lease_id: str, token: str) -> Flow[tuple[int, int, int]]:
+    """The holder of the lease is alive (lease_beat.lua): the reaper rolls the lease back
+    trainer_silence_s after the last beat instead of waiting for the deadline. Returns (deadline,
+    when the lease falls due if no beat follows, the stored trainer_silence; 0: off), in ms. Raises
+    LeaseLost once the lease is closed or past its deadline: beating it is pointless from then on."""
+    reply = yield p.build(keys, "lease_beat", lease_id=lease_id, token=token)
+    return p.parse_lease_beat(reply, lease_id)

@@ -23,7 +23,7 @@ Invariant:
 local FIELDS = {max_executing_samples = 1, max_retained_groups = 1, max_completed_groups = 1, max_staleness = 1,
   batch_groups = 1, buffer_order = 1, lease_timeout_ms = 1, worker_timeout_ms = 1, max_attempts = 1,
   max_payload_bytes = 1, hold_timeout_ms = 1, commits_maxlen = 1, lease_record_ttl_ms = 1, settled_retention_ms = 1,
-  max_partial_bytes = 1}
+  max_partial_bytes = 1, trainer_silence_ms = 1}
 local library = redis.call('HGET', K.meta, 'library')
 if not library then bug('queue not initialised: open it with RolloutQueue.from_url first') end
 local f = A.fields

@@ -2,7 +2,7 @@
 extend: push an active lease's deadline to `ms` from now (a trainer whose step runs long).
 KEYS:
   meta       config
-  leases     lease ids by deadline
+  leases     lease ids by when they fall due (lease_due: the deadline, or sooner for a silent holder)
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
 READS:
   counters   counters (read only: load_config checks they are integers)
@@ -14,12 +14,14 @@ Returns:
   {'ok', deadline_ms}
   {'lease_lost', state}   also when the deadline has already passed; nothing written
 Invariant:
-  only the holder of an unexpired lease moves its deadline; an expired lease stays the reaper's.
+  only the holder of an unexpired lease moves its deadline; an expired lease stays the reaper's. A
+  lease that beats stays due trainer_silence after its last beat (lease_due), whatever the deadline.
 ]]
 -- @include bug
 -- @include now_ms
 -- @include load_config
 -- @include lease_record
+-- @include lease_due
 local now = now_ms()
 local cfg = load_config()
 local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
@@ -32,5 +34,6 @@ local ms = tonumber(A.ms)
 if not ms or ms <= 0 then bug('bad extension: ' .. tostring(A.ms)) end
 local deadline = now + ms
 redis.call('HSET', lease_key, 'deadline', deadline)
-redis.call('ZADD', K.leases, deadline, A.lease_id)
+local beat = tonumber(redis.call('HGET', lease_key, 'beat_ms'))
+redis.call('ZADD', K.leases, lease_due(cfg, deadline, beat), A.lease_id)
 return {'ok', deadline}

@@ -21,8 +21,9 @@ Invariant:
   a queue has exactly one stored config and library version; every script reads its bounds from it.
   Migration (layout FROM_LAYOUT -> TO_LAYOUT: the counters moved out of meta into their own hash, so
   the worker role may write them without writing meta) happens whole in this one call: every counter
-  field of meta is checked to be an integer, then added to counters and deleted from meta, and the
-  library set to the caller's. Its first write is the library's HSET, so a role that may only read
+  field of meta is checked to be an integer, then added to counters and deleted from meta, the
+  library set to the caller's, and a config field the stored config lacks (one added since, as
+  trainer_silence_ms) set to the caller's value. Its first write is the library's HSET, so a role that may only read
   meta is refused before anything changes. Bounded: meta holds the config, the 29 counters of
   load_config and at most 33 filtered_reason:* fields.
 ]]
@@ -66,6 +67,8 @@ local function migrate(stored)
     redis.call('HINCRBY', K.counters, moved[i], moved[i + 1])
     redis.call('HDEL', K.meta, moved[i])
   end
+  -- A config field added since (trainer_silence_ms) takes the opening client's value; the rest stand.
+  for i = 1, #A.config, 2 do redis.call('HSETNX', K.meta, A.config[i], A.config[i + 1]) end
   return nil
 end
 

@@ -22,7 +22,8 @@ local function load_config()
   local v = redis.call('HMGET', K.meta, 'library', 'max_executing_samples', 'max_retained_groups',
     'max_completed_groups', 'max_staleness', 'batch_groups', 'buffer_order', 'lease_timeout_ms',
     'worker_timeout_ms', 'max_attempts', 'max_payload_bytes', 'hold_timeout_ms', 'commits_maxlen',
-    'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms', 'max_partial_bytes')
+    'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms', 'max_partial_bytes',
+    'trainer_silence_ms')
   if not v[1] then
     bug('queue not initialised: open it with RolloutQueue.from_url first')
   end
@@ -45,13 +46,14 @@ local function load_config()
     checkpoint = tonumber(v[16]),            -- nil until the first checkpoint
     settled_retention_ms = tonumber(v[17]),  -- 0 means None: settled lines are kept forever
     max_partial_bytes = tonumber(v[18]),     -- 0: no progress record is kept (partial rollouts off)
+    trainer_silence_ms = tonumber(v[19]),    -- 0 means None: a beating lease's silence is not judged
   }
   -- Garbage written into meta must surface as a ROLLOUTQ error naming the field, never as a Lua
   -- runtime error deep in a script (or a HINCRBY refusal) that says nothing about the cause.
   local names = {'max_executing_samples', 'max_retained_groups', 'max_completed_groups', 'max_staleness',
     'batch_groups', 'lease_timeout_ms', 'worker_timeout_ms', 'max_attempts', 'max_payload_bytes',
     'hold_timeout_ms', 'commits_maxlen', 'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms',
-    'max_partial_bytes'}
+    'max_partial_bytes', 'trainer_silence_ms'}
   for i, name in ipairs(names) do
     local raw = v[i < 6 and i + 1 or i + 2]  -- v[1] is library, v[7] buffer_order
     local optional = name == 'version' or name == 'checkpoint'
@@ -68,6 +70,7 @@ local function load_config()
   end
   -- nil when settled lines are kept forever: then no settlement is recorded for pruning at all.
   if c.settled_retention_ms <= 0 then c.settled_retention_ms = nil end
+  if c.trainer_silence_ms <= 0 then c.trainer_silence_ms = nil end
   c.has_version = c.version ~= nil
   c.version_eff = c.version or 0
   c.staleness_bound = c.max_staleness

@@ -49,8 +49,8 @@ end
 
 --[[
 reap_lease: the reaper's step for one lease id found due in K.leases (or as an orphan consumer):
-close it as expired if it is active and past its deadline (its K.leases score; none: an orphan, due
-now), then requeue up to `budget` members;
+close it as expired if it is active and due (its K.leases score: the deadline, or sooner once its
+holder stopped beating, lease_due.lua; none: an orphan, due now), then requeue up to `budget` members;
 a lease already closed by a rollback is finished with its own terminal. Returns n, done; or nil when
 there is nothing to do (alive, or committed).
 ]]
@@ -63,6 +63,10 @@ local function reap_lease(lease_id, budget, cfg, now)
     local deadline = tonumber(redis.call('ZSCORE', K.leases, lease_id))
     if deadline and deadline >= due_now(cfg, now) then return nil end
     close_lease(lease_key, lease_id, 'expired', now)
+    -- Due before its recorded deadline: the score was its holder's silence (lease_beat.lua). Said so
+    -- in the record, for an operator reading it (redis-cli HGETALL).
+    local recorded = tonumber(redis.call('HGET', lease_key, 'deadline'))
+    if deadline and recorded and deadline < recorded then redis.call('HSET', lease_key, 'expired_by', 'silence') end
     state = 'expired'
   elseif state == 'committed' then
     redis.call('ZREM', K.leases, lease_id)
