@@ -16,6 +16,8 @@ KEYS:
   reaped     capped stream: one line per reaping call (who, last heartbeat, what it held)
   retired    worker ids deregistered while their consumer may remain, by when
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   worker_id  the worker (a registered one, or a PEL consumer with no registration at all, pending
              entries or none: its consumer is deleted once it owns nothing)
