@@ -43,7 +43,11 @@ if seen and seen >= due_now(cfg, now) - cfg.worker_timeout_ms then
   redis.call('ZREM', K.retired, worker)  -- registered again: its consumer is in use
   return {'alive', seen}
 end
-local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now, silent_counted(cfg, seen))
+-- A consumer that is no registered worker (its registration removed by hand, or a name a credential
+-- made up with XREADGROUP or XCLAIM) ran nothing of what it holds: requeued uncounted, so such a
+-- credential cannot dead-letter an innocent group by claiming it to made-up names max_attempts times.
+local counted = seen ~= nil and silent_counted(cfg, seen)
+local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now, counted)
 if done then
   redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker)
   redis.call('ZREM', K.retired, worker)
