@@ -51,6 +51,9 @@ KEY_SUFFIXES: dict[str, str] = {
     "partial": "partial",
     "partial_head": "partial:head",
     "parked": "parked",
+    # Entry ID -> '<lease_id>|<attempt>' for every leased group: the ownership a worker credential
+    # cannot forge (only the trainer, reaper and admin roles write it; lua/include/leased_guard.lua).
+    "leased": "leased",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

@@ -22,7 +22,8 @@ What these rules can and cannot prevent (docs/OPERATIONS.md, "Roles and ACLs", s
   SHA1 names the content, so only the genuine scripts run. New code needs new rules (fail closed: NOPERM).
 - They cannot stop a holder of a role's password from sending, directly, the commands its own
   scripts use on the keys they use them on (a worker credential can XCLAIM in the source stream).
-  Redis has no "only inside this script" permission. ACLs stop the wrong process and a misconfigured
+  Redis has no "only inside this script" permission; so what another process trusts lives in keys
+  the role cannot write (a leased group's ownership in ``leased``: lua/include/leased_guard.lua). ACLs stop the wrong process and a misconfigured
   one and bound a leaked credential to one queue; they are not a sandbox for hostile code.
 """
 

@@ -19,7 +19,9 @@ import redis
 
 from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
 from rollout_queue.core.keys import QueueKeys
-from rollout_queue.devtools.chaos.adversary import REQUIRED, Grants, Recon, build, candidates, send
+from rollout_queue.devtools.chaos.adversary import (
+    GROUP_COMMANDS, KEY_TYPES, REQUIRED, WRITES_BY_TYPE, Grants, Recon, _target_key, build, candidates, send,
+)
 from rollout_queue.ops.acl import role_rules
 
 
@@ -43,11 +45,13 @@ def _snapshot(r: Any, name: str) -> dict[bytes, bytes]:
     return {key: r.dump(key) for key in r.scan_iter(match=f"rollout:{{{name}}}:*", count=1000)}
 
 
-def _outcomes(r: Any, url: str, base: str, rules_of: Rules) -> list[tuple[str, str, bool, str]]:
-    """Each candidate attack once, on a queue of its own (``<base>#<k>``, cleaned up with ``base``)
-    with work in it, by a user holding ``rules_of`` that queue's name: (command, key, predicted, outcome)."""
+def _outcomes(r: Any, url: str, base: str, rules_of: Rules,
+              pairs: list[tuple[str, str]] | None = None) -> list[tuple[str, str, bool, str]]:
+    """Each candidate attack (or each of ``pairs``) once, on a queue of its own (``<base>#<k>``, cleaned
+    up with ``base``) with work in it, by a user holding ``rules_of`` that queue's name: (command, key,
+    predicted, outcome)."""
     out = []
-    for k, (command, role) in enumerate(candidates(base, rules_of(base))):
+    for k, (command, role) in enumerate(candidates(base, rules_of(base)) if pairs is None else pairs):
         name, user, password = f"{base}#{k}", f"adv-{secrets.token_hex(3)}", secrets.token_hex(8)
         rules = rules_of(name)
         _queue_with_work(url, name)
@@ -102,3 +106,22 @@ def test_the_predictions_follow_the_rules_as_they_change(r: Any, redis_url: str,
     assert [o for o in outcomes if o[3] not in ("ran", "refused") or (o[3] == "ran") != o[2]] == []
     refused = {(c, k) for c, k, _, outcome in outcomes if outcome == "refused"}
     assert {("xack", "src"), ("xdel", "src"), ("hset", "meta"), ("del", "meta"), ("hset", "push")} <= refused
+
+
+def test_every_write_the_worker_rules_refuse_is_refused_and_changes_nothing(r: Any, redis_url: str,
+                                                                          queue_name: str) -> None:
+    """Generated from the rules, not listed by hand: every write command of each key's type, on every
+    key of the queue the adversary knows (KEY_TYPES), that the worker role's rules refuse, is sent
+    once with the worker credential: Redis refuses it (NOPERM) and no key of the queue changes."""
+    grants, keys = Grants.parse(_today(queue_name)), QueueKeys(queue_name)
+    forbidden = [(cmd, role) for role, kind in KEY_TYPES.items() for cmd in WRITES_BY_TYPE[kind]
+                 if (role == "src" or cmd not in GROUP_COMMANDS)
+                 and not grants.permits(cmd, None, [_target_key(keys, role)])]
+    # The keys another process trusts are among them, whole: the lease ownership, the config and
+    # version, the push round, the commits, the dead letters, the lease and hold indexes.
+    for role in ("leased", "meta", "push", "commits", "leases", "holds", "kept"):
+        assert {c for c, k in forbidden if k == role} == set(WRITES_BY_TYPE[KEY_TYPES[role]]) - (
+            GROUP_COMMANDS if role != "src" else set()), role
+    assert ("xack", "src") in forbidden and ("xdel", "src") in forbidden
+    outcomes = _outcomes(r, redis_url, queue_name, _today, forbidden)
+    assert [o for o in outcomes if o[3] != "refused" or o[2]] == []

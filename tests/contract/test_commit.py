@@ -27,7 +27,8 @@ from tests.contract.lifecycle import (
 
 
 def test_header_matches_builder() -> None:
-    check_header("commit", ["src", "meta", "leases", "ledger", "commits", "kept", "wake_work", "settled", "counters"],
+    check_header("commit", ["src", "meta", "leases", "ledger", "commits", "kept", "wake_work", "settled", "counters",
+                           "leased", "ready", "history", "parked"],
                  ["lease_id", "token", "step"])
 
 

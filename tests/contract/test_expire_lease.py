@@ -39,7 +39,7 @@ from tests.helpers import wait_until
 
 
 def test_header_matches_builder() -> None:
-    check_header("expire_lease", ["src", "meta", "ready", "leases", "history", "ledger", "dlq", "parked", "settled", "wake_work", "counters"],
+    check_header("expire_lease", ["src", "meta", "ready", "leases", "history", "ledger", "dlq", "parked", "settled", "wake_work", "counters", "leased"],
                  ["lease_id", "count"])
 
 

@@ -41,7 +41,7 @@ from tests.helpers import wait_until
 
 
 def test_header_matches_builder() -> None:
-    check_header("lease", ["src", "meta", "ready", "buffer", "bufver", "workers", "reserves", "leases", "holds", "history", "ledger", "dlq", "parked", "settled", "suspects", "wake_work", "wake_done", "progress", "reaped", "retired", "counters"],
+    check_header("lease", ["src", "meta", "ready", "buffer", "bufver", "workers", "reserves", "leases", "holds", "history", "ledger", "dlq", "parked", "settled", "suspects", "wake_work", "wake_done", "progress", "reaped", "retired", "counters", "leased"],
         ["lease_id", "token", "trainer_id", "groups", "partial", "timeout_ms"],
     )
 

@@ -252,6 +252,21 @@ def test_orphan_consumers_are_reaped(open_queue, raw, queue_name) -> None:
     assert [(r.entry_id, r.receipt.attempt) for r in got] == [(e, 2) for e in ids]
 
 
+def test_entries_of_a_consumer_that_never_registered_are_requeued_uncounted(open_queue, raw, queue_name) -> None:
+    # A worker credential can XCLAIM any entry to a made-up consumer; the owners sweep requeues it.
+    # Counted, max_attempts such claims would dead-letter a group no worker ever failed.
+    q = open_queue(FAST)
+    [eid] = submit(q, 1)
+    src = keys(queue_name)["src"]
+    w = q.worker("w-real")
+    for i in range(FAST.max_attempts + 1):
+        assert len(w.reserve(1)) == 1
+        raw.xclaim(src, "rollout", f"made-up-{i}", 0, [eid], justid=True)
+        assert q.reap().orphans == 1
+        assert owners(raw, queue_name, [eid]) == ["@ready"]
+    assert q.dead_letters() == [] and q.stats().dead == 0
+
+
 def test_a_worker_whose_registration_was_lost_is_reaped_with_exact_counters(open_queue, raw, queue_name) -> None:
     q = open_queue(FAST)
     ids = submit(q, 2, n=3)

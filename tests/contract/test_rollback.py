@@ -40,7 +40,7 @@ from tests.helpers import wait_until
 
 
 def test_header_matches_builder() -> None:
-    check_header("rollback", ["src", "meta", "ready", "buffer", "bufver", "leases", "history", "ledger", "dlq", "parked", "settled", "suspects", "wake_work", "wake_done", "counters"],
+    check_header("rollback", ["src", "meta", "ready", "buffer", "bufver", "leases", "history", "ledger", "dlq", "parked", "settled", "suspects", "wake_work", "wake_done", "counters", "leased"],
                  ["lease_id", "token", "reason", "count"])
 
 

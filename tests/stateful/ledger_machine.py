@@ -19,7 +19,9 @@ each draw labelled.
 Time passes for real only in ``short_lease_expires`` (a 20 ms lease, then the reaper) and before a
 reap in an example with a 1 ms settled_retention_s (2 ms, so every earlier settlement is due); a silent
 worker is made deterministic by moving its last heartbeat into the past, since a tiny
-worker_timeout_s would let every reserve reap whichever worker was slowest, at random.
+worker_timeout_s would let every reserve reap whichever worker was slowest, at random. It is 300 s:
+after a server restart nothing expires for two worker timeouts (the model's in_grace, which lasts the
+rest of the example), and an example on a loaded 2-core machine outlived a 120 s grace.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
         cfg = QueueConfig(max_executing_samples=max_exec, max_retained_groups=max_retained,
                           max_completed_groups=max_completed, max_staleness=max_staleness, batch_groups=batch,
                           buffer_order=order, max_attempts=max_attempts, lease_timeout_s=600.0,
-                          worker_timeout_s=60.0, max_payload_bytes=PAYLOAD_LIMIT, settled_retention_s=retention,
+                          worker_timeout_s=300.0, max_payload_bytes=PAYLOAD_LIMIT, settled_retention_s=retention,
                           max_partial_bytes=max_partial)
         self.raw = redis.Redis.from_url(self.server.url)
         self.q = RolloutQueue.from_url(self.server.url, f"sm-{uuid.uuid4().hex[:12]}", cfg,

@@ -15,6 +15,7 @@ KEYS:
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 READS:
   meta       config and policy version (read only: the worker role may not write meta)
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   worker_id  the worker
   terminal   'aborted' (drain, clean close, a worker's fatal error: not counted) or 'lost' (counted)

@@ -11,6 +11,10 @@ KEYS:
   settled    settle times of settled groups (entry ID -> source_id), for prune
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+  leased     entry ID -> '<lease_id>|<attempt>' of each leased group (leased_guard)
+  ready      requeued entry IDs
+  history    counted failures and attempt reasons
+  parked     entry ID -> settlement record (park_many: reached only through requeue_entries' guard)
 ARGV:
   lease_id   the lease
   token      its fencing token
@@ -38,6 +42,8 @@ Invariant:
 -- @include pending_sids
 -- @include record_settled
 -- @include payloads
+-- @include requeue_lease
+-- @include requeue_entries
 local now = now_ms()
 local cfg = load_config()
 local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
@@ -56,19 +62,32 @@ local keep = step ~= nil and (cfg.checkpoint == nil or step > cfg.checkpoint)
 local owner = '@lease:' .. A.lease_id
 local members = {}
 for id in string.gmatch(L.members or '', '[^,]+') do table.insert(members, id) end
--- The record must name exactly what the PEL gives to this lease. A record edited by hand is corrupt
--- state, refused before the first write: the lease then expires and the reaper requeues from the PEL.
-local held = {}
-local owned = redis.call('XPENDING', K.src, 'rollout', '-', '+', #members + 1, owner)
+-- Members a hostile XCLAIM moved elsewhere come home first (K.leased names them: leased_guard).
+-- The record must then name what the PEL gives to this lease: a member it does not hold is corrupt
+-- state (a record edited by hand, an entry deleted), refused before the first write: the lease then
+-- expires and the reaper requeues from the PEL. Entries the consumer holds that are not members (moved
+-- in by a hostile XCLAIM) are no part of the commit: up to STRAYS go back to ready (or home to their
+-- own lease) below, and the consumer is kept while more remain (sweep_owners finds it; reap_lease
+-- requeues the rest).
+local STRAYS = 64
+reclaim_members(lease_key, A.lease_id)
+local held, strays = {}, {}
+local owned = redis.call('XPENDING', K.src, 'rollout', '-', '+', #members + STRAYS, owner)
+local is_member = {}
+for _, id in ipairs(members) do is_member[id] = true end
 local attempts = {}  -- {id, attempt} of each member, for its payload key (read before anything bumps a count)
 for _, p in ipairs(owned) do
-  held[p[1]] = true
-  table.insert(attempts, {id = p[1], attempt = tonumber(p[4])})
+  if is_member[p[1]] then
+    held[p[1]] = true
+    table.insert(attempts, {id = p[1], attempt = tonumber(p[4])})
+  else
+    table.insert(strays, {id = p[1], attempt = tonumber(p[4])})
+  end
 end
 for _, id in ipairs(members) do
   if not held[id] then bug('corrupt lease record ' .. A.lease_id .. ': member ' .. id .. ' is not leased') end
 end
-if #owned ~= #members then bug('corrupt lease record ' .. A.lease_id .. ': the PEL holds other members') end
+local more_strays = #owned >= #members + STRAYS
 local ids = members
 local k = #ids
 if k > 0 then
@@ -95,6 +114,7 @@ if k > 0 then
     record_settled(cfg, record)
   end
   call_batched({'XACK', K.src, 'rollout'}, ids)
+  call_batched({'HDEL', K.leased}, ids)
   if keep then call_batched({'ZADD', K.kept}, kept) else call_batched({'XDEL', K.src}, ids) end
   drop_payloads(attempts)
   call_batched({'HSET', K.ledger}, settled)
@@ -109,6 +129,7 @@ if keep then redis.call('HINCRBY', K.counters, 'kept', k) end
 redis.call('HSET', lease_key, 'state', 'committed', 'commit_id', commit_id, 'step', A.step, 'closed_ms', now)
 redis.call('PEXPIRE', lease_key, cfg.lease_record_ttl_ms)
 redis.call('ZREM', K.leases, A.lease_id)
-redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', owner)
+if strays[1] then requeue_entries(strays, owner, 'stray', 'stray', false, cfg, now) end
+if not more_strays then redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', owner) end
 wake(K.wake_work)
 return {'ok', 'committed', commit_id, k}

@@ -15,6 +15,7 @@ KEYS:
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 READS:
   meta       config and policy version (read only: the worker role may not write meta)
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   worker_id  the worker every receipt names
   *items     5 values per completion: entry_id, attempt (PEL delivery count), size (the payload's

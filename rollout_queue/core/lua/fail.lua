@@ -11,6 +11,7 @@ KEYS:
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 READS:
   meta       config and policy version (read only: the worker role may not write meta)
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   entry_id   the receipt's entry ID
   attempt    the receipt's attempt

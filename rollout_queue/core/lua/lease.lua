@@ -23,6 +23,7 @@ KEYS:
   retired    worker ids deregistered while their consumer may remain, by when
   The lease record rollout:{q}:lease:<lease_id> (a hash) is built from meta's prefix (same hash tag).
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+  leased     entry ID -> '<lease_id>|<attempt>' of each leased group (leased_guard)
 ARGV:
   lease_id    string, chosen by the client (a retry with the same id and token replays the answer)
   token       string, the lease's fencing token
@@ -64,6 +65,8 @@ Invariant:
 -- @include claim_entries
 -- @include call_batched
 -- @include wake
+-- @include leased_guard
+-- @include hmget_many
 local HELD_APART = 1024  -- suspects passed over per call at most: the walk stays bounded
 local now = now_ms()
 local cfg = load_config()
@@ -119,15 +122,17 @@ while #members < want do
   end
   if not batch[1] then break end  -- ghosts dropped on the way made the buffer shorter than counted
   local done = owned_counts(batch, '@done')
+  local held = hmget_many(K.leased, batch)  -- leased elsewhere: moved to @done by a hostile XCLAIM
   local scores = redis.call('ZMSCORE', K.bufver, unpack(batch))
   local suspect = marked and redis.call('ZMSCORE', K.suspects, unpack(batch)) or {}
   local ghosts = {}
   for i, id in ipairs(batch) do
     if #members >= want then break end
-    if not done[id] then
+    if not done[id] or held[i] then
       -- A member the PEL does not give to @done was written by hand (a ghost): drop it, so garbage
-      -- in the buffer never blocks the completed groups behind it.
+      -- in the buffer never blocks the completed groups behind it. One a lease holds goes home to it.
       table.insert(ghosts, id)
+      if done[id] then leased_one(id) end
     else
       local minv = score_min_version(scores[i] or 0)
       if floor and minv < floor then
@@ -183,6 +188,15 @@ for _, id in ipairs(members) do
 end
 call_batched({'ZREM', K.buffer}, members)
 call_batched({'ZREM', K.bufver}, members)
+-- K.leased: what trusts this lease's ownership (leased_guard), with the attempt of each payload.
+local held_by = {}
+for _, id in ipairs(members) do
+  if counts[id] then
+    table.insert(held_by, id)
+    table.insert(held_by, lease_id .. '|' .. counts[id])
+  end
+end
+call_batched({'HSET', K.leased}, held_by)
 local members_csv, versions_csv = table.concat(members, ','), table.concat(versions, ',')
 redis.call('HSET', lease_key, 'token', A.token, 'trainer', A.trainer_id, 'state', 'active',
   'deadline', deadline, 'created_ms', now, 'version', cfg.version_eff, 'members', members_csv,

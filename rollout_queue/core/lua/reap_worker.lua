@@ -16,6 +16,8 @@ KEYS:
   reaped     capped stream: one line per reaping call (who, last heartbeat, what it held)
   retired    worker ids deregistered while their consumer may remain, by when
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   worker_id  the worker (a registered one, or a PEL consumer with no registration at all, pending
              entries or none: its consumer is deleted once it owns nothing)
@@ -41,7 +43,11 @@ if seen and seen >= due_now(cfg, now) - cfg.worker_timeout_ms then
   redis.call('ZREM', K.retired, worker)  -- registered again: its consumer is in use
   return {'alive', seen}
 end
-local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now, silent_counted(cfg, seen))
+-- A consumer that is no registered worker (its registration removed by hand, or a name a credential
+-- made up with XREADGROUP or XCLAIM) ran nothing of what it holds: requeued uncounted, so such a
+-- credential cannot dead-letter an innocent group by claiming it to made-up names max_attempts times.
+local counted = seen ~= nil and silent_counted(cfg, seen)
+local requeued, dead, done = reap_worker_entries(worker, tonumber(A.count), cfg, now, counted)
 if done then
   redis.call('XGROUP', 'DELCONSUMER', K.src, 'rollout', worker)
   redis.call('ZREM', K.retired, worker)

@@ -13,6 +13,8 @@ KEYS:
   settled    prune records (settle_parked_entries writes them for filtered groups, never parked here)
   wake_work  wake stream for blocked reservers
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+READS:
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   entry_id   the entry
   attempt    the delivery count the operator saw: the attempt to end

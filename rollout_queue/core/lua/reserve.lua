@@ -18,14 +18,14 @@ KEYS:
   counters   counters (apart from meta: the worker role writes these, never the config or version)
 READS:
   meta       config and policy version (read only: the worker role may not write meta)
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   worker_id   string, the PEL consumer name; may not start with @
   max_groups  count, at most this many groups
   max_samples count, at most this many samples in all (0: only the queue's bound)
   request_id  string, the client's id for this call; a retry with the same id replays the answer
   overcommit  0 or 1: the caller queues samples internally, so the oldest group larger than
-              max_samples may be the first grant of the call (docs/DESIGN.md: groups larger than a
-              caller's slots); with 0 such groups are skipped for another caller
+              max_samples may be its first grant (DESIGN.md: groups larger than a caller's slots)
 Returns:
   {status, version, version_published 0|1, wake_id, dead_lettered, {{entry_id, attempt, fields, progress_bytes}, ...}}
   status 'ok' when something was granted (or a replay), else why not: 'held', 'backpressure',

@@ -19,6 +19,7 @@ KEYS:
   wake_done  wake stream for blocked trainers
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+  leased     entry ID -> '<lease_id>|<attempt>' of each leased group (leased_guard)
 ARGV:
   lease_id   the lease
   token      its fencing token

@@ -9,6 +9,7 @@ KEYS:
    record, codec.encode_partial; partial:head, entry ID -> 'attempt|tokens|min_version|bytes|worker')
 READS:
   meta       config (max_partial_bytes) and policy version
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   entry_id     the receipt's entry ID
   attempt      the receipt's attempt (PEL delivery count)

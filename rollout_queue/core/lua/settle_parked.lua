@@ -12,6 +12,7 @@ KEYS:
   counters   counters (apart from meta)
 READS:
   meta       config and policy version
+  leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
 ARGV:
   count      at most this many entries per call (1..256: a call holds Redis well under a ms)
 Returns:

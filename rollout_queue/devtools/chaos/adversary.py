@@ -44,7 +44,9 @@ KEY_TYPES: dict[str, str] = {
     "reaped": "stream", "meta": "hash", "counters": "hash", "history": "hash", "ledger": "hash", "push": "hash",
     "push_members": "hash", "clock": "hash", "reserves": "hash", "progress": "hash", "ready": "zset",
     "buffer": "zset", "bufver": "zset", "workers": "zset", "holds": "zset", "retired": "zset",
-    "payload": "string",
+    "payload": "string", "parked": "hash", "leased": "hash", "partial": "hash", "partial_head": "hash",
+    "suspects": "zset", "leases": "zset", "kept": "zset", "commits": "stream", "ids": "hash", "intake": "hash",
+    "holders": "hash",
 }
 #: The direct commands that change a key of each type.
 WRITES_BY_TYPE: dict[str, tuple[str, ...]] = {
@@ -61,7 +63,14 @@ REQUIRED: tuple[tuple[str, str], ...] = tuple(
     [(c, "src") for c in ("xack", "xclaim", "xdel", "xreadgroup")]
     + [(c, k) for k in ("meta", "push", "push_members", "ledger", "history", "clock") for c in ("hset", "hdel", "del")]
     + [(c, k) for k in ("ready", "buffer", "bufver", "workers") for c in ("zadd", "zrem", "del")]
-    + [("xdel", "dlq"), ("del", "dlq"), ("set", "payload")])
+    + [("xdel", "dlq"), ("del", "dlq"), ("set", "payload")]
+    # K.leased is what makes a leased group the lease's alone (lua/include/leased_guard.lua): the
+    # worker role reads it and must never write it.
+    + [(c, "leased") for c in ("hset", "hdel", "del")])
+#: Where an XCLAIM sends an entry: the adversary itself, or one of the queue's own owners, which the
+#: scripts act on (a parking consumer with a forged record, @ready / @done with an index entry, a
+#: lease's consumer): the moves a leased group must survive (leased_guard).
+CLAIM_TO = (CONSUMER, "@dead", "@filtered", "@ready", "@done", "@lease")
 #: Values written where a number or a word belongs.
 GARBAGE = ("0", "-1", "x", "1e400", "nan", "9999999999", "", "a|b|c", "{}")
 _STREAM_ID = re.compile(r"\d+-\d+")
@@ -172,10 +181,16 @@ class Recon:
         return _s(self.rng.choice(rows)) if rows else self.entry()
 
     def field(self, role: str) -> str:
-        if role in ("ledger", "history"):
+        if role in ("ledger", "history", "parked", "leased", "partial", "partial_head"):
             return self.entry()
         fields = self._try(lambda: list(self.r.hgetall(self.keys[role])), [])
         return _s(self.rng.choice(fields)) if fields else self.rng.choice(("version", "state", "ms", "x"))
+
+    def lease_consumer(self) -> str:
+        """The consumer of an active lease (one some entry is pending to), else a made-up one."""
+        rows = self._try(lambda: self.r.xpending_range(self.keys["src"], GROUP, "-", "+", 200), [])
+        leases = sorted({_s(row["consumer"]) for row in rows if _s(row["consumer"]).startswith("@lease:")})
+        return self.rng.choice(leases) if leases else "@lease:chaos"
 
     def stream_id(self, role: str) -> str:
         if role == "src":
@@ -202,11 +217,11 @@ def build(command: str, role: str, keys: QueueKeys, recon: Recon, rng: random.Ra
     key, garbage = keys[role], rng.choice(GARBAGE)
     lines: dict[str, Callable[[], list[str]]] = {
         "xack": lambda: ["XACK", key, GROUP, recon.stream_id(role)],
-        "xclaim": lambda: ["XCLAIM", key, GROUP, CONSUMER, "0", recon.stream_id(role)],
+        "xclaim": lambda: _xclaim(key, recon, rng, role),
         "xdel": lambda: ["XDEL", key, recon.stream_id(role)],
         "xreadgroup": lambda: ["XREADGROUP", "GROUP", GROUP, CONSUMER, "COUNT", "1", "STREAMS", key, ">"],
         "xadd": lambda: ["XADD", key, "*", "chaos", garbage],
-        "hset": lambda: ["HSET", key, recon.field(role), garbage],
+        "hset": lambda: ["HSET", key, recon.field(role), _forged(role, rng) or garbage],
         "hdel": lambda: ["HDEL", key, recon.field(role)],
         "hincrby": lambda: ["HINCRBY", key, recon.field(role), str(rng.choice((1, -1, 1000)))],
         "zadd": lambda: ["ZADD", key, str(rng.choice((0, -1, 1e15))), recon.member(role)],
@@ -214,6 +229,24 @@ def build(command: str, role: str, keys: QueueKeys, recon: Recon, rng: random.Ra
         "del": lambda: ["DEL", key],
     }
     return lines[command]()
+
+
+def _xclaim(key: str, recon: Recon, rng: random.Random, role: str) -> list[str]:
+    """An XCLAIM of an owned entry to the adversary or to one of the queue's owners (CLAIM_TO), at
+    its count or a forged one (RETRYCOUNT: a receipt's attempt)."""
+    to = rng.choice(CLAIM_TO)
+    to = recon.lease_consumer() if to == "@lease" else to
+    line = ["XCLAIM", key, GROUP, to, "0", recon.stream_id(role)]
+    return line + (["RETRYCOUNT", str(rng.choice((1, 2, 3)))] if rng.random() < 0.5 else []) + ["JUSTID"]
+
+
+def _forged(role: str, rng: random.Random) -> str | None:
+    """A well-formed forged record for the hashes whose values the scripts parse (None: garbage)."""
+    if role == "parked":  # what park_many writes: <settlement>|<attempt>|<worker>|<ms>|<reason>
+        return f"{rng.choice(('dead', 'filtered'))}|{rng.choice((1, 2))}|chaos-adversary|0|forged"
+    if role == "leased":  # what lease.lua writes: <lease_id>|<attempt>
+        return f"chaos|{rng.choice((1, 2))}"
+    return None
 
 
 def entries_touched(line: Sequence[str], reply: Any) -> list[str]:
@@ -247,12 +280,14 @@ def send(r: redis.Redis, grants: Grants, line: Sequence[str]) -> Sent:
     """Send one command line with the credential ``r`` holds (an EVALSHA of a script the server's
     cache lost in a restart is loaded, as the worker role may, and sent again)."""
     predicted = grants.permits(line[0], *targets(line))
+    # redis-py parses an XCLAIM reply as messages unless told it is ids (its own xclaim passes this).
+    options = {"parse_justid": True} if line[0] == "XCLAIM" and "JUSTID" in line else {}
     try:
         try:
-            reply = r.execute_command(*line)
+            reply = r.execute_command(*line, **options)
         except redis.exceptions.NoScriptError:
             r.script_load(next(s.source for s in SCRIPTS.values() if s.sha == line[1]))
-            reply = r.execute_command(*line)
+            reply = r.execute_command(*line, **options)
         return Sent(predicted, "ran", repr(reply)[:200], reply)
     except redis.exceptions.NoPermissionError as exc:
         return Sent(predicted, "refused", str(exc)[:200])
@@ -298,7 +333,8 @@ def run_adversary(args: argparse.Namespace) -> int:
 
 
 #: Keys whose members or fields are entries: an attack on one of them is aimed at that entry.
-ENTRY_KEYS = frozenset({"src", "ready", "buffer", "bufver", "ledger", "history", "payload"})
+ENTRY_KEYS = frozenset({"src", "ready", "buffer", "bufver", "ledger", "history", "payload", "parked", "leased",
+                        "partial", "partial_head", "suspects", "kept"})
 
 
 def _entry_scoped(command: str, role: str) -> bool:

@@ -3,6 +3,7 @@
 -- @include call_batched
 -- @include wake
 -- @include payloads
+-- @include leased_guard
 --[[
 evict_buffered_many: completed -> ready for a batch of buffered groups (reason 'stale' or 'overflow').
 Returns how many of `ids` were owned by @done and requeued; the others are ghosts (dropped from the
@@ -27,6 +28,7 @@ local function evict_buffered_many(ids, reason, cfg, now)
   end
   call_batched({'ZREM', K.buffer}, ids)
   call_batched({'ZREM', K.bufver}, ids)
+  done = unleased(done)  -- a leased group's payload is its trainer's: handed back whole (leased_guard)
   drop_payloads(done)
   redis.call('HINCRBY', K.counters, 'evicted_' .. reason, #ids)
   if ghosts > 0 then redis.call('HINCRBY', K.counters, 'ghosts', ghosts) end

@@ -11,7 +11,7 @@ local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 
   'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'failed', 'malformed',
   'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted', 'reindexed',
   'filtered_reasons', 'workers_reaped', 'partial_bytes', 'partial_saved', 'partial_continued', 'partial_stale',
-  'parked'}
+  'parked', 'leased_reclaimed'}
 local COUNTER_SET = {}
 for _, name in ipairs(COUNTERS) do COUNTER_SET[name] = true end
 local function is_integer(raw)

@@ -3,6 +3,7 @@
 -- @include ledger
 -- @include ledger_settled
 -- @include drop_partials
+-- @include leased_guard
 --[[
 park_many: PEL (any owner) -> parked, the first half of settled(dead) or settled(filtered): each
 entry is claimed (XCLAIM ... JUSTID, delivery count kept) by the parking consumer of its settlement
@@ -26,6 +27,7 @@ PARKED_NOW collects what one script call parked, for scripts whose role may sett
 local PARKING = {dead = '@dead', filtered = '@filtered'}
 local PARKED_NOW = {}
 local function park_many(entries, settlement, reason, worker, now)
+  entries = unleased(entries)  -- a leased group is settled only by its lease (leased_guard)
   if #entries == 0 then return end
   local ids = {}
   for i, e in ipairs(entries) do ids[i] = e.id end

@@ -7,6 +7,7 @@
 -- @include call_batched
 -- @include wake
 -- @include ledger
+-- @include leased_guard
 --[[
 requeue_entries: PEL -> ready for a batch of entries owned by `owner`, same entry IDs, pristine
 payload; or -> settled(dead) for each whose counted failures reach max_attempts. Each record is
@@ -32,6 +33,9 @@ local function completers(entries)
 end
 
 local function requeue_entries(entries, owner, terminal, reason, counted, cfg, now, bodies)
+  local back
+  entries, back = unleased(entries)  -- a leased entry moved here by a hostile XCLAIM goes home
+  for _, e in ipairs(back) do e.where = 'lease' end
   if owner == '@done' or string.sub(owner, 1, 7) == '@lease:' then completers(entries) end
   append_histories(entries, owner, terminal, reason, counted, counted and cfg.max_attempts or nil, now)
   local ready, dead, scored = {}, {}, {}

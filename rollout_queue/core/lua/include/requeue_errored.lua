@@ -88,6 +88,7 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
   local n = #entries
   local dead, back, marks, ids = {}, {}, {}, {}
   if n > 0 then
+    release_leased(entries, lease_id)
     for i, e in ipairs(entries) do ids[i] = e.id end
     local seen = zmscore_many(K.suspects, ids)
     for i, e in ipairs(entries) do

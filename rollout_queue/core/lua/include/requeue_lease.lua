@@ -5,6 +5,9 @@
 -- @include requeue_entries
 -- @include call_batched
 -- @include payloads
+-- @include leased_guard
+-- @include owned_counts
+-- @include hmget_many
 --[[
 close_lease / requeue_lease_members: leased -> ready for a lease that is being rolled back or has
 expired, in bounded steps.
@@ -18,7 +21,42 @@ never blocks Redis in one script), one command per batch for each kind of write 
 and, once the @lease consumer owns nothing, deletes it.
 Also includes requeue_entry and pel_entry for the scripts that reach them through this file.
 ]]
+-- release_leased: the members among `entries` that K.leased gives to `lease_id` leave it (their lease's
+-- own transition moves them next). An entry K.leased gives to another lease is left to the guard of
+-- that move (requeue_entries, park_many: handed back to its own lease).
+local function release_leased(entries, lease_id)
+  if #entries == 0 then return end
+  local ids = {}
+  for i, e in ipairs(entries) do ids[i] = e.id end
+  local values, ours = hmget_many(K.leased, ids), {}
+  for i, id in ipairs(ids) do
+    if leased_record(values[i]) == lease_id then table.insert(ours, id) end
+  end
+  call_batched({'HDEL', K.leased}, ours)
+end
+
+-- reclaim_members: the members of a lease that a hostile XCLAIM moved to another consumer are given
+-- back to @lease:<lease_id> (leased_guard), so the lease's own transition finds every member it holds
+-- in its consumer. One XPENDING of the lease's consumer (owned_counts), one HMGET for the strays.
+local function reclaim_members(lease_key, lease_id)
+  local members = {}
+  for id in string.gmatch(redis.call('HGET', lease_key, 'members') or '', '[^,]+') do table.insert(members, id) end
+  if not members[1] then return end
+  local owned, strays = owned_counts(members, '@lease:' .. lease_id), {}
+  for _, id in ipairs(members) do
+    if not owned[id] then table.insert(strays, id) end
+  end
+  if not strays[1] then return end
+  local values, homes = hmget_many(K.leased, strays), {}
+  for i, id in ipairs(strays) do
+    local lease, attempt = leased_record(values[i])
+    if lease == lease_id then table.insert(homes, {id = id, lease = lease, attempt = attempt}) end
+  end
+  if homes[1] then hand_back(homes) end
+end
+
 local function close_lease(lease_key, lease_id, terminal, now)
+  reclaim_members(lease_key, lease_id)
   redis.call('HSET', lease_key, 'state', terminal, 'closed_ms', now)
   -- Score 0: due at once, so the reaper (or reap_some) finishes the requeue if this caller dies.
   redis.call('ZADD', K.leases, 0, lease_id)
@@ -37,6 +75,7 @@ local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg,
   local entries = pending_entries(owner, budget)
   local n = #entries
   if n > 0 then
+    release_leased(entries, lease_id)
     drop_payloads(entries)
     requeue_entries(entries, owner, terminal, terminal, false, cfg, now)
     redis.call('HINCRBY', K.counters, 'leased', -n)
@@ -45,6 +84,20 @@ local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg,
   local done = n < budget
   if done then lease_emptied(lease_key, lease_id, cfg) end
   return n, done
+end
+
+-- requeue_strays: entries a hostile XCLAIM moved into the consumer of a lease that is committed
+-- (commit requeues a bounded number of them and leaves the consumer while more remain: sweep_owners
+-- finds it): up to `budget` go back to ready pristine (or home to their own lease: requeue_entries'
+-- guard), not counted toward max_attempts; the consumer goes once it owns nothing. nil: none left.
+local function requeue_strays(lease_key, lease_id, budget, cfg, now)
+  local owner = '@lease:' .. lease_id
+  local strays = pending_entries(owner, budget)
+  if not strays[1] then return nil end
+  requeue_entries(strays, owner, 'stray', 'stray', false, cfg, now)
+  local done = #strays < budget
+  if done then lease_emptied(lease_key, lease_id, cfg) end
+  return #strays, done
 end
 
 --[[
@@ -70,7 +123,7 @@ local function reap_lease(lease_id, budget, cfg, now)
     state = 'expired'
   elseif state == 'committed' then
     redis.call('ZREM', K.leases, lease_id)
-    return nil
+    return requeue_strays(lease_key, lease_id, budget, cfg, now)
   end
   if state ~= 'rolled_back' then state = 'expired' end
   return requeue_lease_members(lease_key, lease_id, state, budget, cfg, now)

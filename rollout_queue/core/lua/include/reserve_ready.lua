@@ -3,6 +3,7 @@
 -- @include read_entry
 -- @include validate_reservation
 -- @include park_many
+-- @include leased_guard
 --[[
 reserve_ready: ready -> executing for the requeued groups of one reserve call, oldest submission
 first; groups too large for the caller are skipped in place (reserve_fit). Returns a stop reason
@@ -19,8 +20,9 @@ local function reserve_ready(r, cfg, now, worker)
     if not head then return nil end
     local owner, count = pel_entry(head)
     local f, kv = read_entry(head)
-    if owner ~= '@ready' then
-      -- The index names an entry the PEL does not give to @ready (garbage written by hand): drop it.
+    if owner ~= '@ready' or leased_one(head) then
+      -- The index names an entry the PEL does not give to @ready (garbage written by hand), or one a
+      -- lease holds (a hostile XCLAIM: leased_one handed it back): drop it.
       redis.call('ZREM', K.ready, head)
       redis.call('HINCRBY', K.counters, 'ghosts', 1)
       garbage = garbage + 1

@@ -5,6 +5,7 @@
 -- @include ledger_settled
 -- @include read_entry
 -- @include record_settled
+-- @include leased_guard
 --[[
 settle_parked_entries: parked -> settled(dead) or settled(filtered) for a batch of `rows`
 ({id =, settlement =}: entries their parking consumer owns): the dead letter (reason, attempt, worker,
@@ -29,6 +30,13 @@ local function attempt_list(raw)
 end
 
 local function settle_parked_entries(rows, cfg)
+  local back
+  rows, back = unleased(rows)  -- a leased group is settled only by its lease (leased_guard)
+  if back[1] then
+    local forged = {}
+    for i, r in ipairs(back) do forged[i] = r.id end
+    call_batched({'HDEL', K.parked}, forged)
+  end
   if #rows == 0 then return 0, {} end
   local ids = {}
   for i, r in ipairs(rows) do ids[i] = r.id end
