@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from rollout_queue import QueueConfig, Receipt, RolloutQueue, Sample
+from rollout_queue.ops import actions
 from rollout_queue.ops.acl import role_rules
 from tests.contract.lifecycle import fill_buffer, keys, pel, submit
 from tests.helpers import after_settling, wait_until
@@ -145,13 +146,15 @@ def test_a_stray_in_a_lease_consumer_goes_back_to_ready_at_commit(q, r, hostile,
     assert r.zscore(keys(queue_name)["ready"], res.receipt.entry_id) is not None
 
 
-@pytest.mark.parametrize("how", ["rollback", "expiry"])
+@pytest.mark.parametrize("how", ["rollback", "expiry", "revoke"])
 def test_a_hijacked_member_of_a_closed_lease_is_requeued_exactly_once(q, r, hostile, queue_name, how) -> None:
     lease, ids = _leased(q, timeout_s=None if how == "rollback" else 0.3)
     _claim(hostile, queue_name, ids[2], "@dead")
     k = keys(queue_name)
     if how == "rollback":
         lease.rollback()
+    elif how == "revoke":  # an operator's rollback by id (admin: leases rollback ID)
+        q.run(actions.revoke_lease(q.keys, lease.lease_id, "dead trainer"))
     else:  # the reaper expires it once past its deadline
         wait_until(lambda: q.reap() is not None and r.zcard(k["ready"]) == len(ids), timeout=30,
                    message="the expired lease requeued")

@@ -21,7 +21,7 @@ from tests.contract.lifecycle import check_header, execute, fill_buffer, history
 
 def test_header_matches_builder() -> None:
     check_header("revoke_lease", ["src", "meta", "ready", "leases", "history", "ledger", "dlq", "parked", "settled",
-                                  "wake_work", "counters"], ["lease_id", "reason", "count"])
+                                  "wake_work", "counters", "leased"], ["lease_id", "reason", "count"])
 
 
 def test_a_revoked_lease_goes_back_to_ready_and_its_holder_cannot_commit(open_queue, raw, queue_name) -> None:

@@ -14,6 +14,7 @@ KEYS:
   wake_work  wake stream for blocked reservers
   The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+  leased     entry ID -> '<lease_id>|<attempt>' of each leased group (leased_guard)
 ARGV:
   lease_id   the lease
   reason     why the operator rolls it back (kept in the record as `revoked`)
