@@ -621,8 +621,9 @@ def parse_stats(reply: Any) -> QueueStats:
     f = dict(zip(_STATS, values))
     meta = {k: s(v) for k, v in pairs(f["meta"]).items()}
 
-    def n(name: str) -> int:
-        return int(meta.get(name, 0) or 0)
+    def n(name: str) -> int:  # garbage (not a decimal integer) reads as 0, as the scripts repair it
+        raw = meta.get(name, "")
+        return int(raw) if _INTEGER.fullmatch(raw) else 0
 
     published = "version" in meta
     ver = n("version")

@@ -112,6 +112,10 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          # HMGET: the progress records of the entries a reserve granted (flows.reservations).
          ("hget", "hmget", "xread", "subscribe", "multi", "exec"), ("meta", "wake_work", "partial"),
          versions_channel=True,
+         # clock: the queue clock every deadline is judged by (lua/include/now_ms.lua records it with
+         # redis.pcall): read-only, so a worker credential cannot move every lease's and worker's
+         # deadline; the trainer's, reaper's and producer's scripts record it.
+         read_keys=("clock",),
          selectors=(("set", "payload:*"),)),
     Role("trainer", "leases, commits, rolls back, holds admission, publishes versions, checkpoints",
          _OPEN + ("lease", "commit", "rollback", "extend", "lease_beat", "hold_open", "hold_poll", "hold_release",

@@ -34,6 +34,8 @@ Invariant:
 -- @include buffer_score
 -- @include partial_keys
 local MAX_VERSIONS = 64
+-- COUNTERS plus 33 filtered_reason:* fields, with room: past it the reasons are left out of stats.
+local MAX_COUNTER_FIELDS = 256
 
 -- {v, count, ...} of the buffered groups, oldest version first (see the invariant). A member whose
 -- score is no version (negative or beyond 2^21, written by hand) is a ghost: not counted.
@@ -62,10 +64,27 @@ local cfg = load_config()
 local due = due_now(cfg, now)
 local cutoff = due - cfg.worker_timeout_ms
 local versions = buffer_versions()
--- One name/value list, as when the counters lived in meta: both hashes are small (the config; the
--- load_config counters and at most 33 filtered_reason:* ones) and share no field name.
+-- One name/value list, as when the counters lived in meta: the config, then the counters. The worker
+-- role writes K.counters, so only the counters the scripts keep are read from it (load_config's
+-- COUNTERS and filtered_reason:*): a field a credential made up there (`version`, say) never shadows
+-- meta's, and a hash it swelled costs one HMGET, not an HGETALL of everything it wrote.
 local fields = redis.call('HGETALL', K.meta)
-for _, x in ipairs(redis.call('HGETALL', K.counters)) do fields[#fields + 1] = x end
+local known = redis.call('HMGET', K.counters, unpack(COUNTERS))
+for i, name in ipairs(COUNTERS) do
+  if known[i] then
+    fields[#fields + 1] = name
+    fields[#fields + 1] = known[i]
+  end
+end
+if redis.call('HLEN', K.counters) <= MAX_COUNTER_FIELDS then
+  local all = redis.call('HGETALL', K.counters)
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 16) == 'filtered_reason:' then
+      fields[#fields + 1] = all[i]
+      fields[#fields + 1] = all[i + 1]
+    end
+  end
+end
 return {'ok', fields, now, redis.call('XLEN', K.src), redis.call('ZCARD', K.ready),
   redis.call('ZCARD', K.buffer), redis.call('ZCOUNT', K.workers, cutoff, '+inf'),
   redis.call('ZCOUNT', K.workers, '-inf', '(' .. cutoff), redis.call('ZCOUNT', K.leases, 1, '+inf'),

@@ -11,7 +11,7 @@ local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 
   'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'failed', 'malformed',
   'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted', 'reindexed',
   'filtered_reasons', 'workers_reaped', 'partial_bytes', 'partial_saved', 'partial_continued', 'partial_stale',
-  'parked', 'leased_reclaimed'}
+  'parked', 'leased_reclaimed', 'counters_repaired'}
 local COUNTER_SET = {}
 for _, name in ipairs(COUNTERS) do COUNTER_SET[name] = true end
 local function is_integer(raw)
@@ -62,12 +62,20 @@ local function load_config()
     end
   end
   if c.buffer_order ~= 'fifo' and c.buffer_order ~= 'lifo' then bug('corrupt config in meta: buffer_order') end
+  -- The worker role writes K.counters, so a credential can put garbage there. A counter that is no
+  -- integer would fail the first HINCRBY of it, midway through some script (its earlier writes
+  -- kept); failing every script here instead would let one HSET stop the queue. So it is reset to 0
+  -- and counted in counters_repaired (redis.pcall: a read-only role's refusal leaves it for the next
+  -- writer): a skewed count, as a forged integer would be, never a stopped queue.
   local counters = redis.call('HMGET', K.counters, unpack(COUNTERS))
+  local repaired = 0
   for i, name in ipairs(COUNTERS) do
     if counters[i] and not is_integer(counters[i]) then
-      bug('corrupt counter in counters: ' .. name .. ' = ' .. counters[i])
+      local ok = redis.pcall('HSET', K.counters, name, 0)
+      if type(ok) ~= 'table' or not ok.err then repaired = repaired + 1 end
     end
   end
+  if repaired > 0 then redis.pcall('HINCRBY', K.counters, 'counters_repaired', repaired) end
   -- nil when settled lines are kept forever: then no settlement is recorded for pruning at all.
   if c.settled_retention_ms <= 0 then c.settled_retention_ms = nil end
   if c.trainer_silence_ms <= 0 then c.trainer_silence_ms = nil end

@@ -16,15 +16,23 @@ lease extended just before a restart must not get an earlier deadline from the n
 outage every client gets OUTAGE_GRACE worker timeouts to reconnect before anything it owns is
 taken away (due_now), because clients come back one by one on their own retry back-off. Only a
 changed run_id counts as an outage, never a quiet queue, so the grace is granted once per restart
-and cannot postpone reaping for ever. `read_only`: the caller may not write (stats, reap_scan,
-hold_poll run under read-only roles): it computes the same time and records it only where its
-role may write (a refused write changes nothing; the next script that may write records it).
+and cannot postpone reaping for ever. The clock is recorded with redis.pcall by every caller: the
+roles that must not move it (the operator; the worker, whose credential could otherwise set every
+deadline of the queue: issue 29 item 7) hold the hash read-only, compute the same time, and leave
+recording it to the next script of a role that may (trainer, reaper, admin, producer). A stored
+value that is no sane clock (not an integer, an offset beyond the server's own time: written by
+hand) is ignored, as on a first use. `read_only` is kept for the callers that say so.
 ]]
 local CLOCK_STEP_MS = 100
 local OUTAGE_GRACE = 2
 local clock = nil
 local function clock_key()
   return string.sub(K.meta, 1, -5) .. 'clock'
+end
+-- A stored clock field: a decimal integer of at most 15 digits (exact in a Lua double), else nil.
+local function clock_int(raw)
+  if not raw or not string.match(raw, '^%-?%d+$') or #raw > 16 then return nil end
+  return tonumber(raw)
 end
 local function server_run_id()
   return string.match(redis.call('INFO', 'SERVER'), 'run_id:(%w+)') or ''
@@ -35,10 +43,11 @@ local function now_ms(read_only)
   local raw = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local key = clock_key()
   local c = redis.call('HMGET', key, 'ms', 'offset', 'run', 'resumed', 'outages')
-  local last = tonumber(c[1])
-  local offset = tonumber(c[2]) or 0
+  local last, offset = clock_int(c[1]), clock_int(c[2]) or 0
+  if offset < 0 or offset > raw then last, offset = nil, 0 end  -- no sane clock: start afresh
+  c[4], c[5] = clock_int(c[4]), clock_int(c[5])
   local q = raw - offset
-  clock = {now = q, resumed = tonumber(c[4]), raw = raw}
+  clock = {now = q, resumed = c[4], raw = raw}
   if last and q >= last and q - last < CLOCK_STEP_MS then return q end
   -- A gap of a step or more (or a first use, or a clock that went back): is it the same server?
   local run = server_run_id()
@@ -55,17 +64,13 @@ local function now_ms(read_only)
       table.insert(writes, 'resumed')
       table.insert(writes, q)
       table.insert(writes, 'outages')
-      table.insert(writes, (tonumber(c[5]) or 0) + 1)
+      table.insert(writes, (c[5] or 0) + 1)
     end
   else
     writes = {'ms', q}
   end
   clock.now = q
-  if read_only then
-    redis.pcall('HSET', key, unpack(writes))  -- a read-only role's NOPERM is fine: the next writer records it
-  else
-    redis.call('HSET', key, unpack(writes))
-  end
+  redis.pcall('HSET', key, unpack(writes))  -- a role that may not write it: the next writer records it
   return q
 end
 --[[
