@@ -254,6 +254,16 @@ def test_every_tested_block_has_a_check() -> None:
     assert set(blocks()) == set(CHECKS)
 
 
+def test_the_memory_recipe_names_every_key_of_a_queue() -> None:
+    """Its fixed names are spelt in the recipe (the operator may not SCAN): a key added to keys.py
+    must be added there too, or the answer leaves it out (the known state may not hold it)."""
+    from rollout_queue.core.keys import KEY_SUFFIXES
+
+    recipe = blocks()["memory"]
+    listed = set(re.search(r"for s in (.*?); do", recipe, re.S).group(1).replace("\\", " ").split())  # type: ignore[union-attr]
+    assert listed == set(KEY_SUFFIXES.values())
+
+
 def test_every_recipe_is_tested() -> None:
     """A shell block in the guide is a recipe an operator will paste: each one is run above, except
     the two that set the reader's own variables (``Q``/``E``, ``REDIS_URL``) before any recipe."""

@@ -484,13 +484,16 @@ class TrainerSteps(Steps):
         if self.refused_lease(groups, True):
             return
         members = self.model.lease(groups, True)
-        lease = self.q.lease(groups, timeout_s=0.1, partial=True)
+        # 2 s: the lease must still be good when Redis goes down, on a loaded machine too (a 0.1 s
+        # lease was past its deadline before the kill once the lease call and its first beat took
+        # that long: then it rightly expires, and the model said it would not).
+        lease = self.q.lease(groups, timeout_s=2.0, partial=True)
         self.check_lease(members, lease)
         self.restarts += 1
         self.note_outage()
         self.server.kill()
         try:
-            time.sleep(0.25)  # down past the lease's deadline
+            time.sleep(2.5)  # down past the lease's deadline
         finally:
             self.server.restart()
         event("outage longer than a lease's timeout")
