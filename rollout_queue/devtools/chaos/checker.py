@@ -113,6 +113,7 @@ class Report:
     shipped: dict[str, Any] = field(default_factory=dict)      # the shipped workers' settlements and exits
     pushes: dict[str, Any] = field(default_factory=dict)
     adversary: dict[str, Any] = field(default_factory=dict)
+    counters_forged: dict[str, Any] = field(default_factory=dict)  # counters skewed by the adversary's own writes
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -468,11 +469,23 @@ class Checker:
         meta, t = self.truth.meta, self.truth
         self.report.oversize_queue = {k: int(meta.get(k, 0) or 0) for k in ("oversize_skipped", "oversize_granted")}
         committed = sum(len(list(filter(None, line["ids"].split(",")))) for line in t.commits)
+        # The worker role writes the counters hash, so a worker credential that wrote it directly
+        # (the adversary's HSET / HINCRBY counters) skews them by design (OPERATIONS.md, "Roles and
+        # ACLs"): then a mismatch is reported, not a violation; ownership is checked from the records.
+        forged = [rec for rec in self.h.by_op.get("adv_cmd", ())
+                  if rec["outcome"] == "ran" and rec["key"] == "counters"]
+        skewed = {}
         for name, want in (("committed", committed), ("dead", len(t.dlq)), ("retained", 0),
                            ("executing_groups", 0), ("executing_samples", 0), ("leased", 0)):
-            have = int(meta.get(name, 0) or 0)
+            raw = str(meta.get(name, 0) or 0)
+            have = int(raw) if raw.lstrip("-").isdigit() else raw
             if have != want:
-                self.report.violate(f"meta counter {name} = {have}, the records say {want}")
+                if forged:
+                    skewed[name] = {"have": have, "records": want}
+                else:
+                    self.report.violate(f"meta counter {name} = {have}, the records say {want}")
+        if skewed:
+            self.report.counters_forged = {"adversary_writes": len(forged), "skewed": skewed}
 
 
     # -- 9. downtime counts against nobody --------------------------------------------------------

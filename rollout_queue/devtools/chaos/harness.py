@@ -166,6 +166,7 @@ class RunResult:
             "outcome_unknown_exits": r.unknown_exits, "reaped": self.reaped, "stall_restarts": self.stall_restarts,
             "dead_hostile": r.dead_hostile, "charges": r.charges, "shipped": r.shipped, "pushes": r.pushes,
             "adversary": r.adversary,
+            "counters_forged": r.counters_forged,
             "acks_lost": len(lost_acks),
             "acks_lost_by_kind": dict(Counter(a["kind"] for a in lost_acks)),
             "acks_lost_unexplained": sum(not a["explained"] for a in lost_acks),
@@ -304,16 +305,20 @@ class Run:
 
     def settled(self) -> tuple[bool, int]:
         """(every group in Redis is settled and the producer is done, groups settled so far).
-        Read raw (the counters and the stream length): this process runs no queue script."""
+        Read raw: this process runs no queue script. Settled is judged from the stream, the PEL and
+        the kept index, never from the counters, which a worker credential (the adversary) may forge;
+        the counters only report progress."""
         keys = QueueKeys(self.queue)
         try:
-            meta = self.watch.hmget(keys["counters"], "retained", "kept", "committed", "dead", "filtered")
+            meta = self.watch.hmget(keys["counters"], "committed", "dead", "filtered")
             length = self.watch.xlen(keys["src"])
+            pending = self.watch.xpending(keys["src"], "rollout")["pending"]
+            kept = self.watch.zcard(keys["kept"])
         except redis.RedisError:
-            return False, -1  # Redis is restarting
-        retained, kept, committed, dead, filtered = (int(x or 0) for x in meta)
+            return False, -1  # Redis is restarting (or the group is being recreated)
+        committed, dead, filtered = (int(x) if x and x.lstrip(b"-").isdigit() else 0 for x in meta)
         producer_done = all(s.done for s in self.sup.slots if s.role == "producer")
-        done = producer_done and retained == 0 and length - kept == 0
+        done = producer_done and pending == 0 and length - kept == 0
         return done, committed + dead + filtered
 
     def loop(self) -> bool:
