@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, HeartbeatInfo, Receipt, Reservation, Sample
-from rollout_queue.api.fleet import FleetReserver
+from rollout_queue.api.aio import AsyncFleetReserver
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.keys import validate_queue_name
 from rollout_queue.core.models import OwnedAttempt, PushTicket
@@ -104,7 +104,7 @@ class ServedQueues:
         self.worker_id = worker_id
         #: each queue's worker, coalescing its completions (completions.py)
         self.workers: dict[str, AsyncWorker] = {n: BatchingWorker(q.worker(worker_id)) for n, q in queues.items()}
-        self.fleet = FleetReserver(self.workers, weights) if len(self.names) > 1 else None
+        self.fleet = AsyncFleetReserver(self.workers, weights) if len(self.names) > 1 else None
 
     @classmethod
     async def open(cls, url: str, spec: str | Mapping[str, float], worker_id: str, *, partitions: int = 1,

@@ -1,0 +1,93 @@
+"""Static types: what a type checker says a sync and an asyncio caller get, and that it stays so.
+
+The facade is written once (api/); its annotations are the sync surface and api/aio.pyi, generated
+from them, the asyncio one (api/results.py says how). The ``_sync_caller`` / ``_async_caller``
+functions below are never run: mypy reads them (``assert_type`` fails the check on any other type,
+``reveal_type`` is read back by ``test_revealed_types``), as a user's IDE would read their code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Awaitable
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, assert_type, reveal_type
+
+import pytest
+
+from rollout_queue import (AsyncFleetReserver, AsyncLease, AsyncRolloutQueue, AsyncWorker, FleetReserver, Lease,
+                           Reservation, RolloutQueue, Worker)
+from rollout_queue.devtools import async_stub
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sync_caller(q: RolloutQueue, fleet: FleetReserver) -> None:
+    w = q.worker("w")
+    assert_type(w, Worker)
+    assert_type(w.reserve(4), list[Reservation])
+    assert_type(q.lease(2), Lease | None)
+    assert_type(q.version, int)
+    assert_type(fleet.reserve(1), list[tuple[str, Reservation]])
+    assert_type(RolloutQueue.from_url("redis://h", "q"), RolloutQueue)
+    if TYPE_CHECKING:
+        reveal_type(w.reserve(4))  # read back by test_sync_and_async_callers_get_exact_types
+
+
+async def _async_caller(url: str) -> None:
+    q = await AsyncRolloutQueue.from_url(url, "q")
+    assert_type(q, AsyncRolloutQueue)
+    w = q.worker("w")
+    assert_type(w, AsyncWorker)
+    assert_type(w.reserve(4), Awaitable[list[Reservation]])
+    assert_type(await w.reserve(4), list[Reservation])
+    lease = await q.lease(2)
+    assert_type(lease, AsyncLease | None)
+    if lease is not None:
+        async with lease:
+            assert_type(await lease.commit(), str)
+    assert_type(await q.version, int)
+    fleet = AsyncFleetReserver({"q": w}, {"q": 1.0})
+    assert_type(await fleet.reserve(1), list[tuple[str, Reservation]])
+    if TYPE_CHECKING:
+        reveal_type(w.reserve(4))  # read back by test_sync_and_async_callers_get_exact_types
+
+
+@lru_cache(maxsize=1)
+def mypy_output() -> tuple[int, str]:
+    """One mypy run over this file (and the package it imports), cached under .mypy_cache."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: run `make setup` (scripts/setup.sh pins it)")
+    cmd = [sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache"), "--no-color-output",
+           "--no-error-summary", str(Path(__file__).relative_to(ROOT))]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280,
+                          env={**os.environ, "MYPY_FORCE_COLOR": "0"})
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_async_stub_is_generated_from_the_facade() -> None:
+    """api/aio.pyi is what devtools/async_stub.py derives from api/*.py now (never hand-edited)."""
+    assert async_stub.STUB.read_text() == async_stub.render(), (
+        "api/aio.pyi is stale: run `python -m rollout_queue.devtools.async_stub` and commit the result")
+
+
+def test_each_async_name_is_the_sync_class_at_run_time() -> None:
+    """The stub types names that are the one implementation at run time (nothing written twice)."""
+    assert (AsyncWorker, AsyncLease, AsyncFleetReserver) == (Worker, Lease, FleetReserver)
+    assert issubclass(AsyncRolloutQueue, RolloutQueue) and AsyncRolloutQueue.asyncio
+    assert not [n for n, v in vars(AsyncRolloutQueue).items() if callable(v)]
+
+
+def test_sync_and_async_callers_get_exact_types() -> None:
+    """assert_type holds for every call above, and reveal_type shows the value vs its awaitable."""
+    _, out = mypy_output()
+    mine = [line for line in out.splitlines() if line.startswith(str(Path(__file__).relative_to(ROOT)))]
+    assert not [line for line in mine if ": error:" in line], "\n".join(mine)
+    revealed = [m.group(1) for m in re.finditer(r'Revealed type is "(.*)"', "\n".join(mine))]
+    assert revealed == ["list[rollout_queue.core.models.Reservation]",
+                        "typing.Awaitable[list[rollout_queue.core.models.Reservation]]"], mine
