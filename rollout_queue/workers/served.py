@@ -63,13 +63,13 @@ def parse_queue_spec(spec: str | Mapping[str, float]) -> dict[str, float]:
                 value = math.nan
             items.append((name, value) if sep and name and math.isfinite(value) and value > 0 else (raw, 1.0))
     out: dict[str, float] = {}
-    for name, weight in items:
+    for name, share in items:
         validate_queue_name(name)
         if name in out:
             raise ValueError(f"--queue names {name!r} twice")
-        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
-            raise ValueError(f"--queue {name!r}: the weight must be a positive number, got {weight!r}")
-        out[name] = float(weight)
+        if not (isinstance(share, (int, float)) and math.isfinite(share) and share > 0):
+            raise ValueError(f"--queue {name!r}: the weight must be a positive number, got {share!r}")
+        out[name] = float(share)
     if not out:
         raise ValueError("--queue: name at least one queue")
     return out

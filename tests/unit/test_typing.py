@@ -13,6 +13,7 @@ errors than its line fails, and so does one with fewer, until its line is lowere
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -27,6 +28,7 @@ import pytest
 
 from rollout_queue import (AsyncFleetReserver, AsyncLease, AsyncRolloutQueue, AsyncWorker, FleetReserver, Lease,
                            Reservation, RolloutQueue, Worker)
+from rollout_queue.core.errors import InvalidInput
 from rollout_queue.devtools import async_stub
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,3 +129,12 @@ def test_no_type_error_beyond_the_baseline() -> None:
     fewer = {path: len(found.get(path, [])) for path, n in baseline.items() if len(found.get(path, [])) < n}
     assert not fewer, ("fewer type errors than tests/unit/mypy_baseline.txt allows, well done: lower these "
                        f"lines to (0: delete the line) {fewer}")
+
+
+def test_the_stub_refuses_an_attribute_the_facade_does_not_declare() -> None:
+    """A public ``self.x = ...`` with no class-level ``x: type`` would be missing from the stub."""
+    src = "class Worker:\n    queue: int\n    def __init__(self) -> None:\n        self.queue, self.extra = 1, 2\n"
+    node = ast.parse(src).body[0]
+    assert isinstance(node, ast.ClassDef)
+    with pytest.raises(InvalidInput, match="extra"):
+        async_stub._class(src, node, {})
