@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 #: public name -> the module that defines it
 _WHERE = {
-    "AsyncPartitionedQueue": "rollout_queue.api.queue",
-    "AsyncRolloutQueue": "rollout_queue.api.queue",
+    "AsyncFleetReserver": "rollout_queue.api.aio",
+    "AsyncHold": "rollout_queue.api.aio",
+    "AsyncLease": "rollout_queue.api.aio",
+    "AsyncPartitionedQueue": "rollout_queue.api.aio",
+    "AsyncRolloutQueue": "rollout_queue.api.aio",
+    "AsyncWorker": "rollout_queue.api.aio",
     "CheckpointPruned": "rollout_queue.core.errors",
     "CheckpointRegression": "rollout_queue.core.errors",
     "CompletedGroup": "rollout_queue.core.models",
@@ -68,18 +72,14 @@ _WHERE = {
     "WorkerNotLive": "rollout_queue.core.errors",
     "WorkersGone": "rollout_queue.core.errors",
 }
-#: older names of the same classes (one class serves sync and asyncio, plain and partitioned)
-_ALIASES = {"AsyncWorker": "Worker", "AsyncLease": "Lease", "AsyncHold": "Hold", "AsyncFleetReserver": "FleetReserver"}
-
-__all__ = sorted([*_WHERE, *_ALIASES])
+__all__ = sorted(_WHERE)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    target = _ALIASES.get(name, name)
-    if target not in _WHERE:
+    if name not in _WHERE:
         raise AttributeError(f"module 'rollout_queue' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[target]), target)
+    value = getattr(importlib.import_module(_WHERE[name]), name)
     globals()[name] = value
     return value
 
@@ -91,14 +91,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from rollout_queue.api.fleet import FleetReserver
     from rollout_queue.api.lease import Hold, Lease
-    from rollout_queue.api.queue import AsyncPartitionedQueue, AsyncRolloutQueue, PartitionedQueue, RolloutQueue
+    from rollout_queue.api.aio import AsyncFleetReserver, AsyncHold, AsyncLease, AsyncPartitionedQueue, AsyncRolloutQueue, AsyncWorker
+    from rollout_queue.api.queue import PartitionedQueue, RolloutQueue
     from rollout_queue.api.worker import Worker
     from rollout_queue.core.config import QueueConfig
     from rollout_queue.core.errors import CheckpointPruned, CheckpointRegression, ConfigMismatch, GroupTooLarge, HoldLost, InvalidInput, LeaseLost, LeaseUnsatisfiable, LeasesOpen, MalformedCompletion, MalformedReservation, NotFound, NotReplicated, OutcomeUnknown, OwnershipLost, PartialTooLarge, PartitionsUnreachable, PayloadTooLarge, ProtocolError, QueueNotFound, RestoreInProgress, RolloutQueueError, ScriptError, ServerUnavailable, StaleReceipt, StateConflict, VersionRegression, WorkerNotLive, WorkersGone
     from rollout_queue.core.models import CompletedGroup, DeadLetter, HeartbeatInfo, QueueStats, ReapReport, Receipt, Reservation, Sample, SourceGroup
     from rollout_queue.core.models import OwnedAttempt, Progress, Turn
     from rollout_queue.core.policy import Durability, RetryPolicy
-    from rollout_queue.api.fleet import FleetReserver as AsyncFleetReserver
-    from rollout_queue.api.lease import Hold as AsyncHold
-    from rollout_queue.api.lease import Lease as AsyncLease
-    from rollout_queue.api.worker import Worker as AsyncWorker

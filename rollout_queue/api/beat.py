@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, cast
 
 from redis.exceptions import RedisError
 
@@ -143,7 +143,7 @@ class LeaseBeat:
             if leases is None:
                 return
             try:
-                await self.queue.run(self._pass(leases))  # type: ignore[misc]
+                await cast(Awaitable[None], self.queue.run(self._pass(leases)))  # an asyncio queue's
             except (RolloutQueueError, RedisError, OSError) as exc:
                 self._warn(exc)
 

@@ -9,7 +9,7 @@ worker, composed with ``run_calls``, so the same class serves sync and asyncio w
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, TypeVar
 
 from rollout_queue.api.results import Calls, Result, run_calls
 from rollout_queue.api.worker import Worker
@@ -17,9 +17,17 @@ from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.models import HeartbeatInfo, Progress, Reservation
 from rollout_queue.scale.fleet import WeightedShare, plan_reserve
 
+V = TypeVar("V")
+
 
 class FleetReserver:
     """Reserve from several queues' workers in proportion to ``weights`` (any positive scale)."""
+
+    is_async: bool
+    names: list[str]
+    workers: dict[str, Worker]
+    share: WeightedShare
+    clock: Callable[[], float]
 
     def __init__(self, workers: Mapping[str, Worker], weights: Mapping[str, float], quantum_samples: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -59,8 +67,8 @@ class FleetReserver:
         """Close the worker on every queue: {queue: (requeued, dead-lettered)}."""
         return run_calls(self._each(lambda w: w.close(terminal, reason)), self.is_async)
 
-    def _each(self, call: Callable[[Worker], object]) -> Calls[dict[str, object]]:
-        out: dict[str, object] = {}
+    def _each(self, call: Callable[[Worker], Result[V]]) -> Calls[dict[str, V]]:
+        out: dict[str, V] = {}
         for name in self.names:
             worker = self.workers[name]
             out[name] = yield lambda: call(worker)

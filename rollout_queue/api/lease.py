@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Iterator, Sequence, cast
 
 from rollout_queue.api.results import Result
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, LeaseLost, RolloutQueueError
 from rollout_queue.core.flows import Flow
+from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.models import CompletedGroup
+from rollout_queue.core.protocol import LeaseReply
 from rollout_queue.scale import flows as pf
 from rollout_queue.scale import multi_lease as ml
 
@@ -51,21 +53,33 @@ def _async_only(obj: Any, how: str) -> None:
 class Lease:
     """Completed groups handed to one trainer until commit, rollback or the deadline."""
 
+    queue: "RolloutQueue"
+    parts: list[LeaseReply]
+    #: each member's partition name, and the member leases as (keys, lease_id, token)
+    partitions: list[str]
+    members: list[tuple[QueueKeys, str, str]]
+    groups: list[CompletedGroup]
+    #: the partition of each group, in the order of ``groups`` (entry IDs repeat across partitions)
+    group_partitions: list[str]
+    version: int
+    deadline_ms: int
+    fence_s: float
+    committed: dict[int, str]  # member index -> commit id, kept across a failed commit()
+    closed: str | None
+
     def __init__(self, queue: "RolloutQueue", members: Sequence[ml.Member], fence_s: float) -> None:
         layout = queue.layout
         self.queue = queue
         self.parts = [reply for _, reply, _ in members]
-        #: each member's partition name, and the member leases as (keys, lease_id, token)
         self.partitions = [layout.names[i] for i, _, _ in members]
         self.members = [(layout.keys[i], reply.lease_id, token) for i, reply, token in members]
-        self.groups: list[CompletedGroup] = [g for r in self.parts for g in r.groups]
-        #: the partition of each group, in the order of ``groups`` (entry IDs repeat across partitions)
+        self.groups = [g for r in self.parts for g in r.groups]
         self.group_partitions = [name for name, r in zip(self.partitions, self.parts) for _ in r.groups]
-        self.version: int = max(r.version for r in self.parts)
-        self.deadline_ms: int = min(r.deadline_ms for r in self.parts)
+        self.version = max(r.version for r in self.parts)
+        self.deadline_ms = min(r.deadline_ms for r in self.parts)
         self.fence_s = fence_s
-        self.committed: dict[int, str] = {}  # member index -> commit id, kept across a failed commit()
-        self.closed: str | None = None
+        self.committed = {}
+        self.closed = None
 
     @property
     def lease_id(self) -> str:
@@ -171,11 +185,16 @@ class Lease:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         if not self.closed:
-            await (self.commit() if exc is None else self.rollback(error_reason(exc)))  # type: ignore[misc]
+            # Awaitables on the asyncio queue this guard admits (api/results.py: Result).
+            await cast(Awaitable[object], self.commit() if exc is None else self.rollback(error_reason(exc)))
 
 
 class Hold:
     """An admission hold around a weight update, on every partition (DESIGN.md: Weight updates)."""
+
+    queue: "RolloutQueue"
+    hold_id: str
+    waiting: int  # attempts executing when the hold opened
 
     def __init__(self, queue: "RolloutQueue", hold_id: str, waiting: int) -> None:
         self.queue, self.hold_id, self.waiting = queue, hold_id, waiting
@@ -207,4 +226,4 @@ class Hold:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.release()  # type: ignore[misc]
+        await cast(Awaitable[int], self.release())  # an asyncio queue's, as _async_only admits

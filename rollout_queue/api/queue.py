@@ -7,8 +7,9 @@ give a sync queue whose methods return values, ``redis.asyncio`` clients an asyn
 methods return awaitables of the same values (``Result[T]``).
 
 Open a queue with ``RolloutQueue.from_url(url, name, config)`` (sync) or
-``await AsyncRolloutQueue.from_url(url, name, config)``; ``partitions=P`` (or PartitionedQueue)
-spreads it over P partitions, one per hash tag, for a Redis Cluster (docs/SCALING.md).
+``await AsyncRolloutQueue.from_url(url, name, config)`` (api/aio.py, whose types api/aio.pyi
+generates from this file); ``partitions=P`` (or PartitionedQueue) spreads it over P partitions,
+one per hash tag, for a Redis Cluster (docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, Awaitable, Callable, ClassVar, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, ClassVar, Sequence, TypeVar, cast
 
 from rollout_queue.api.beat import LeaseBeat, beat_lease
 from rollout_queue.api.lease import Hold, Lease
@@ -32,7 +33,7 @@ from rollout_queue.core.liveness import FleetWatch
 from rollout_queue.core.models import DeadLetter, PushSeal, QueueStats, ReapReport, SourceGroup
 from rollout_queue.core.policy import Durability, RetryPolicy
 from rollout_queue.drivers.cluster import connect, redis_options
-from rollout_queue.drivers.transport import Driver, driver_for
+from rollout_queue.drivers.transport import Driver, SyncClient, driver_for
 from rollout_queue.scale import flows as pf
 from rollout_queue.scale import multi_lease as ml
 from rollout_queue.scale.layout import Layout, Selector, logical_config
@@ -50,7 +51,7 @@ class RolloutQueue:
     """One queue (DESIGN.md: Public API): submit, publish versions, lease, hold, checkpoint, reap.
 
     ``RolloutQueue(client, name, config)`` opens (or creates) the queue on a sync client at once;
-    ``RolloutQueue.open(...)`` does the same for either kind of client (await it for asyncio).
+    ``RolloutQueue.open(...)`` does the same (``await AsyncRolloutQueue.open(...)`` on an asyncio client).
     ``config=None`` adopts the stored config; a different one raises ConfigMismatch.
     ``durability``: answer state-changing calls only once that many replicas have them
     (core/policy.py Durability; docs/OPERATIONS.md, "Replicas and failover").
@@ -69,7 +70,7 @@ class RolloutQueue:
     configs: tuple[QueueConfig, ...]
     config: QueueConfig
 
-    def __init__(self, client: Any, name: str, config: QueueConfig | None = None, *, partitions: int = 1,
+    def __init__(self, client: SyncClient, name: str, config: QueueConfig | None = None, *, partitions: int = 1,
                  retry: RetryPolicy | None = None, clock: Callable[[], float] = time.monotonic,
                  durability: Durability | None = None, create: bool = True) -> None:
         self._bind(driver_for(client, retry, clock=clock, durability=durability), name, partitions)
@@ -92,7 +93,7 @@ class RolloutQueue:
         return self
 
     @classmethod
-    def open(cls: type[Q], client: Any, name: str, config: QueueConfig | None = None, *, partitions: int = 1,
+    def open(cls: type[Q], client: SyncClient, name: str, config: QueueConfig | None = None, *, partitions: int = 1,
              retry: RetryPolicy | None = None, clock: Callable[[], float] = time.monotonic,
              durability: Durability | None = None, create: bool = True) -> Result[Q]:
         """Open (or create) queue ``name`` on ``client`` (sync or asyncio). ``create=False``: raise
@@ -118,8 +119,9 @@ class RolloutQueue:
         # A failed open (QueueNotFound, ConfigMismatch, ...) closes the connection it made: a worker
         # that asks again every second for a queue not created yet must not keep one per try.
         if cls.asyncio:
-            return _closed_on_failure(cls._open_on(client, name, config, partitions, retry, time.monotonic,
-                                                   durability, create), client)
+            opening = cast(Awaitable[Q], cls._open_on(client, name, config, partitions, retry, time.monotonic,
+                                                      durability, create))
+            return cast(Q, _closed_on_failure(opening, client))  # Awaitable[Q]: the asyncio surface (api/aio.pyi)
         try:
             return cls._open_on(client, name, config, partitions, retry, time.monotonic, durability, create)
         except BaseException:
@@ -128,7 +130,8 @@ class RolloutQueue:
 
     def run(self, flow: Flow[T]) -> Result[T]:
         """Drive any flow (core/flows/, ops/views.py, ...) on this queue's driver."""
-        return self.driver.run(flow)  # type: ignore[no-any-return]
+        result: T = self.driver.run(flow)  # an awaitable of it on an asyncio driver (api/results.py)
+        return result
 
     @property
     def client(self) -> Any:
@@ -298,7 +301,8 @@ class RolloutQueue:
     def close(self) -> Result[None]:
         """Stop beating this client's leases and close the connection (await it on an asyncio queue)."""
         self.beats.stop()
-        return self.driver.close()
+        closing: None = self.driver.close()  # an awaitable on an asyncio driver (api/results.py)
+        return closing
 
     def __enter__(self: Q) -> Q:
         return self
@@ -327,32 +331,20 @@ async def _closed_on_failure(opening: Awaitable[Q], client: Any) -> Q:
         raise
 
 
-class AsyncRolloutQueue(RolloutQueue):
-    """RolloutQueue whose ``from_url`` connects with redis.asyncio: ``await AsyncRolloutQueue.from_url(...)``."""
-
-    asyncio = True
-
-
 class PartitionedQueue(RolloutQueue):
     """RolloutQueue with the partition count as the third positional argument (the older spelling
     of ``partitions=P``); the same class in every other way."""
 
-    def __init__(self, client: Any, name: str, partitions: int, config: QueueConfig | None = None,
+    def __init__(self, client: SyncClient, name: str, partitions: int, config: QueueConfig | None = None,
                  **options: Any) -> None:
         super().__init__(client, name, config, partitions=partitions, **options)
 
     @classmethod
-    def open(cls: type[Q], client: Any, name: str, partitions: int = 1,  # type: ignore[override]
+    def open(cls: type[Q], client: SyncClient, name: str, partitions: int = 1,  # type: ignore[override]
              config: QueueConfig | None = None, **options: Any) -> Result[Q]:
-        return super().open(client, name, config, partitions=partitions, **options)  # type: ignore[misc]
+        return super().open(client, name, config, partitions=partitions, **options)
 
     @classmethod
     def from_url(cls: type[Q], url: str, name: str, partitions: int = 1,  # type: ignore[override]
                  config: QueueConfig | None = None, **options: Any) -> Result[Q]:
-        return super().from_url(url, name, config, partitions=partitions, **options)  # type: ignore[misc]
-
-
-class AsyncPartitionedQueue(PartitionedQueue):
-    """PartitionedQueue whose ``from_url`` connects with redis.asyncio."""
-
-    asyncio = True
+        return super().from_url(url, name, config, partitions=partitions, **options)

@@ -25,9 +25,13 @@ if TYPE_CHECKING:
 class Worker:
     """Reserve groups, then complete, fail, abort or filter each receipt; heartbeat while executing."""
 
+    queue: "RolloutQueue"
+    worker_id: str
+    selector: Selector  # this worker's own partition order
+
     def __init__(self, queue: "RolloutQueue", worker_id: str) -> None:
         self.queue, self.worker_id = queue, check_worker_id(worker_id)
-        self.selector = Selector(queue.layout.count)  # this worker's own partition order
+        self.selector = Selector(queue.layout.count)
 
     def reserve(self, max_groups: int = 1, block_ms: int = 0, max_samples: int = 0,
                 overcommit: bool = False) -> Result[list[Reservation]]:

@@ -176,7 +176,7 @@ def cmd_config(args: argparse.Namespace) -> int:
             return _config_show_partitioned(args, view)
         values, corrupt = view.run(views.stored_config(view.keys))
         if args.json:
-            print_json({**values, "corrupt": corrupt} if corrupt else QueueConfig(**values))  # type: ignore[arg-type]
+            print_json({**values, "corrupt": corrupt} if corrupt else QueueConfig(**values))
         else:
             render.emit([render.section(f"config of queue {args.queue}", ("field", "value"),
                                         [(k, v) for k, v in render_config(values, corrupt).items()])])
@@ -323,7 +323,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
     rules = acl.all_rules(args.queue, args.role or acl.ROLE_NAMES, passwords, partitions=count)
     if args.apply:
         # ACL users live on each node: on a cluster, set them on every node (masters and replicas)
-        on_all = {"target_nodes": redis.cluster.RedisCluster.ALL_NODES} if isinstance(
+        on_all: dict[str, Any] = {"target_nodes": redis.cluster.RedisCluster.ALL_NODES} if isinstance(
             c, redis.cluster.RedisCluster) else {}
         for r in rules:
             c.execute_command("ACL", "SETUSER", r.user, *r.rules, **on_all)

@@ -132,8 +132,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     # On a partitioned queue: the partition the ID names (partition/id), else the one it is found in.
     index, entry_id = partition_views.split_ref(layout, args.entry_id)
     if index is None:
-        index = q.run(partition_views.entry(layout, args.entry_id)).partition
-        index = layout.names.index(index)
+        index = layout.names.index(q.run(partition_views.entry(layout, args.entry_id)).partition)
     receipt, outcome = q.run(actions.requeue(layout.keys[index], entry_id, force=args.force, counted=args.counted,
                                              reason=args.reason))
     if receipt is not None:

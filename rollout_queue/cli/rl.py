@@ -100,7 +100,10 @@ class _progress:
         from rich.console import Console
 
         self.console = Console(stderr=True)
-        self.quiet, self.bar, self.task, self.last = args.no_progress, None, None, 0.0
+        self.quiet, self.last = args.no_progress, 0.0
+        # a rich Progress and its task once entered on a terminal (rich is imported only then)
+        self.bar: Any = None
+        self.task: Any = None
         self.bound = args.max_backlog
 
     def __enter__(self) -> "_progress":

@@ -110,7 +110,7 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
     logprobs: list[bytes] = []
     segmented = False
     for s in samples:
-        row = [s.slot, len(s.token_ids), 1 if s.logprobs else 0, s.reward, s.version, s.finish_reason,
+        row: list[Any] = [s.slot, len(s.token_ids), 1 if s.logprobs else 0, s.reward, s.version, s.finish_reason,
                list(s.versions)]
         if s.turns or s.metadata is not None or s.segments:
             row += [[x for t in s.turns for x in (1 if t.trained else 0, t.n_tokens, t.version)], s.metadata]

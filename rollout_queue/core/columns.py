@@ -76,7 +76,7 @@ class SampleColumns:
             raise InvalidInput("token_ids must be an array('i')")
         if not isinstance(self.logprobs, array) or self.logprobs.typecode != "f":
             raise InvalidInput("logprobs must be an array('f')")
-        per_sample = [tuple(c) for c in (self.slots, self.counts, self.has_logprobs, self.rewards, self.versions,
+        per_sample: list[tuple[Any, ...]] = [tuple(c) for c in (self.slots, self.counts, self.has_logprobs, self.rewards, self.versions,
                                          self.finish_reasons, self.version_lists)]
         if len({len(c) for c in per_sample}) > 1:
             raise InvalidInput("every per-sample column needs one value per sample")

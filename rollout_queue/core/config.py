@@ -182,12 +182,12 @@ class QueueConfig:
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise InvalidInput(f"unknown QueueConfig fields: {sorted(unknown)}")
-        return type(self)(**{**asdict(self), **changes})  # type: ignore[arg-type]
+        return type(self)(**{**asdict(self), **changes})
 
 
 def stored_batch_groups(value: int | None | Derived) -> int:
     """batch_groups in its stored form: -1 for DERIVED, 0 for None (off), else the number."""
-    return _STORED_DERIVED if value is DERIVED else _STORED_OFF if value is None else int(value)  # type: ignore[arg-type]
+    return _STORED_DERIVED if value is DERIVED else _STORED_OFF if value is None else int(value)
 
 
 def _ms(seconds: float) -> int:

@@ -481,6 +481,8 @@ class CompletedGroup:
     group: SourceGroup
     attempt: int
     min_version: int
+    _samples: tuple[Sample, ...] | None  # one of the two is set at construction; the other is built on demand
+    _columns: "SampleColumns | None"
 
     def __init__(self, entry_id: str, group: SourceGroup, samples: Sequence[Sample], attempt: int,
                  min_version: int) -> None:
@@ -503,19 +505,25 @@ class CompletedGroup:
     @property
     def samples(self) -> tuple[Sample, ...]:
         """The samples, slot order as completed (built from the columns on first access, then cached)."""
-        if self._samples is None:
+        samples = self._samples
+        if samples is None:
+            assert self._columns is not None  # _set's callers give one of the two
             # Two threads racing here build equal tuples; either may be kept.
-            object.__setattr__(self, "_samples", self._columns.samples())  # type: ignore[union-attr]
-        return self._samples  # type: ignore[return-value]
+            samples = self._columns.samples()
+            object.__setattr__(self, "_samples", samples)
+        return samples
 
     def columns(self) -> SampleColumns:
         """Every sample's tokens, logprobs and fields as flat columns (see SampleColumns), zero-copy
         for a leased group: ``torch.frombuffer(g.columns().token_ids, dtype=torch.int32)``."""
-        if self._columns is None:
+        columns = self._columns
+        if columns is None:
             from rollout_queue.core.columns import SampleColumns
 
-            object.__setattr__(self, "_columns", SampleColumns.of(self._samples))  # type: ignore[arg-type]
-        return self._columns  # type: ignore[return-value]
+            assert self._samples is not None  # _set's callers give one of the two
+            columns = SampleColumns.of(self._samples)
+            object.__setattr__(self, "_columns", columns)
+        return columns
 
     def _values(self) -> tuple[Any, ...]:
         return (self.entry_id, self.group, self.samples, self.attempt, self.min_version)
@@ -523,7 +531,7 @@ class CompletedGroup:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash((self.entry_id, self.attempt, self.min_version))
@@ -703,7 +711,7 @@ class DeadLetter:
     worker_id: str
     history: tuple[Mapping[str, Any], ...]
     group: SourceGroup | None
-    fields: Mapping[str, bytes]
+    fields: Mapping[bytes, bytes]  # the pristine reservation's fields, as stored
     #: the queue (partition) whose dead-letter stream holds it: requeue it there
     queue: str = ""
 

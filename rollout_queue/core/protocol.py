@@ -258,7 +258,7 @@ def parse_progress(reply: Any, entry_ids: Sequence[str]) -> list[bytes | None]:
 @_shaped
 def parse_save_partial(reply: Any, receipt: Receipt) -> str:
     """save_partial: 'saved' or 'replay' (StaleReceipt, PartialTooLarge: nothing written)."""
-    return _fields("save_partial", reply, receipt_context(receipt), _word)[0]  # type: ignore[no-any-return]
+    return _fields("save_partial", reply, receipt_context(receipt), _word)[0]
 
 
 def decode_reservation_group(fields: Mapping[bytes, bytes]) -> SourceGroup:
@@ -457,7 +457,7 @@ def parse_publish_version(reply: Any, version: int, hold_id: str) -> bool:
 @_shaped
 def parse_push_open(reply: Any, version: int) -> int:
     """push_open: the round's epoch (a resent open's reply is the same epoch)."""
-    return _fields("push_open", reply, {"version": version}, _int)[0]  # type: ignore[no-any-return]
+    return _fields("push_open", reply, {"version": version}, _int)[0]
 
 
 @_shaped
@@ -525,8 +525,8 @@ def parse_time(reply: Any) -> int:
 
 
 @_shaped
-def parse_stream_entries(reply: Any, command: str = "XRANGE") -> list[tuple[str, Sequence[Any]]]:
-    """XRANGE / XREVRANGE: [(entry ID, its raw field list), ...]."""
+def parse_stream_entries(reply: Any, command: str = "XRANGE") -> list[tuple[str, Any]]:
+    """XRANGE / XREVRANGE: [(entry ID, its raw field list, or a mapping as RESP3 sends it), ...]."""
     out = []
     for row in _items(reply):
         if (not isinstance(row, (list, tuple)) or len(row) != 2 or not isinstance(row[1], (list, tuple, Mapping))
@@ -689,7 +689,7 @@ def _dead_letter(dlq_id: str, kv: Sequence[Any]) -> DeadLetter:
 @_shaped
 def parse_dlq_requeue(reply: Any, dlq_id: str) -> str:
     """dlq_requeue: the new entry ID (NotFound for no such dead letter)."""
-    return _fields("dlq_requeue", reply, {"what": "dead letter", "id": dlq_id}, _word)[0]  # type: ignore[no-any-return]
+    return _fields("dlq_requeue", reply, {"what": "dead letter", "id": dlq_id}, _word)[0]
 
 
 # -- worker replies -------------------------------------------------------------------------------
@@ -698,13 +698,13 @@ def parse_dlq_requeue(reply: Any, dlq_id: str) -> str:
 @_shaped
 def parse_complete(reply: Any, receipt: Receipt) -> str:
     """complete: 'buffered', 'replay' or 'evicted_self'."""
-    return _fields("complete", reply, completion_context(receipt), _word, _word)[0]  # type: ignore[no-any-return]
+    return _fields("complete", reply, completion_context(receipt), _word, _word)[0]
 
 
 @_shaped
 def parse_ended(reply: Any, script: str, receipt: Receipt) -> str:
     """fail / abort / filter / reject: where the attempt went ('ready', 'dead', 'filtered', 'replay')."""
-    return _fields(script, reply, receipt_context(receipt), _word)[0]  # type: ignore[no-any-return]
+    return _fields(script, reply, receipt_context(receipt), _word)[0]
 
 
 @_shaped
@@ -722,7 +722,7 @@ def parse_commit(reply: Any, lease_id: str) -> str:
     context = {"lease_id": lease_id, "what": f"commit of lease {lease_id}"}
     word, commit_id, _ = _fields("commit", reply, context, _word, _word, _int)
     _one_of("commit", word, ("committed", "replay"))
-    return commit_id  # type: ignore[no-any-return]
+    return commit_id
 
 
 @_shaped
@@ -736,7 +736,7 @@ def parse_rollback(reply: Any, lease_id: str) -> tuple[int, int, bool]:
 @_shaped
 def parse_extend(reply: Any, lease_id: str) -> int:
     """extend: the new deadline (server ms)."""
-    return _fields("extend", reply, {"lease_id": lease_id}, _int)[0]  # type: ignore[no-any-return]
+    return _fields("extend", reply, {"lease_id": lease_id}, _int)[0]
 
 
 @_shaped
@@ -758,7 +758,7 @@ def parse_revoke_lease(reply: Any, lease_id: str) -> tuple[str, int, bool]:
 @_shaped
 def parse_hold_open(reply: Any, hold_id: str) -> int:
     """hold_open: how many executing attempts the hold waits for."""
-    return _fields("hold_open", reply, {"hold_id": hold_id}, _int, _int)[0]  # type: ignore[no-any-return]
+    return _fields("hold_open", reply, {"hold_id": hold_id}, _int, _int)[0]
 
 
 @_shaped
@@ -770,7 +770,7 @@ def parse_hold_poll(reply: Any, hold_id: str) -> tuple[int, str]:
 @_shaped
 def parse_hold_release(reply: Any, hold_id: str) -> int:
     """hold_release: how many holds are still active."""
-    return _fields("hold_release", reply, {"hold_id": hold_id}, _int)[0]  # type: ignore[no-any-return]
+    return _fields("hold_release", reply, {"hold_id": hold_id}, _int)[0]
 
 
 @_shaped
@@ -813,7 +813,7 @@ def parse_reap_scan(reply: Any) -> ReapScan:
 @_shaped
 def parse_sweep_owners(reply: Any) -> tuple[tuple[bytes, ...], bool]:
     """sweep_owners: (orphan consumer names among the entries looked at, wrapped to the PEL's start)."""
-    return _fields("sweep_owners", reply, {}, _names, _flag)  # type: ignore[return-value]
+    return _fields("sweep_owners", reply, {}, _names, _flag)
 
 
 @_shaped
@@ -846,7 +846,7 @@ def parse_reap_stale(reply: Any) -> tuple[int, bool]:
 @_shaped
 def parse_reindex(reply: Any) -> int:
     """reindex: owned entries re-indexed or requeued by this call."""
-    return _fields("reindex", reply, {}, _int, _flag)[0]  # type: ignore[no-any-return]
+    return _fields("reindex", reply, {}, _int, _flag)[0]
 
 
 @_shaped
@@ -968,7 +968,7 @@ def parse_drain_stop(reply: Any) -> int:
     """drain stop: how many other holds still stand."""
     word, left = _fields("drain", reply, {}, _word, _int)
     _one_of("drain", word, ("stopped",))
-    return left  # type: ignore[no-any-return]
+    return left
 
 
 @_shaped

@@ -457,7 +457,7 @@ class Driver:
                  sleep: Callable[[float], Any] | None = None) -> None:
         self.client, self.retry, self.clock = client, retry or RetryPolicy(), clock
         self.probe_retry, self.durability = probe_retry, durability
-        self.sleep = sleep or (asyncio.sleep if self.is_async else time.sleep)
+        self.sleep: Callable[[float], Any] = sleep or (asyncio.sleep if self.is_async else time.sleep)
         self.cluster = isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
         _check_socket_timeout(client, durability)
 
@@ -480,7 +480,7 @@ class SyncDriver(Driver):
     """Drives flows on a redis-py client (``redis.Redis`` or ``RedisCluster``)."""
 
     def run(self, flow: Generator[Any, Any, Any]) -> Any:
-        machine, held = self.machine(flow), []
+        machine, held = self.machine(flow), list[Any]()
         value: Any = None
         error: Exception | None = None
         while True:
@@ -541,7 +541,7 @@ class AsyncDriver(Driver):
     is_async = True
 
     async def run(self, flow: Generator[Any, Any, Any]) -> Any:
-        machine, held = self.machine(flow), []
+        machine, held = self.machine(flow), list[Any]()
         value: Any = None
         error: Exception | None = None
         while True:

@@ -131,7 +131,7 @@ class _Held:
     skipped: bool = False
 
 
-class _Buffer(queues.Queue):  # type: ignore[type-arg]
+class _Buffer(queues.Queue):
     """``rollout_buffer``: a queue.Queue that tells its worker which sample left it, so a group's
     lease is settled by what the trainer actually took (and a too-stale group is never handed out)."""
 

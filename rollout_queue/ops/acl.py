@@ -212,10 +212,10 @@ def role_access(role: str, library: Mapping[str, Script] = SCRIPTS) -> dict[str,
     for cmd in ("get", "exists"):  # opening reads the partition-count record first (scale/flows)
         access.setdefault(cmd, set()).add("partitions")
     out = {}
-    for cmd, keys in access.items():
-        kept = keys - read_only if cmd.split("|")[0] in WRITE_COMMANDS else keys
-        if kept:
-            out[cmd] = frozenset(kept)
+    for cmd, patterns in access.items():
+        granted = patterns - read_only if cmd.split("|")[0] in WRITE_COMMANDS else patterns
+        if granted:
+            out[cmd] = frozenset(granted)
     return out
 
 

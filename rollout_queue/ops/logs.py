@@ -67,7 +67,7 @@ def configure(json_logs: bool = False, level: int | str = logging.INFO) -> None:
     logging.captureWarnings(True)
 
 
-class _Fallback(logging.StreamHandler):  # type: ignore[type-arg]
+class _Fallback(logging.StreamHandler):
     """stderr for ``rollout_queue``'s records only while the root logger has no handler (the
     application configured no logging); once it has one, the records go there alone (no line twice).
     It writes to whatever ``sys.stderr`` is when a record comes (as logging's last-resort handler
@@ -76,7 +76,7 @@ class _Fallback(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self) -> None:
         super().__init__()
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

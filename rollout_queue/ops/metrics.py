@@ -307,7 +307,7 @@ def _merged(snap: Snapshot, name: str) -> Iterator[Metric]:
 
 def registry_for(view: QueueView) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(QueueCollector(view))  # type: ignore[arg-type]  # duck-typed collector
+    registry.register(QueueCollector(view))  # duck-typed collector
     return registry
 
 
@@ -319,7 +319,7 @@ def exposition(view: QueueView) -> str:
 def serve(view: QueueView, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
     """Serve /metrics on ``addr:port`` from a daemon thread; returns (server, thread). Loopback
     unless told: the series name queues, workers and trainers, which is not for every network."""
-    return start_http_server(port, addr, registry=registry_for(view))  # type: ignore[no-any-return]
+    return start_http_server(port, addr, registry=registry_for(view))
 
 
 class ProcessMetrics:
@@ -351,4 +351,4 @@ class ProcessMetrics:
             yield
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
-        return start_http_server(port, addr, registry=self.registry)  # type: ignore[no-any-return]
+        return start_http_server(port, addr, registry=self.registry)

@@ -309,7 +309,8 @@ def _access(name: str, source: str, known: frozenset[str]) -> dict[str, frozense
             args, _ = split_args(text, m.end() + text[m.end():].index(",") + 1)
         else:
             args = []
-        sub = _STRING.match(args[0]).group(1) if cmd in CONTAINERS and args and _STRING.match(args[0]) else ""
+        named = _STRING.match(args[0]) if cmd in CONTAINERS and args else None
+        sub = named.group(1) if named else ""
         if cmd in CONTAINERS and not sub:
             raise ValueError(f"script {name} calls {cmd} without a literal subcommand")
         acl_name = f"{cmd}|{sub}".lower() if sub else cmd.lower()

@@ -724,7 +724,7 @@ class QueueView:
         return cls(redis.Redis.from_url(url, **redis_options(redis_kwargs)), name, retry)
 
     def run(self, flow: Flow[T]) -> T:
-        return self.driver.run(flow)  # type: ignore[no-any-return]
+        return self.driver.run(flow)
 
     def close(self) -> None:
         self.client.close()

@@ -70,7 +70,7 @@ def grpo_advantages(rewards: Sequence[Sequence[float]], *, scale_by_std: bool = 
     ``std`` is the population standard deviation. ``scale_by_std=False`` keeps only the mean
     baseline (Dr. GRPO). A group whose rewards are all equal gets zero advantages (it teaches nothing).
     """
-    out = []
+    out: list[list[float]] = []
     for group in rewards:
         values = [float(r) for r in group]
         if not values:

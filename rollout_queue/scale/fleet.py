@@ -56,7 +56,7 @@ class WeightedShare:
     def choose(self, eligible: Sequence[int], passes: Sequence[float], current: int | None) -> int:
         """The queue to serve next among ``eligible`` (stay on ``current`` within its quantum)."""
         lowest = min(passes[k] for k in eligible)
-        if current in eligible and passes[current] - lowest < self.quantum / self.weights[current]:
+        if current is not None and current in eligible and passes[current] - lowest < self.quantum / self.weights[current]:
             return current
         return min(eligible, key=lambda k: (passes[k], k))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from rollout_queue.core import flows
 from rollout_queue.core import protocol as p
@@ -80,12 +80,12 @@ def guarded(flow: Flow[T], fast: bool, trace: Trace | None = None) -> Flow[T]:
     reply: Any = None
     while True:
         try:
-            op = flow.send(reply)
+            op = cast(p.Op, flow.send(reply))  # the flows guarded here send plain ops, never a Probe
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
         if trace is not None:
             trace.op, trace.reply = op, None
-        reply = yield Probe(op, fast)  # type: ignore[misc]  # the driver unwraps it
+        reply = yield Probe(op, fast)  # the driver unwraps it
         if trace is not None:
             trace.reply = reply
 

@@ -89,7 +89,7 @@ def logical_config(shares: Sequence[QueueConfig]) -> QueueConfig:
         # batch_groups None: no admission control; DERIVED: left to the trainer (on every partition
         # until a trainer derives it; one that did not answer then may still say so)
         summed[name] = (DERIVED if DERIVED in values else None if None in values
-                        else sum(values))  # type: ignore[arg-type]
+                        else sum(values))
     return shares[0].replace(**summed)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollout_queue.core.errors import WeightsError
-from rollout_queue.weights.manifest import MANIFEST_NAME, WeightManifest, read_manifest
+from rollout_queue.weights.manifest import MANIFEST_NAME, Kind, WeightManifest, read_manifest
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +113,7 @@ def write_version(root: str | os.PathLike[str], version: int, *, model: Any = No
         if adapter:
             files[ADAPTER_CONFIG] = (staging / ADAPTER_CONFIG).stat().st_size
         digests = {name: file_sha256(staging / name) for name in files} if digests_on else {}
-        kind = "lora" if adapter else "full" if model is not None else "delta"
+        kind: Kind = "lora" if adapter else "full" if model is not None else "delta"
         manifest = WeightManifest(version, kind, chain, files, base_version, count, digests)
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
 

@@ -90,7 +90,7 @@ def load_function(spec: str, *, builtins: str = __name__, names: Mapping[str, st
         listed = f" ({', '.join(sorted(names))})" if names else ""
         where = f"a built-in{listed}" if not sep else f"a {kind} in {module_name}"
         raise ValueError(f"{spec!r} is not {where}; use module:{kind}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 class Scorer:
@@ -115,7 +115,7 @@ class Scorer:
             values = await self._guard(fn, asyncio.gather(*(fn(group, o) for o in outputs)))
         else:
             values = await self._guard(fn, self._call(lambda: [fn(group, o) for o in outputs]))
-        return _rewards(values, fn, len(outputs))
+        return list(_rewards(values, fn, len(outputs)))  # list[float] as list[float | None] (invariant list)
 
     async def check(self, group: SourceGroup, samples: Sequence[Sample]) -> str | None:
         """None to keep the group, or the reason (free text) it is filtered for. Raises ScoringError."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from rollout_queue import AsyncRolloutQueue, AsyncWorker, Durability, HeartbeatInfo, Receipt, Reservation, Sample
-from rollout_queue.api.fleet import FleetReserver
+from rollout_queue.api.aio import AsyncFleetReserver
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.keys import validate_queue_name
 from rollout_queue.core.models import OwnedAttempt, PushTicket
@@ -63,13 +63,13 @@ def parse_queue_spec(spec: str | Mapping[str, float]) -> dict[str, float]:
                 value = math.nan
             items.append((name, value) if sep and name and math.isfinite(value) and value > 0 else (raw, 1.0))
     out: dict[str, float] = {}
-    for name, weight in items:
+    for name, share in items:
         validate_queue_name(name)
         if name in out:
             raise ValueError(f"--queue names {name!r} twice")
-        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
-            raise ValueError(f"--queue {name!r}: the weight must be a positive number, got {weight!r}")
-        out[name] = float(weight)
+        if not (isinstance(share, (int, float)) and math.isfinite(share) and share > 0):
+            raise ValueError(f"--queue {name!r}: the weight must be a positive number, got {share!r}")
+        out[name] = float(share)
     if not out:
         raise ValueError("--queue: name at least one queue")
     return out
@@ -104,7 +104,7 @@ class ServedQueues:
         self.worker_id = worker_id
         #: each queue's worker, coalescing its completions (completions.py)
         self.workers: dict[str, AsyncWorker] = {n: BatchingWorker(q.worker(worker_id)) for n, q in queues.items()}
-        self.fleet = FleetReserver(self.workers, weights) if len(self.names) > 1 else None
+        self.fleet = AsyncFleetReserver(self.workers, weights) if len(self.names) > 1 else None
 
     @classmethod
     async def open(cls, url: str, spec: str | Mapping[str, float], worker_id: str, *, partitions: int = 1,

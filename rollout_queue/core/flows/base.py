@@ -15,7 +15,7 @@ from rollout_queue.core import protocol as p
 
 
 T = TypeVar("T")
-Flow = Generator[p.Op, Any, T]
+Flow = Generator[p.Op | p.Probe, Any, T]
 Clock = Callable[[], float]
 
 #: Largest policy version: versions are < 2^21 (the bufver score packs them above 32 bits of arrival).

@@ -232,8 +232,9 @@ def heartbeat(keys: QueueKeys, worker_id: str, progress: Progress | None = None)
     counts = ("", "", "", "", "") if progress is None else (
         progress.groups, progress.tokens, progress.uptime_ms,
         format_counts(progress.sample_tokens), format_counts(progress.sample_seconds))
-    reply = yield p.build(keys, "heartbeat", worker_id=check_worker_id(worker_id),
-                          **dict(zip(("groups", "tokens", "uptime_ms", "sample_tokens", "sample_seconds"), counts)))
+    groups, tokens, uptime_ms, sample_tokens, sample_seconds = counts
+    reply = yield p.build(keys, "heartbeat", worker_id=check_worker_id(worker_id), groups=groups, tokens=tokens,
+                          uptime_ms=uptime_ms, sample_tokens=sample_tokens, sample_seconds=sample_seconds)
     return p.parse_heartbeat(reply)
 
 

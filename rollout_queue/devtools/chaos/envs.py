@@ -123,7 +123,8 @@ class ChaosEnv:
         elif kind == "garbage":
             return {"observation": "not a Step"}
         elif kind in ("reward_huge", "reward_nan", "reward_text"):
-            return Step(reward={"reward_huge": 10**400, "reward_nan": math.nan, "reward_text": "1.0"}[kind], done=True)
+            bad: dict[str, Any] = {"reward_huge": 10**400, "reward_nan": math.nan, "reward_text": "1.0"}
+            return Step(reward=bad[kind], done=True)  # wrong on purpose: the worker must refuse each
         elif kind == "oov":
             return Step(observation=(OBS_OK, OBS_OUTSIDE), reward=0.0)
         elif kind == "hang_async":

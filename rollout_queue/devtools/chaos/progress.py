@@ -177,11 +177,11 @@ class Progress:
                 self._settle(sid, t, "dead")
             return
         for eid in filter(None, fields.get("ids", "").split(",")):
-            sid = self.sid_of.get(eid)
-            if sid is None:
+            committed_sid = self.sid_of.get(eid)
+            if committed_sid is None:
                 self.unmapped.append((eid, t, "committed"))
             else:
-                self._settle(sid, t, "committed")
+                self._settle(committed_sid, t, "committed")
 
     def map_ids(self, ids: dict[str, str]) -> None:
         """source_id -> entry id (the queue's ids hash, at the end): resolves commit lines whose

@@ -120,7 +120,7 @@ THIS_ROLLOUT_FUNCTION = f"{__name__}.generate_rollout"
 _SourceBase: Any = framework_class("DataSource", "slime.rollout.data_source") or object
 
 
-class QueueDataSource(_SourceBase):  # type: ignore[misc]
+class QueueDataSource(_SourceBase):
     """slime's data source (``--data-source-path rollout_queue.integrations.convert.slime.QueueDataSource``)
     holding the ``QueueRollout`` that ``generate_rollout`` below serves rollouts from.
 

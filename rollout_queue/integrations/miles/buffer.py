@@ -57,7 +57,7 @@ def _miles(name: str) -> Any:
     return found
 
 
-class QueueDataBuffer(_Base):  # type: ignore[misc]
+class QueueDataBuffer(_Base):
     """miles' fully-async buffer, stored in the queue (module docstring)."""
 
     #: seconds between checks of the buffer's size while ``put`` waits for room

@@ -65,7 +65,7 @@ def _json_text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-class QueueDataSource(_Base):  # type: ignore[misc]
+class QueueDataSource(_Base):
     """miles' data source, its prompts reserved from the queue (module docstring)."""
 
     def __init__(self, args: Any, *, ledger: MilesLedger | None = None) -> None:

@@ -79,7 +79,7 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 _PARKED = 3600.0
 
 
-class QueueSampler(_Base):  # type: ignore[misc]
+class QueueSampler(_Base):
     """NeMo-RL's ``PromptGroupSampler`` whose groups are leases of the queue (module docstring).
 
     The constructor is NeMo-RL's custom-sampler contract: ``buffer`` first, then the sampler

@@ -270,6 +270,7 @@ class VLLMEngine:
         """
         engine = self._require_engine()
         staged = bool(await self._push.take(uri))
+        args: tuple[Any, ...]  # the collective RPC's arguments
         if staged:  # received by push: the tensors wait beside the model
             rpc, args = "rq_push_apply", (uri,)
         else:

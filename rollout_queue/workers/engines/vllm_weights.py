@@ -44,8 +44,8 @@ class ChainReload:
                     for name in handle.keys():
                         newest[name] = os.fspath(path)
         by_file: dict[str, list[str]] = {}
-        for name, path in newest.items():
-            by_file.setdefault(path, []).append(name)
+        for name, file in newest.items():
+            by_file.setdefault(file, []).append(name)
 
         def weights() -> Iterator[tuple[str, Any]]:
             for path, names in by_file.items():
