@@ -13,8 +13,13 @@ twice = 0, stuck = 0 (nothing owned at the end and no group without progress for
 bound, measured during the run), dead letters only for poison and hostile groups, every counted
 failure charged to a group that caused it, no shipped worker dead of its groups, no late settlement
 accepted, no downtime counted against a live worker, lease or hold, every push round ended by its
-deadline and every live shipped worker on the last version (chaos/checker.py). The adversary
-(a worker credential) is off here: it breaks the queue until the ACL work lands (docs/CHAOS.md).
+deadline and every live shipped worker on the last version (chaos/checker.py). A worker credential
+(the adversary) sends, with the worker role's ACL user, the moves a group must survive: XCLAIM of an
+owned entry (a leased one too) to itself, a made-up consumer or one of the queue's own owners, index
+entries invented in ready and the buffer, forged counters and commands the rules refuse (XACK,
+HSET leased, the clock, meta). Not forged parked records: with an XCLAIM to @dead they dead-letter a
+group the worker does not hold, the one settlement a worker credential can still force
+(docs/OPERATIONS.md); the long runs send them (docs/CHAOS.md).
 The long runs are documented in docs/CHAOS.md.
 """
 
@@ -33,15 +38,19 @@ def _kind() -> str | None:
     return kinds[0] if kinds else None
 
 
+#: The adversary's menu here (see the module docstring): what it may send and what it must be refused.
+ADVERSARY = ("xclaim src,xreadgroup src,zadd ready,zrem ready,zadd buffer,zadd bufver,hset counters,"
+             "hincrby counters,xack src,xdel src,hset leased,hset clock,hset meta,hset push,del meta")
+
+
 def test_short_chaos_run_loses_nothing_and_trains_nothing_twice(tmp_path) -> None:
     # Long outages twice as likely as by default, so a run of this length meets a clean stop and a kill.
-    # The adversary (credential) stays off: until the ACL work lands, a worker credential breaks the queue.
-    weights = {**DEFAULT_WEIGHTS, "redis_outage": 1.5, "credential": 0}
+    weights = {**DEFAULT_WEIGHTS, "redis_outage": 1.5, "credential": 2}
     # Paced at 25 groups/s, submission spans >= 44 s on any machine: a fast one settled the unpaced
     # run in ~24 s with only 19 faults (CI), a loaded one takes ~60 s with ~90.
     cfg = RunConfig(groups=1100, seed=20240611, kind=_kind(), fault_interval_s=0.35, deadline_s=170.0,
                     submit_rate=25.0, settle_s=50.0, lease_batch=16, train_ms=100.0, weights=weights,
-                    traj_workers=2, pushes=True, log_dir=str(tmp_path / "chaos"))
+                    traj_workers=2, pushes=True, log_dir=str(tmp_path / "chaos"), adversary_commands=ADVERSARY)
     result = run(cfg)
     summary = result.summary()
     print(summary)  # the figures land in the test log (pytest -s or on failure)
@@ -64,3 +73,5 @@ def test_short_chaos_run_loses_nothing_and_trains_nothing_twice(tmp_path) -> Non
     assert "innocent" not in summary["charges"], summary["charges"]
     # Versions went by push rounds, and an id that never heartbeat was refused a rank.
     assert summary["pushes"]["pushes"] >= 1 and summary["pushes"]["invented_refused"] >= 1, summary["pushes"]
+    # The worker credential ran commands and was refused others, and the queue kept its promise.
+    assert summary["adversary"]["ran"] >= 1 and summary["adversary"]["refused"] >= 1, summary["adversary"]

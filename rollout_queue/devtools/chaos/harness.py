@@ -47,6 +47,12 @@ from rollout_queue.devtools.chaos.truth import save as save_truth
 ROOT = Path(__file__).resolve().parents[3]
 
 
+
+def _count(raw: object) -> int:
+    """A counter as read raw: 0 where it is absent or no integer (a worker credential may forge it)."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw or "0")
+    return int(text) if text.lstrip("-").isdigit() else 0
+
 @dataclass
 class RunConfig:
     groups: int = 600
@@ -316,7 +322,7 @@ class Run:
             kept = self.watch.zcard(keys["kept"])
         except redis.RedisError:
             return False, -1  # Redis is restarting (or the group is being recreated)
-        committed, dead, filtered = (int(x) if x and x.lstrip(b"-").isdigit() else 0 for x in meta)
+        committed, dead, filtered = (_count(x) for x in meta)
         producer_done = all(s.done for s in self.sup.slots if s.role == "producer")
         done = producer_done and pending == 0 and length - kept == 0
         return done, committed + dead + filtered
