@@ -26,7 +26,7 @@ from rollout_queue.api.results import Result
 from rollout_queue.api.worker import Worker
 from rollout_queue.core import flows
 from rollout_queue.core.config import QueueConfig
-from rollout_queue.core.errors import InvalidInput
+from rollout_queue.core.errors import InvalidInput, LeaseLost
 from rollout_queue.core.flows import Flow
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.core.liveness import FleetWatch
@@ -236,7 +236,13 @@ class RolloutQueue:
         lease = Lease(self, members, timeout_s or self.config.lease_timeout_s)
         if beat:
             # Beaten once before it is handed out: the silence bound holds from the lease's first instant.
-            interval = yield from beat_lease(lease)
+            # A lease already lost by then (a timeout shorter than the round trip, a reaper quicker than
+            # this client) is handed out all the same, as it was before beats: its commit or rollback
+            # says LeaseLost, which is where the caller handles a lease it could not keep.
+            try:
+                interval = yield from beat_lease(lease)
+            except LeaseLost:
+                interval = None
             if interval is not None:
                 self.beats.add(lease, interval)
         return lease

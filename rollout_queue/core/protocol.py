@@ -768,7 +768,7 @@ def parse_hold_poll(reply: Any, hold_id: str) -> tuple[int, str]:
 
 
 @_shaped
-def parse_hold_release(reply: Any, hold_id: str) -> int:
+def parse_hold_release(reply: Any, hold_id: str | bytes) -> int:
     """hold_release: how many holds are still active."""
     return _fields("hold_release", reply, {"hold_id": hold_id}, _int)[0]
 

@@ -86,6 +86,10 @@ def build_known_state(url: str, queue: str) -> KnownState:
     a.heartbeat()
     lease = q.lease(1, trainer_id=TRAINER)                            # g2 leased, kept open
     assert lease is not None and lease.groups[0].entry_id == ids[2]
+    # Beaten once as it was handed out, then no more: the state stays as built (a background beat
+    # would move the record under the views, and log into the in-process CLI's captured stderr
+    # whenever a test corrupts this queue's config).
+    q.beats.discard(lease)
     a.complete(r[ids[3]].receipt, samples(2, 2))                      # g3 completed, staleness 1
     a.heartbeat()
     b.reserve(1)                                                      # g6 executing on host-b

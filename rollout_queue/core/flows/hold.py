@@ -44,6 +44,8 @@ def hold_wait(keys: QueueKeys, hold_id: str, timeout_s: float, clock: Clock) -> 
             return False
 
 
-def hold_release(keys: QueueKeys, hold_id: str) -> Flow[int]:
+def hold_release(keys: QueueKeys, hold_id: str | bytes) -> Flow[int]:
+    """Release hold ``hold_id``: a str from the caller, or the bytes an index gave the reaper, sent as
+    they are (an id written there by hand need not be UTF-8; the script answers it, never the client)."""
     reply = yield p.build(keys, "hold_release", hold_id=hold_id)
     return p.parse_hold_release(reply, hold_id)

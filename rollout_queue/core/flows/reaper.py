@@ -47,7 +47,7 @@ def reap(keys: QueueKeys, budget: int = BATCH) -> Flow[ReapReport]:
             if done:
                 break
     for hold_id in scan.expired_holds:
-        yield from hold_release(keys, hold_id.decode())  # hex ids: the same bytes on the wire
+        yield from hold_release(keys, hold_id)  # as the index holds it: garbage there need not be UTF-8
         report += ReapReport(holds_expired=1)
     if scan.stale:
         while True:
