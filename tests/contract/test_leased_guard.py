@@ -12,7 +12,6 @@ or refused the trainer's commit.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, Iterator
 
 import pytest
@@ -20,7 +19,6 @@ import redis
 
 from rollout_queue import QueueConfig, Receipt, RolloutQueue, Sample
 from rollout_queue.ops import actions
-from rollout_queue.ops.acl import role_rules
 from tests.contract.lifecycle import fill_buffer, keys, pel, submit
 from tests.helpers import after_settling, wait_until
 
@@ -33,17 +31,6 @@ def q(redis_url: str, queue_name: str) -> Iterator[Any]:
     queue = RolloutQueue.from_url(redis_url, queue_name, CFG)
     yield queue
     queue.close()
-
-
-@pytest.fixture
-def hostile(r: redis.Redis, redis_url: str, queue_name: str) -> Iterator[redis.Redis]:
-    """A client holding the worker role's credential for this queue."""
-    user, password = f"w-{secrets.token_hex(3)}", secrets.token_hex(8)
-    r.execute_command("ACL", "SETUSER", user, ">" + password, *role_rules(queue_name, "worker").rules)
-    client = redis.Redis.from_url(redis_url, username=user, password=password, decode_responses=True)
-    yield client
-    client.close()
-    r.execute_command("ACL", "DELUSER", user)
 
 
 def _leased(q: Any, groups: int = 3, timeout_s: float | None = None) -> tuple[Any, list[str]]:
