@@ -52,7 +52,7 @@ def _commits_exactly(q: Any, lease: Any, r: redis.Redis, queue_name: str, ids: l
     assert not set(ids) & set(pel(r, queue_name)), pel(r, queue_name)
     assert r.xlen(k["dlq"]) == 0
     assert r.zcard(k["ready"]) == 0 and r.zcard(k["buffer"]) == 0
-    assert r.hlen(k["leased"]) == 0
+    assert r.hlen(k["leased"]) == 0 and r.hlen(k["parked"]) == 0
     [line] = [kv for _, kv in r.xrange(k["commits"])]
     assert line[b"ids"].decode().split(",") == ids
 
@@ -138,6 +138,7 @@ def test_a_hijacked_member_of_a_closed_lease_is_requeued_exactly_once(q, r, host
     lease, ids = _leased(q, timeout_s=None if how == "rollback" else 0.3)
     _claim(hostile, queue_name, ids[2], "@dead")
     k = keys(queue_name)
+    hostile.hset(k["parked"], ids[2], "dead|1|w-fill|0|forged")
     if how == "rollback":
         lease.rollback()
     elif how == "revoke":  # an operator's rollback by id (admin: leases rollback ID)
@@ -147,5 +148,5 @@ def test_a_hijacked_member_of_a_closed_lease_is_requeued_exactly_once(q, r, host
                    message="the expired lease requeued")
     assert {eid: pel(r, queue_name)[eid][0] for eid in ids} == {eid: "@ready" for eid in ids}
     assert sorted(m.decode() for m in r.zrange(k["ready"], 0, -1)) == sorted(ids)
-    assert r.hlen(k["leased"]) == 0
+    assert r.hlen(k["leased"]) == 0 and r.hlen(k["parked"]) == 0  # the forged record went with the claim
     assert after_settling(q) is q and r.xlen(k["dlq"]) == 0
