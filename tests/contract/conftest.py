@@ -102,3 +102,19 @@ def snapshot(raw: redis.Redis, queue_name: str, exclude: tuple[str, ...] = ()) -
         if dumped is not None:
             out[key] = dumped
     return out
+
+
+@pytest.fixture
+def hostile(r: redis.Redis, redis_url: str, queue_name: str) -> Iterator[redis.Redis]:
+    """A client holding the worker role's credential for this queue (what ``rollout-queue acl
+    --apply`` writes): the tests of what a leaked worker credential can and cannot do."""
+    import secrets
+
+    from rollout_queue.ops.acl import role_rules
+
+    user, password = f"w-{secrets.token_hex(3)}", secrets.token_hex(8)
+    r.execute_command("ACL", "SETUSER", user, ">" + password, *role_rules(queue_name, "worker").rules)
+    client = redis.Redis.from_url(redis_url, username=user, password=password, decode_responses=True)
+    yield client
+    client.close()
+    r.execute_command("ACL", "DELUSER", user)

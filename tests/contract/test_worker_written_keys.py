@@ -9,14 +9,12 @@ holds it read-only, and a clock written by hand that is no clock is ignored.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, Iterator
 
 import pytest
 import redis
 
 from rollout_queue import QueueConfig, RolloutQueue
-from rollout_queue.ops.acl import role_rules
 from tests.contract.lifecycle import fill_buffer, keys, submit
 
 CFG = QueueConfig(max_attempts=3, max_staleness=8)
@@ -27,16 +25,6 @@ def q(redis_url: str, queue_name: str) -> Iterator[Any]:
     queue = RolloutQueue.from_url(redis_url, queue_name, CFG)
     yield queue
     queue.close()
-
-
-@pytest.fixture
-def hostile(r: redis.Redis, redis_url: str, queue_name: str) -> Iterator[redis.Redis]:
-    user, password = f"w-{secrets.token_hex(3)}", secrets.token_hex(8)
-    r.execute_command("ACL", "SETUSER", user, ">" + password, *role_rules(queue_name, "worker").rules)
-    client = redis.Redis.from_url(redis_url, username=user, password=password, decode_responses=True)
-    yield client
-    client.close()
-    r.execute_command("ACL", "DELUSER", user)
 
 
 def test_made_up_counter_fields_never_shadow_the_config(q, r, hostile, queue_name) -> None:

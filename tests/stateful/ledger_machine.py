@@ -134,6 +134,7 @@ ACTIONS: list[tuple[str, int, Callable[[LedgerMachine], bool]]] = [
     ("commit", 4, lambda m: bool(m.model.active_leases())),
     ("rollback", 2, lambda m: bool(m.model.active_leases())),
     ("extend", 1, lambda m: bool(m.model.active_leases())),
+    ("hostile_claim", 1, lambda m: bool(m.model.active_leases())),
     ("closed_lease_call", 1, lambda m: bool(m.model.closed_leases())),
     ("late_settlement", 2, lambda m: bool(m.model.old_receipts())),
     ("save_partial", 3, _has(EXECUTING)),  # mostly the owner; sometimes an attempt that is over

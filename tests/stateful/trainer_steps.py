@@ -136,6 +136,33 @@ class TrainerSteps(Steps):
         event("errored rollback" if reason else "rollback")
         assert status == "rolled_back" and record.handle.rollback(reason) == n
 
+    def hostile_claim(self, data: st.DataObject) -> None:
+        """A worker credential XCLAIMs a leased member away (issue 29 item 7): to a made-up consumer,
+        a worker (at a forged count: a receipt it could settle with), a parking consumer with a forged
+        record, or another lease's consumer. Redis then holds the member elsewhere in the PEL, but
+        `leased` still names its lease: the lease's own commit or rollback takes it back and settles
+        it exactly as the model says, and the invariants (no leftover parked record, nothing owned by a
+        consumer the model does not know) hold after it."""
+        record = data.draw(st.sampled_from(self.model.active_leases()), label="lease")
+        member = data.draw(st.sampled_from(record.members), label="member")
+        others = [r.lease_id for r in self.model.active_leases() if r.lease_id != record.lease_id]
+        to = data.draw(st.sampled_from(["made-up", "worker", "@dead", "@filtered"] + (["lease"] if others else [])),
+                       label="to")
+        consumer = {"made-up": "chaos-adversary", "worker": data.draw(st.sampled_from(WORKERS), label="worker"),
+                    "@dead": "@dead", "@filtered": "@filtered",
+                    "lease": f"@lease:{others[0]}" if others else ""}[to]
+        count = data.draw(st.integers(1, 4), label="count")
+        assert self.raw.xclaim(self.keys["src"], "rollout", consumer, 0, [member], retrycount=count,
+                               justid=True) == [member.encode()]
+        if to.startswith("@"):
+            self.raw.hset(self.keys["parked"], member, f"{to[1:]}|{count}|chaos-adversary|0|forged")
+        event(f"hostile claim of a leased member to {to}")
+        if data.draw(st.booleans(), label="then commit"):
+            self.commit_lease(record.lease_id)
+        else:
+            status, n = self.model.rollback(record.lease_id, None)
+            assert status == "rolled_back" and record.handle.rollback() == n
+
     def extend(self, data: st.DataObject) -> None:
         record = data.draw(st.sampled_from(self.model.active_leases()), label="lease")
         old = record.handle.deadline_ms

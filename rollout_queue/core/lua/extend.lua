@@ -24,10 +24,8 @@ Invariant:
 -- @include lease_due
 local now = now_ms()
 local cfg = load_config()
-local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
-local L = lease_record(lease_key)
-if not L then return {'lease_lost', 'unknown'} end
-if L.token ~= A.token then return {'lease_lost', 'token'} end
+local L, lease_key, refusal = lease_fenced(A.lease_id, A.token)
+if not L then return refusal end
 if L.state ~= 'active' then return {'lease_lost', L.state} end
 if L.deadline < due_now(cfg, now) then return {'lease_lost', 'expired'} end
 local ms = tonumber(A.ms)

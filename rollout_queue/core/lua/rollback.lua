@@ -46,10 +46,8 @@ Invariant:
 -- @include requeue_errored
 local now = now_ms()
 local cfg = load_config()
-local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
-local L = lease_record(lease_key)
-if not L then return {'lease_lost', 'unknown'} end
-if L.token ~= A.token then return {'lease_lost', 'token'} end
+local L, lease_key, refusal = lease_fenced(A.lease_id, A.token)
+if not L then return refusal end
 local word = 'rolled_back'
 if L.state == 'rolled_back' then
   word = 'replay'

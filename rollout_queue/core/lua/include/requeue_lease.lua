@@ -11,7 +11,7 @@
 --[[
 close_lease / requeue_lease_members: leased -> ready for a lease that is being rolled back or has
 expired, in bounded steps.
-Uses: K.src, K.meta, K.counters, K.ready, K.history, K.dlq, K.ledger, K.leases, K.wake_work and the members' payload keys; the lease
+Uses: K.src, K.meta, K.counters, K.ready, K.history, K.dlq, K.ledger, K.leases, K.leased, K.parked, K.wake_work and the members' payload keys; the lease
 hash key is built from K.meta's prefix (same hash tag).
 Why: rollback and expiry are not the group's fault, so they do not count toward max_attempts; the
 completion is dropped and the pristine reservation is generated again. close_lease flips the record
@@ -37,7 +37,8 @@ end
 
 -- reclaim_members: the members of a lease that a hostile XCLAIM moved to another consumer are given
 -- back to @lease:<lease_id> (leased_guard), so the lease's own transition finds every member it holds
--- in its consumer. One XPENDING of the lease's consumer (owned_counts), one HMGET for the strays.
+-- in its consumer, and a parked record forged for one is dropped (no park of a leased group is
+-- genuine). One XPENDING of the lease's consumer (owned_counts), one HMGET for the strays.
 local function reclaim_members(lease_key, lease_id)
   local members = {}
   for id in string.gmatch(redis.call('HGET', lease_key, 'members') or '', '[^,]+') do table.insert(members, id) end
@@ -47,12 +48,18 @@ local function reclaim_members(lease_key, lease_id)
     if not owned[id] then table.insert(strays, id) end
   end
   if not strays[1] then return end
-  local values, homes = hmget_many(K.leased, strays), {}
+  local values, homes, ids = hmget_many(K.leased, strays), {}, {}
   for i, id in ipairs(strays) do
     local lease, attempt = leased_record(values[i])
-    if lease == lease_id then table.insert(homes, {id = id, lease = lease, attempt = attempt}) end
+    if lease == lease_id then
+      table.insert(homes, {id = id, lease = lease, attempt = attempt})
+      table.insert(ids, id)
+    end
   end
-  if homes[1] then hand_back(homes) end
+  if homes[1] then
+    hand_back(homes)
+    call_batched({'HDEL', K.parked}, ids)  -- a record forged beside a claim to a parking consumer
+  end
 end
 
 local function close_lease(lease_key, lease_id, terminal, now)
