@@ -123,6 +123,7 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
     payload, min_version, slots = _completion_args(receipt, samples, max_payload_bytes)
     reply = yield p.build(keys, "complete", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, size=len(payload), min_version=min_version, slots=slots,
+                          tokens=completion_tokens(samples),
                           stage=((keys.payload(receipt.entry_id, receipt.attempt), payload),))
     return p.parse_complete(reply, receipt)
 
@@ -136,6 +137,13 @@ def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_by
     if len(payload) > max_payload_bytes:
         raise PayloadTooLarge(f"completion of {receipt.entry_id}", len(payload), max_payload_bytes)
     return payload, min(x.version for x in samples), ",".join(str(x.slot) for x in samples)
+
+
+def completion_tokens(samples: Sequence[Sample]) -> int:
+    """The tokens a completion holds (every sample's token ids), as complete.lua takes them: the script
+    never reads the payload, and counts these in counters.tokens_generated / tokens_trained / the
+    tokens_<reason> of a discard (DESIGN, Token accounting)."""
+    return sum(len(x.token_ids) for x in samples)
 
 
 #: Items per complete_many script call, and their payload bytes: each item costs ~2 commands in the
@@ -174,7 +182,8 @@ def complete_many(keys: QueueKeys, worker_id: str, items: Sequence[tuple[Receipt
             yield from _complete_chunk(keys, worker_id, chunk, flat, stage, out)
             chunk, flat, stage, size = [], [], [], 0
         chunk.append((i, receipt))
-        flat += [receipt.entry_id, receipt.attempt, len(payload) if slots else "", min_version, slots]
+        flat += [receipt.entry_id, receipt.attempt, len(payload) if slots else "", min_version, slots,
+                 completion_tokens(samples)]
         if slots:  # no samples: nothing to stage, the script ends the attempt malformed
             stage.append((keys.payload(receipt.entry_id, receipt.attempt), payload))
         size += len(payload)
