@@ -72,9 +72,10 @@ class Worker:
         return self.queue.run(flows.save_partial(self._keys(receipt), receipt, samples,
                                                  self.queue.config.max_partial_bytes))
 
-    def filter(self, receipt: Receipt, reason: str) -> Result[str]:
-        """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``."""
-        return self.queue.run(flows.filter_group(self._keys(receipt), receipt, reason))
+    def filter(self, receipt: Receipt, reason: str, tokens: int = 0) -> Result[str]:
+        """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``.
+        ``tokens``: what the attempt generated for it, counted as waste (QueueStats.waste, 'filtered')."""
+        return self.queue.run(flows.filter_group(self._keys(receipt), receipt, reason, tokens))
 
     def heartbeat(self, progress: Progress | None = None) -> Result[HeartbeatInfo]:
         """I am alive (on every partition that answers); the newest policy version announced.

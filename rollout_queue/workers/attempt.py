@@ -191,10 +191,11 @@ class Settler:
             await self.settle(a, Fail(str(exc)))
             return
         self.stats.samples += len(samples)
-        self.stats.tokens += sum(len(s.token_ids) for s in samples)
+        tokens = sum(len(s.token_ids) for s in samples)
+        self.stats.tokens += tokens
         for out in outputs:
             self.stats.record_sample(len(out.token_ids), out.seconds)
-        await self.settle(a, Complete(tuple(samples)) if reason is None else Filter(reason))
+        await self.settle(a, Complete(tuple(samples)) if reason is None else Filter(reason, tokens))
 
     async def settle(self, a: Attempt, verdict: Verdict) -> None:
         """End the attempt by receipt with ``verdict``. Raises only what the worker cannot handle

@@ -64,9 +64,11 @@ class Filter(_Explained):
 
     counter: ClassVar[str] = "filtered"
     log_level: ClassVar[int] = logging.DEBUG
+    #: The tokens generated for the group, counted as the queue's waste (counters.tokens_filtered).
+    tokens: int = 0
 
     async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
-        return await worker.filter(receipt, self.reason)
+        return await worker.filter(receipt, self.reason, self.tokens)
 
 
 @dataclass(frozen=True)

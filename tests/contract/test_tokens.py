@@ -107,3 +107,16 @@ def test_a_bad_token_count_is_a_rolloutq_error_before_anything_is_written(open_q
     with pytest.raises(ScriptError, match="ROLLOUTQ.*bad tokens"):
         call_complete(q, res.entry_id, 1, "w1", encode_completion(samples(2)), tokens=tokens)
     assert snapshot(raw, queue_name) == before  # the staged payload deleted too
+
+
+def test_a_filtered_group_counts_the_tokens_its_worker_generated(open_queue, raw: redis.Redis,
+                                                                 queue_name: str) -> None:
+    q = open_queue(QueueConfig())
+    submit(q, 2)
+    w = q.worker("w1")
+    res = reserve_all(w, 2)
+    assert w.filter(res[0].receipt, "all rewards equal", tokens=40) == "filtered"
+    assert w.filter(res[0].receipt, "all rewards equal", tokens=40) == "replay"  # counted once
+    assert w.filter(res[1].receipt, "all rewards equal") == "filtered"  # not known: nothing counted
+    waste = q.stats().waste
+    assert waste.discarded["filtered"] == 40 and waste.generated == 40  # generated, then thrown away

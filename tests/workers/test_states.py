@@ -107,8 +107,8 @@ class FakeWorker:
     async def complete(self, receipt: Receipt, samples: Any) -> str:
         return await self._call("complete", receipt, samples)
 
-    async def filter(self, receipt: Receipt, reason: str) -> str:
-        return await self._call("filter", receipt, reason)
+    async def filter(self, receipt: Receipt, reason: str, tokens: int = 0) -> str:
+        return await self._call("filter", receipt, reason, tokens)
 
     async def fail(self, receipt: Receipt, reason: str) -> str:
         return await self._call("fail", receipt, reason)
@@ -122,7 +122,7 @@ SAMPLES = (Sample(slot=0, token_ids=(1, 2)),)
 
 @pytest.mark.parametrize(("verdict", "call"), [
     (Complete(SAMPLES), ("complete", R, list(SAMPLES))),
-    (Filter("all rewards equal"), ("filter", R, "all rewards equal")),
+    (Filter("all rewards equal", 12), ("filter", R, "all rewards equal", 12)),
     (Fail("request failed: boom"), ("fail", R, "request failed: boom")),
     (Abort("worker drained"), ("abort", R, "worker drained")),
 ])

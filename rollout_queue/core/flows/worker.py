@@ -225,14 +225,17 @@ def abort(keys: QueueKeys, receipt: Receipt, reason: str, progress: Sequence[Sam
     return p.parse_ended(reply, "abort", receipt)
 
 
-def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
+def filter_group(keys: QueueKeys, receipt: Receipt, reason: str, tokens: int = 0) -> Flow[str]:
     """Settle the group filtered (consumed, never trained). Returns 'filtered' or 'replay'.
 
     ``reason`` is free text ("all rewards equal"): the ledger keeps it (capped at 2,000 characters,
-    like every reason); the per-reason counter is its normalised token, bounded in filter.lua."""
+    like every reason); the per-reason counter is its normalised token, bounded in filter.lua.
+    ``tokens``: what the attempt generated for the group, counted in counters.tokens_filtered (its
+    waste: the scripts never see the samples of a filtered group)."""
     check_receipt(receipt)
     reply = yield p.build(keys, "filter", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, reason=check_reason(reason, "filter reason"))
+                          worker_id=receipt.worker_id, reason=check_reason(reason, "filter reason"),
+                          tokens=check_int(tokens, "tokens", 0, 2 ** 31 - 1))
     return p.parse_ended(reply, "filter", receipt)
 
 
