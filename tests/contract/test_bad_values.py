@@ -130,6 +130,7 @@ CASES: dict[str, tuple[Callable[[Any], Ctx], Call, tuple[type[Exception], ...]]]
     "abort(receipt)": (executing, lambda c, x: c.w.abort(x), ()),
     "filter(receipt)": (executing, lambda c, x: c.w.filter(x, "r"), ()),
     "filter(reason)": (executing, lambda c, x: c.w.filter(c.receipt, x), ()),
+    "filter(tokens)": (executing, lambda c, x: c.w.filter(c.receipt, "r", x), ()),
     "owned(min_idle_ms)": (executing, lambda c, x: c.w.owned(x), ()),
     "close(terminal)": (executing, lambda c, x: c.w.close(x), ()),
     "lease.commit(step)": (leased, lambda c, x: c.lease.commit(x), ()),
