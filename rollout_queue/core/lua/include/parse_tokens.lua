@@ -9,7 +9,7 @@ bug, refused before the first write. A forged count skews the token counters, ne
 ]]
 local MAX_TOKENS = 2147483647
 local function parse_tokens(raw)
-  if type(raw) ~= 'string' or not string.match(raw, '^%d+$') or #raw > 10 or tonumber(raw) > MAX_TOKENS then
+  if type(raw) ~= 'string' or not string.match(raw, '^%d+$') or tonumber(raw) > MAX_TOKENS then
     bug('bad tokens: ' .. tostring(raw) .. ' (a completion declares its token count, 0..2^31 - 1)')
   end
   return tonumber(raw)
