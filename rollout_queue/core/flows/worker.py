@@ -139,6 +139,10 @@ def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_by
     return payload, min(x.version for x in samples), ",".join(str(x.slot) for x in samples)
 
 
+#: The most tokens one completion (or a filtered group) may declare: parse_tokens.lua's bound.
+MAX_COMPLETION_TOKENS = 2 ** 31 - 1
+
+
 def completion_tokens(samples: Sequence[Sample]) -> int:
     """The tokens a completion holds (every sample's token ids), as complete.lua takes them: the script
     never reads the payload, and counts these in counters.tokens_generated / tokens_trained / the
@@ -235,7 +239,7 @@ def filter_group(keys: QueueKeys, receipt: Receipt, reason: str, tokens: int = 0
     check_receipt(receipt)
     reply = yield p.build(keys, "filter", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, reason=check_reason(reason, "filter reason"),
-                          tokens=check_int(tokens, "tokens", 0, 2 ** 31 - 1))
+                          tokens=check_int(tokens, "tokens", 0, MAX_COMPLETION_TOKENS))
     return p.parse_ended(reply, "filter", receipt)
 
 

@@ -4,8 +4,9 @@ parse_tokens: a completion's declared token count (ARGV) as a number, or a ROLLO
 Uses: nothing but its arguments. Why: the script never reads a payload, so the tokens a completion
 holds (every sample's token ids, summed by the client) come in as one integer, counted in
 counters.tokens_generated when the completion is adopted and kept beside its payload until it is
-trained or thrown away (payloads.lua). A decimal integer in 0..2^31 - 1; anything else is a client
-bug, refused before the first write. A forged count skews the token counters, never ownership.
+trained or thrown away (payloads.lua). A decimal integer in 0..2^31 - 1 (flows/worker.py
+MAX_COMPLETION_TOKENS); anything else is a client bug, refused before the first write. A forged
+count skews the token counters, never ownership.
 ]]
 local MAX_TOKENS = 2147483647
 local function parse_tokens(raw)
