@@ -611,15 +611,16 @@ class PushSeal:
 #: Why an adopted completion's tokens were thrown away, each counted in counters.tokens_<reason> by the
 #: drop that deletes its payload (lua/include/payloads.lua): evicted stale or by overflow, its lease rolled
 #: back or expired (the group is generated again), handed back after a trainer error, dead-lettered;
-#: and a group its worker filtered (filter.lua: the tokens the worker says it generated for it).
-DISCARD_REASONS = ("stale", "overflow", "rolled_back", "expired", "trainer_error", "dead", "filtered")
+#: a group its worker filtered (filter.lua) and an attempt aborted keeping no progress (abort.lua): the
+#: tokens the worker says it generated for them.
+DISCARD_REASONS = ("stale", "overflow", "rolled_back", "expired", "trainer_error", "dead", "filtered", "aborted")
 
 
 @dataclass(frozen=True)
 class TokenWaste:
     """Where the queue's generated tokens went (DESIGN: Token accounting): ``generated`` counts the
-    tokens of every completion the buffer adopted (and of every group its worker filtered, with the
-    count it gave), ``trained`` those of committed leases,
+    tokens of every completion the buffer adopted (and of every group its worker filtered or aborted
+    keeping no progress, with the count it gave), ``trained`` those of committed leases,
     ``discarded`` those thrown away by reason (DISCARD_REASONS), ``continued`` those taken over from
     progress records instead of generated again (partial rollouts). Generated tokens not yet trained
     nor discarded are held by buffered or leased groups. Why: a queue that throws generated tokens

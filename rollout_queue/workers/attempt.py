@@ -200,6 +200,9 @@ class Settler:
     async def settle(self, a: Attempt, verdict: Verdict) -> None:
         """End the attempt by receipt with ``verdict``. Raises only what the worker cannot handle
         (OutcomeUnknown: Redis unreachable past the retry window)."""
+        if isinstance(verdict, Abort) and not verdict.progress:
+            # No record keeps what it generated: the queue counts those tokens as thrown away.
+            verdict = replace(verdict, discarded=a.generated_tokens)
         try:
             outcome = await verdict.send(self.worker, a.receipt)
         except StaleReceipt as exc:

@@ -166,9 +166,10 @@ class ServedQueues:
         worker, inner = self._route(receipt)
         return await worker.fail(inner, reason)
 
-    async def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = ()) -> str:
+    async def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = (),
+                    discarded: int = 0) -> str:
         worker, inner = self._route(receipt)
-        return await worker.abort(inner, reason, progress)
+        return await worker.abort(inner, reason, progress, discarded)
 
     # -- liveness, reconciliation, close --------------------------------------------------------
 

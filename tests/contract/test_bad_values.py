@@ -128,6 +128,7 @@ CASES: dict[str, tuple[Callable[[Any], Ctx], Call, tuple[type[Exception], ...]]]
     "fail(receipt)": (executing, lambda c, x: c.w.fail(x, "r"), ()),
     "fail(reason)": (executing, lambda c, x: c.w.fail(c.receipt, x), ()),
     "abort(receipt)": (executing, lambda c, x: c.w.abort(x), ()),
+    "abort(discarded)": (executing, lambda c, x: c.w.abort(c.receipt, "r", discarded=x), ()),
     "filter(receipt)": (executing, lambda c, x: c.w.filter(x, "r"), ()),
     "filter(reason)": (executing, lambda c, x: c.w.filter(c.receipt, x), ()),
     "filter(tokens)": (executing, lambda c, x: c.w.filter(c.receipt, "r", x), ()),

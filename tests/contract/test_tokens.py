@@ -120,3 +120,17 @@ def test_a_filtered_group_counts_the_tokens_its_worker_generated(open_queue, raw
     assert w.filter(res[1].receipt, "all rewards equal") == "filtered"  # not known: nothing counted
     waste = q.stats().waste
     assert waste.discarded["filtered"] == 40 and waste.generated == 40  # generated, then thrown away
+
+
+def test_an_abort_keeping_no_progress_counts_what_it_threw_away(open_queue, raw: redis.Redis,
+                                                                queue_name: str) -> None:
+    q = open_queue(QueueConfig())
+    submit(q, 2)
+    w = q.worker("w1")
+    res = reserve_all(w, 2)
+    assert w.abort(res[0].receipt, "weight update", discarded=30) == "ready"
+    assert w.abort(res[0].receipt, "weight update", discarded=30) == "replay"  # counted once
+    # Progress kept is not thrown away: the next attempt continues it (partial_continued at reserve).
+    assert w.abort(res[1].receipt, "drain", progress=samples(2)) == "ready"
+    waste = q.stats().waste
+    assert waste.discarded["aborted"] == 30 and waste.generated == 30, waste

@@ -214,18 +214,20 @@ def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed
 
 
 def abort(keys: QueueKeys, receipt: Receipt, reason: str, progress: Sequence[Sample] = (),
-          max_partial_bytes: int = 0) -> Flow[str]:
+          max_partial_bytes: int = 0, discarded: int = 0) -> Flow[str]:
     """End the attempt aborted (not counted). Returns 'ready' or 'replay'.
 
     ``progress``: the attempt's samples so far, stored in the same script call as the progress record
     the next attempt continues from (partial rollouts). Raises PartialTooLarge, before anything is
     sent, when the record is over ``max_partial_bytes`` (or the stored bound refused it): the attempt
-    is still owned; abort again without progress."""
+    is still owned; abort again without progress. ``discarded``: the tokens it generated that no
+    record keeps, counted as waste (counters.tokens_aborted)."""
     check_receipt(receipt)
     tokens, min_version, record = progress_args(receipt, progress, max_partial_bytes) if progress else ("", "", b"")
     reply = yield p.build(keys, "abort", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, reason=_reason_text(reason), tokens=tokens,
-                          min_version=min_version, progress=record)
+                          min_version=min_version, progress=record,
+                          discarded=check_int(discarded, "discarded", 0, MAX_COMPLETION_TOKENS))
     return p.parse_ended(reply, "abort", receipt)
 
 
