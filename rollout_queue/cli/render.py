@@ -168,9 +168,9 @@ def tokens_text(w: TokenWaste) -> str:
 def token_rows(w: TokenWaste) -> list[tuple[str, Any]]:
     """The token accounting for `stats --full`: each discard reason that threw tokens away, the ratio."""
     ratio = "nothing trained yet" if w.per_trained is None else f"{w.per_trained:.3f} (1.000 wastes nothing)"
-    return ([("tokens generated", w.generated), ("tokens trained", w.trained), ("generated per trained", ratio)]
-            + [(f"tokens discarded ({k})", v) for k, v in w.discarded.items() if v]
-            + [("tokens continued from progress", w.continued)])
+    return ([("generated tokens", w.generated), ("trained tokens", w.trained), ("generated per trained", ratio)]
+            + [(f"discarded tokens ({k})", v) for k, v in w.discarded.items() if v]
+            + [("continued tokens (from progress)", w.continued)])
 
 
 def admission_control(st: Any) -> str:

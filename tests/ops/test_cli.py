@@ -274,7 +274,7 @@ def test_stats_and_top_show_where_the_generated_tokens_went(cli: Cli, known_stat
     frame = top.top_lines(snap, status.rates(None, (0.0, {})), [], st.queue, 80, 24)
     assert "tokens  gen 18 · trained 6 (3.00 gen/trained) · discarded 6" in frame
     code, out, _ = run(cli, st, "stats", "--full")
-    assert code == 0 and "tokens discarded (rolled_back)" in out and "3.000 (1.000 wastes nothing)" in out, out
+    assert code == 0 and "discarded tokens (rolled_back)" in out and "3.000 (1.000 wastes nothing)" in out, out
     counters = json.loads(run(cli, st, "stats", "--json")[1])["counters"]
     assert (counters["tokens_generated"], counters["tokens_trained"], counters["tokens_rolled_back"]) == (18, 6, 6)
 
