@@ -60,13 +60,15 @@ class Worker:
         """The attempt failed: retry the group (or dead-letter it after max_attempts)."""
         return self.queue.run(flows.fail(self._keys(receipt), receipt, reason))
 
-    def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = ()) -> Result[str]:
+    def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = (),
+              discarded: int = 0) -> Result[str]:
         """Hand the attempt back unfinished (not counted toward max_attempts). ``progress``: its samples
         so far (tokens, behaviour logprobs, segments), kept in the same call so the next attempt
         continues from them (partial rollouts). Raises PartialTooLarge, with nothing sent, for a
-        record over the queue's max_partial_bytes: abort again without it."""
+        record over the queue's max_partial_bytes: abort again without it. ``discarded``: the tokens
+        it generated that no record keeps, counted as waste (QueueStats.waste, 'aborted')."""
         return self.queue.run(flows.abort(self._keys(receipt), receipt, reason, progress,
-                                          self.queue.config.max_partial_bytes))
+                                          self.queue.config.max_partial_bytes, discarded))
 
     def save_partial(self, receipt: Receipt, samples: Sequence[Sample]) -> Result[str]:
         """Record the attempt's progress so far ('saved', or 'replay' for a resent call: the record
@@ -76,9 +78,10 @@ class Worker:
         return self.queue.run(flows.save_partial(self._keys(receipt), receipt, samples,
                                                  self.queue.config.max_partial_bytes))
 
-    def filter(self, receipt: Receipt, reason: str) -> Result[str]:
-        """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``."""
-        return self.queue.run(flows.filter_group(self._keys(receipt), receipt, reason))
+    def filter(self, receipt: Receipt, reason: str, tokens: int = 0) -> Result[str]:
+        """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``.
+        ``tokens``: what the attempt generated for it, counted as waste (QueueStats.waste, 'filtered')."""
+        return self.queue.run(flows.filter_group(self._keys(receipt), receipt, reason, tokens))
 
     def heartbeat(self, progress: Progress | None = None) -> Result[HeartbeatInfo]:
         """I am alive (on every partition that answers); the newest policy version announced.

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
 from rollout_queue.cli import fit
-from rollout_queue.core.models import SourceGroup
+from rollout_queue.core.models import SourceGroup, TokenWaste
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import (
     STATES,
@@ -144,7 +144,33 @@ def policy_section(snap: Snapshot) -> Section:
     rows += [(f"evicted ({k})", v) for k, v in sorted(st.evictions.items())]
     rows += [(f"attempts ended {k}", v) for k, v in sorted(st.terminals.items())]
     rows += [(f"filtered ({k})", v) for k, v in sorted(st.filtered_by_reason.items())]
+    rows += token_rows(st.waste)
     return section("policy, staleness, evictions", ("", "value"), rows)
+
+
+def count_text(n: int) -> str:
+    """A count in at most 5 characters (12.3k, 4.5M), so a line of several fits 80 columns."""
+    for unit, size in (("G", 10 ** 9), ("M", 10 ** 6), ("k", 10 ** 3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def tokens_text(w: TokenWaste) -> str:
+    """``gen 12.3k · trained 10.1k (1.22 gen/trained) · discarded 2.2k · cont 512``: where generated
+    tokens went, in one 80-column line (the reasons are `stats --full`'s rows)."""
+    ratio = "" if w.per_trained is None else f" ({w.per_trained:.2f} gen/trained)"
+    cont = f" · cont {count_text(w.continued)}" if w.continued else ""
+    return (f"gen {count_text(w.generated)} · trained {count_text(w.trained)}{ratio} · "
+            f"discarded {count_text(w.discarded_total)}{cont}")
+
+
+def token_rows(w: TokenWaste) -> list[tuple[str, Any]]:
+    """The token accounting for `stats --full`: each discard reason that threw tokens away, the ratio."""
+    ratio = "nothing trained yet" if w.per_trained is None else f"{w.per_trained:.3f} (1.000 wastes nothing)"
+    return ([("generated tokens", w.generated), ("trained tokens", w.trained), ("generated per trained", ratio)]
+            + [(f"discarded tokens ({k})", v) for k, v in w.discarded.items() if v]
+            + [("continued tokens (from progress)", w.continued)])
 
 
 def admission_control(st: Any) -> str:

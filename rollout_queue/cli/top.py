@@ -5,7 +5,8 @@ out for the terminal's exact size (no table borders): a header, then one line pe
 (a silent worker, a lease whose holder went silent or that is overdue, a held admission and by whom,
 a drain, a stalled trainer by the run's own step time (view_models.stall_after_ms), an unreachable
 partition, dead letters), then states with their longest waits, rates and the policy
-line (and one saying so when the queue has no admission control), then as many worker and lease
+line, where the generated tokens went (tokens: generated, trained, discarded, continued from
+progress) and a line saying so when the queue has no admission control, then as many worker and lease
 rows as the height leaves, urgent rows first (silent workers, overdue leases) and a "... N more"
 line for the rest. Every line is cut to the width, and IDs are cut from their middle (fit.middle)
 so that the pid:nonce telling two workers on one host apart stays. `stats` on a terminal prints the
@@ -18,7 +19,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from rollout_queue.cli.fit import middle
-from rollout_queue.cli.render import WAITING, _rate, duration, edge_text, hold_text, sparkline, worker_status
+from rollout_queue.cli.render import WAITING, _rate, duration, edge_text, hold_text, sparkline, tokens_text, worker_status
 from rollout_queue.ops.escape import clean
 from rollout_queue.ops.view_models import LeaseView, SampleDistribution, Snapshot, WorkerView
 
@@ -214,6 +215,11 @@ def top_lines(snap: Snapshot, rates: Mapping[str, float | None] | None, spark: S
         urgent = urgent[:room_urgent - 1] + [f"! ... {len(urgent) - room_urgent + 1} more urgent lines"]
     lines += urgent or ["ok: nothing urgent"]
     lines += summary
+    # Where the generated tokens went (none yet: nothing to say), where it leaves the worker and lease
+    # rows their room: waste is worth seeing, not an alarm.
+    waste = st.waste
+    if (waste.generated or waste.trained) and height - len(lines) > 5:
+        lines.append("tokens  " + tokens_text(waste))
     # No admission control: a line of its own (an 80-column terminal shows it whole), where it leaves
     # the worker and lease rows their room (it is no alarm: the queue works, it may waste generation).
     if st.admission_batch is None and height - len(lines) > 5:

@@ -54,6 +54,10 @@ KEY_SUFFIXES: dict[str, str] = {
     # Entry ID -> '<lease_id>|<attempt>' for every leased group: the ownership a worker credential
     # cannot forge (only the trainer, reaper and admin roles write it; lua/include/leased_guard.lua).
     "leased": "leased",
+    # '<entry ID>:<attempt>' -> the token count of that attempt's adopted completion, kept exactly as
+    # long as its payload (lua/include/payloads.lua builds it from meta's prefix): what commit and every
+    # discard add to counters.tokens_* without reading a payload.
+    "tokens": "tokens",
 }
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:#\-]{0,127}$")

@@ -616,6 +616,46 @@ class PushSeal:
     members: dict[str, int]
 
 
+#: Why an adopted completion's tokens were thrown away, each counted in counters.tokens_<reason> by the
+#: drop that deletes its payload (lua/include/payloads.lua): evicted stale or by overflow, its lease rolled
+#: back or expired (the group is generated again), handed back after a trainer error, dead-lettered;
+#: a group its worker filtered (filter.lua) and an attempt aborted keeping no progress (abort.lua): the
+#: tokens the worker says it generated for them.
+DISCARD_REASONS = ("stale", "overflow", "rolled_back", "expired", "trainer_error", "dead", "filtered", "aborted")
+
+
+@dataclass(frozen=True)
+class TokenWaste:
+    """Where the queue's generated tokens went (DESIGN: Token accounting): ``generated`` counts the
+    tokens of every completion the buffer adopted (and of every group its worker filtered or aborted
+    keeping no progress, with the count it gave), ``trained`` those of committed leases,
+    ``discarded`` those thrown away by reason (DISCARD_REASONS), ``continued`` those taken over from
+    progress records instead of generated again (partial rollouts). Generated tokens not yet trained
+    nor discarded are held by buffered or leased groups. Why: a queue that throws generated tokens
+    away (stale evictions, no admission control, rollbacks) is paying GPUs for nothing, and this is
+    the number that says so."""
+
+    generated: int
+    trained: int
+    discarded: Mapping[str, int]
+    continued: int
+
+    @classmethod
+    def from_counters(cls, counters: Mapping[str, int]) -> TokenWaste:
+        return cls(generated=counters.get("tokens_generated", 0), trained=counters.get("tokens_trained", 0),
+                   discarded={k: counters.get(f"tokens_{k}", 0) for k in DISCARD_REASONS},
+                   continued=counters.get("partial_continued", 0))
+
+    @property
+    def discarded_total(self) -> int:
+        return sum(self.discarded.values())
+
+    @property
+    def per_trained(self) -> float | None:
+        """Tokens generated per token trained (1.0 wastes nothing); None before anything was trained."""
+        return self.generated / self.trained if self.trained else None
+
+
 @dataclass(frozen=True)
 class QueueStats:
     """One consistent snapshot of a queue (DESIGN: stats). Group counts by state, then totals."""
@@ -661,6 +701,11 @@ class QueueStats:
     #: ``counters['partial_bytes']``, the tokens handed to a next attempt instead of generated again
     #: ``counters['partial_continued']`` and those dropped as already stale ``counters['partial_stale']``.
     partial_records: int = 0
+
+    @property
+    def waste(self) -> TokenWaste:
+        """The token accounting of the counters: generated, trained, discarded by reason, continued."""
+        return TokenWaste.from_counters(self.counters)
 
     @property
     def admission_batch(self) -> int | None:

@@ -42,7 +42,9 @@ How the pieces map (docs/integrations/trl.md):
    ``Sample.segments``) is masked out of TRL's loss through ``env_mask`` (``stale_tokens="mask"``,
    the default) or left to that correction (``"correct"``; masked anyway where nothing can correct
    it: correction off, or a sample without logprobs). Metrics ``queue/*`` report staleness per
-   sample and per token, the stale tokens masked or corrected, lease waits and the queue's state;
+   sample and per token, the stale tokens masked or corrected, lease waits, the queue's state and
+   where the workers' tokens went (``queue/tokens_generated``, ``_trained``, ``_discarded``,
+   ``_continued`` and ``_generated_per_trained``: run totals of the queue's token counters);
    TRL's ``sampling/importance_sampling_ratio/*`` the weights.
 6. Admission control. A queue whose config left ``batch_groups`` to the trainer (QueueConfig's
    default, DERIVED) gets it when the trainer is built: the groups it commits per published
@@ -444,6 +446,15 @@ class QueueGRPOTrainer(GRPOTrainer):
         stats = self.queue.stats()
         for name in ("backlog", "ready", "executing_groups", "completed", "workers_alive"):
             metrics[f"queue/{name}"].append(float(getattr(stats, name)))
+        # Where the workers' tokens went, run totals (DESIGN: Token accounting): generated per trained
+        # near 1 wastes nothing; discarded (stale, overflow, rollbacks) is generation paid for nothing.
+        waste = stats.waste
+        metrics["queue/tokens_generated"].append(float(waste.generated))
+        metrics["queue/tokens_trained"].append(float(waste.trained))
+        metrics["queue/tokens_discarded"].append(float(waste.discarded_total))
+        metrics["queue/tokens_continued"].append(float(waste.continued))
+        if waste.per_trained is not None:
+            metrics["queue/tokens_generated_per_trained"].append(waste.per_trained)
 
 
 def _resolved_save_steps(strategy: Any, save_steps: float | None, max_steps: int | None) -> int | None:

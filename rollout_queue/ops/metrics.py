@@ -246,6 +246,26 @@ def _counters(st: Any, base: Base) -> Iterator[Metric]:
     for reason, n in sorted(st.filtered_by_reason.items()):
         filtered.add_metric([*base[1], reason], n)
     yield filtered
+    yield from _token_families(st, base)
+
+
+def _token_families(st: Any, base: Base) -> Iterator[Metric]:
+    """Where generated tokens went (DESIGN: Token accounting): generated / trained is the waste ratio
+    (rate(generated) / rate(trained) over a window), discarded by reason says why."""
+    w = st.waste
+    for name, doc, value in (
+            ("rollout_queue_tokens_generated", "Tokens of the completions the buffer adopted.", w.generated),
+            ("rollout_queue_tokens_trained", "Tokens of committed leases.", w.trained),
+            ("rollout_queue_tokens_continued", "Tokens taken over from progress records, not generated again.",
+             w.continued)):
+        family = CounterMetricFamily(name, doc, labels=list(base[0]))
+        family.add_metric(list(base[1]), value)
+        yield family
+    discarded = CounterMetricFamily("rollout_queue_tokens_discarded",
+                                    "Tokens of adopted completions thrown away, by reason.", labels=[*base[0], "reason"])
+    for reason, n in w.discarded.items():
+        discarded.add_metric([*base[1], reason], n)
+    yield discarded
 
 
 class QueueCollector:

@@ -191,14 +191,18 @@ class Settler:
             await self.settle(a, Fail(str(exc)))
             return
         self.stats.samples += len(samples)
-        self.stats.tokens += sum(len(s.token_ids) for s in samples)
+        tokens = sum(len(s.token_ids) for s in samples)
+        self.stats.tokens += tokens
         for out in outputs:
             self.stats.record_sample(len(out.token_ids), out.seconds)
-        await self.settle(a, Complete(tuple(samples)) if reason is None else Filter(reason))
+        await self.settle(a, Complete(tuple(samples)) if reason is None else Filter(reason, tokens))
 
     async def settle(self, a: Attempt, verdict: Verdict) -> None:
         """End the attempt by receipt with ``verdict``. Raises only what the worker cannot handle
         (OutcomeUnknown: Redis unreachable past the retry window)."""
+        if isinstance(verdict, Abort) and not verdict.progress:
+            # No record keeps what it generated: the queue counts those tokens as thrown away.
+            verdict = replace(verdict, discarded=a.generated_tokens)
         try:
             outcome = await verdict.send(self.worker, a.receipt)
         except StaleReceipt as exc:

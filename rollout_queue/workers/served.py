@@ -158,17 +158,18 @@ class ServedQueues:
         worker, inner = self._route(receipt)
         return await worker.complete(inner, samples)
 
-    async def filter(self, receipt: Receipt, reason: str) -> str:
+    async def filter(self, receipt: Receipt, reason: str, tokens: int = 0) -> str:
         worker, inner = self._route(receipt)
-        return await worker.filter(inner, reason)
+        return await worker.filter(inner, reason, tokens)
 
     async def fail(self, receipt: Receipt, reason: str) -> str:
         worker, inner = self._route(receipt)
         return await worker.fail(inner, reason)
 
-    async def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = ()) -> str:
+    async def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = (),
+                    discarded: int = 0) -> str:
         worker, inner = self._route(receipt)
-        return await worker.abort(inner, reason, progress)
+        return await worker.abort(inner, reason, progress, discarded)
 
     # -- liveness, reconciliation, close --------------------------------------------------------
 

@@ -64,9 +64,11 @@ class Filter(_Explained):
 
     counter: ClassVar[str] = "filtered"
     log_level: ClassVar[int] = logging.DEBUG
+    #: The tokens generated for the group, counted as the queue's waste (counters.tokens_filtered).
+    tokens: int = 0
 
     async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
-        return await worker.filter(receipt, self.reason)
+        return await worker.filter(receipt, self.reason, self.tokens)
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,12 @@ class Fail(_Explained):
 @dataclass(frozen=True)
 class Abort(_Explained):
     """Back to ready, not counted: a weight update, a drain, or the worker stopping. ``progress``: the
-    samples so far, kept in the same call for the next attempt to continue (partial rollouts)."""
+    samples so far, kept in the same call for the next attempt to continue (partial rollouts).
+    ``discarded``: with no progress kept, the tokens the attempt generated, counted as the queue's
+    waste (counters.tokens_aborted; the settler fills it in from the attempt)."""
 
     progress: tuple[Sample, ...] = ()
+    discarded: int = 0
     counter: ClassVar[str] = "aborted"
 
     def log_fields(self) -> dict[str, Any]:
@@ -94,7 +99,7 @@ class Abort(_Explained):
     async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
         if self.progress:
             return await worker.abort(receipt, self.reason, progress=list(self.progress))
-        return await worker.abort(receipt, self.reason)
+        return await worker.abort(receipt, self.reason, discarded=self.discarded)
 
 
 #: Every verdict type; RuntimeStats counts one key per entry (plus "stale").

@@ -185,17 +185,21 @@ def test_a_mixed_batch_equals_sequential_completes(open_queue, raw: redis.Redis,
 
 def test_a_batch_buffers_everything_with_one_write_per_key(open_queue, raw: redis.Redis, queue_name: str) -> None:
     q = open_queue(CFG)
-    w, res = _reserve_all(q, {"x": 2, "y": 3, "z": 1})
+    w, res = _reserve_all(q, {"x": 2, "y": 3, "z": 1, "u": 2})
     k = keys(queue_name)
     done_before = raw.xlen(k["wake_done"])
-    items = [(res[s].receipt, samples(res[s].group.n, version=0)) for s in ("x", "y", "z")]
+    items = [(res[s].receipt, samples(res[s].group.n, version=0)) for s in ("x", "y", "z", "u")]
     raw.script_load(SCRIPTS["complete_many"].source)  # no NOSCRIPT round trip inside the count
     before = _calls(raw)
-    assert w.complete_many(items) == ["buffered"] * 3
+    assert w.complete_many(items) == ["buffered"] * 4
     writes = _writes(_used(raw, before))
-    assert writes.pop("set") == 3, writes  # one staged payload per item, in the call's MULTI
-    assert writes and all(n <= 2 for n in writes.values()), writes  # the script: one write per key, not per item
-    ids = [res[s].entry_id for s in ("x", "y", "z")]
+    assert writes.pop("set") == 4, writes  # one staged payload per item, in the call's MULTI
+    # The script: one write per key, not per item (HSET: the ledger, the counters, the token records).
+    assert writes and all(n <= 3 for n in writes.values()), writes
+    ids = [res[s].entry_id for s in ("x", "y", "z", "u")]
+    # Each adopted completion's tokens (2 per sample here) are kept beside its payload and counted.
+    assert raw.hgetall(k["tokens"]) == {f"{i}:1".encode(): str(2 * len(out)).encode() for i, (_, out) in zip(ids, items)}
+    assert q.stats().counters["tokens_generated"] == 2 * 8
     assert pel(raw, queue_name) == {i: ("@done", 1) for i in ids}
     assert buffer_ids(raw, queue_name) == ids  # arrival order is item order
     for i, (_, out) in zip(ids, items):
@@ -204,9 +208,9 @@ def test_a_batch_buffers_everything_with_one_write_per_key(open_queue, raw: redi
     assert payload_keys(raw, queue_name) == {k.payload(i, 1) for i in ids}
     assert raw.xlen(k["wake_done"]) == done_before + 1  # one wake per call, not per item
     stats = q.stats()
-    assert (stats.completed, stats.executing_groups, stats.executing_samples) == (3, 0, 0)
-    assert int(raw.hget(k["counters"], "completed_total")) == 3 and int(raw.hget(k["counters"], "arrivals")) == 3
-    lease = q.lease(3)
+    assert (stats.completed, stats.executing_groups, stats.executing_samples) == (4, 0, 0)
+    assert int(raw.hget(k["counters"], "completed_total")) == 4 and int(raw.hget(k["counters"], "arrivals")) == 4
+    lease = q.lease(4)
     assert [g.entry_id for g in lease.groups] == ids and [g.samples for g in lease.groups] == [tuple(o) for _, o in items]
 
 
@@ -296,10 +300,12 @@ def test_refused_items_leave_no_staged_payload_and_a_replay_keeps_the_live_one(o
 
 
 @pytest.mark.parametrize("items", [
-    ["{x}", 1, b"", 0, "0,1", "{y}", 1, b"", "1.5", "0,1"],   # the second item's min_version
-    ["{x}", 1, b"", 0, "0,1", "{y}", 0, b"", 0, "0,1"],       # the second item's attempt
-    ["{x}", 1, b"", 0, "0,1", "{y}", 1, b"", 0],              # not 5 values per item
-    ["{x}", 1, b"", 0, "0,1", "nope", 1, b"", 0, "0,1"],      # not an entry ID
+    ["{x}", 1, b"", 0, "0,1", 4, "{y}", 1, b"", "1.5", "0,1", 4],   # the second item's min_version
+    ["{x}", 1, b"", 0, "0,1", 4, "{y}", 0, b"", 0, "0,1", 4],       # the second item's attempt
+    ["{x}", 1, b"", 0, "0,1", 4, "{y}", 1, b"", 0, "0,1"],          # not 6 values per item
+    ["{x}", 1, b"", 0, "0,1", 4, "nope", 1, b"", 0, "0,1", 4],      # not an entry ID
+    ["{x}", 1, b"", 0, "0,1", 4, "{y}", 1, b"", 0, "0,1", -1],      # the second item's tokens
+    ["{x}", 1, b"", 0, "0,1", 4, "{y}", 1, b"", 0, "0,1", 2 ** 31],  # tokens past 2^31 - 1
 ])
 def test_bad_argv_is_a_rolloutq_error_before_anything_is_written(open_queue, raw: redis.Redis, queue_name: str,
                                                                  items: list[Any]) -> None:
@@ -393,6 +399,8 @@ def test_per_item_cost_is_the_receipt_check_and_the_entry_read(open_queue, raw: 
     # Five items more cost exactly five receipt checks (XPENDING, HGET), five entry reads and five SETs.
     extra = {c: ten.get(c, 0) - five.get(c, 0) for c in set(five) | set(ten)}
     assert {c: n for c, n in extra.items() if n} == {"xpending": 5, "hget": 5, "xrange": 5, "set": 5}, (five, ten)
-    # The only write per item is the staged SET: every other write runs a fixed number of times a call.
-    assert ten["set"] == 10 and all(n <= 2 for c, n in _writes(ten).items() if c != "set"), ten
-    assert sum(ten.values()) <= 4 * 10 + 15, ten  # 15 a call: one is drop_partials' HLEN (progress records)
+    # The only write per item is the staged SET: every other write runs a fixed number of times a call
+    # (HSET: the ledger, the counters and the token records).
+    assert ten["set"] == 10 and all(n <= 3 for c, n in _writes(ten).items() if c != "set"), ten
+    # 16 a call: one is drop_partials' HLEN (progress records), one the token records' HSET.
+    assert sum(ten.values()) <= 4 * 10 + 16, ten

@@ -40,7 +40,7 @@ def test_header_matches_builder() -> None:
                  ["count"])
     check_header("sweep_owners", ["src", "meta", "workers", "leases"], ["count"])
     check_header("filter", ["src", "ledger", "wake_work", "parked", "counters"],
-                 ["entry_id", "attempt", "worker_id", "reason"])
+                 ["entry_id", "attempt", "worker_id", "reason", "tokens"])
 
 
 # -- helpers ---------------------------------------------------------------------------------------

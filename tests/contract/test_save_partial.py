@@ -158,7 +158,8 @@ def test_a_record_over_the_bound_is_refused_whole(open_queue, raw: redis.Redis, 
     assert info.value.limit == 4096 and info.value.size > 4096
     # A client that sends it anyway meets the stored bound: nothing written either.
     record = encode_partial(big)
-    for name, extra in (("save_partial", {"record": record}), ("abort", {"reason": "x", "progress": record})):
+    aborting = {"reason": "x", "progress": record, "discarded": 0}
+    for name, extra in (("save_partial", {"record": record}), ("abort", aborting)):
         reply = call(q, name, entry_id=eid, attempt=1, worker_id="w1", tokens=800, min_version=0, **extra)
         assert reply == ["partial_too_large", len(record), 4096]
     assert snapshot(raw, queue_name) == before

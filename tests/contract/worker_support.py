@@ -47,22 +47,23 @@ def call(q: Any, name: str, stage: Sequence[tuple[str, bytes]] = (), **argv: Any
 
 
 def call_complete(q: Any, entry_id: str, attempt: int, worker_id: str, payload: bytes, min_version: Any = 0,
-                  slots: str = "0,1") -> list[Any]:
+                  slots: str = "0,1", tokens: Any = 0) -> list[Any]:
     """One complete script call as flows.complete sends it: the payload SET at the attempt's payload
-    key in the call's MULTI and its byte length in ARGV (nothing staged and size '' for slots '')."""
+    key in the call's MULTI and its byte length in ARGV (nothing staged and size '' for slots '');
+    ``tokens``: the completion's declared token count."""
     stage = ((q.keys.payload(entry_id, attempt), payload),) if slots else ()
     return call(q, "complete", stage=stage, entry_id=entry_id, attempt=attempt, worker_id=worker_id,
-                size=len(payload) if slots else "", min_version=min_version, slots=slots)
+                size=len(payload) if slots else "", min_version=min_version, slots=slots, tokens=tokens)
 
 
 def call_complete_many(q: Any, worker_id: str, items: Sequence[tuple[str, Any, bytes, Any, str]]) -> list[Any]:
     """One complete_many script call as flows.complete_many sends it: ``items`` are (entry_id, attempt,
     payload, min_version, slots); each payload with slots is SET at its payload key in the call's
-    MULTI, and only its byte length goes in ARGV."""
+    MULTI, and only its byte length goes in ARGV (with a token count of 0)."""
     flat: list[Any] = []
     stage: list[tuple[str, bytes]] = []
     for entry_id, attempt, payload, min_version, slots in items:
-        flat += [entry_id, attempt, len(payload) if slots else "", min_version, slots]
+        flat += [entry_id, attempt, len(payload) if slots else "", min_version, slots, 0]
         if slots:
             stage.append((q.keys.payload(entry_id, attempt), payload))
     return call(q, "complete_many", stage=stage, worker_id=worker_id, items=flat)

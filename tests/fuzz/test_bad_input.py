@@ -124,11 +124,16 @@ SIZES = st.one_of(st.none(), st.sampled_from(["", "abc", "-1", "0", "1.5", "nan"
                                               str(64 * 1024 + 1)]), st.text(max_size=6))
 
 
+#: The token count complete's ARGV declares: any count in range, or junk.
+TOKENS = st.one_of(st.integers(0, 2**31 - 1).map(str), st.sampled_from(["", "-1", "1.5", "nan", "1e3", str(2**31),
+                                                                        "00000000007", " 1"]), st.text(max_size=4))
+
+
 @SETTINGS
-@given(payload=PAYLOADS, slots=SLOTS, min_version=MIN_VERSION, size=SIZES, stage_anyway=st.booleans())
+@given(payload=PAYLOADS, slots=SLOTS, min_version=MIN_VERSION, size=SIZES, stage_anyway=st.booleans(), tokens=TOKENS)
 def test_raw_complete_calls_get_a_status_or_a_rolloutq_error(redis_url: str, payload: bytes, slots: str,
                                                             min_version: str, size: str | None,
-                                                            stage_anyway: bool) -> None:
+                                                            stage_anyway: bool, tokens: str) -> None:
     """The payload is staged as the worker stages it (SET of the attempt's payload key in the call's
     MULTI); ARGV carries its declared size. A refusal must not keep the staged key; an accepted one
     keeps exactly the staged bytes; and once everything is committed no payload key is left."""
@@ -142,7 +147,7 @@ def test_raw_complete_calls_get_a_status_or_a_rolloutq_error(redis_url: str, pay
         staged = ((key, payload),) if slots or stage_anyway else ()
         declared = ("" if not slots else len(payload)) if size is None else size
         call = p.build(q.keys, "complete", entry_id=rc.entry_id, attempt=rc.attempt, worker_id=rc.worker_id,
-                       size=declared, min_version=min_version, slots=slots, stage=staged)
+                       size=declared, min_version=min_version, slots=slots, tokens=tokens, stage=staged)
         reply = typed(lambda: q.driver.execute(call), script_errors="rolloutq")
         if isinstance(reply, list):
             status = p.s(reply[0])
@@ -150,6 +155,8 @@ def test_raw_complete_calls_get_a_status_or_a_rolloutq_error(redis_url: str, pay
             if status == "ok":  # accepted ARGV must have been well-formed where the script relies on it
                 assert float(min_version).is_integer() and 0 <= float(min_version) < 2**21, min_version
                 assert raw.get(key) == payload, "an accepted completion keeps the staged bytes"
+                assert tokens.isdigit() and int(tokens) < 2**31, tokens  # so is its token count
+                assert int(raw.hget(q.keys["tokens"], f"{rc.entry_id}:{rc.attempt}")) == int(tokens)
             else:
                 assert not raw.exists(key), f"a refused completion ({status}) kept its staged payload"
             if status == "payload_too_large":
@@ -160,6 +167,7 @@ def test_raw_complete_calls_get_a_status_or_a_rolloutq_error(redis_url: str, pay
         w.complete(bystander.receipt, samples_for(2))
         assert drive(q, raw, ids) == set(ids)
         assert list(raw.scan_iter(match=q.keys.payload("*", "*"))) == [], "a payload key outlived its group"
+        assert raw.hlen(q.keys["tokens"]) == 0, "a token record outlived its group"
 
 
 def test_a_completion_refused_with_a_rolloutq_error_does_not_shadow_the_next_one(redis_url: str) -> None:
@@ -173,7 +181,7 @@ def test_a_completion_refused_with_a_rolloutq_error_does_not_shadow_the_next_one
         key = q.keys.payload(rc.entry_id, rc.attempt)
         junk = b"RQC1" + b"\xff" * 8
         call = p.build(q.keys, "complete", entry_id=rc.entry_id, attempt=rc.attempt, worker_id=rc.worker_id,
-                       size=len(junk), min_version="-1", slots="0,1", stage=((key, junk),))
+                       size=len(junk), min_version="-1", slots="0,1", tokens=4, stage=((key, junk),))
         assert isinstance(typed(lambda: q.driver.execute(call), script_errors="rolloutq"), RolloutQueueError)
         assert w.complete(rc, samples_for(2)) == "buffered"
         assert raw.get(key) == encode_completion(samples_for(2)), "the refused call's staged bytes were adopted"

@@ -161,6 +161,11 @@ def test_trl_grpo_trainer_killed_and_resumed_trains_each_group_once(tmp_path: Pa
     rewards = [h["reward"] for h in history if "reward" in h]
     assert len(rewards) == STEPS
     assert all(h["queue/version_span_max"] >= 0 for h in history if "reward" in h)
+    # Issue 30: TRL's log shows where the workers' tokens went (run totals from the queue's counters).
+    logged = [h for h in history if "reward" in h]
+    assert all(h["queue/tokens_generated"] >= h["queue/tokens_trained"] for h in logged), logged[-1]
+    assert logged[-1]["queue/tokens_trained"] > 0 and "queue/tokens_discarded" in logged[-1]
+    assert logged[-1]["queue/tokens_generated_per_trained"] >= 1.0, logged[-1]
     slope, t = rising(rewards)
     assert t > 3.0, (f"reward did not rise: slope {slope:.4f} per step, t = {t:.1f} "
                      f"(rewards {[round(r, 3) for r in rewards]})")

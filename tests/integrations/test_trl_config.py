@@ -153,6 +153,9 @@ def test_the_workers_per_token_logprobs_reach_trls_own_importance_correction(
     metrics = trainer._metrics["train"]
     assert metrics["sampling/importance_sampling_ratio/max"][-1] == pytest.approx(max(expect, 1.0), abs=1e-3)
     assert metrics["queue/token_staleness_max"][-1] == 0.0 and metrics["queue/stale_tokens_masked"][-1] == 0.0
+    # Issue 30: where the workers' tokens went (4 samples x 4 tokens generated, leased, not yet trained).
+    assert (metrics["queue/tokens_generated"][-1], metrics["queue/tokens_trained"][-1]) == (16.0, 0.0)
+    assert metrics["queue/tokens_discarded"][-1] == 0.0 and "queue/tokens_generated_per_trained" not in metrics
     # TRL's loss multiplies each token's by the ratio: with advantages to weigh, the ratio changes it.
     trainer.current_gradient_accumulation_steps = 1  # set by TRL's training loop, which is not running
     output["advantages"] = torch.tensor([1.0, 0.0, 0.0, 0.0])

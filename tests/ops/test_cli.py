@@ -259,6 +259,26 @@ def test_stats_and_top_say_when_a_queue_has_no_admission_control(cli: Cli, known
     assert "admission control" not in frame()
 
 
+def test_stats_and_top_show_where_the_generated_tokens_went(cli: Cli, known_state: KnownState) -> None:
+    """Issue 30: generated, trained and discarded tokens (by reason), and generated per trained, in the
+    concise stats frame and top (one line), stats --full (one row each) and stats --json (counters)."""
+    from rollout_queue.cli import status, top
+    from rollout_queue.ops import views
+
+    st = known_state  # three groups completed (2 samples x 3 tokens each): committed, leased, buffered
+    w = st.q.stats().waste
+    assert (w.generated, w.trained, w.discarded_total) == (18, 6, 0), w
+    rolled = st.lease.rollback()  # type: ignore[attr-defined]  # the open lease's group: 6 tokens thrown away
+    assert rolled == 1
+    snap = st.q.run(views.snapshot(st.q.layout.keys[0]))
+    frame = top.top_lines(snap, status.rates(None, (0.0, {})), [], st.queue, 80, 24)
+    assert "tokens  gen 18 · trained 6 (3.00 gen/trained) · discarded 6" in frame
+    code, out, _ = run(cli, st, "stats", "--full")
+    assert code == 0 and "discarded tokens (rolled_back)" in out and "3.000 (1.000 wastes nothing)" in out, out
+    counters = json.loads(run(cli, st, "stats", "--json")[1])["counters"]
+    assert (counters["tokens_generated"], counters["tokens_trained"], counters["tokens_rolled_back"]) == (18, 6, 6)
+
+
 def _commit_history(r: redis.Redis, st: KnownState, gap_ms: int, count: int, last_ago_ms: int) -> None:
     """The commits a run leaves: ``count`` commit lines ``gap_ms`` apart, the last ``last_ago_ms`` ago
     (what commit.lua writes: a line per commit, and meta's last_commit_ms)."""

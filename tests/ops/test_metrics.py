@@ -145,6 +145,25 @@ def test_per_worker_liveness_and_monotonic_commits_and_dead_letters(known_state:
         view.close()
 
 
+def test_tokens_generated_trained_and_discarded_by_reason(known_state: KnownState) -> None:
+    """Issue 30: where generated tokens went, as counters: generated / trained is the waste ratio, and
+    discarded carries a reason label (every reason served, 0 until it happens)."""
+    st, q = known_state, known_state.queue
+    view = QueueView.from_url(st.url, q)
+    try:
+        found = samples_of(metrics.exposition(view))  # three groups of 2 samples x 3 tokens completed
+        assert value(found, "rollout_queue_tokens_generated_total", queue=q) == 18
+        assert value(found, "rollout_queue_tokens_trained_total", queue=q) == 6
+        assert value(found, "rollout_queue_tokens_discarded_total", queue=q, reason="rolled_back") == 0
+        assert st.lease.rollback() == 1  # type: ignore[attr-defined]
+        found = samples_of(metrics.exposition(view))
+        assert value(found, "rollout_queue_tokens_discarded_total", queue=q, reason="rolled_back") == 6
+        assert value(found, "rollout_queue_tokens_discarded_total", queue=q, reason="stale") == 0
+        assert value(found, "rollout_queue_tokens_continued_total", queue=q) == 0
+    finally:
+        view.close()
+
+
 def test_sample_lengths_and_durations_are_histograms_over_the_registered_workers(known_state: KnownState) -> None:
     """host-a's counts (the only worker that reports any) as cumulative ``le`` buckets and a count, no
     ``_sum`` (workers count buckets, not totals); a second worker adds to them, and a worker that

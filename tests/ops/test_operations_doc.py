@@ -89,6 +89,12 @@ def check_buffer_empty(out: list[str], st: KnownState, r: redis.Redis) -> None:
     assert out == ["1", "", "2", "5", "1", "100000", "-1", "3", "1"]
 
 
+def check_token_waste(out: list[str], st: KnownState, r: redis.Redis) -> None:
+    # Three completions of 2 samples x 3 tokens, one committed; nothing continued nor thrown away: the
+    # absent counters print as empty lines, which the run strips from the end of the output.
+    assert out == ["18", "6"], out
+
+
 def check_leases(out: list[str], st: KnownState, r: redis.Redis) -> None:
     lease_id, due, trainer, state, deadline, members = out
     assert (lease_id, trainer, state, members) == (st.lease_id, TRAINER, "active", st.ids[2])
@@ -240,6 +246,7 @@ CHECKS: dict[str, tuple[int | None, Check]] = {
     "who-holds": (6, check_who_holds), "history": (4, check_history), "trained": (1, check_trained),
     "silent-workers": (None, check_silent_workers), "consumers": (None, check_consumers),
     "attempts": (None, check_attempts), "buffer-empty": (None, check_buffer_empty), "leases": (None, check_leases),
+    "token-waste": (None, check_token_waste),
     "backlog": (None, check_backlog), "dlq": (None, check_dlq), "memory": (None, check_memory),
     "config": (None, check_config), "stragglers": (None, check_stragglers), "at-risk": (None, check_at_risk),
     "verify": (None, check_verify),

@@ -134,6 +134,7 @@ def test_stats_at_80x24(realistic: Realistic) -> None:
     text = fits(screen_of(realistic.url, realistic.queue, "stats", width=WIDTH, height=HEIGHT))
     assert f"rollout-queue stats  queue {realistic.queue}" in text  # the title, also in a TTY
     assert "groups  backlog" in text and "ended   " in text and "workers:" in text and "leases: 2 active" in text
+    assert "tokens  gen 48 · trained 0 · discarded 0" in text  # 4 completions of 4 samples x 3 tokens
     assert "gpu-node-00" in text and "…" in text and "(--full lists all)" in text
     full = screen_of(realistic.url, realistic.queue, "stats", "--full", width=WIDTH, height=HEIGHT)
     assert f"queue {realistic.queue}" in full[0] and "groups by state" in "\n".join(full)

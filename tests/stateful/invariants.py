@@ -128,6 +128,11 @@ def check_counters(t: Truth, s: QueueStats, m: LedgerModel) -> None:
         len(m.workers), 0, len(m.active_leases()), len(m.holds))
     lags = [m.version - e.min_version for e in m.buffer()] if m.published else []
     assert s.staleness_max == (max(lags) if lags else None), "the buffer's staleness is misreported"
+    # Token accounting: every adopted completion's tokens are trained, discarded for a reason, or still
+    # held (a token record beside a buffered or leased group's payload): none counted twice or lost.
+    w = s.waste
+    held = sum(n for records in t.tokens.values() for n in records.values())
+    assert w.generated == w.trained + sum(w.discarded.values()) + held, (w, held)
 
 
 def check_bounds(truth: dict[str, int], m: LedgerModel) -> None:

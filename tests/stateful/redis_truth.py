@@ -57,6 +57,7 @@ class Truth:
     partial: dict[str, bytes]                   # entry_id -> progress record (partial rollouts)
     partial_head: dict[str, str]                # entry_id -> 'attempt|tokens|min_version|bytes|worker'
     parked: dict[str, str] = field(default_factory=dict)  # entry_id -> settlement record (park_many)
+    tokens: dict[str, dict[int, int]] = field(default_factory=dict)  # entry_id -> {attempt: its token record}
 
     @property
     def dead_ids(self) -> Counter[str]:
@@ -107,6 +108,16 @@ def _payloads(r: redis.Redis, keys: QueueKeys) -> dict[str, set[int]]:
     return out
 
 
+def _token_records(r: redis.Redis, keys: QueueKeys) -> dict[str, dict[int, int]]:
+    """The token records ('<entry_id>:<attempt>' -> count, lua/include/payloads.lua), by entry and attempt."""
+    out: dict[str, dict[int, int]] = {}
+    for field_name, value in r.hgetall(keys["tokens"]).items():
+        entry_id, sep, attempt = _s(field_name).rpartition(":")
+        assert sep and attempt.isdigit() and _s(value).isdigit(), f"a token record of no attempt: {field_name!r}"
+        out.setdefault(entry_id, {})[int(attempt)] = int(value)
+    return out
+
+
 def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
     src = keys["src"]
     pel = {_s(p["message_id"]): (_s(p["consumer"]), int(p["times_delivered"]))
@@ -133,6 +144,7 @@ def observe(r: redis.Redis, keys: QueueKeys) -> Truth:
         partial={_s(k): v for k, v in r.hgetall(keys["partial"]).items()},
         partial_head=_hash(r, keys["partial_head"]),
         parked=_hash(r, keys["parked"]),
+        tokens=_token_records(r, keys),
     )
 
 
@@ -181,6 +193,10 @@ def derive_state(t: Truth, entry_id: str) -> str:
             f"{sorted(t.payloads.get(entry_id, ()))}: {where}")
     else:
         assert not has_payload, f"{state} {entry_id} kept payload keys {sorted(t.payloads[entry_id])}: {where}"
+    # A token record lives exactly as long as its payload (both written at adoption, dropped together).
+    assert set(t.tokens.get(entry_id, ())) == t.payloads.get(entry_id, set()), (
+        f"{state} {entry_id} has token records of attempts {sorted(t.tokens.get(entry_id, ()))} and payload keys "
+        f"of {sorted(t.payloads.get(entry_id, ()))}: {where}")
     # A progress record belongs to an unfinished group only: settled, buffered or leased, it is a leak.
     assert entry_id not in t.partial or state in (READY, EXECUTING), (
         f"{state} {entry_id} kept a progress record (head {t.partial_head.get(entry_id)!r}): {where}")

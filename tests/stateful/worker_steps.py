@@ -179,10 +179,12 @@ class WorkerSteps(Steps):
             self.abort_with_progress(receipt, data)
             return
         elif op == "abort":
-            expected, call = self.model.abort(receipt), partial(w.abort, receipt, "weight update")
+            thrown = data.draw(st.integers(0, 9), label="aborted tokens")  # token accounting's conservation
+            expected, call = self.model.abort(receipt), partial(w.abort, receipt, "weight update", discarded=thrown)
         else:
             reason = data.draw(st.sampled_from(["all_equal", "too_long"]), label="filter reason")
-            expected, call = self.model.filter(receipt, reason), partial(w.filter, receipt, reason)
+            tokens = data.draw(st.integers(0, 9), label="filtered tokens")  # token accounting's conservation
+            expected, call = self.model.filter(receipt, reason), partial(w.filter, receipt, reason, tokens)
         event(f"{op} -> {expected}" + (" (overflow eviction)" if expected == "buffered" and detail else ""))
         self.check_call(call, expected, detail)  # too_large: refused before the script, still executing
 

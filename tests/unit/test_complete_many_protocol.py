@@ -63,7 +63,7 @@ def _drive(items: list[tuple[Receipt, list[Sample]]], limit: int = 10_000) -> tu
             return stop.value, calls
         assert isinstance(call, p.Call) and call.script.name == "complete_many" and call.idempotent
         calls.append(call)
-        reply = [b"ok"] + [[b"ok", b"buffered", b""]] * ((len(call.args) - 1) // 5)
+        reply = [b"ok"] + [[b"ok", b"buffered", b""]] * ((len(call.args) - 1) // 6)
 
 
 def test_items_are_sent_in_order_with_every_slot_and_the_oldest_version() -> None:
@@ -71,8 +71,9 @@ def test_items_are_sent_in_order_with_every_slot_and_the_oldest_version() -> Non
     got, [call] = _drive([(R1, out), (R2, [])])
     assert got == ["buffered", "buffered"]
     # each item names its payload's size; the payload itself is staged at the attempt's payload key
-    # (SET in the call's MULTI); an item with no samples has size '' and stages nothing
-    assert call.args == ("w1", "1-0", 1, len(encode_completion(out)), 2, "1,0,1", "2-0", 2, "", 0, "")
+    # (SET in the call's MULTI); an item with no samples has size '' and stages nothing; the last value
+    # of each item is its token count (every sample's token ids)
+    assert call.args == ("w1", "1-0", 1, len(encode_completion(out)), 2, "1,0,1", 3, "2-0", 2, "", 0, "", 0)
     assert call.stage == ((KEYS.payload("1-0", 1), encode_completion(out)),)
 
 
@@ -80,12 +81,12 @@ def test_large_batches_are_chunked_by_count_and_by_bytes() -> None:
     many = [(Receipt(f"{i}-0", 1, "w1"), [Sample(0, (i,))]) for i in range(1, flows.COMPLETE_BATCH + 2)]
     got, calls = _drive(many)
     assert got == ["buffered"] * len(many)
-    assert [(len(c.args) - 1) // 5 for c in calls] == [flows.COMPLETE_BATCH, 1]
+    assert [(len(c.args) - 1) // 6 for c in calls] == [flows.COMPLETE_BATCH, 1]
     per_token = len(encode_completion([Sample(0, (7,) * 1000)])) / 1000
     big = [Sample(0, (7,) * int(0.6 * flows.COMPLETE_BATCH_BYTES / per_token))]  # over half the byte budget
     assert flows.COMPLETE_BATCH_BYTES / 2 < len(encode_completion(big)) < flows.COMPLETE_BATCH_BYTES
     got, calls = _drive([(R1, big), (R2, big), (R3, [Sample(0, (1,))])], limit=flows.COMPLETE_BATCH_BYTES)
-    assert got == ["buffered"] * 3 and [(len(c.args) - 1) // 5 for c in calls] == [1, 2]
+    assert got == ["buffered"] * 3 and [(len(c.args) - 1) // 6 for c in calls] == [1, 2]
     # each chunk stages exactly its own items' payloads, in item order
     assert [[key for key, _ in c.stage] for c in calls] == [
         [KEYS.payload("1-0", 1)], [KEYS.payload("2-0", 2), KEYS.payload("3-0", 1)]]
@@ -95,7 +96,7 @@ def test_large_batches_are_chunked_by_count_and_by_bytes() -> None:
 def test_an_oversized_item_is_refused_in_its_place_and_not_sent() -> None:
     got, [call] = _drive([(R1, [Sample(0, tuple(range(100)))]), (R2, [Sample(0, (1,))])], limit=50)
     assert isinstance(got[0], PayloadTooLarge) and got[1] == "buffered"
-    assert call.args[1] == "2-0" and len(call.args) == 6
+    assert call.args[1] == "2-0" and len(call.args) == 7
     assert call.stage == ((KEYS.payload("2-0", 2), encode_completion([Sample(0, (1,))])),)
     assert _drive([(R1, [Sample(0, tuple(range(100)))])], limit=50)[1] == []  # nothing left to send
 

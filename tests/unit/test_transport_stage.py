@@ -73,7 +73,7 @@ NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 def staged(idempotent: bool = True) -> p.Call:
     """complete, as the worker flow builds it: its payload staged at the attempt's payload key."""
     return p.build(KEYS, "complete", idempotent=idempotent, entry_id="1-0", attempt=2, worker_id="w1",
-                   size=len(PAYLOAD), min_version=0, slots="0,1", stage=((KEYS.payload("1-0", 2), PAYLOAD),))
+                   size=len(PAYLOAD), min_version=0, slots="0,1", tokens=4, stage=((KEYS.payload("1-0", 2), PAYLOAD),))
 
 
 def evalsha(call: p.Call) -> tuple[Any, ...]:
@@ -117,7 +117,7 @@ def test_a_staged_call_goes_as_multi_its_sets_the_evalsha_and_exec_in_one_send()
 def test_complete_many_stages_every_payload_in_item_order_before_its_script() -> None:
     stage = ((KEYS.payload("1-0", 1), b"a"), (KEYS.payload("2-0", 3), b"bb"))
     call = p.build(KEYS, "complete_many", worker_id="w1", stage=stage,
-                   items=["1-0", 1, 1, 0, "0", "2-0", 3, 2, 0, "0", "3-0", 1, "", 0, ""])
+                   items=["1-0", 1, 1, 0, "0", 1, "2-0", 3, 2, 0, "0", 1, "3-0", 1, "", 0, "", 0])
     assert _request(call) == (("MULTI",), ("SET", *stage[0], "NX"), ("SET", *stage[1], "NX"), evalsha(call), ("EXEC",))
     reply = [b"ok", SCRIPT_OK, SCRIPT_OK, [b"malformed", b"completion has no samples", b"ready"]]
     out = _Outcome([b"OK", b"QUEUED", b"QUEUED", b"QUEUED", [b"OK", b"OK", reply]])

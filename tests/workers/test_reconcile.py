@@ -91,7 +91,7 @@ class FakeWorker:
             self.on_owned()
         return list(self.listed)
 
-    async def abort(self, receipt: Receipt, reason: str = "aborted") -> str:
+    async def abort(self, receipt: Receipt, reason: str = "aborted", discarded: int = 0) -> str:
         self.aborted.append((receipt, reason))
         if self.on_abort is not None:
             self.on_abort()

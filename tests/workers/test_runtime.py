@@ -325,6 +325,10 @@ def test_nonzero_std_filter_settles_constant_groups_filtered(url: str, name: str
     st = q.stats()
     assert st.filtered_by_reason == {"zero_std": 3} and st.retained == 0
     assert set(committed) == {"mixed-0", "mixed-1"}
+    # The filtered groups' tokens are waste the queue counts (the worker sends them with the filter);
+    # nothing is held any more, so every generated token was trained or thrown away.
+    w = st.waste
+    assert w.discarded["filtered"] > 0 and w.generated == w.trained + w.discarded_total, w
     assert rt.drain() is None
 
 

@@ -107,14 +107,14 @@ class FakeWorker:
     async def complete(self, receipt: Receipt, samples: Any) -> str:
         return await self._call("complete", receipt, samples)
 
-    async def filter(self, receipt: Receipt, reason: str) -> str:
-        return await self._call("filter", receipt, reason)
+    async def filter(self, receipt: Receipt, reason: str, tokens: int = 0) -> str:
+        return await self._call("filter", receipt, reason, tokens)
 
     async def fail(self, receipt: Receipt, reason: str) -> str:
         return await self._call("fail", receipt, reason)
 
-    async def abort(self, receipt: Receipt, reason: str = "aborted") -> str:
-        return await self._call("abort", receipt, reason)
+    async def abort(self, receipt: Receipt, reason: str = "aborted", progress: Any = (), discarded: int = 0) -> str:
+        return await self._call("abort", receipt, reason, discarded)
 
 
 SAMPLES = (Sample(slot=0, token_ids=(1, 2)),)
@@ -122,9 +122,9 @@ SAMPLES = (Sample(slot=0, token_ids=(1, 2)),)
 
 @pytest.mark.parametrize(("verdict", "call"), [
     (Complete(SAMPLES), ("complete", R, list(SAMPLES))),
-    (Filter("all rewards equal"), ("filter", R, "all rewards equal")),
+    (Filter("all rewards equal", 12), ("filter", R, "all rewards equal", 12)),
     (Fail("request failed: boom"), ("fail", R, "request failed: boom")),
-    (Abort("worker drained"), ("abort", R, "worker drained")),
+    (Abort("worker drained", discarded=7), ("abort", R, "worker drained", 7)),
 ])
 def test_each_verdict_makes_exactly_its_own_facade_call(verdict: Verdict, call: tuple[Any, ...]) -> None:
     worker = FakeWorker()
@@ -140,10 +140,12 @@ def test_verdicts_are_frozen_and_count_under_distinct_keys() -> None:
     assert Complete(SAMPLES).log_fields() == {} and Fail("x" * 300).log_fields() == {"reason": "x" * 200}
 
 
-def settle(verdict: Verdict, refuse: list[Exception]) -> tuple[FakeWorker, RuntimeStats, list[Event]]:
+def settle(verdict: Verdict, refuse: list[Exception],
+           generated: int = 0) -> tuple[FakeWorker, RuntimeStats, list[Event]]:
     worker, stats, events = FakeWorker(refuse), RuntimeStats(), []
     settler = Settler(worker, Scorer(), lambda ids: "", stats, events.append)  # type: ignore[arg-type]
     attempt = Attempt(Reservation(R, SourceGroup("s", "p", 1), 0))
+    attempt.generated_tokens = generated
     asyncio.run(settler.settle(attempt, verdict))
     return worker, stats, events
 
@@ -156,6 +158,15 @@ def test_the_settler_counts_and_reports_each_outcome() -> None:
     assert [type(e) for e in events] == [StaleSettlement]
     _, stats, events = settle(Complete(SAMPLES), [MalformedCompletion("1-0", "bad slot")])
     assert stats.settled["failed"] == 1 and [type(e) for e in events] == [CompletionRefused]
+
+
+def test_an_abort_that_keeps_no_progress_hands_its_generated_tokens_to_the_queue_as_waste() -> None:
+    """Issue 30: what the attempt generated and no record keeps is counted by the queue (tokens_aborted);
+    an abort with progress keeps it (the next attempt continues it), so it sends no count."""
+    worker, _, _ = settle(Abort("weight update"), [], generated=9)
+    assert worker.calls == [("abort", R, "weight update", 9)]
+    worker, _, _ = settle(Abort("weight update", SAMPLES), [], generated=9)
+    assert worker.calls == [("abort", R, "weight update", 0)]  # the progress is kept: nothing thrown away
 
 
 def test_a_payload_too_large_is_settled_again_as_a_failure() -> None:

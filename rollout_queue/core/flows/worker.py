@@ -123,6 +123,7 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
     payload, min_version, slots = _completion_args(receipt, samples, max_payload_bytes)
     reply = yield p.build(keys, "complete", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, size=len(payload), min_version=min_version, slots=slots,
+                          tokens=completion_tokens(samples),
                           stage=((keys.payload(receipt.entry_id, receipt.attempt), payload),))
     return p.parse_complete(reply, receipt)
 
@@ -136,6 +137,17 @@ def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_by
     if len(payload) > max_payload_bytes:
         raise PayloadTooLarge(f"completion of {receipt.entry_id}", len(payload), max_payload_bytes)
     return payload, min(x.version for x in samples), ",".join(str(x.slot) for x in samples)
+
+
+#: The most tokens one completion (or a filtered group) may declare: parse_tokens.lua's bound.
+MAX_COMPLETION_TOKENS = 2 ** 31 - 1
+
+
+def completion_tokens(samples: Sequence[Sample]) -> int:
+    """The tokens a completion holds (every sample's token ids), as complete.lua takes them: the script
+    never reads the payload, and counts these in counters.tokens_generated / tokens_trained / the
+    tokens_<reason> of a discard (DESIGN, Token accounting)."""
+    return sum(len(x.token_ids) for x in samples)
 
 
 #: Items per complete_many script call, and their payload bytes: each item costs ~2 commands in the
@@ -174,7 +186,8 @@ def complete_many(keys: QueueKeys, worker_id: str, items: Sequence[tuple[Receipt
             yield from _complete_chunk(keys, worker_id, chunk, flat, stage, out)
             chunk, flat, stage, size = [], [], [], 0
         chunk.append((i, receipt))
-        flat += [receipt.entry_id, receipt.attempt, len(payload) if slots else "", min_version, slots]
+        flat += [receipt.entry_id, receipt.attempt, len(payload) if slots else "", min_version, slots,
+                 completion_tokens(samples)]
         if slots:  # no samples: nothing to stage, the script ends the attempt malformed
             stage.append((keys.payload(receipt.entry_id, receipt.attempt), payload))
         size += len(payload)
@@ -201,29 +214,34 @@ def fail(keys: QueueKeys, receipt: Receipt, reason: str, terminal: str = "failed
 
 
 def abort(keys: QueueKeys, receipt: Receipt, reason: str, progress: Sequence[Sample] = (),
-          max_partial_bytes: int = 0) -> Flow[str]:
+          max_partial_bytes: int = 0, discarded: int = 0) -> Flow[str]:
     """End the attempt aborted (not counted). Returns 'ready' or 'replay'.
 
     ``progress``: the attempt's samples so far, stored in the same script call as the progress record
     the next attempt continues from (partial rollouts). Raises PartialTooLarge, before anything is
     sent, when the record is over ``max_partial_bytes`` (or the stored bound refused it): the attempt
-    is still owned; abort again without progress."""
+    is still owned; abort again without progress. ``discarded``: the tokens it generated that no
+    record keeps, counted as waste (counters.tokens_aborted)."""
     check_receipt(receipt)
     tokens, min_version, record = progress_args(receipt, progress, max_partial_bytes) if progress else ("", "", b"")
     reply = yield p.build(keys, "abort", entry_id=receipt.entry_id, attempt=receipt.attempt,
                           worker_id=receipt.worker_id, reason=_reason_text(reason), tokens=tokens,
-                          min_version=min_version, progress=record)
+                          min_version=min_version, progress=record,
+                          discarded=check_int(discarded, "discarded", 0, MAX_COMPLETION_TOKENS))
     return p.parse_ended(reply, "abort", receipt)
 
 
-def filter_group(keys: QueueKeys, receipt: Receipt, reason: str) -> Flow[str]:
+def filter_group(keys: QueueKeys, receipt: Receipt, reason: str, tokens: int = 0) -> Flow[str]:
     """Settle the group filtered (consumed, never trained). Returns 'filtered' or 'replay'.
 
     ``reason`` is free text ("all rewards equal"): the ledger keeps it (capped at 2,000 characters,
-    like every reason); the per-reason counter is its normalised token, bounded in filter.lua."""
+    like every reason); the per-reason counter is its normalised token, bounded in filter.lua.
+    ``tokens``: what the attempt generated for the group, counted in counters.tokens_filtered (its
+    waste: the scripts never see the samples of a filtered group)."""
     check_receipt(receipt)
     reply = yield p.build(keys, "filter", entry_id=receipt.entry_id, attempt=receipt.attempt,
-                          worker_id=receipt.worker_id, reason=check_reason(reason, "filter reason"))
+                          worker_id=receipt.worker_id, reason=check_reason(reason, "filter reason"),
+                          tokens=check_int(tokens, "tokens", 0, MAX_COMPLETION_TOKENS))
     return p.parse_ended(reply, "filter", receipt)
 
 

@@ -21,10 +21,13 @@ ARGV:
   min_version  integer, the oldest policy version of those tokens ('' or 0 with no progress)
   progress     bytes, the attempt's progress record (codec.encode_partial), '' for none: stored as
                save_partial stores it (built keys partial and partial_head), in this same call
+  discarded    count, the tokens the attempt generated that no record keeps (0: none, or not known):
+               added to counters.tokens_generated and tokens_aborted (DESIGN, Token accounting)
 Returns:
   {'ok', 'ready' | 'replay'}
   {'stale_receipt', owner, delivery_count}   nothing written
   {'partial_too_large', size, limit}         nothing written: abort again without progress
+  a ROLLOUTQ error for a bad receipt, progress or discarded, before anything is written
 Invariant:
   the entry is owned by @ready and indexed in ready; its counted failures are unchanged (an abort is
   not the group's fault: weight updates, drains); with progress, the entry's progress record is
@@ -38,9 +41,11 @@ Invariant:
 -- @include end_attempt
 -- @include check_partial
 -- @include write_partial
+-- @include parse_tokens
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
+local discarded = parse_tokens(A.discarded)
 local refused = receipt_refusal(id, attempt, worker, function(last)
   return replayed(id, attempt, worker, 'aborted', last)
 end)
@@ -50,5 +55,10 @@ if A.progress ~= '' then
   if too_large then return too_large end
   -- false when this record is already stored (saved before the abort): kept, not counted again
   write_partial(id, attempt, worker, A.tokens, A.min_version, A.progress)
+end
+-- Generated and thrown away in one step (not on a replay: refused above), as filter counts them.
+if discarded > 0 then
+  redis.call('HINCRBY', K.counters, 'tokens_generated', discarded)
+  redis.call('HINCRBY', K.counters, 'tokens_aborted', discarded)
 end
 return {'ok', end_attempt(id, attempt, worker, 'aborted', A.reason, false, cfg, now)}

@@ -9,7 +9,8 @@ KEYS:
   kept       committed entry IDs kept for checkpoint restore, scored by step
   wake_work  wake stream for blocked reservers
   settled    settle times of settled groups (entry ID -> source_id), for prune
-  The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag).
+  The lease record rollout:{q}:lease:<lease_id> is built from meta's prefix (same hash tag), as are the
+  members' payload keys and their token records rollout:{q}:tokens (counted in tokens_trained, dropped).
   counters   counters (apart from meta: the worker role writes these, never the config or version)
   leased     entry ID -> '<lease_id>|<attempt>' of each leased group (leased_guard)
   ready      requeued entry IDs
@@ -114,7 +115,7 @@ if k > 0 then
   call_batched({'XACK', K.src, 'rollout'}, ids)
   call_batched({'HDEL', K.leased}, ids)
   if keep then call_batched({'ZADD', K.kept}, kept) else call_batched({'XDEL', K.src}, ids) end
-  drop_payloads(attempts)
+  drop_payloads(attempts, 'trained')
   call_batched({'HSET', K.ledger}, settled)
 end
 local commit_id = redis.call('XADD', K.commits, 'MAXLEN', '~', cfg.commits_maxlen, '*', 'lease', A.lease_id,

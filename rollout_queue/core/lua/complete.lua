@@ -12,6 +12,7 @@ KEYS:
   wake_work  wake stream for blocked reservers
   wake_done  wake stream for blocked trainers
   counters   counters (apart from meta: the worker role writes these, never the config or version)
+  The token records rollout:{q}:tokens ('<entry>:<attempt>' -> tokens) are built from meta's prefix.
 READS:
   meta       config and policy version (read only: the worker role may not write meta)
   leased     entry ID -> its lease (leased_guard: a leased group is moved only by its lease)
@@ -23,13 +24,15 @@ ARGV:
                (codec.py) was SET at rollout:{q}:payload:<entry_id>:<attempt> in this call's MULTI
   min_version  integer, the oldest policy version any sample was generated with
   slots        comma-separated parent slot of every output, in payload order ('' : no outputs)
+  tokens       count, the tokens of every output (sum of their token ids; 0 with no outputs):
+               counters.tokens_generated once adopted, kept in the `tokens` hash beside the payload
 Returns:
   {'ok', 'buffered' | 'replay' | 'evicted_self', evicted entry ID or ''}
   {'stale_receipt', owner, delivery_count}             nothing written (the staged payload deleted)
   {'payload_too_large', bytes, limit}                   nothing kept, the attempt stays executing
   {'malformed', detail, 'ready' | 'dead'}               the attempt ended malformed and was requeued
   (slots '': ended as fail(terminal='malformed') ends it, and a repeat answers 'malformed' again)
-  a ROLLOUTQ error for a bad receipt or min_version, before anything is written
+  a ROLLOUTQ error for a bad receipt, min_version or tokens, before anything is written
 Invariant:
   the entry is owned by @done and is in buffer and bufver, its payload kept at its payload key, or
   (overflow) the stalest of the buffered + arriving groups went back to ready; buffer size <=
@@ -39,6 +42,7 @@ Invariant:
 -- @include parse_receipt
 -- @include parse_min_version
 -- @include parse_size
+-- @include parse_tokens
 -- @include completion_batch
 -- @include complete_attempt
 -- @include finish_completions
@@ -47,13 +51,14 @@ Invariant:
 -- the three writes, two wakes), plus the staging SET and MULTI/EXEC around it; TIME only on a
 -- requeue path. complete_many shares all of it per batch.
 local cfg = load_config()
-local id, attempt, worker, min_version, size
+local id, attempt, worker, min_version, size, tokens
 parse_staged(function()
   id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
   min_version = parse_min_version(A.min_version)
   size = parse_size(A.size, A.slots)
+  tokens = parse_tokens(A.tokens)
 end, {{A.entry_id, A.attempt}})
 local b = completion_batch()
-local reply = complete_attempt(b, cfg, id, attempt, worker, size, min_version, A.slots)
+local reply = complete_attempt(b, cfg, id, attempt, worker, size, min_version, A.slots, tokens)
 finish_completions(b)
 return reply

@@ -17,9 +17,12 @@ ARGV:
   worker_id  the receipt's worker
   reason     free text (e.g. 'all rewards equal'), kept whole in the ledger line; counted under
              its token (reason_counter: at most 32 named counters, then 'other')
+  tokens     count, the tokens the attempt generated for the group it filters (0: not known),
+             added to counters.tokens_generated and tokens_filtered (DESIGN, Token accounting)
 Returns:
   {'ok', 'filtered' | 'replay'}
   {'stale_receipt', owner, delivery_count}   nothing written
+  a ROLLOUTQ error for a bad receipt or tokens, before anything is written
 Invariant:
   the entry is parked (PEL owner @filtered, a record in parked), its executing and retained capacity
   released, and the ledger says s|filtered|<attempt>|<worker>|<reason> for this exact receipt;
@@ -36,9 +39,11 @@ Invariant:
 -- @include park_many
 -- @include reason_counter
 -- @include payloads
+-- @include parse_tokens
 local now = now_ms()
 local cfg = load_config()
 local id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
+local tokens = parse_tokens(A.tokens)
 local settled = ledger_settled('filtered', attempt, worker, A.reason)
 local refused = receipt_refusal(id, attempt, worker, settled)
 if refused then return refused end
@@ -46,5 +51,10 @@ local f = read_entry(id)
 release_executing(tonumber(f and f.n) or 0)
 park_many({{id = id, attempt = attempt}}, 'filtered', A.reason, worker, now)
 redis.call('HINCRBY', K.counters, reason_counter(A.reason), 1)
+-- Generated and thrown away in one step: counted in both, so generated = trained + discarded + held.
+if tokens > 0 then
+  redis.call('HINCRBY', K.counters, 'tokens_generated', tokens)
+  redis.call('HINCRBY', K.counters, 'tokens_filtered', tokens)
+end
 drop_payloads({{id = id, attempt = attempt}})  -- a completion staged for it but never adopted
 return {'ok', 'filtered'}

@@ -19,13 +19,14 @@ batch (pending members included); before an eviction decision the pending writes
 victim is chosen among exactly the groups N separate complete calls would have buffered by then.
 The attempt's executing capacity and the counters are released through the batch (one write per call).
 ]]
-local function buffer_completion(b, cfg, id, attempt, worker, min_version, n)
+local function buffer_completion(b, cfg, id, attempt, worker, min_version, n, tokens)
   b.delta.executing_groups = b.delta.executing_groups - 1
   b.delta.executing_samples = b.delta.executing_samples - n
   b.released = true
   local base = b.base
   if not base or b.dirty then base = read_completion_counters(b) end
   b.delta.arrivals = b.delta.arrivals + 1
+  b.delta.tokens_generated = b.delta.tokens_generated + tokens  -- adopted: generated, whatever follows
   local arrival = base.arrivals + b.delta.arrivals
   local score = buffer_version_score(min_version, arrival)
   local evicted = ''
@@ -41,6 +42,7 @@ local function buffer_completion(b, cfg, id, attempt, worker, min_version, n)
       b.size = redis.call('ZCARD', K.buffer)
     else
       redis.call('HINCRBY', K.counters, 'evicted_overflow', 1)
+      if tokens > 0 then redis.call('HINCRBY', K.counters, 'tokens_overflow', tokens) end
       requeue_entry(id, attempt, worker, 'overflow', 'overflow', false, cfg, batch_now(b))
       drop_payloads({{id = id, attempt = attempt}})
       ledger_set(id, ledger_attempt(attempt, worker, 'completed'))
@@ -54,6 +56,8 @@ local function buffer_completion(b, cfg, id, attempt, worker, min_version, n)
   table.insert(b.bufver, id)
   table.insert(b.ledger, id)
   table.insert(b.ledger, ledger_attempt(attempt, worker, 'completed'))
+  table.insert(b.tokens, id .. ':' .. attempt)
+  table.insert(b.tokens, tokens)
   b.pending[id] = true
   b.size = b.size + 1
   b.delta.completed_total = b.delta.completed_total + 1

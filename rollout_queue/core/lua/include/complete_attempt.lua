@@ -25,7 +25,7 @@ completed again answers 'replay'). An entry already pending in this batch is flu
 second mention sees the first one's outcome.
 ]]
 local NO_OUTPUTS = 'completion has no samples'
-local function complete_attempt(b, cfg, id, attempt, worker, size, min_version, slots)
+local function complete_attempt(b, cfg, id, attempt, worker, size, min_version, slots, tokens)
   if b.pending[id] then flush_completions(b) end
   local empty = slots == ''
   local kind = empty and 'malformed' or 'completed'
@@ -59,5 +59,5 @@ local function complete_attempt(b, cfg, id, attempt, worker, size, min_version, 
   -- (finish_completions: drop_partials), so an item costs no command more.
   b.partials = b.partials or {}
   table.insert(b.partials, id)
-  return buffer_completion(b, cfg, id, attempt, worker, min_version, n)
+  return buffer_completion(b, cfg, id, attempt, worker, min_version, n, tokens)
 end

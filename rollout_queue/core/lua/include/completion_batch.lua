@@ -12,8 +12,9 @@ local function completion_batch()
     claims = {},     -- {id, attempt} of each pending completion, to give to @done (claim_counted)
     buffer = {}, bufver = {}, ledger = {},  -- flat score/member or field/value lists
     pending = {},    -- entry ID -> true while its writes wait in this batch
-    delta = {arrivals = 0, completed_total = 0, executing_groups = 0, executing_samples = 0},
-    base = nil,      -- those four counters as read from meta (read_completion_counters)
+    tokens = {},     -- flat '<id>:<attempt>', token count pairs of the pending completions (record_tokens)
+    delta = {arrivals = 0, completed_total = 0, executing_groups = 0, executing_samples = 0, tokens_generated = 0},
+    base = nil,      -- those counters as read from K.counters (read_completion_counters)
     dirty = false,   -- another helper moved executing_* after that read: read again before writing
     size = nil,      -- the buffer's size counting the pending completions (one ZCARD, when needed)
     released = false, buffered = false, now = nil,

@@ -1,13 +1,14 @@
 --[[
-read_completion_counters / write_completion_counters: the four meta counters a completion moves
-(arrivals, completed_total, executing_groups, executing_samples), read once and written once per call.
+read_completion_counters / write_completion_counters: the counters a completion moves (arrivals,
+completed_total, executing_groups, executing_samples, tokens_generated), read once and written once per call.
 Uses: K.counters. Why: one HMGET and one HSET per script call instead of four HINCRBYs per completion;
 read and write happen inside one script, so this is as atomic as HINCRBY. The arrival numbers (buffer
 order) come from the first read: no other helper writes arrivals. end_attempt (a malformed completion)
 moves executing_* through HINCRBY: the caller then marks the batch dirty, and the write reads the
 counters again first, so no increment is lost. load_config has already refused non-integer counters.
 ]]
-local COMPLETION_COUNTERS = {'arrivals', 'completed_total', 'executing_groups', 'executing_samples'}
+local COMPLETION_COUNTERS = {'arrivals', 'completed_total', 'executing_groups', 'executing_samples',
+  'tokens_generated'}
 local function read_completion_counters(b)
   local v = redis.call('HMGET', K.counters, unpack(COMPLETION_COUNTERS))
   b.base, b.dirty = {}, false

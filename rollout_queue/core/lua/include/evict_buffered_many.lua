@@ -29,7 +29,7 @@ local function evict_buffered_many(ids, reason, cfg, now)
   call_batched({'ZREM', K.buffer}, ids)
   call_batched({'ZREM', K.bufver}, ids)
   done = unleased(done)  -- a leased group's payload is its trainer's: handed back whole (leased_guard)
-  drop_payloads(done)
+  drop_payloads(done, reason)  -- counters.tokens_stale / tokens_overflow
   redis.call('HINCRBY', K.counters, 'evicted_' .. reason, #ids)
   if ghosts > 0 then redis.call('HINCRBY', K.counters, 'ghosts', ghosts) end
   requeue_entries(done, '@done', reason, reason, false, cfg, now)

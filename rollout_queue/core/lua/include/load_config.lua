@@ -11,7 +11,9 @@ local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 
   'ghosts', 'kept', 'leased', 'leases_total', 'restored', 'retained', 'failed', 'malformed',
   'aborted', 'lost', 'expired', 'rolled_back', 'pruned', 'oversize_skipped', 'oversize_granted', 'reindexed',
   'filtered_reasons', 'workers_reaped', 'partial_bytes', 'partial_saved', 'partial_continued', 'partial_stale',
-  'parked', 'leased_reclaimed', 'counters_repaired'}
+  'parked', 'leased_reclaimed', 'counters_repaired', 'tokens_generated', 'tokens_trained', 'tokens_stale',
+  'tokens_overflow', 'tokens_rolled_back', 'tokens_expired', 'tokens_trainer_error', 'tokens_dead', 'tokens_filtered',
+  'tokens_aborted'}
 local COUNTER_SET = {}
 for _, name in ipairs(COUNTERS) do COUNTER_SET[name] = true end
 local function is_integer(raw)

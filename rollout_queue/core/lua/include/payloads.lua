@@ -1,5 +1,6 @@
 -- @include call_batched
 -- @include pel_entry
+-- @include hmget_many
 --[[
 payload_key / drop_payloads: where an attempt's completion payload lives, and its removal.
 The key is rollout:{q}:payload:<entry ID>:<attempt> (keys.py QueueKeys.payload spells it the same),
@@ -15,15 +16,35 @@ is the entry's PEL delivery count there: @done and @lease claims keep it), and d
 ends that: commit, eviction, rollback and expiry (`entries` are {id =, attempt =} records); a complete
 call that refuses it, and every end of an executing attempt (end_attempts, filter, reject), delete
 one that was staged but never adopted.
+Token accounting (DESIGN, Token accounting) lives beside the payload and has its lifetime: the
+`tokens` hash (built from K.meta's prefix) holds '<entry ID>:<attempt>' -> the completion's
+token count, written when a completion is adopted into the buffer (record_tokens) and read and
+deleted by the same drop that deletes the payload. A drop that names a `reason` (the adopted
+completion is trained or thrown away) adds those tokens to counters.tokens_<reason>; a drop without
+one only deletes payloads staged and never adopted, which have no token record. So no settlement can
+leave a record behind that its payload did not also leave.
 ]]
 local PAYLOAD_PREFIX = string.sub(K.meta, 1, -5) .. 'payload:'
+local TOKENS_KEY = string.sub(K.meta, 1, -5) .. 'tokens'
 local function payload_key(id, attempt)
   return PAYLOAD_PREFIX .. id .. ':' .. attempt
 end
-local function drop_payloads(entries)
-  local keys = {}
-  for i, e in ipairs(entries) do keys[i] = payload_key(e.id, e.attempt) end
+-- record_tokens: flat '<id>:<attempt>', count pairs of adopted completions (one HSET per batch).
+local function record_tokens(items)
+  call_batched({'HSET', TOKENS_KEY}, items)
+end
+local function drop_payloads(entries, reason)
+  local keys, fields = {}, {}
+  for i, e in ipairs(entries) do
+    keys[i] = payload_key(e.id, e.attempt)
+    fields[i] = e.id .. ':' .. e.attempt
+  end
   call_batched({'DEL'}, keys)
+  if not reason or not fields[1] then return end
+  local tokens = 0
+  for _, n in ipairs(hmget_many(TOKENS_KEY, fields)) do tokens = tokens + (tonumber(n) or 0) end
+  call_batched({'HDEL', TOKENS_KEY}, fields)
+  if tokens > 0 then redis.call('HINCRBY', K.counters, 'tokens_' .. reason, tokens) end
 end
 
 -- Whether an entry whose PEL owner and delivery count are these is buffered or leased under

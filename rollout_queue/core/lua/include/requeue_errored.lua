@@ -78,7 +78,7 @@ local function rebuffer(entries, lease_key, cfg)
   end
   call_batched({'ZADD', K.buffer}, buffer)
   call_batched({'ZADD', K.bufver}, bufver)
-  drop_payloads(gone)
+  drop_payloads(gone, 'trainer_error')
   wake(K.wake_done)
 end
 
@@ -112,7 +112,7 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
     else
       if dead[1] then append_histories(dead, owner, TRAINER_ERROR, reason, false, nil, now) end
       requeue_entries(back, owner, TRAINER_ERROR, reason, false, cfg, now)
-      drop_payloads(back)
+      drop_payloads(back, 'trainer_error')
     end
     if marks[1] then call_batched({'ZADD', K.suspects}, marks) end
     if dead[1] then
@@ -123,7 +123,7 @@ local function requeue_errored_members(lease_key, lease_id, reason, budget, cfg,
         gone[i] = e.id
       end
       park_many(dead, 'dead', TRAINER_ERROR .. ': ' .. reason, owner, now)
-      drop_payloads(dead)
+      drop_payloads(dead, 'dead')
       call_batched({'ZREM', K.suspects}, gone)
     end
     redis.call('HINCRBY', K.counters, 'leased', -n)

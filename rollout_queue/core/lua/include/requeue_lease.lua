@@ -83,7 +83,7 @@ local function requeue_lease_members(lease_key, lease_id, terminal, budget, cfg,
   local n = #entries
   if n > 0 then
     release_leased(entries, lease_id)
-    drop_payloads(entries)
+    drop_payloads(entries, terminal)  -- counters.tokens_rolled_back / tokens_expired
     requeue_entries(entries, owner, terminal, terminal, false, cfg, now)
     redis.call('HINCRBY', K.counters, 'leased', -n)
     redis.call('HINCRBY', K.counters, terminal, n)
