@@ -146,6 +146,10 @@ class Attempt:
     generated_tokens: int = 0
     #: tokens taken from an earlier attempt's progress instead of generated again (partial rollouts)
     continued_tokens: int = 0
+    #: what a periodic progress save reads (execution.py), by slot: the output of each slot that
+    #: ended, and for each request in flight its id, the prefix it continues and its versions so far
+    ended: dict[int, Output] = field(default_factory=dict)
+    running: dict[int, tuple[str, Sample | None, list[int]]] = field(default_factory=dict)
 
     @property
     def receipt(self) -> Receipt:
