@@ -160,8 +160,8 @@ def add_arguments(p: argparse.ArgumentParser, inherited: Collection[str] = ()) -
                    help="an attempt still generating after S seconds saves its samples so far, and again every "
                         "S seconds: a worker killed mid-attempt loses at most S seconds of tokens, the next "
                         "attempt continues the rest (torch and scripted engines give tokens mid-request; vLLM "
-                        f"only finished samples). Trajectories are not saved. Default {DEFAULT_SAVE_PROGRESS_EVERY_S:g}; "
-                        "0: off")
+                        "only finished samples; a trajectory its complete turns, when its environment has "
+                        f"snapshot/restore). Default {DEFAULT_SAVE_PROGRESS_EVERY_S:g}; 0: off")
     w.add_argument("--exit-grace", type=float, default=EXIT_GRACE_S, metavar="SECONDS",
                    help="once its work is returned, the process ends within this many seconds even if user code "
                         f"(a hung tool call or reward) still runs (default {EXIT_GRACE_S:g})")

@@ -12,8 +12,9 @@ continued: its prompt plus its tokens so far go to the engine as the prompt, ``m
 what it has, and the sample keeps the prefix's behaviour logprobs and segments, with a new segment
 for the continuation's version. An attempt aborted here hands its samples so far back with the abort
 (``attempt.progress_of``), and one still generating saves them every interval on its way
-(``saves.ProgressSaver``), so a worker killed mid-attempt loses at most one interval. Trajectories
-are not continued (their environment state is not kept).
+(``saves.ProgressSaver``), so a worker killed mid-attempt loses at most one interval. A trajectory
+is continued from its last complete turn when its environment can be snapshot and restored
+(``trajectory.py``); else it starts over.
 
 It must not reserve, keep the set of attempts, or decide that the worker stops: whatever escapes
 ``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``, ``EnvironmentsHung``) is the
@@ -71,8 +72,7 @@ class AttemptExecutor:
                  on_sample_done: Callable[[Attempt], None], trajectories: TrajectoryRunner | None = None,
                  saver: ProgressSaver | None = None) -> None:
         self.engine, self.sampling, self.versions, self.settler = engine, sampling, versions, settler
-        self.on_sample_done, self.trajectories = on_sample_done, trajectories
-        self.saver = saver if trajectories is None else None
+        self.on_sample_done, self.trajectories, self.saver = on_sample_done, trajectories, saver
 
     async def execute(self, a: Attempt) -> None:
         """Generate, then settle by receipt. Raises what the engine or the settlement cannot handle."""
@@ -96,8 +96,7 @@ class AttemptExecutor:
             a.abort_reason = "engine aborted a request"
         if a.abort_reason is not None:
             # Not the group's fault: its samples so far go back with it, for the next attempt.
-            progress = () if self.trajectories is not None else progress_of(outputs)
-            await self.settler.settle(a, Abort(a.abort_reason, progress))
+            await self.settler.settle(a, Abort(a.abort_reason, progress_of(outputs)))
         else:
             await self.settler.score_and_settle(a, outputs)
 
@@ -112,7 +111,7 @@ class AttemptExecutor:
     async def _generate(self, a: Attempt) -> list[Output]:
         group = a.reservation.group
         prompt = list(group.prompt_token_ids) if group.prompt_token_ids else self.engine.encode(group.prompt)
-        prefixes = {s.slot: s for s in a.reservation.progress} if self.trajectories is None else {}
+        prefixes = {s.slot: s for s in a.reservation.progress}
         tasks = [asyncio.create_task(self._sample(a, slot, prompt, prefixes.get(slot))) for slot in range(group.n)]
         try:
             if self.saver is None:
@@ -126,10 +125,10 @@ class AttemptExecutor:
     async def _sample(self, a: Attempt, slot: int, prompt: list[int], prefix: Sample | None = None) -> Output:
         params = sampling_for(self.sampling, a.reservation.group.source_id, slot)
         try:
-            if self.trajectories is not None:
-                return await self.trajectories.run(a, slot, prompt, params)
             if prefix is not None and prefix.finish_reason != "abort":
                 out = Output.continued(prefix)  # it had ended before the earlier attempt was cut short
+            elif self.trajectories is not None:
+                out = await self.trajectories.run(a, slot, prompt, params, prefix)
             else:
                 out = await self._single(a, slot, prompt, params, prefix)
             a.ended[slot] = out  # what a progress save takes as it is from now on

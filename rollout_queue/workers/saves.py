@@ -7,9 +7,10 @@ after S seconds saves its progress (``save_partial``) and again every S seconds,
 on any worker, continues from at most S seconds back (DESIGN: Partial rollouts).
 
 What a save holds: each slot that ended, its output; each request in flight, the tokens the engine
-has so far (``Engine.partial``, read without stopping the request) after the prefix it continues.
-An engine that cannot tell before a request ends (vLLM) contributes the ended slots and the prefixes
-only. A save that would add no token to the last one is skipped, so an attempt that makes no
+has so far (``Engine.partial``, read without stopping the request) after the prefix it continues;
+each trajectory, its last checkpoint (its complete turns and its environment's snapshot:
+``trajectory.py`` rule 6; none without ``snapshot``/``restore``). An engine that cannot tell before a
+request ends (vLLM) contributes the ended slots and the prefixes only. A save that would add no token to the last one is skipped, so an attempt that makes no
 progress (waiting for its weights, or in the engine's queue) writes nothing.
 
 Rules:
@@ -19,7 +20,6 @@ Rules:
    attempt's settlement writes nothing once the attempt has ended.
 2. A save in flight is never cancelled when generation ends (its outcome would be unknown): the
    attempt settles after it. Only a failing attempt (an exception, a cancellation) cancels it.
-3. Trajectories are not saved here: their progress is turns and an environment, not tokens alone.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def progress_now(a: Attempt, engine: Engine) -> tuple[Sample, ...]:
 def _slot_so_far(a: Attempt, slot: int, engine: Engine, prefixes: Mapping[int, Sample]) -> Output:
     if slot in a.ended:
         return a.ended[slot]
+    if slot in a.checkpoints:
+        return a.checkpoints[slot]
     rid, prefix, seen = a.running.get(slot, ("", prefixes.get(slot), []))
     now = engine.partial(rid) if rid else None
     if now is not None and now.token_ids and seen:
