@@ -18,11 +18,8 @@ from typing import Any
 
 import pytest
 
-import redis
 
 from rollout_queue import CompletedGroup, RolloutQueue, Sample, SourceGroup
-from rollout_queue.core.codec import decode_partial
-from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.engines.scripted import ScriptedEngine
@@ -32,6 +29,7 @@ from tests.workers.runtime_helpers import (
     RuntimeThread,
     open_queue,
     pel_owners,
+    saved_record,
     spawn_worker,
     submit,
     train,
@@ -248,16 +246,6 @@ def test_the_torch_engine_continues_a_version_0_prefix_under_version_1(
 
 
 # -- periodic saves (--save-progress-every-s) --------------------------------------------------------
-
-def saved_record(url: str, name: str, entry_id: str, n: int) -> dict[int, Sample]:
-    """The progress record stored for ``entry_id`` (by slot), {} when there is none."""
-    client = redis.Redis.from_url(url)
-    try:
-        blob = client.hget(QueueKeys(name)["partial"], entry_id)
-    finally:
-        client.close()
-    return {} if blob is None else decode_partial(blob, n)
-
 
 def test_an_attempt_still_generating_saves_its_progress_and_its_completion_drops_it(url: str, name: str) -> None:
     """While the attempt runs (its requests hang), each interval saves the engine's tokens so far; the

@@ -22,11 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from rollout_queue import Sample, SourceGroup, Turn
-from rollout_queue.core.codec import decode_partial
-from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.workers.engines.base import SamplingConfig
 from rollout_queue.workers.engines.scripted import OFFSET, ScriptedEngine
@@ -41,6 +38,7 @@ from tests.workers.runtime_helpers import (
     RuntimeThread,
     open_queue,
     pel_owners,
+    saved_record,
     serving_workers,
     spawn_worker,
     train,
@@ -481,16 +479,6 @@ def test_load_environment_names_what_to_fix() -> None:
 
 
 # -- progress: trajectories resumed from their last complete turn (rule 6 of trajectory.py) -----------
-
-def saved_record(url: str, name: str, entry_id: str, n: int) -> dict[int, Sample]:
-    """The progress record stored for ``entry_id`` (by slot), {} when there is none."""
-    client = redis.Redis.from_url(url)
-    try:
-        blob = client.hget(QueueKeys(name)["partial"], entry_id)
-    finally:
-        client.close()
-    return {} if blob is None else decode_partial(blob, n)
-
 
 def check_resumed(g: Any, record: dict[int, Sample]) -> int:
     """Each sample of ``g``: the saved turn 0 and its observation, then turn 1 generated after a restore
