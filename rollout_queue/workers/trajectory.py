@@ -45,8 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Sequence, TypeVar
 
 from rollout_queue.core.errors import EnvironmentFailed, InvalidInput, RequestFailed, TrajectoryAborted
-from rollout_queue.core.models import MODEL, OBSERVATION, Turn, check_trajectory
-from rollout_queue.core.models import Sample
+from rollout_queue.core.models import MODEL, OBSERVATION, Sample, Turn, check_trajectory
 from rollout_queue.workers.attempt import Attempt, Output
 from rollout_queue.workers.engines.base import Engine, SamplingConfig
 from rollout_queue.workers.environments import Env, EnvironmentHost, ModelTurn
@@ -289,11 +288,12 @@ class _Trajectory:
         """The turns so far with the environment's ``state``: what the next attempt resumes from.
         Raises EnvironmentFailed when the state does not fit a sample's metadata with the step
         rewards (the step records are dropped first)."""
-        metadata: dict[str, Any] = {"step_rewards": self.rewards, "env": state}
+        # Copies: the lists grow with the next step, and this checkpoint must keep matching its turns.
+        metadata: dict[str, Any] = {"step_rewards": list(self.rewards), "env": state}
         if any(info is not None for info in self.infos):
-            metadata["steps"] = self.infos
+            metadata["steps"] = list(self.infos)
         error: InvalidInput | None = None
-        for record in (metadata, {"step_rewards": self.rewards, "env": state}):
+        for record in (metadata, {"step_rewards": list(self.rewards), "env": state}):
             try:
                 check_trajectory((), record, 0, 0)  # JSON within MAX_SAMPLE_METADATA
             except InvalidInput as exc:

@@ -548,3 +548,24 @@ def test_a_drained_trajectory_aborts_with_its_checkpoint_and_the_next_attempt_re
     st = q.stats()
     assert (st.terminals["aborted"], st.partial_records, st.counters["partial_continued"]) == (1, 0, sum(
         len(s.token_ids) for s in record.values()))
+
+
+def test_a_checkpoint_keeps_matching_its_turns_after_the_trajectory_goes_on() -> None:
+    """A checkpoint is what an abort or a save sends while the trajectory runs on: the next step's
+    reward and record must not leak into it (a record whose rewards outnumber its model turns would
+    not resume), and it resumes to the same turns."""
+    from rollout_queue.workers.attempt import to_sample
+    from rollout_queue.workers.trajectory import _Trajectory
+
+    t = _Trajectory(vocab_size=300)
+    t.model_turn((10, 11), (-0.5, -0.25), (0,))
+    t.step(0.25, {"tool": "probe"})
+    t.observe([20, 21, 22], 100)
+    cp = t.checkpoint({"memory": [1, 2]})
+    t.model_turn((12,), (-1.0,), (0,))
+    t.step(1.0, {"tool": "finish"})
+    assert cp.metadata == {"step_rewards": [0.25], "steps": [{"tool": "probe"}], "env": {"memory": [1, 2]}}
+    saved = to_sample(0, cp, None)
+    again = _Trajectory(vocab_size=300)
+    assert again.can_resume(saved) and again.resume(saved) == 1
+    assert (again.token_ids, again.turns, again.rewards) == ([10, 11, 20, 21, 22], list(saved.turns), [0.25])
