@@ -140,9 +140,10 @@ def encode_completion(samples: Sequence[Sample]) -> bytes:
 def encode_partial(samples: Sequence[Sample]) -> bytes:
     """The progress record of an unfinished attempt: its samples so far as a completion blob.
 
-    Raises InvalidInput for no samples, a sample without tokens or logprobs (a continuation keeps the
-    prefix's behaviour logprobs; without them it could not be importance-corrected), or a slot named
-    twice."""
+    A trajectory's sample keeps its turns, and its metadata the environment's snapshot (DESIGN:
+    Partial rollouts); a record without them reads as before. Raises InvalidInput for no samples, a
+    sample without tokens or logprobs (a continuation keeps the prefix's behaviour logprobs; without
+    them it could not be importance-corrected), or a slot named twice."""
     if not samples:
         raise InvalidInput("a progress record needs at least one sample with tokens")
     slots = [s.slot for s in samples]
@@ -151,8 +152,6 @@ def encode_partial(samples: Sequence[Sample]) -> bytes:
     for s in samples:
         if not s.token_ids or len(s.logprobs) != len(s.token_ids):
             raise InvalidInput(f"progress of slot {s.slot} needs tokens and one logprob per token")
-        if s.turns:
-            raise InvalidInput("trajectories are not continued from progress (their environment state is not kept)")
     return encode_completion(samples)
 
 
@@ -164,8 +163,8 @@ def decode_partial(blob: bytes, n: int) -> dict[int, Sample]:
     for s in samples:
         if not 0 <= s.slot < n or s.slot in out:
             raise CodecError(f"progress record names slot {s.slot} twice or outside the group's {n}")
-        if not s.token_ids or len(s.logprobs) != len(s.token_ids) or s.turns:
-            raise CodecError(f"progress of slot {s.slot} has no tokens, no logprobs or turns")
+        if not s.token_ids or len(s.logprobs) != len(s.token_ids):
+            raise CodecError(f"progress of slot {s.slot} has no tokens or no logprobs")
         out[s.slot] = s
     return out
 

@@ -62,9 +62,11 @@ class Output:
 
     @classmethod
     def continued(cls, prefix: Sample, finish_reason: str | None = None) -> "Output":
-        """An earlier attempt's sample taken as it is (it had ended, or fills max_tokens already)."""
+        """An earlier attempt's sample taken as it is (it had ended, or fills max_tokens already); a
+        trajectory's with its turns, metadata and the environment's reward (its steps' sum)."""
         return cls(prefix.token_ids, prefix.logprobs, finish_reason or prefix.finish_reason,
-                   prefix.versions or (prefix.version,), segments=prefix.segments)
+                   prefix.versions or (prefix.version,), turns=prefix.turns, reward=step_reward(prefix),
+                   metadata=prefix.metadata, segments=prefix.segments)
 
     def after(self, prefix: Sample) -> "Output":
         """This continuation joined to the ``prefix`` it continued: the prefix's tokens, logprobs and
@@ -82,6 +84,16 @@ class Output:
     @property
     def aborted(self) -> bool:
         return self.finish_reason == "abort"
+
+
+def step_reward(sample: Sample) -> float | None:
+    """A trajectory's environment reward, the sum of its ``step_rewards`` record; None for a
+    single-turn sample or a record that holds no list of numbers."""
+    rewards = sample.metadata.get("step_rewards") if sample.turns and sample.metadata else None
+    if not isinstance(rewards, list) or not all(isinstance(r, (int, float)) and not isinstance(r, bool)
+                                                for r in rewards):
+        return None
+    return float(sum(rewards))
 
 
 def _per_ending() -> dict[str, int]:
@@ -146,6 +158,13 @@ class Attempt:
     generated_tokens: int = 0
     #: tokens taken from an earlier attempt's progress instead of generated again (partial rollouts)
     continued_tokens: int = 0
+    #: what a periodic progress save reads (execution.py), by slot: the output of each slot that
+    #: ended, and for each request in flight its id, the prefix it continues and its versions so far
+    ended: dict[int, Output] = field(default_factory=dict)
+    running: dict[int, tuple[str, Sample | None, list[int]]] = field(default_factory=dict)
+    #: a trajectory's last complete turn by slot (trajectory.py), with its environment's snapshot in
+    #: the metadata (``env``): what an abort or a save keeps, where the next attempt resumes
+    checkpoints: dict[int, Output] = field(default_factory=dict)
 
     @property
     def receipt(self) -> Receipt:
@@ -239,6 +258,7 @@ def to_sample(slot: int, out: Output, reward: float | None) -> Sample:
 def progress_of(outputs: Sequence[Output]) -> tuple[Sample, ...]:
     """An aborted attempt's samples so far, as the progress record the next attempt continues from:
     every slot with tokens and one logprob each (a slot cut short keeps finish_reason "abort", one
-    that had ended its own), never a trajectory. No reward: the next attempt scores the group."""
+    that had ended its own; a trajectory cut short is its last checkpoint, with its turns). No
+    reward: the next attempt scores the group."""
     return tuple(to_sample(slot, out, None) for slot, out in enumerate(outputs)
-                 if out.token_ids and len(out.logprobs) == len(out.token_ids) and not out.turns)
+                 if out.token_ids and len(out.logprobs) == len(out.token_ids))

@@ -56,7 +56,7 @@ from rollout_queue.workers.reconcile import DEFAULT_GRACE_S
 from rollout_queue.workers.environments import MAX_HUNG, EnvironmentHost, load_environment
 from rollout_queue.workers.rewards import Scorer, load_function
 from rollout_queue.workers.trajectory import TrajectoryLimits
-from rollout_queue.workers.options import DEFAULT_QUEUE_WAIT_S
+from rollout_queue.workers.options import DEFAULT_QUEUE_WAIT_S, DEFAULT_SAVE_PROGRESS_EVERY_S
 from rollout_queue.workers.runtime import WorkerFailed, WorkerOptions, WorkerRuntime
 from rollout_queue.workers.served import ServedQueuesRefused
 from rollout_queue.workers.states import RuntimeState
@@ -156,6 +156,12 @@ def add_arguments(p: argparse.ArgumentParser, inherited: Collection[str] = ()) -
                    help="never join torch.distributed weight pushes: load every version from its folder")
     w.add_argument("--worker-id", default=None, help="default host:pid:nonce")
     w.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish work after SIGTERM")
+    w.add_argument("--save-progress-every-s", type=float, default=DEFAULT_SAVE_PROGRESS_EVERY_S, metavar="S",
+                   help="an attempt still generating after S seconds saves its samples so far, and again every "
+                        "S seconds: a worker killed mid-attempt loses at most S seconds of tokens, the next "
+                        "attempt continues the rest (torch and scripted engines give tokens mid-request; vLLM "
+                        "only finished samples; a trajectory its complete turns, when its environment has "
+                        f"snapshot/restore). Default {DEFAULT_SAVE_PROGRESS_EVERY_S:g}; 0: off")
     w.add_argument("--exit-grace", type=float, default=EXIT_GRACE_S, metavar="SECONDS",
                    help="once its work is returned, the process ends within this many seconds even if user code "
                         f"(a hung tool call or reward) still runs (default {EXIT_GRACE_S:g})")
@@ -210,7 +216,8 @@ def build_runtime(args: argparse.Namespace) -> WorkerRuntime:
                             sampling=sampling, weights_mode=args.weights_mode, drain_timeout_s=args.drain_timeout,
                             block_ms=args.block_ms, heartbeat_interval_s=args.heartbeat_interval,
                             reconcile_interval_s=args.reconcile_interval, reconcile_grace_s=args.reconcile_grace,
-                            weights_push=args.weights_push, queue_wait_s=args.wait_for_queue)
+                            weights_push=args.weights_push, queue_wait_s=args.wait_for_queue,
+                            save_progress_every_s=args.save_progress_every_s)
     scorer = Scorer(load_function(args.reward) if args.reward else None,
                     load_function(args.filter) if args.filter else None)
     engine_options = parse_engine_args(args.engine_arg)

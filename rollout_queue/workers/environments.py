@@ -11,6 +11,10 @@ it::
             return Step(observation="= 42\\n", reward=0.0, done=False, info={"tool": "calc"})
         def close(self):                        # optional: always called once, however it ended
             ...
+        def snapshot(self):                     # optional, with restore: the state after a step, as
+            return {"memory": self.memory}      #   small JSON (orjson), so a cut trajectory continues
+        def restore(self, state):               # instead of a reset, in a later attempt on any worker
+            self.memory = state["memory"]
 
 Rules:
 1. Any method may be ``async def``; a synchronous one runs on the environment's own daemon thread
@@ -30,6 +34,16 @@ Rules:
    at ``max_hung`` of them the worker stops (``EnvironmentsHung``, a fatal error: its work goes back
    uncounted), because only a new process frees their threads. Nothing waits for a hung call: not a
    drain, not ``close`` (queued behind it), not the process's exit (its thread is a daemon).
+5. ``snapshot()`` and ``restore(state)`` (both, or neither) let a trajectory cut short through no
+   fault of its own (a weight update in abort mode, a drain, a worker killed between periodic saves)
+   continue in the next attempt from its last complete turn (DESIGN: Partial rollouts): the worker
+   takes a snapshot after each step that does not end the trajectory, keeps it with the turns so far
+   in the group's progress record, and the next attempt builds a new instance and calls
+   ``restore(state)`` in place of ``reset``. The state must be JSON (what orjson writes; the
+   restored instance gets it read back) and small: with the step records it must fit a sample's
+   metadata (``MAX_SAMPLE_METADATA``, 16 KiB), else the step fails (``EnvironmentFailed``). An
+   environment without them restarts from ``reset`` in each attempt: its turns are not kept. A
+   ``restore`` that raises is the environment's fault (rule 3).
 
 Built-in: ``echo`` (repeats the model's turn back as the observation; tests and drills).
 """
@@ -43,6 +57,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
+
+import orjson
 
 from rollout_queue.core.checks import describe
 from rollout_queue.core.errors import EnvironmentFailed, EnvironmentsHung
@@ -175,6 +191,30 @@ class EnvironmentHost:
         if not isinstance(result, Step):
             raise EnvironmentFailed(f"environment step returned {type(result).__name__}, not a Step")
         return _checked("step", lambda: _check_step(result))
+
+    def restorable(self, env: Env) -> bool:
+        """Whether ``env`` can be snapshot and restored (rule 5)."""
+        return _method(env, "snapshot") is not None and _method(env, "restore") is not None
+
+    async def snapshot(self, env: Env) -> Any:
+        """``env``'s state now, read back from its JSON (what ``restore`` will be given). Call only
+        when ``restorable``. EnvironmentFailed when it raises, hangs or returns something not JSON."""
+        method = _method(env, "snapshot")
+        if method is None:
+            raise EnvironmentFailed("the environment has no snapshot method")
+        state = await self._call(env, method, (), "snapshot")
+        try:
+            return orjson.loads(orjson.dumps(state))
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            raise EnvironmentFailed(f"environment snapshot returned something orjson cannot write: {exc} "
+                                    "(return small JSON: dicts, lists, str, numbers)") from exc
+
+    async def restore(self, env: Env, state: Any) -> None:
+        """Bring ``env`` (just built) to ``state``, an earlier attempt's snapshot, in place of a reset."""
+        method = _method(env, "restore")
+        if method is None:
+            raise EnvironmentFailed("the environment has no restore method")
+        await self._call(env, method, (state,), "restore")
 
     async def close(self, env: Env) -> None:
         """Close ``env`` once, if it was built and can be; its errors are ignored (the trajectory is

@@ -201,6 +201,27 @@ class StaleSettlement(_AboutAttempt):
 
 
 @dataclass(frozen=True)
+class ProgressSaved(_AboutAttempt):
+    """A periodic save recorded the attempt's samples so far (``save_partial``)."""
+
+    tokens: int
+    outcome: str
+    message: ClassVar[str] = "progress saved"
+    level: ClassVar[int] = logging.DEBUG
+
+
+@dataclass(frozen=True)
+class ProgressNotSaved(_AboutAttempt):
+    """A periodic save wrote nothing: the record is over ``max_partial_bytes`` (this attempt saves no
+    more; ``rollout-queue config set max_partial_bytes=N`` raises the bound) or Redis did not answer
+    (tried again at the next interval). The attempt itself goes on either way."""
+
+    detail: str
+    message: ClassVar[str] = "progress not saved"
+    level: ClassVar[int] = logging.WARNING
+
+
+@dataclass(frozen=True)
 class CompletionRefused(_AboutAttempt):
     """The complete script ended the attempt malformed (and requeued the group)."""
 

@@ -11,7 +11,10 @@ left (``Reservation.progress``). A slot that had ended is taken as it was; a slo
 continued: its prompt plus its tokens so far go to the engine as the prompt, ``max_tokens`` less
 what it has, and the sample keeps the prefix's behaviour logprobs and segments, with a new segment
 for the continuation's version. An attempt aborted here hands its samples so far back with the abort
-(``attempt.progress_of``). Trajectories are not continued (their environment state is not kept).
+(``attempt.progress_of``), and one still generating saves them every interval on its way
+(``saves.ProgressSaver``), so a worker killed mid-attempt loses at most one interval. A trajectory
+is continued from its last complete turn when its environment can be snapshot and restored
+(``trajectory.py``); else it starts over.
 
 It must not reserve, keep the set of attempts, or decide that the worker stops: whatever escapes
 ``execute`` (``EngineError``, an engine bug, ``OutcomeUnknown``, ``EnvironmentsHung``) is the
@@ -33,6 +36,7 @@ from rollout_queue import Sample
 from rollout_queue.core.errors import EnvironmentFailed, TrajectoryAborted
 from rollout_queue.workers.attempt import Attempt, Output, Phase, Settler, progress_of, sampling_for
 from rollout_queue.workers.engines.base import Engine, RequestFailed, SampleOutput, SamplingConfig
+from rollout_queue.workers.saves import ProgressSaver
 from rollout_queue.workers.tasks import cancel
 from rollout_queue.workers.verdicts import Abort, Fail
 from rollout_queue.workers.versions import PolicyVersions
@@ -61,12 +65,14 @@ async def engine_request(engine: Engine, a: Attempt, request_id: str, prompt: Se
 
 class AttemptExecutor:
     """Runs attempts on one engine; ``on_sample_done`` hears of every sample that ends, however.
-    With ``trajectories`` (the worker has an environment) each sample is a multi-turn trajectory."""
+    With ``trajectories`` (the worker has an environment) each sample is a multi-turn trajectory;
+    ``saver`` saves the progress of single-turn attempts still generating (None: never)."""
 
     def __init__(self, engine: Engine, sampling: SamplingConfig, versions: PolicyVersions, settler: Settler,
-                 on_sample_done: Callable[[Attempt], None], trajectories: TrajectoryRunner | None = None) -> None:
+                 on_sample_done: Callable[[Attempt], None], trajectories: TrajectoryRunner | None = None,
+                 saver: ProgressSaver | None = None) -> None:
         self.engine, self.sampling, self.versions, self.settler = engine, sampling, versions, settler
-        self.on_sample_done, self.trajectories = on_sample_done, trajectories
+        self.on_sample_done, self.trajectories, self.saver = on_sample_done, trajectories, saver
 
     async def execute(self, a: Attempt) -> None:
         """Generate, then settle by receipt. Raises what the engine or the settlement cannot handle."""
@@ -90,8 +96,7 @@ class AttemptExecutor:
             a.abort_reason = "engine aborted a request"
         if a.abort_reason is not None:
             # Not the group's fault: its samples so far go back with it, for the next attempt.
-            progress = () if self.trajectories is not None else progress_of(outputs)
-            await self.settler.settle(a, Abort(a.abort_reason, progress))
+            await self.settler.settle(a, Abort(a.abort_reason, progress_of(outputs)))
         else:
             await self.settler.score_and_settle(a, outputs)
 
@@ -106,10 +111,13 @@ class AttemptExecutor:
     async def _generate(self, a: Attempt) -> list[Output]:
         group = a.reservation.group
         prompt = list(group.prompt_token_ids) if group.prompt_token_ids else self.engine.encode(group.prompt)
-        prefixes = {s.slot: s for s in a.reservation.progress} if self.trajectories is None else {}
+        prefixes = {s.slot: s for s in a.reservation.progress}
         tasks = [asyncio.create_task(self._sample(a, slot, prompt, prefixes.get(slot))) for slot in range(group.n)]
         try:
-            return list(await asyncio.gather(*tasks))
+            if self.saver is None:
+                return list(await asyncio.gather(*tasks))
+            async with self.saver.saving(a):
+                return list(await asyncio.gather(*tasks))
         except BaseException:
             await cancel(tasks)  # cancelling a generate aborts it inside the engine
             raise
@@ -117,11 +125,14 @@ class AttemptExecutor:
     async def _sample(self, a: Attempt, slot: int, prompt: list[int], prefix: Sample | None = None) -> Output:
         params = sampling_for(self.sampling, a.reservation.group.source_id, slot)
         try:
-            if self.trajectories is not None:
-                return await self.trajectories.run(a, slot, prompt, params)
             if prefix is not None and prefix.finish_reason != "abort":
-                return Output.continued(prefix)  # it had ended before the earlier attempt was cut short
-            return await self._single(a, slot, prompt, params, prefix)
+                out = Output.continued(prefix)  # it had ended before the earlier attempt was cut short
+            elif self.trajectories is not None:
+                out = await self.trajectories.run(a, slot, prompt, params, prefix)
+            else:
+                out = await self._single(a, slot, prompt, params, prefix)
+            a.ended[slot] = out  # what a progress save takes as it is from now on
+            return out
         finally:
             self.on_sample_done(a)
 
@@ -140,10 +151,14 @@ class AttemptExecutor:
                 return Output.continued(prefix, "length")
             if a.abort_reason is not None:
                 return Output.continued(prefix) if prefix is not None else Output((), (), "abort", tuple(seen))
-            if prefix is None:
-                out = await engine_request(self.engine, a, rid, prompt, params)
-                return Output.of(out, seen, time.monotonic() - started)
-            a.continued_tokens += len(prefix.token_ids)
-            params = replace(params, max_tokens=params.max_tokens - len(prefix.token_ids))
-            out = await engine_request(self.engine, a, rid, [*prompt, *prefix.token_ids], params)
-            return Output.of(out, seen, time.monotonic() - started).after(prefix)
+            a.running[slot] = (rid, prefix, seen)  # what a progress save reads while the request runs
+            try:
+                if prefix is None:
+                    out = await engine_request(self.engine, a, rid, prompt, params)
+                    return Output.of(out, seen, time.monotonic() - started)
+                a.continued_tokens += len(prefix.token_ids)
+                params = replace(params, max_tokens=params.max_tokens - len(prefix.token_ids))
+                out = await engine_request(self.engine, a, rid, [*prompt, *prefix.token_ids], params)
+                return Output.of(out, seen, time.monotonic() - started).after(prefix)
+            finally:
+                del a.running[slot]

@@ -21,6 +21,11 @@ from rollout_queue.workers.versions import WeightsMode
 #: --queue still ends, with exit 4, within minutes.
 DEFAULT_QUEUE_WAIT_S = 300.0
 
+#: Seconds between progress saves of an attempt still generating (``--save-progress-every-s``,
+#: saves.py): a worker killed mid-attempt loses at most this much generation, at the cost of one
+#: save_partial (a record of the group's tokens so far) per interval of each long attempt.
+DEFAULT_SAVE_PROGRESS_EVERY_S = 30.0
+
 
 @dataclass(frozen=True)
 class WorkerOptions:
@@ -57,6 +62,9 @@ class WorkerOptions:
     #: a worker that may not create its queue (``create=False``) and finds it missing waits this long
     #: for its trainer to create it (pods and Slurm arrays start in any order), then gives up; 0: at once
     queue_wait_s: float = DEFAULT_QUEUE_WAIT_S
+    #: an attempt still generating after this many seconds saves its samples so far (save_partial),
+    #: and again every as many, so a worker killed mid-attempt loses at most one interval (saves.py); 0: off
+    save_progress_every_s: float = DEFAULT_SAVE_PROGRESS_EVERY_S
 
     def __post_init__(self) -> None:
         if self.weights_mode not in ("abort", "continue", "keep-kv"):
@@ -66,6 +74,9 @@ class WorkerOptions:
         check_max_waiting(self.policy, self.max_waiting)
         if not 0 <= self.queue_wait_s < math.inf:  # also refuses NaN: the wait must end
             raise ValueError(f"queue_wait_s must be a number of seconds >= 0, got {self.queue_wait_s!r}")
+        if not 0 <= self.save_progress_every_s < math.inf:
+            raise ValueError(f"save_progress_every_s must be a number of seconds >= 0 (0: off), "
+                             f"got {self.save_progress_every_s!r}")
         interval = 0.0 if self.reconcile_interval_s is None else self.reconcile_interval_s
         if not (interval >= 0 and self.reconcile_grace_s >= 0):  # also refuses NaN
             raise ValueError("reconcile_interval_s (None: default, 0: off) and reconcile_grace_s must be >= 0")

@@ -62,6 +62,7 @@ from rollout_queue.workers.events import (
     log_event,
 )
 from rollout_queue.workers.execution import AttemptExecutor
+from rollout_queue.workers.saves import ProgressSaver
 from rollout_queue.workers.heartbeat import HeartbeatThread, PushNotice, VersionNotice
 from rollout_queue.workers.reconcile import Reconciler, RuntimeView, interval_for
 from rollout_queue.workers.options import WorkerFailed, WorkerOptions
@@ -227,8 +228,9 @@ class WorkerRuntime:
             settler = Settler(self._worker, self.scorer, self.engine.decode, self.stats, self._emit)
             runner = (None if self.environment is None
                       else TrajectoryRunner(self.engine, self.environment, self.versions, self.trajectory))
+            saver = ProgressSaver(self.engine, self._worker, self._emit, self.options.save_progress_every_s)
             self._executor = AttemptExecutor(self.engine, self.options.sampling, self.versions, settler,
-                                             self._sample_done, runner)
+                                             self._sample_done, runner, saver)
             await self._serve()
         finally:
             await self._worker.aclose()

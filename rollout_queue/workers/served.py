@@ -171,6 +171,10 @@ class ServedQueues:
         worker, inner = self._route(receipt)
         return await worker.abort(inner, reason, progress, discarded)
 
+    async def save_partial(self, receipt: Receipt, samples: Sequence[Sample]) -> str:
+        worker, inner = self._route(receipt)
+        return await worker.save_partial(inner, samples)
+
     # -- liveness, reconciliation, close --------------------------------------------------------
 
     async def heartbeat(self) -> HeartbeatInfo:

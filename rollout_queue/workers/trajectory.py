@@ -26,6 +26,13 @@ Rules:
    cannot embed would make the trainer's forward pass raise, so it never reaches the buffer. An
    observation's is the environment's fault (``EnvironmentFailed``), a model turn's the request's
    (``RequestFailed``); both fail the attempt, counted.
+6. Progress (DESIGN: Partial rollouts): with an environment that has ``snapshot``/``restore``
+   (environments.py rule 5), each step that does not end the trajectory is followed by a snapshot,
+   kept with the turns so far as the slot's checkpoint (``Attempt.checkpoints``: the step rewards
+   and records in its metadata, the state under ``env``). An abort returns the checkpoint, and a
+   periodic save writes it; the next attempt given it builds a new environment, restores it in place
+   of ``reset`` and goes on from the next turn (a model turn cut short is generated again). Without
+   them, or with a checkpoint newer than the worker's weights, it starts from ``reset``.
 """
 
 from __future__ import annotations
@@ -38,10 +45,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Sequence, TypeVar
 
 from rollout_queue.core.errors import EnvironmentFailed, InvalidInput, RequestFailed, TrajectoryAborted
-from rollout_queue.core.models import MODEL, OBSERVATION, Turn, check_trajectory
+from rollout_queue.core.models import MODEL, OBSERVATION, Sample, Turn, check_trajectory
 from rollout_queue.workers.attempt import Attempt, Output
 from rollout_queue.workers.engines.base import Engine, SamplingConfig
-from rollout_queue.workers.environments import EnvironmentHost, ModelTurn
+from rollout_queue.workers.environments import Env, EnvironmentHost, ModelTurn
+from rollout_queue.workers.rewards import finite
 from rollout_queue.workers.execution import engine_request
 from rollout_queue.workers.tasks import cancel, wait_tasks
 from rollout_queue.workers.versions import PolicyVersions
@@ -75,8 +83,10 @@ class TrajectoryRunner:
         self.engine, self.host, self.versions = engine, host, versions
         self.limits = limits or TrajectoryLimits()
 
-    async def run(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig) -> Output:
-        """The trajectory of parent ``slot``; raises EnvironmentFailed, RequestFailed, EngineError (and
+    async def run(self, a: Attempt, slot: int, prompt: list[int], params: SamplingConfig,
+                  prefix: Sample | None = None) -> Output:
+        """The trajectory of parent ``slot``, resumed from ``prefix`` (an earlier attempt's checkpoint)
+        where it can be (rule 6); raises EnvironmentFailed, RequestFailed, EngineError (and
         EnvironmentsHung, before any user code runs)."""
         started = time.monotonic()
         deadline = started + self.limits.timeout_s
@@ -84,13 +94,11 @@ class TrajectoryRunner:
         env = self.host.open()
         try:
             await self._until_aborted(a, self.host.create(env))
-            first = await self._until_aborted(a, self.host.reset(env, a.reservation.group, slot), deadline)
-            if first is _LATE:
+            first_turn = await self._begin(a, env, t, slot, prefix, deadline)
+            if first_turn is None:
                 return t.output("deadline", time.monotonic() - started, self.versions.loaded)
-            if first:
-                t.observe(self._tokens(first, self.limits.max_tokens), self.limits.max_tokens)
             finish = "turns"
-            for index in range(self.limits.max_turns):
+            for index in range(first_turn, self.limits.max_turns):
                 left = self.limits.max_tokens - len(t.token_ids)
                 if left <= 0:
                     finish = "length"
@@ -117,11 +125,42 @@ class TrajectoryRunner:
                 if step.observation and t.observe(self._tokens(step.observation, room), self.limits.max_tokens):
                     finish = "length"
                     break
+                if index + 1 < self.limits.max_turns and self.host.restorable(env):
+                    await self._checkpoint(a, env, t, slot, deadline)
         except TrajectoryAborted:
-            return Output((), (), "abort", t.seen or (self.versions.loaded,), time.monotonic() - started)
+            # The last complete turn, for the next attempt (rule 6); nothing when there is none.
+            return a.checkpoints.get(slot) or Output((), (), "abort", t.seen or (self.versions.loaded,),
+                                                     time.monotonic() - started)
         finally:
             await self.host.close(env)
         return t.output(finish, time.monotonic() - started, self.versions.loaded)
+
+    async def _begin(self, a: Attempt, env: Env, t: "_Trajectory", slot: int, prefix: Sample | None,
+                     deadline: float) -> int | None:
+        """Reset the environment (its first observation appended), or restore it from ``prefix``'s
+        snapshot and take its turns (rule 6). The index of the first model turn to run; None when the
+        deadline passed."""
+        resumable = (prefix is not None and self.host.restorable(env) and t.can_resume(prefix)
+                     and max(prefix.versions or (prefix.version,)) <= self.versions.loaded)
+        if prefix is not None and resumable:
+            assert prefix.metadata is not None  # can_resume checked it
+            if await self._until_aborted(a, self.host.restore(env, prefix.metadata["env"]), deadline) is _LATE:
+                return None
+            a.continued_tokens += len(prefix.token_ids)
+            a.checkpoints[slot] = Output.continued(prefix)  # an abort before the next checkpoint keeps it
+            return t.resume(prefix)
+        first = await self._until_aborted(a, self.host.reset(env, a.reservation.group, slot), deadline)
+        if first is _LATE:
+            return None
+        if first:
+            t.observe(self._tokens(first, self.limits.max_tokens), self.limits.max_tokens)
+        return 0
+
+    async def _checkpoint(self, a: Attempt, env: Env, t: "_Trajectory", slot: int, deadline: float) -> None:
+        """Snapshot the environment after a complete turn and keep it with the turns so far (rule 6)."""
+        state = await self._until_aborted(a, self.host.snapshot(env), deadline)
+        if state is not _LATE:  # past the deadline the loop ends the trajectory next
+            a.checkpoints[slot] = t.checkpoint(state)
 
     async def _turn(self, a: Attempt, slot: int, index: int, context: list[int], params: SamplingConfig,
                     deadline: float) -> tuple[Any, tuple[int, ...]]:
@@ -225,6 +264,45 @@ class _Trajectory:
         if not token_ids or (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
             return None
         return next(t for t in token_ids if not 0 <= t < self.vocab_size)
+
+    def can_resume(self, prefix: Sample) -> bool:
+        """Whether ``prefix`` is a checkpoint this class wrote (a garbage record starts over): turns
+        with a model turn, one finite step reward per model turn, an environment state."""
+        meta = prefix.metadata or {}
+        rewards, steps = meta.get("step_rewards"), meta.get("steps")
+        model_turns = sum(1 for turn in prefix.turns if turn.trained)
+        return (model_turns > 0 and "env" in meta and isinstance(rewards, list) and len(rewards) == model_turns
+                and all(finite(r) is not None for r in rewards)
+                and (steps is None or (isinstance(steps, list) and len(steps) == model_turns)))
+
+    def resume(self, prefix: Sample) -> int:
+        """Take a checkpoint's turns (``can_resume``); the index of the next model turn."""
+        meta = prefix.metadata or {}
+        self.token_ids, self.logprobs = list(prefix.token_ids), list(prefix.logprobs)
+        self.turns, self.seen = list(prefix.turns), tuple(prefix.versions or (prefix.version,))
+        self.rewards = [float(r) for r in meta["step_rewards"]]
+        self.infos = list(meta.get("steps") or [None] * len(self.rewards))
+        return len(self.rewards)
+
+    def checkpoint(self, state: Any) -> Output:
+        """The turns so far with the environment's ``state``: what the next attempt resumes from.
+        Raises EnvironmentFailed when the state does not fit a sample's metadata with the step
+        rewards (the step records are dropped first)."""
+        # Copies: the lists grow with the next step, and this checkpoint must keep matching its turns.
+        metadata: dict[str, Any] = {"step_rewards": list(self.rewards), "env": state}
+        if any(info is not None for info in self.infos):
+            metadata["steps"] = list(self.infos)
+        error: InvalidInput | None = None
+        for record in (metadata, {"step_rewards": list(self.rewards), "env": state}):
+            try:
+                check_trajectory((), record, 0, 0)  # JSON within MAX_SAMPLE_METADATA
+            except InvalidInput as exc:
+                error = exc
+                continue
+            return Output(tuple(self.token_ids), tuple(self.logprobs), "abort", self.seen, turns=tuple(self.turns),
+                          metadata=record)
+        raise EnvironmentFailed(f"the environment's snapshot does not fit a progress record: {error} "
+                                "(keep snapshot() small: the state a tool needs, not a transcript)")
 
     def output(self, finish: str, seconds: float, loaded: int) -> Output:
         """The sample so far. Raises EnvironmentFailed when the step rewards sum to no finite number."""

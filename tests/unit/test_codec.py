@@ -13,15 +13,17 @@ import struct
 import orjson
 import pytest
 
-from rollout_queue import InvalidInput, Receipt, Sample, SourceGroup
+from rollout_queue import InvalidInput, Receipt, Sample, SourceGroup, Turn
 from rollout_queue.core.codec import (
     COMPLETION_SCHEMA_WIDE,
     SCHEMA_VERSION,
     CodecError,
     decode_completion,
     decode_group,
+    decode_partial,
     encode_completion,
     encode_group,
+    encode_partial,
 )
 from rollout_queue.core.models import check_entry_id, check_reason, check_worker_id
 
@@ -188,3 +190,16 @@ def test_well_formed_ids_pass_their_checks() -> None:
     for bad in (None, 3, b"zero_std"):
         with pytest.raises(InvalidInput):
             check_reason(bad)
+
+
+def test_a_trajectory_checkpoint_round_trips_as_a_progress_record() -> None:
+    """A trajectory cut short keeps its turns and its environment's snapshot (DESIGN: Partial
+    rollouts, trajectories): the record reads back with both; a slot out of the group still fails."""
+    turns = (Turn("model", 2, 0), Turn("observation", 1), Turn("model", 1, 1))
+    sample = Sample(slot=1, token_ids=(5, 6, 7, 8), logprobs=(-0.5, -0.25, 0.0, -1.0), version=0, versions=(0, 1),
+                    finish_reason="abort", turns=turns,
+                    metadata={"step_rewards": [0.25, 0.5], "env": {"memory": ["a", 1]}})
+    [back] = decode_partial(encode_partial([sample]), 2).values()
+    assert (back.turns, back.metadata, back.token_ids, back.versions) == (turns, sample.metadata, (5, 6, 7, 8), (0, 1))
+    with pytest.raises(CodecError):
+        decode_partial(encode_partial([sample]), 1)

@@ -104,6 +104,31 @@ class SlowTool(ScriptedTool):
         return super().step(turn)
 
 
+class Resumable(ScriptedTool):
+    """ScriptedTool with ``snapshot``/``restore`` (environments.py rule 5): the state is the turn count
+    and the steps that ran, which every step reports (info ``ran``), so a test tells a restored
+    environment (``ran`` goes on) from a reset one (it starts over). In a process whose environment
+    has ROLLOUT_TEST_SLOW_TOOL set, the last step (the slow tool) takes 30 s: a worker is stopped
+    while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: list[int] = []
+
+    async def step(self, turn: ModelTurn) -> Step:  # type: ignore[override]
+        if turn.index + 1 >= self.turns and os.environ.get("ROLLOUT_TEST_SLOW_TOOL"):
+            await asyncio.sleep(30)
+        self.ran.append(turn.index)
+        out = super().step(turn)
+        return Step(out.observation, out.reward, out.done, {**(out.info or {}), "ran": list(self.ran)})
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"turns": self.turns, "ran": self.ran}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.turns, self.ran = int(state["turns"]), list(state["ran"])
+
+
 class Flood:
     """One observation of 10 MB of text: the token budget must cut it, quickly."""
 

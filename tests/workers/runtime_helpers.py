@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import redis
 
-from rollout_queue import CompletedGroup, QueueConfig, RolloutQueue, SourceGroup
+from rollout_queue import CompletedGroup, QueueConfig, RolloutQueue, Sample, SourceGroup
+from rollout_queue.core.codec import decode_partial
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.local_server import LocalServer
 from tests.helpers import wait_until
@@ -129,6 +130,16 @@ def pel_owners(url: str, name: str) -> dict[str, int]:
         return {c["name"].decode(): int(c["pending"]) for c in summary.get("consumers") or []}
     finally:
         client.close()
+
+
+def saved_record(url: str, name: str, entry_id: str, n: int) -> dict[int, Sample]:
+    """The progress record stored for ``entry_id`` of a group of ``n`` (by slot), {} when there is none."""
+    client = redis.Redis.from_url(url)
+    try:
+        blob = client.hget(QueueKeys(name)["partial"], entry_id)
+    finally:
+        client.close()
+    return {} if blob is None else decode_partial(blob, n)
 
 
 def registered_workers(url: str, name: str) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+
 from rollout_queue import CompletedGroup, RolloutQueue, Sample, SourceGroup
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.workers.engines.base import SamplingConfig
@@ -28,6 +29,7 @@ from tests.workers.runtime_helpers import (
     RuntimeThread,
     open_queue,
     pel_owners,
+    saved_record,
     spawn_worker,
     submit,
     train,
@@ -241,3 +243,66 @@ def test_the_torch_engine_continues_a_version_0_prefix_under_version_1(
     st = q.stats()
     assert (st.partial_records, st.counters["partial_bytes"], st.counters["partial_continued"]) == (0, 0, PREFIX)
     assert rt.runtime.stats.continued == PREFIX
+
+
+# -- periodic saves (--save-progress-every-s) --------------------------------------------------------
+
+def test_an_attempt_still_generating_saves_its_progress_and_its_completion_drops_it(url: str, name: str) -> None:
+    """While the attempt runs (its requests hang), each interval saves the engine's tokens so far; the
+    record is this attempt's, and the completion that follows drops it."""
+    q = open_queue(url, name)
+    [eid] = submit(q, 1, n=2)
+    engine = ScriptedEngine(hang=True, tokens=MAX_TOKENS, abort_share=0.5)
+    rt = start(url, name, engine, save_progress_every_s=0.2)
+    wait_until(lambda: len(saved_record(url, name, eid, 2)) == 2, 20, message="a periodic save of both slots")
+    record = saved_record(url, name, eid, 2)
+    assert q.stats().executing_groups == 1  # saved on its way, not at an end
+    params = SamplingConfig(max_tokens=MAX_TOKENS)
+    for slot, s in record.items():
+        assert (len(s.token_ids), s.finish_reason, s.version, s.reward) == (10, "abort", 0, None)
+        # the first half of what the engine is generating for that slot's request, in order
+        assert s.token_ids == engine.tokens_for(f"{eid}/1/{slot}", "What is 0 plus 0?", params)[:10]
+    rt.on_loop(engine.finish_hanging)
+    _, [g] = train(q, {"g-0"})
+    assert rt.drain() is None
+    for s in g.samples:
+        assert s.token_ids[:10] == record[s.slot].token_ids and len(s.token_ids) == MAX_TOKENS
+    st = q.stats()
+    assert (st.partial_records, st.counters["partial_bytes"], g.attempt) == (0, 0, 1)
+
+
+def test_a_sigkilled_worker_loses_at_most_one_interval_another_continues_from_its_save(url: str, name: str) -> None:
+    """The shipped worker generates slowly (40 tokens over 20 s a sample) and saves its progress every
+    0.5 s; SIGKILLed past several intervals it settles nothing, the reaper requeues the group, and a
+    worker on version 1 continues each sample from the last save: the trained sample starts with the
+    saved tokens and logprobs at version 0, and the rest is version 1's."""
+    q = open_queue(url, name, worker_timeout_s=1, max_staleness=2)
+    [eid] = submit(q, 1, n=2)
+    slow = spawn_worker(url, name, "doomed", "--engine-arg", "tokens=40", "--engine-arg", "latency_s=20",
+                        "--max-tokens", "40", "--save-progress-every-s", "0.5")
+    try:
+        wait_until(lambda: (r := saved_record(url, name, eid, 2)) and min(len(s.token_ids) for s in r.values()) >= 3
+                   and len(r) == 2, 30, message="saves of both slots past one interval")
+    finally:
+        slow.kill()  # SIGKILL: no abort, no close; only the periodic saves are left
+    slow.communicate()
+    record = saved_record(url, name, eid, 2)
+    assert q.stats().executing_groups == 1 and pel_owners(url, name).get("doomed") == 1
+    q.publish_version(1, "file:///weights/v1")
+    assert wait_until(lambda: q.reap().lost, 10, message="the reaper to requeue the dead worker's group") == 1
+    rt = start(url, name, ScriptedEngine(tokens=40), sampling=SamplingConfig(max_tokens=40))
+    _, [g] = train(q, {"g-0"})
+    assert rt.drain() is None
+    assert g.attempt == 2
+    for s in g.samples:
+        prefix = record[s.slot]
+        k = len(prefix.token_ids)
+        assert prefix.version == 0 and prefix.finish_reason == "abort" and k >= 3
+        assert s.token_ids[:k] == prefix.token_ids and s.logprobs[:k] == prefix.logprobs
+        assert len(s.token_ids) == 40 == len(s.logprobs)
+        assert (s.version, s.versions, s.segments) == (0, (0, 1), ((0, 0), (k, 1)))
+        assert s.token_versions == (0,) * k + (1,) * (40 - k)
+    saved = sum(len(s.token_ids) for s in record.values())
+    assert rt.runtime.stats.continued == saved and rt.runtime.stats.generated["completed"] == 80 - saved
+    st = q.stats()
+    assert (st.counters["partial_continued"], st.terminals["lost"], st.partial_records) == (saved, 1, 0)

@@ -133,6 +133,27 @@ def test_abort_mid_generation_returns_tokens_so_far(
     assert engine.tokens_generated("abort-me") is None
 
 
+def test_partial_reads_the_tokens_so_far_without_stopping_the_request(
+    runner: LoopRunner, engine: TorchEngine, prompt: list[int]
+) -> None:
+    """What a periodic progress save reads: a prefix of what the request goes on to return, with its
+    logprobs, while the request keeps running."""
+    params = SamplingConfig(max_tokens=200, temperature=0)
+
+    async def scenario() -> tuple[SampleOutput | None, bool, SampleOutput]:
+        task = asyncio.create_task(engine.generate("peek", prompt, params))
+        await wait_until(lambda: (engine.tokens_generated("peek") or 0) >= 3, what="3 tokens")
+        peek = engine.partial("peek")
+        return peek, task.done(), await task
+
+    peek, done, out = runner.run(scenario())
+    assert peek is not None and not done and out.finish_reason != "abort"  # reading it stopped nothing
+    assert peek.finish_reason == "abort" and 3 <= len(peek.token_ids) < len(out.token_ids)
+    assert out.token_ids[:len(peek.token_ids)] == peek.token_ids
+    assert out.logprobs[:len(peek.logprobs)] == peek.logprobs
+    assert engine.partial("peek") is None and engine.partial("never-submitted") is None  # finished, unknown
+
+
 def test_cancelling_generate_aborts_the_request(
     runner: LoopRunner, engine: TorchEngine, prompt: list[int]
 ) -> None:

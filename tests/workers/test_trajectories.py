@@ -38,6 +38,7 @@ from tests.workers.runtime_helpers import (
     RuntimeThread,
     open_queue,
     pel_owners,
+    saved_record,
     serving_workers,
     spawn_worker,
     train,
@@ -271,6 +272,7 @@ def test_a_worker_killed_mid_trajectory_is_reaped_and_the_group_trained_once(url
     for g in trained:
         for s in g.samples:
             check_scripted(s, 3)
+    assert rt.runtime.stats.continued == 0  # no snapshot/restore: nothing kept, every trajectory restarted
     st = q.stats()
     assert (st.committed, st.dead, st.terminals["lost"]) == (3, 0, 3)
 
@@ -474,3 +476,96 @@ def test_load_environment_names_what_to_fix() -> None:
         load_environment("nope")
     with pytest.raises(ValueError, match="cannot import"):
         load_environment("no_such_module_xyz:Env")
+
+
+# -- progress: trajectories resumed from their last complete turn (rule 6 of trajectory.py) -----------
+
+def check_resumed(g: Any, record: dict[int, Sample]) -> int:
+    """Each sample of ``g``: the saved turn 0 and its observation, then turn 1 generated after a restore
+    (the environment's ``ran`` went on from the snapshot). Returns the tokens taken from the record."""
+    for s in g.samples:
+        prefix = record[s.slot]
+        k = len(prefix.token_ids)
+        assert s.token_ids[:k] == prefix.token_ids and s.logprobs[:k] == prefix.logprobs
+        assert s.turns[:2] == prefix.turns and [t.role for t in s.turns] == ["model", "observation", "model"]
+        assert list(s.token_ids[k:]) == ids("m1.")  # the model saw the restored observation
+        assert s.metadata is not None and "env" not in s.metadata
+        assert s.metadata["step_rewards"] == [0.25, 1.0] and s.reward == pytest.approx(1.25)
+        assert [step["ran"] for step in s.metadata["steps"]] == [[0], [0, 1]]  # restored, not reset
+        assert s.finish_reason == "stop" and s.version == 0
+    return sum(len(record[s.slot].token_ids) for s in g.samples)
+
+
+def check_checkpoint(record: dict[int, Sample]) -> None:
+    assert sorted(record) == [0, 1]
+    for s in record.values():
+        assert [t.role for t in s.turns] == ["model", "observation"] and s.finish_reason == "abort"
+        assert s.metadata is not None and s.metadata["env"] == {"turns": 2, "ran": [0]}
+
+
+def test_a_trajectory_killed_in_its_slow_tool_call_resumes_from_its_last_complete_turn(url: str, name: str) -> None:
+    """The shipped worker saves each trajectory's checkpoint (its turns and the environment's
+    snapshot) periodically; SIGKILLed during the slow second tool call, its group is reaped and
+    another worker restores the environment and generates only the second model turn."""
+    q = open_queue(url, name, worker_timeout_s=1)
+    [eid] = q.submit([SourceGroup("g", "Q", 2, {"turns": 2})])
+    proc = spawn_worker(url, name, "doomed", "--env", "tests.workers.envs:Resumable", "--save-progress-every-s", "0.3",
+                        env={"ROLLOUT_TEST_SLOW_TOOL": "1"})
+    try:
+        wait_until(lambda: len(saved_record(url, name, eid, 2)) == 2, 30, message="both checkpoints saved")
+    finally:
+        proc.kill()  # SIGKILL during the slow tool call: only the periodic saves are left
+    proc.communicate()
+    record = saved_record(url, name, eid, 2)
+    check_checkpoint(record)
+    assert wait_until(lambda: q.reap().lost, 10, message="the reaper to requeue the dead worker's group") == 1
+    rt = start(url, name, envs.Resumable)
+    _, [g] = train(q, {"g"})
+    assert rt.drain() is None and g.attempt == 2
+    assert rt.runtime.stats.continued == check_resumed(g, record)
+    assert rt.runtime.stats.generated["completed"] == 2 * len(ids("m1."))  # only the second model turns
+
+
+def test_a_drained_trajectory_aborts_with_its_checkpoint_and_the_next_attempt_resumes_it(
+        url: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The abort path: a drain past its deadline aborts the trajectories in their slow tool call, and
+    the abort carries their checkpoints (no periodic save involved)."""
+    q = open_queue(url, name)
+    [eid] = q.submit([SourceGroup("g", "Q", 2, {"turns": 2})])
+    monkeypatch.setenv("ROLLOUT_TEST_SLOW_TOOL", "1")
+    engine = ScriptedEngine(text_fn=envs.turn_text)
+    first = start(url, name, envs.Resumable, engine, drain_timeout_s=0.0, save_progress_every_s=0)
+    # Both second model turns done: both trajectories are in their slow tool call, checkpointed before.
+    wait_until(lambda: engine.finished == 4, 20, message="both trajectories in their slow tool call")
+    assert first.drain() is None
+    record = saved_record(url, name, eid, 2)
+    check_checkpoint(record)
+    monkeypatch.delenv("ROLLOUT_TEST_SLOW_TOOL")
+    second = start(url, name, envs.Resumable)
+    _, [g] = train(q, {"g"})
+    assert second.drain() is None and g.attempt == 2
+    assert second.runtime.stats.continued == check_resumed(g, record)
+    st = q.stats()
+    assert (st.terminals["aborted"], st.partial_records, st.counters["partial_continued"]) == (1, 0, sum(
+        len(s.token_ids) for s in record.values()))
+
+
+def test_a_checkpoint_keeps_matching_its_turns_after_the_trajectory_goes_on() -> None:
+    """A checkpoint is what an abort or a save sends while the trajectory runs on: the next step's
+    reward and record must not leak into it (a record whose rewards outnumber its model turns would
+    not resume), and it resumes to the same turns."""
+    from rollout_queue.workers.attempt import to_sample
+    from rollout_queue.workers.trajectory import _Trajectory
+
+    t = _Trajectory(vocab_size=300)
+    t.model_turn((10, 11), (-0.5, -0.25), (0,))
+    t.step(0.25, {"tool": "probe"})
+    t.observe([20, 21, 22], 100)
+    cp = t.checkpoint({"memory": [1, 2]})
+    t.model_turn((12,), (-1.0,), (0,))
+    t.step(1.0, {"tool": "finish"})
+    assert cp.metadata == {"step_rewards": [0.25], "steps": [{"tool": "probe"}], "env": {"memory": [1, 2]}}
+    saved = to_sample(0, cp, None)
+    again = _Trajectory(vocab_size=300)
+    assert again.can_resume(saved) and again.resume(saved) == 1
+    assert (again.token_ids, again.turns, again.rewards) == ([10, 11, 20, 21, 22], list(saved.turns), [0.25])

@@ -153,6 +153,14 @@ class Engine(Protocol):
         """
         ...
 
+    def partial(self, request_id: str) -> SampleOutput | None:
+        """The tokens and behaviour logprobs a request in flight has so far, without stopping it
+        (``finish_reason="abort"``: it has not ended); None for an unknown or finished request, or
+        where the engine cannot tell before the request ends (vLLM). What the worker's periodic
+        progress saves read (DESIGN: Partial rollouts), so a worker killed mid-request loses at
+        most one interval of tokens."""
+        ...
+
     async def abort(self, request_id: str) -> None:
         """End a request early. Idempotent; unknown or already finished ids are ignored."""
         ...

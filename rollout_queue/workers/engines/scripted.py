@@ -163,6 +163,14 @@ class ScriptedEngine:
         finally:
             self._live.pop(request_id, None)
 
+    def partial(self, request_id: str) -> SampleOutput | None:
+        """The tokens "so far" of a request that is running (the share an abort would keep now)."""
+        request = self._live.get(request_id)
+        if request is None or request.started_at is None or request.future.done():
+            return None  # unknown, finished, or still waiting for a running slot: nothing so far
+        tokens = self._so_far(request)
+        return SampleOutput(tokens, _logprobs(tokens), "abort")
+
     async def abort(self, request_id: str) -> None:
         request = self._live.get(request_id)
         if request is not None and not request.future.done():
@@ -275,17 +283,21 @@ class ScriptedEngine:
         tokens = request.tokens
         if reason == "abort":
             self.aborted += 1
-            elapsed = 0.0 if request.started_at is None else asyncio.get_running_loop().time() - request.started_at
-            share = elapsed / request.latency if math.isfinite(request.latency) and request.latency > 0 else 0.0
-            share = share if self.abort_share is None else self.abort_share
-            tokens = tokens[: int(len(tokens) * min(1.0, share))]
+            tokens = self._so_far(request)
         else:
             self.finished += 1
             reason = "length" if len(tokens) >= request.params.max_tokens else "stop"
         self._release(request)
-        logprobs = tuple(-0.1 - (t % 7) / 10 for t in tokens)
-        request.future.set_result(SampleOutput(tokens, logprobs, reason))
+        request.future.set_result(SampleOutput(tokens, _logprobs(tokens), reason))
         self._admit()
+
+    def _so_far(self, request: _Request) -> tuple[int, ...]:
+        """The tokens a request not finished has "generated": the share of its latency that elapsed
+        (or ``abort_share``)."""
+        elapsed = 0.0 if request.started_at is None else asyncio.get_running_loop().time() - request.started_at
+        share = elapsed / request.latency if math.isfinite(request.latency) and request.latency > 0 else 0.0
+        share = share if self.abort_share is None else self.abort_share
+        return request.tokens[: int(len(request.tokens) * min(1.0, share))]
 
     def _release(self, request: _Request) -> None:
         if request.request_id in self.running_ids:
@@ -310,3 +322,9 @@ class ScriptedEngine:
             raise EngineError("the engine is closed")
         if not self._started:
             raise EngineError("the engine is not started; await engine.start() first")
+
+
+def _logprobs(tokens: tuple[int, ...]) -> tuple[float, ...]:
+    """One made-up behaviour logprob per token, a function of the token alone, so that a sample's
+    prefix reads the same whether it was taken mid-request, at an abort or at the end."""
+    return tuple(-0.1 - (t % 7) / 10 for t in tokens)

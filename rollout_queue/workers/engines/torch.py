@@ -134,6 +134,17 @@ class TorchEngine:
         request = self._requests.get(request_id)
         return None if request is None else len(request.token_ids)
 
+    def partial(self, request_id: str) -> SampleOutput | None:
+        """The tokens so far of a request in flight, read between steps without stopping it."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return None
+        # The compute thread appends a token, then its logprob: copy both lists (one atomic copy each
+        # under the GIL) and keep the pairs both hold, never a token without its logprob.
+        token_ids, logprobs = list(request.token_ids), list(request.logprobs)
+        count = min(len(token_ids), len(logprobs))
+        return SampleOutput(tuple(token_ids[:count]), tuple(logprobs[:count]), "abort")
+
     async def generate(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingConfig
     ) -> SampleOutput:

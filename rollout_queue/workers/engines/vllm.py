@@ -246,6 +246,12 @@ class VLLMEngine:
             raise EngineError(f"vLLM ended request {request_id!r} without an output")
         return _sample_output(request_id, final.outputs[0])
 
+    def partial(self, request_id: str) -> SampleOutput | None:
+        """Always None: requests run with ``RequestOutputKind.FINAL_ONLY``, so vLLM hands over no token
+        before the request ends (streaming every step would wake each request's coroutine once per
+        token). A request's tokens so far are known only when it ends or is aborted."""
+        return None
+
     async def abort(self, request_id: str) -> None:
         """Abort a request; vLLM answers its ``generate`` at once with the tokens so far.
 
