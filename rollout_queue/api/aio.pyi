@@ -265,11 +265,12 @@ class AsyncWorker:
         """The attempt failed: retry the group (or dead-letter it after max_attempts)."""
         ...
 
-    def abort(self, receipt: Receipt, reason: str = 'aborted', progress: Sequence[Sample] = ()) -> Awaitable[str]:
+    def abort(self, receipt: Receipt, reason: str = 'aborted', progress: Sequence[Sample] = (), discarded: int = 0) -> Awaitable[str]:
         """Hand the attempt back unfinished (not counted toward max_attempts). ``progress``: its samples
         so far (tokens, behaviour logprobs, segments), kept in the same call so the next attempt
         continues from them (partial rollouts). Raises PartialTooLarge, with nothing sent, for a
-        record over the queue's max_partial_bytes: abort again without it."""
+        record over the queue's max_partial_bytes: abort again without it. ``discarded``: the tokens
+        it generated that no record keeps, counted as waste (QueueStats.waste, 'aborted')."""
         ...
 
     def save_partial(self, receipt: Receipt, samples: Sequence[Sample]) -> Awaitable[str]:
@@ -279,8 +280,9 @@ class AsyncWorker:
         over max_partial_bytes."""
         ...
 
-    def filter(self, receipt: Receipt, reason: str) -> Awaitable[str]:
-        """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``."""
+    def filter(self, receipt: Receipt, reason: str, tokens: int = 0) -> Awaitable[str]:
+        """The group is not worth training (all rewards equal, say): settle it filtered, with ``reason``.
+        ``tokens``: what the attempt generated for it, counted as waste (QueueStats.waste, 'filtered')."""
         ...
 
     def heartbeat(self, progress: Progress | None = None) -> Awaitable[HeartbeatInfo]:
