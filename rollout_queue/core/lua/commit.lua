@@ -47,7 +47,8 @@ Invariant:
 -- @include requeue_entries
 local now = now_ms()
 local cfg = load_config()
-local L, lease_key, refusal = lease_fenced(A.lease_id, A.token)
+local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
+local L, refusal = lease_fenced(lease_key, A.token)
 if not L then return refusal end
 if L.state == 'committed' then return {'ok', 'replay', L.commit_id, 0} end
 if L.state ~= 'active' then return {'lease_lost', L.state} end

@@ -24,7 +24,8 @@ Invariant:
 -- @include lease_due
 local now = now_ms()
 local cfg = load_config()
-local L, lease_key, refusal = lease_fenced(A.lease_id, A.token)
+local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
+local L, refusal = lease_fenced(lease_key, A.token)
 if not L then return refusal end
 if L.state ~= 'active' then return {'lease_lost', L.state} end
 if L.deadline < due_now(cfg, now) then return {'lease_lost', 'expired'} end

@@ -46,7 +46,8 @@ Invariant:
 -- @include requeue_errored
 local now = now_ms()
 local cfg = load_config()
-local L, lease_key, refusal = lease_fenced(A.lease_id, A.token)
+local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. A.lease_id
+local L, refusal = lease_fenced(lease_key, A.token)
 if not L then return refusal end
 local word = 'rolled_back'
 if L.state == 'rolled_back' then

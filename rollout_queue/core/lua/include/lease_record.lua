@@ -13,12 +13,12 @@ local function lease_record(lease_key)
   return {token = v[1], state = v[2], deadline = finite_or_zero(tonumber(v[3])), members = v[4], trainer = v[5],
     commit_id = v[6], step = v[7]}
 end
--- lease_fenced: the record of lease `lease_id` and its key when `token` holds it; else nil, the key
--- and the refusal every fenced call answers ({'lease_lost', 'unknown' | 'token'}).
-local function lease_fenced(lease_id, token)
-  local lease_key = string.sub(K.meta, 1, -5) .. 'lease:' .. lease_id
+-- lease_fenced: the record at `lease_key` when `token` holds it; else nil and the refusal every fenced
+-- call answers ({'lease_lost', 'unknown' | 'token'}). The caller builds the key (spelt at the call, so
+-- ops/script_access.py sees which key its commands name).
+local function lease_fenced(lease_key, token)
   local L = lease_record(lease_key)
-  if not L then return nil, lease_key, {'lease_lost', 'unknown'} end
-  if L.token ~= token then return nil, lease_key, {'lease_lost', 'token'} end
-  return L, lease_key, nil
+  if not L then return nil, {'lease_lost', 'unknown'} end
+  if L.token ~= token then return nil, {'lease_lost', 'token'} end
+  return L, nil
 end
