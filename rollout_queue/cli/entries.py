@@ -52,7 +52,10 @@ def cmd_workers(args: argparse.Namespace) -> int:
 def cmd_leases(args: argparse.Namespace) -> int:
     """The nearest due first (a silent holder's lease before its deadline); on a terminal as many as
     fit (`top`'s rows), --full for all. ``leases rollback LEASE_ID``: cmd_lease_rollback."""
-    if args.action == "rollback":
+    if args.words:
+        if args.words[0] != "rollback" or len(args.words) != 2:
+            raise UsageError("leases takes no argument (the list), or `rollback LEASE_ID`")
+        args.lease_id = args.words[1]
         return cmd_lease_rollback(args)
     return _listing(args, partition_views.leases,
                     lambda _, ls, parted: render.leases_section(ls, limit=10_000, partitioned=parted),
@@ -161,9 +164,10 @@ def register(sub: Any) -> None:
                        description="Lists the active leases. `leases rollback LEASE_ID --yes` rolls one back by its "
                                    "id (its holder is dead or stuck): its groups go back to ready, not counted, and "
                                    "the holder's commit is refused. Needs the admin role.")
-    p.add_argument("action", nargs="?", choices=["rollback"], help="rollback: roll back the lease LEASE_ID")
-    p.add_argument("lease_id", nargs="?", metavar="LEASE_ID", help="with rollback: the lease (PARTITION/ID on a "
-                   "partitioned queue, or the bare ID, looked up in every partition)")
+    # One positional list, not two optional positionals: `leases X` with X no action would otherwise
+    # be read as an invalid action (argparse fills optional positionals left to right).
+    p.add_argument("words", nargs="*", metavar="rollback LEASE_ID", help="roll back the lease LEASE_ID "
+                   "(PARTITION/ID on a partitioned queue, or the bare ID, looked up in every partition)")
     p.add_argument("--reason", default="rolled back by operator", help="with rollback: kept in the lease record")
     p.add_argument("--yes", action="store_true", help="confirm a rollback")
     p.add_argument("--json", action="store_true")
