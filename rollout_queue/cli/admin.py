@@ -15,7 +15,7 @@ import redis.cluster
 
 from rollout_queue.ops import acl, actions, partition_views, views
 from rollout_queue.scale.layout import SPLIT_BOUNDS, logical_config, share
-from rollout_queue.core.config import DERIVED, QueueConfig
+from rollout_queue.core.config import DERIVED, TEXT_FIELDS, QueueConfig
 from rollout_queue.core.errors import InvalidInput
 from rollout_queue.core.models import DeadLetter
 from rollout_queue.ops.escape import clean
@@ -159,8 +159,8 @@ def parse_setting(text: str) -> tuple[str, Any]:
         if name in OPTIONAL:
             return name, None
         raise UsageError(f"{name} cannot be none: it is not optional (only {', '.join(OPTIONAL)} are); "
-                         f"give {'fifo or lifo' if name == 'buffer_order' else 'a number'}")
-    if name == "buffer_order":
+                         f"give {' or '.join(TEXT_FIELDS[name]) if name in TEXT_FIELDS else 'a number'}")
+    if name in TEXT_FIELDS:
         return name, raw
     try:
         return name, float(raw) if name.endswith("_s") else int(raw)

@@ -138,6 +138,7 @@ def policy_section(snap: Snapshot) -> Section:
             ("buffer staleness", staleness),
             ("admission", _admission(drain, st.active_holds, snap.holds)),
             ("admission control", admission_control(st)),
+            ("staleness mode", staleness_mode_text(st)),
             ("last commit", "none yet" if st.since_commit_ms is None else f"{duration(st.since_commit_ms)} ago")]
     if snap.push is not None:
         rows.append(("last weights push", _push(snap.push)))
@@ -179,6 +180,21 @@ def admission_control(st: Any) -> str:
     if batch is None:
         return "no admission control: generation may run ahead of training without bound (batch_groups unset or none)"
     return f"batch_groups {batch}: at most (version + max_staleness + 1) x {batch} groups admitted, less those committed"
+
+
+#: What each staleness mode does with work past the bound, for people (DESIGN: Staleness modes).
+STALENESS_MODES = {"drop": "stale groups and prefixes are generated again",
+                   "continue": "judged by their newest tokens; prefixes continue",
+                   "pace": "nothing evicted for staleness; admission paces"}
+
+
+def staleness_mode_text(st: Any) -> str:
+    """``drop: stale groups ... (12 reserves waited for admission)``: the mode and how often admission
+    control made a worker wait (what pace mode measures)."""
+    mode = st.staleness_mode
+    waits = st.counters.get("admission_waits", 0)
+    waited = f" ({waits} reserves waited for admission)" if waits else ""
+    return f"{mode}: {STALENESS_MODES.get(mode, 'unknown mode (garbage in meta)')}{waited}"
 
 
 def _push(push: PushView) -> str:

@@ -15,6 +15,11 @@ from rollout_queue.core.checks import check_int, check_optional_int, check_optio
 from rollout_queue.core.errors import InvalidInput
 
 BufferOrder = Literal["fifo", "lifo"]
+#: What the queue does with work that went past the staleness bound (DESIGN: Staleness modes).
+StalenessMode = Literal["drop", "continue", "pace"]
+#: Fields stored as text (every other one is a decimal integer): field -> its allowed values.
+TEXT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {"buffer_order": ("fifo", "lifo"),
+                                                     "staleness_mode": ("drop", "continue", "pace")}
 
 
 class Derived(enum.Enum):
@@ -89,6 +94,20 @@ class QueueConfig:
     #: ``lease_timeout_s``. A lease that never beat (an older client, a lease taken with ``beat=False``)
     #: keeps the deadline rule alone. ``None``: beats are recorded, silence is never judged.
     trainer_silence_s: float | None = 60.0
+    #: What goes stale, and what is kept (DESIGN: Staleness modes). ``drop``: a group is judged by
+    #: its oldest token, and a stale one (a completed group or an unfinished attempt's progress) is
+    #: generated again from its prompt. ``continue``: a group is judged by each sample's newest
+    #: tokens (the oldest of their last segments): tokens past the bound are the trainer's to mask or
+    #: importance-correct, progress is never dropped for staleness, and only a group none of whose
+    #: samples has a token within the bound is evicted. ``pace``: nothing finished is evicted for
+    #: staleness and no progress dropped; admission control (``batch_groups``) paces generation,
+    #: and ``admission_waits`` counts how often a reserve found it closed.
+    staleness_mode: StalenessMode = "drop"
+    #: Fairness: a group evicted for staleness this many times is not evicted for staleness again:
+    #: its next completion is judged at the version it completes under (its bound widens to fit)
+    #: and its progress is kept, so the longest rollouts are never starved by the short ones.
+    #: 0: no such rule (a group may be evicted for ever).
+    max_stale_evictions: int = 2
 
     def __post_init__(self) -> None:
         """Refuse any value the scripts could not enforce exactly: a bool (``True`` would be stored as
@@ -102,6 +121,7 @@ class QueueConfig:
             self._set("batch_groups", check_optional_int(self.batch_groups,
                                                          "QueueConfig.batch_groups (or None, or DERIVED)", 1))
         self._set("max_partial_bytes", check_int(self.max_partial_bytes, "QueueConfig.max_partial_bytes", 0))
+        self._set("max_stale_evictions", check_int(self.max_stale_evictions, "QueueConfig.max_stale_evictions", 0))
         for name in _SECONDS:
             self._set(name, check_seconds(getattr(self, name), f"QueueConfig.{name}"))
         self._set("settled_retention_s", check_optional_seconds(
@@ -111,8 +131,13 @@ class QueueConfig:
             raise InvalidInput(f"QueueConfig.trainer_silence_s must be at least {MIN_TRAINER_SILENCE_S} s (a lease "
                                f"beats every trainer_silence_s / {BEATS_PER_SILENCE}), got {silence!r}")
         self._set("trainer_silence_s", silence)
-        if self.buffer_order not in ("fifo", "lifo"):
-            raise InvalidInput(f"QueueConfig.buffer_order must be 'fifo' or 'lifo', got {describe(self.buffer_order)}")
+        if self.staleness_mode == "pace" and self.batch_groups is None:
+            raise InvalidInput("QueueConfig.staleness_mode='pace' paces generation by admission control: it needs "
+                               "batch_groups (a number, or DERIVED for the trainer to size it), not None")
+        for name, allowed in TEXT_FIELDS.items():
+            if getattr(self, name) not in allowed:
+                raise InvalidInput(f"QueueConfig.{name} must be {' or '.join(repr(a) for a in allowed)}, "
+                                   f"got {describe(getattr(self, name))}")
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
@@ -126,6 +151,8 @@ class QueueConfig:
             "max_staleness": str(-1 if self.max_staleness is None else self.max_staleness),
             "batch_groups": str(stored_batch_groups(self.batch_groups)),
             "buffer_order": self.buffer_order,
+            "staleness_mode": self.staleness_mode,
+            "max_stale_evictions": str(self.max_stale_evictions),
             "lease_timeout_ms": str(_ms(self.lease_timeout_s)),
             "worker_timeout_ms": str(_ms(self.worker_timeout_s)),
             "max_attempts": str(self.max_attempts),
@@ -207,8 +234,8 @@ _DECIMAL = re.compile(r"-?[0-9]{1,16}")
 
 def _decode(name: str, raw: str | None) -> object:
     """One field from its stored text; ValueError if it is missing or garbage."""
-    if name == "buffer_order":
-        if raw not in ("fifo", "lifo"):
+    if name in TEXT_FIELDS:
+        if raw not in TEXT_FIELDS[name]:
             raise ValueError(raw)
         return raw
     if not isinstance(raw, str) or not _DECIMAL.fullmatch(raw):

@@ -279,6 +279,12 @@ class Sample:
         return tuple(token_versions(self.segments, len(self.token_ids), self.version, self.turns))
 
     @property
+    def newest_version(self) -> int:
+        """The policy version of the sample's newest tokens (its last segment's; a trajectory's newest
+        model turn's): what staleness_mode 'continue' judges a sample by."""
+        return newest_version(self.segments, self.version, self.turns)
+
+    @property
     def loss_mask(self) -> tuple[int, ...]:
         """1 for each token the trainer trains on (the model's), 0 for each observation token."""
         if not self.turns:
@@ -388,6 +394,14 @@ def _check_turn_starts(segments: list[tuple[int, int]], turns: tuple[Turn, ...])
             raise InvalidInput(f"the model turn at token {at} has version {turn.version}, its segments say "
                                f"{segments[k][1]}: a turn's version is its first (oldest) token's")
         at += turn.n_tokens
+
+
+def newest_version(segments: Sequence[tuple[int, int]], version: int, turns: Sequence[Turn] = ()) -> int:
+    """The version of a sample's newest tokens: its last segment's, else its newest model turn's, else
+    ``version`` (every token at it). Versions never decrease along a sample, so this is its largest."""
+    if segments:
+        return segments[-1][1]
+    return max((t.version for t in turns if t.trained), default=version)
 
 
 def token_versions(segments: Sequence[tuple[int, int]], n_tokens: int, version: int,
@@ -701,6 +715,11 @@ class QueueStats:
     #: ``counters['partial_bytes']``, the tokens handed to a next attempt instead of generated again
     #: ``counters['partial_continued']`` and those dropped as already stale ``counters['partial_stale']``.
     partial_records: int = 0
+    #: The queue's ``QueueConfig.staleness_mode`` (``drop``, ``continue`` or ``pace``; what a stored
+    #: value that is none of them says, as stored). Reserves admission control turned away are
+    #: ``counters['admission_waits']``, groups the fairness rule widened the bound of are not counted
+    #: apart (their evictions are ``evictions['stale']``).
+    staleness_mode: str = "drop"
 
     @property
     def waste(self) -> TokenWaste:

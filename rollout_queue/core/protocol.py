@@ -324,8 +324,13 @@ def decode_lease(reply: LeaseReply, payloads: Sequence[bytes | None]) -> LeaseRe
     groups, bad = [], []
     for m, payload in zip(reply.members, payloads):
         try:
-            groups.append(CompletedGroup.from_columns(m.entry_id, decode_group(m.fields),
-                                                      decode_columns(payload or b""), m.attempt, int(m.min_version)))
+            cols = decode_columns(payload or b"")
+            # The record holds the version the queue judged the group by (its samples' newest tokens
+            # in staleness_mode 'continue', the current one for a group the fairness rule protects);
+            # the group's min_version is its oldest token's, as the samples say (DESIGN: Staleness modes).
+            judged, oldest = int(m.min_version), min(cols.versions, default=None)
+            groups.append(CompletedGroup.from_columns(m.entry_id, decode_group(m.fields), cols, m.attempt,
+                                                      judged if oldest is None else oldest))
         except (CodecError, ValueError):  # ValueError: a version that is not an integer (edited by hand)
             bad.append(m.entry_id)
     return replace(reply, available=len(groups), groups=tuple(groups), undecodable=tuple(bad))
@@ -652,7 +657,7 @@ def parse_stats(reply: Any) -> QueueStats:
         buffer_versions=buffered,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
         ledger_lines=f["ledger_lines"], source_ids=f["source_ids"], outages=f["outages"],
-        partial_records=f["partial_records"],
+        partial_records=f["partial_records"], staleness_mode=meta.get("staleness_mode", "drop")[:16],
         since_commit_ms=None if last_commit is None else max(0, f["server_ms"] - last_commit),
     )
 

@@ -229,7 +229,8 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
         raise ValueError("no partition stats to aggregate")
     summed: dict[str, Any] = {}
     for f in fields(QueueStats):
-        if f.name in ("version", "staleness_max", "staleness_mean", "since_commit_ms", "buffer_versions"):
+        if f.name in ("version", "staleness_max", "staleness_mean", "since_commit_ms", "buffer_versions",
+                      "staleness_mode"):
             continue  # not sums: set below
         values = [getattr(s, f.name) for s in parts]
         if isinstance(values[0], bool):
@@ -242,6 +243,7 @@ def sum_stats(parts: Sequence[QueueStats], unreachable: int = 0, logical: QueueC
     weighted = [(s.staleness_mean, s.completed) for s in parts if s.staleness_mean is not None]
     weight = sum(n for _, n in weighted)
     summed["version"] = min(s.version for s in parts)
+    summed["staleness_mode"] = parts[0].staleness_mode  # config: the same on every partition
     since = [s.since_commit_ms for s in parts if s.since_commit_ms is not None]
     summed["since_commit_ms"] = min(since) if since else None  # the latest commit on any partition
     summed["staleness_max"] = max(maxima) if maxima else None

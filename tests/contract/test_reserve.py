@@ -41,12 +41,20 @@ REFUSAL_TOUCHES = ("workers", "reserves")
 
 def assert_refused(q: Any, raw: redis.Redis, queue_name: str, status: str, worker_id: str = "w1",
                    **kwargs: Any) -> None:
-    """A reserve call answers ``status``, grants nothing and leaves every other key byte-identical."""
-    before = snapshot(raw, queue_name, exclude=REFUSAL_TOUCHES)
+    """A reserve call answers ``status``, grants nothing and leaves every other key byte-identical,
+    but for an admission refusal's one count of ``admission_waits`` (what pace mode measures)."""
+    touches = REFUSAL_TOUCHES + (("counters",) if status == "admission" else ())
+    counters_key = f"rollout:{{{queue_name}}}:counters"
+    counters_before = {k: v for k, v in raw.hgetall(counters_key).items() if k != b"admission_waits"}
+    waits_before = int(raw.hget(counters_key, "admission_waits") or 0)
+    before = snapshot(raw, queue_name, exclude=touches)
     reply = raw_reserve(q, worker_id, request_id=f"refused-{uuid.uuid4().hex}", **kwargs)
     assert (reply.status, reply.granted, reply.dead_lettered) == (status, (), 0)
     assert reply.wake_id  # a refused caller can block on the wake stream from here
-    assert snapshot(raw, queue_name, exclude=REFUSAL_TOUCHES) == before
+    assert snapshot(raw, queue_name, exclude=touches) == before
+    assert {k: v for k, v in raw.hgetall(counters_key).items() if k != b"admission_waits"} == counters_before
+    waits = int(raw.hget(counters_key, "admission_waits") or 0)
+    assert waits == waits_before + (1 if status == "admission" else 0)
 
 
 def test_grants_backlog_to_the_worker_at_attempt_one(open_queue, raw: redis.Redis, queue_name: str) -> None:

@@ -44,6 +44,8 @@ def check_states(t: Truth, m: LedgerModel) -> dict[str, str]:
         got = [] if h is None else [(x["a"], x["w"], x["t"], x.get("c")) for x in h["h"]]
         assert got == [tuple(x) for x in e.history], f"history of {eid}: {got} != model {e.history}"
         assert (0 if h is None else h["f"]) == e.failures, f"{eid}: counted failures {h and h['f']} != {e.failures}"
+        assert (0 if h is None else h.get("s", 0)) == e.stale_evictions, (
+            f"{eid}: stale evictions {h and h.get('s')} != model {e.stale_evictions}")
         if e.state == RETIRED or e.pruned:  # requeued under a new ID, or forgotten: gone from every index
             assert eid not in states and not states_of(t, eid), f"retired or pruned {eid}: {states_of(t, eid)}"
             assert eid not in t.pel and eid not in t.stream, f"retired or pruned {eid} is still in the stream"

@@ -60,19 +60,25 @@ class LedgerMachine(WorkerSteps, TrainerSteps, RuleBasedStateMachine):
                 max_exec=st.sampled_from([4, 4, 6, 9, 2]), max_retained=st.integers(3, 8),
                 batch=st.sampled_from([None, None, 1, 2, 3]), max_attempts=st.integers(2, 3),
                 retention=st.sampled_from([0.001, 0.001, None, 86_400.0]), no_reaper=st.booleans(),
-                max_partial=st.sampled_from([PAYLOAD_LIMIT] * 6 + [200, 0]))
+                max_partial=st.sampled_from([PAYLOAD_LIMIT] * 6 + [200, 0]),
+                staleness_mode=st.sampled_from(["drop", "drop", "continue", "pace"]),
+                stale_evictions=st.sampled_from([1, 1, 2, 0]))
     def open_queue(self, order: str, max_completed: int, max_staleness: int | None, max_exec: int,
                    max_retained: int, batch: int | None, max_attempts: int, retention: float | None,
-                   no_reaper: bool, max_partial: int) -> None:
+                   no_reaper: bool, max_partial: int, staleness_mode: str, stale_evictions: int) -> None:
         """max_exec=2 with n up to 3 makes some submits refused whole (GroupTooLarge: could never run).
         retention 1 ms: every reap prunes what earlier steps settled (steps_base.reap_pass); a day:
         settlements are recorded, never due; None: nothing is recorded. max_partial 200 refuses the
-        larger progress records (PartialTooLarge), 0 every one."""
+        larger progress records (PartialTooLarge), 0 every one. 'pace' needs admission control: a
+        pace queue drawn without a batch gets 2."""
+        if staleness_mode == "pace" and batch is None:
+            batch = 2
         cfg = QueueConfig(max_executing_samples=max_exec, max_retained_groups=max_retained,
                           max_completed_groups=max_completed, max_staleness=max_staleness, batch_groups=batch,
                           buffer_order=order, max_attempts=max_attempts, lease_timeout_s=600.0,
                           worker_timeout_s=300.0, max_payload_bytes=PAYLOAD_LIMIT, settled_retention_s=retention,
-                          max_partial_bytes=max_partial)
+                          max_partial_bytes=max_partial, staleness_mode=staleness_mode,  # type: ignore[arg-type]
+                          max_stale_evictions=stale_evictions)
         self.raw = redis.Redis.from_url(self.server.url)
         self.q = RolloutQueue.from_url(self.server.url, f"sm-{uuid.uuid4().hex[:12]}", cfg,
                                        retry=RetryPolicy(window_s=20.0))

@@ -64,7 +64,14 @@ class LedgerModel(TrainerModel):
         return self.cfg.max_staleness or 0
 
     def stale_floor(self) -> int | None:
-        return self.version - self.staleness_bound if self.published else None
+        """lua/include/stale_floor.lua: none before a version is published, or in 'pace'."""
+        if not self.published or self.cfg.staleness_mode == "pace":
+            return None
+        return self.version - self.staleness_bound
+
+    def protected(self, e: Entry) -> bool:
+        """lua/include/stale_protected.lua: the fairness rule protects e from further stale evictions."""
+        return 0 < self.cfg.max_stale_evictions <= e.stale_evictions
 
     def in_state(self, *states: str) -> list[Entry]:
         return sorted((e for e in self.entries.values() if e.state in states), key=lambda e: id_key(e.entry_id))
@@ -199,8 +206,10 @@ class LedgerModel(TrainerModel):
         e.handed = ()
         if p is None:
             return
-        if self.published and self.version - p.min_version > self.staleness_bound:
+        if (self.published and self.cfg.staleness_mode == "drop" and not self.protected(e)
+                and self.version - p.min_version > self.staleness_bound):
             self.counters["partial_stale"] += p.tokens
+            e.stale_evictions += 1  # count_stale: a dropped prefix counts toward the fairness rule
             self._drop_progress(e)
             return
         self.counters["partial_continued"] += p.tokens
@@ -295,7 +304,14 @@ class LedgerModel(TrainerModel):
         # The completion holds every token of the record (complete_attempt.lua): dropped either way.
         self._drop_progress(e)
         e.continued_from, e.handed = e.handed, ()
-        min_version = min(s.version for s in samples)
+        # parse_min_version.lua: the version the group is judged by; buffer_completion.lua: raised to
+        # the current one for a group the fairness rule protects.
+        if self.cfg.staleness_mode == "continue":
+            min_version = min(s.newest_version for s in samples)
+        else:
+            min_version = min(s.version for s in samples)
+        if self.protected(e) and min_version < self.version:
+            min_version = self.version
         evicted = ""
         done = [x for x in self.entries.values() if x.state == COMPLETED]
         if len(done) >= self.cfg.max_completed_groups:
@@ -392,6 +408,8 @@ class LedgerModel(TrainerModel):
 
     def _evict(self, e: Entry, reason: str) -> None:
         self.counters[f"evicted_{reason}"] += 1
+        if reason == "stale":
+            e.stale_evictions += 1
         e.history.append(Attempt(e.attempt, "@done", reason, completer(e.ledger, e.attempt)))
         self._requeue(e, counted=False)
 

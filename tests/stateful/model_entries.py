@@ -74,6 +74,7 @@ class Entry:
     pruned: bool = False           # its ledger line and source_id mapping were pruned
     history: list[Attempt] = field(default_factory=list)  # until prune, as the ledger line
     marks: int = 0                 # leases rolled back on a trainer error that held it (suspects), until prune
+    stale_evictions: int = 0       # evictions for staleness (history's "s": the fairness rule), until prune
     progress: Progress | None = None       # its progress record (partial rollouts), ready or executing only
     handed: tuple[Sample, ...] = ()        # the progress its executing attempt was handed by reserve
     continued_from: tuple[Sample, ...] = ()  # the record its buffered completion continued, if any

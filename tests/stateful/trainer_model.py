@@ -219,7 +219,8 @@ class TrainerModel:
         gone = [e for e in self.entries.values() if e.recorded]
         for e in gone:
             e.recorded, e.pruned, e.ledger = False, True, None
-            e.history, e.failures, e.marks = [], 0, 0  # the history and marks go with the ledger line
+            # The history (its failures and stale evictions) and marks go with the ledger line.
+            e.history, e.failures, e.marks, e.stale_evictions = [], 0, 0, 0
             if self.by_source.get(e.group.source_id) == e.entry_id:
                 del self.by_source[e.group.source_id]
         return len(gone)

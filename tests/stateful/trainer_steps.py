@@ -100,7 +100,8 @@ class TrainerSteps(Steps):
         for g in lease.groups:
             e = self.model.entries[g.entry_id]
             assert g.group == e.group, "a leased group is not the pristine reservation"
-            assert (g.samples, g.attempt, g.min_version) == (e.samples, e.attempt, e.min_version)
+            # The group reports its oldest token (the samples'); the queue judged it by e.min_version.
+            assert (g.samples, g.attempt, g.min_version) == (e.samples, e.attempt, min(x.version for x in e.samples))
             # A continued sample starts with the record its attempt was handed, tokens and logprobs.
             for prefix in e.continued_from:
                 first = next(x for x in g.samples if x.slot == prefix.slot)
@@ -108,9 +109,14 @@ class TrainerSteps(Steps):
                 assert (first.token_ids[:n], first.logprobs[:n]) == (prefix.token_ids, prefix.logprobs), (
                     f"{g.entry_id} slot {prefix.slot} does not continue its saved progress")
                 event("leased a group continued from progress")
-            # Invariant 5: no lease ever holds a group staler than max_staleness.
-            assert lease.version - g.min_version <= self.model.staleness_bound, (
-                f"lease {lease.lease_id} holds {g.entry_id} at version {g.min_version}, policy {lease.version}")
+            # Invariant 5: no lease ever holds a group staler than max_staleness, as its mode judges
+            # it (its oldest token in 'drop', its samples' newest in 'continue', never in 'pace'; the
+            # fairness rule's judged version for a protected one).
+            if self.model.cfg.staleness_mode != "pace":
+                assert lease.version - e.min_version <= self.model.staleness_bound, (
+                    f"lease {lease.lease_id} holds {g.entry_id} judged at {e.min_version}, policy {lease.version}")
+            if e.min_version != g.min_version:
+                event(f"leased a group judged apart from its oldest token ({self.model.cfg.staleness_mode})")
         self.model.leased(lease.lease_id, members, lease)
 
     def commit(self, data: st.DataObject) -> None:

@@ -196,6 +196,10 @@ class WorkerSteps(Steps):
         if shape == "missing_slot":
             slots.remove(data.draw(st.sampled_from(slots), label="missing slot"))
         handed = self.handed_to(receipt)
+        # Sometimes every output started the same versions behind and ended at the current version
+        # (a long rollout that spanned updates): stale by its oldest tokens, fresh by its newest, what
+        # tells the staleness modes apart and, completed again and again, meets the fairness rule.
+        spanned = data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="every output spanned updates from") if v else 0
         out = []
         for slot in slots:
             for j in range(data.draw(st.integers(1, 2), label=f"outputs of slot {slot}")):
@@ -204,12 +208,17 @@ class WorkerSteps(Steps):
                     out.append(self.continue_sample(handed[slot], slot, new, "stop"))
                     continue
                 # Mostly the current policy; sometimes one or two versions behind (maybe stale).
-                version = max(0, v - data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="versions behind"))
+                version = max(0, v - (spanned or data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="versions behind")))
                 # Some outputs are trajectories: a model turn, an observation, a model turn one version on.
                 turns = ((Turn("model", 1, version), Turn("observation", 1), Turn("model", 1, v))
                          if data.draw(st.booleans(), label="trajectory") else ())
+                # Some single-turn outputs spanned an update: their last token at the current version
+                # (what staleness_mode 'continue' judges them by).
+                segments = (((0, version), (2, v)) if not turns and version < v
+                            and (spanned or data.draw(st.booleans(), label="spanned an update")) else ())
                 out.append(Sample(slot=slot, token_ids=(slot, j, 7), logprobs=LOGPROBS, reward=float(j),
-                                  version=version, turns=turns, metadata={"steps": j} if turns else None))
+                                  version=version, turns=turns, metadata={"steps": j} if turns else None,
+                                  segments=segments))
         if shape == "bad_slot":
             out.append(Sample(slot=n, token_ids=(1,), logprobs=(-0.5,), version=v))
         if shape == "too_large":

@@ -13,12 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_queue import InvalidInput, QueueConfig, Receipt, Sample, SourceGroup
+from rollout_queue.core.config import TEXT_FIELDS
 from rollout_queue.core.checks import MAX_SAFE_INT, check_flag, check_int, check_json, check_seconds
 
 ODD = st.one_of(
     st.booleans(), st.none(), st.integers(-(2**70), 2**70),
     st.sampled_from([0, -1, 1, 2**53 - 1, 2**53, 10**400, 10**5000, 1.5, 2.0, -0.0, 1e-300, 1e308, math.nan,
-                     math.inf, -math.inf, "1", "", "fifo", "none", b"1"]),
+                     math.inf, -math.inf, "1", "", "fifo", "none", "pace", "continue", b"1"]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4), st.builds(object), st.lists(st.integers()),
 )
 FIELDS = [f.name for f in fields(QueueConfig)]
@@ -33,7 +34,10 @@ def test_a_config_field_is_refused_or_stored_in_a_form_the_scripts_read(name: st
         return  # refused at construction (and a ValueError, for existing `except ValueError`)
     stored = cfg.to_meta()
     for field_name, text in stored.items():  # what load_config.lua accepts: decimal integers < 2^53
-        assert field_name == "buffer_order" or (text.lstrip("-").isdecimal() and abs(int(text)) <= 2**53), stored
+        if field_name in TEXT_FIELDS:  # text: one of its values, which load_config.lua checks by name
+            assert text in TEXT_FIELDS[field_name], stored
+        else:
+            assert text.lstrip("-").isdecimal() and abs(int(text)) <= 2**53, stored
     assert QueueConfig.from_meta(stored) == cfg or name.endswith("_s")  # seconds round to whole ms
     assert not isinstance(getattr(cfg, name), bool)
 

@@ -220,7 +220,9 @@ def test_parse_reserve_raises_protocol_error_for_a_malformed_reply(reply: list[A
 
 
 def test_parse_lease_reads_members_and_lists_the_undecodable() -> None:
-    samples = (Sample(0, (1,)), Sample(1, (2,)))
+    # The record holds the version the queue judged the group by (4: its samples' newest, in
+    # staleness_mode 'continue'); the group reports its oldest token, as its samples say (2).
+    samples = (Sample(0, (1, 2), version=2, segments=((0, 2), (1, 4))), Sample(1, (2,), version=4))
     reply = [b"ok", b"L1", 1234, 5, [[b"1-0", 2, b"4", _kv(GROUP)], [b"2-0", 1, b"5", _kv(GROUP)]]]
     r = p.parse_lease(reply, "L1")
     assert (r.status, r.lease_id, r.deadline_ms, r.version, r.groups) == ("ok", "L1", 1234, 5, ())
@@ -230,7 +232,7 @@ def test_parse_lease_reads_members_and_lists_the_undecodable() -> None:
     r = p.decode_lease(r, [encode_completion(samples), b"garbage"])
     assert (r.available, r.undecodable) == (1, ("2-0",))
     [g] = r.groups
-    assert (g.entry_id, g.group, g.samples, g.attempt, g.min_version) == ("1-0", GROUP, samples, 2, 4)
+    assert (g.entry_id, g.group, g.samples, g.attempt, g.min_version) == ("1-0", GROUP, samples, 2, 2)
 
 
 @pytest.mark.parametrize("status", ["held", "insufficient"])
@@ -328,7 +330,11 @@ def test_complete_flow_sends_every_outputs_slot_and_the_oldest_version() -> None
     samples = [Sample(1, (1,), version=4), Sample(0, (2,), version=2), Sample(1, (3,), version=9)]
     call = next(flows.complete(KEYS, Receipt("1-0", 1, "w1"), samples, 10_000))
     argv = dict(zip([a for a in call.script.argv], call.args))
-    assert (argv["min_version"], argv["slots"]) == (2, "1,0,1")
+    assert (argv["min_version"], argv["slots"]) == ("2", "1,0,1")
+    # A sample that spanned updates: the oldest of the samples' newest versions rides along.
+    spanning = [Sample(0, (1, 2), version=2, segments=((0, 2), (1, 7))), Sample(1, (3,), version=9)]
+    spanned = next(flows.complete(KEYS, Receipt("1-0", 1, "w1"), spanning, 10_000))
+    assert dict(zip(spanned.script.argv, spanned.args))["min_version"] == "2:7"
     # the payload is not in ARGV: it is staged (SET in the call's MULTI) at the attempt's payload key
     payload = encode_completion(samples)
     assert "payload" not in argv and argv["size"] == len(payload)

@@ -128,15 +128,19 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
     return p.parse_complete(reply, receipt)
 
 
-def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_bytes: int) -> tuple[bytes, int, str]:
-    """(payload, min_version, slots) as complete.lua takes them; no samples: (b'', 0, '') (the script
-    ends such an attempt malformed). Raises PayloadTooLarge before anything is sent."""
+def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_bytes: int) -> tuple[bytes, str, str]:
+    """(payload, min_version, slots) as complete.lua takes them; no samples: (b'', '0', '') (the script
+    ends such an attempt malformed). min_version is 'oldest' or 'oldest:newest' (the oldest of the
+    samples' newest versions, when it differs: what staleness_mode 'continue' judges the group by).
+    Raises PayloadTooLarge before anything is sent."""
     if not samples:
-        return b"", 0, ""
+        return b"", "0", ""
     payload = encode_completion(samples)
     if len(payload) > max_payload_bytes:
         raise PayloadTooLarge(f"completion of {receipt.entry_id}", len(payload), max_payload_bytes)
-    return payload, min(x.version for x in samples), ",".join(str(x.slot) for x in samples)
+    oldest, newest = min(x.version for x in samples), min(x.newest_version for x in samples)
+    versions = str(oldest) if newest == oldest else f"{oldest}:{newest}"
+    return payload, versions, ",".join(str(x.slot) for x in samples)
 
 
 #: The most tokens one completion (or a filtered group) may declare: parse_tokens.lua's bound.

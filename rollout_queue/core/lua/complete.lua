@@ -22,7 +22,9 @@ ARGV:
   worker_id    the receipt's worker
   size         the payload's length in bytes ('' : no outputs, nothing staged); the payload itself
                (codec.py) was SET at rollout:{q}:payload:<entry_id>:<attempt> in this call's MULTI
-  min_version  integer, the oldest policy version any sample was generated with
+  min_version  'oldest' or 'oldest:newest': the oldest policy version any sample was generated with,
+               and the oldest of the samples' newest versions (their last segments); the group is
+               judged by oldest, or by newest in staleness_mode 'continue' (parse_min_version)
   slots        comma-separated parent slot of every output, in payload order ('' : no outputs)
   tokens       count, the tokens of every output (sum of their token ids; 0 with no outputs):
                counters.tokens_generated once adopted, kept in the `tokens` hash beside the payload
@@ -54,7 +56,7 @@ local cfg = load_config()
 local id, attempt, worker, min_version, size, tokens
 parse_staged(function()
   id, attempt, worker = parse_receipt(A.entry_id, A.attempt, A.worker_id)
-  min_version = parse_min_version(A.min_version)
+  min_version = parse_min_version(A.min_version, cfg)
   size = parse_size(A.size, A.slots)
   tokens = parse_tokens(A.tokens)
 end, {{A.entry_id, A.attempt}})

@@ -21,7 +21,7 @@ ARGV:
   worker_id  the worker every receipt names
   *items     6 values per completion: entry_id, attempt (PEL delivery count), size (the payload's
              bytes; the payload itself, codec.py, was SET at rollout:{q}:payload:<entry_id>:<attempt>
-             in this call's MULTI), min_version (integer, the oldest sample version), slots
+             in this call's MULTI), min_version ('oldest' or 'oldest:newest', as complete takes it), slots
              (comma-separated parent slot of every output, in payload order; '' for a completion
              with no outputs, for which nothing was staged), tokens (count: the outputs' token ids,
              summed; 0 with no outputs)
@@ -57,7 +57,7 @@ parse_staged(function()
   if #items % 6 ~= 0 then bug('complete_many takes 6 values per item, got ' .. #items) end
   for i = 1, #items, 6 do
     local id, attempt = parse_receipt(items[i], items[i + 1], A.worker_id)
-    table.insert(parsed, {id, attempt, parse_size(items[i + 2], items[i + 4]), parse_min_version(items[i + 3]),
+    table.insert(parsed, {id, attempt, parse_size(items[i + 2], items[i + 4]), parse_min_version(items[i + 3], cfg),
       items[i + 4], parse_tokens(items[i + 5])})
   end
 end, named)

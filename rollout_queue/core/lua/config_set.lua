@@ -17,13 +17,15 @@ Invariant:
   concurrent change is never overwritten and a partly written config never exists. It does not
   load the config it replaces, so a field holding garbage (which fails every other script with
   "corrupt config") is repaired by setting it; every new value is a decimal integer (buffer_order
-  fifo or lifo), so the stored config decodes afterwards.
+  fifo or lifo, staleness_mode drop, continue or pace), so the stored config decodes afterwards.
 ]]
 -- @include bug
 local FIELDS = {max_executing_samples = 1, max_retained_groups = 1, max_completed_groups = 1, max_staleness = 1,
   batch_groups = 1, buffer_order = 1, lease_timeout_ms = 1, worker_timeout_ms = 1, max_attempts = 1,
   max_payload_bytes = 1, hold_timeout_ms = 1, commits_maxlen = 1, lease_record_ttl_ms = 1, settled_retention_ms = 1,
-  max_partial_bytes = 1, trainer_silence_ms = 1}
+  max_partial_bytes = 1, trainer_silence_ms = 1, staleness_mode = 1, max_stale_evictions = 1}
+-- The fields stored as text, with their values; every other one is a decimal integer.
+local TEXT = {buffer_order = {fifo = true, lifo = true}, staleness_mode = {drop = true, continue = true, pace = true}}
 local library = redis.call('HGET', K.meta, 'library')
 if not library then bug('queue not initialised: open it with RolloutQueue.from_url first') end
 local f = A.fields
@@ -31,8 +33,8 @@ if #f % 3 ~= 0 or #f == 0 then bug('config_set takes name, expected, new triples
 if library ~= A.library then return {'config_mismatch', 'library', library, A.library} end
 for i = 1, #f, 3 do
   if not FIELDS[f[i]] then bug('unknown config field: ' .. f[i]) end
-  local valid = f[i] == 'buffer_order' and (f[i + 2] == 'fifo' or f[i + 2] == 'lifo')
-    or f[i] ~= 'buffer_order' and string.match(f[i + 2], '^%-?%d+$')
+  local valid
+  if TEXT[f[i]] then valid = TEXT[f[i]][f[i + 2]] else valid = string.match(f[i + 2], '^%-?%d+$') end
   if not valid then bug('bad value for ' .. f[i] .. ': ' .. f[i + 2]) end
   local stored = redis.call('HGET', K.meta, f[i]) or ''
   if stored ~= f[i + 1] then return {'config_changed', f[i], stored, f[i + 1]} end

@@ -11,7 +11,8 @@ entry's history is written back too: it is kept after settlement until prune (is
 settlement retried after later attempts still finds its own). `e.c`, when set, is the worker whose
 completion this attempt was (the group is requeued from @done, a lease or a restore), so a retried
 complete of it answers 'replay' (replayed.lua).
-Uses: K.history (entry id -> JSON {"f": counted failures, "h": last 32 attempts}).
+Uses: K.history (entry id -> JSON {"f": counted failures, "h": last 32 attempts, "s": evictions for
+staleness, absent while none: stale_protected}).
 Why: DESIGN rule 4, failed/malformed/lost attempts count toward max_attempts and every attempt's
 reason reaches the dead letter, so each entry's record is kept. The count is kept apart from the
 capped list so capping never resets it. Most entries have no history yet (a first attempt): their
@@ -27,6 +28,7 @@ local function append_histories(entries, worker, terminal, reason, counted, dead
   local tail = ',"w":' .. cjson.encode(worker) .. ',"t":' .. cjson.encode(terminal) .. ',"r":'
     .. cjson.encode(reason) .. ',"ms":' .. now .. '}'
   local writes = {}
+  local stale = reason == 'stale'  -- the fairness rule's count, "s" (stale_protected)
   for i, e in ipairs(entries) do
     local h = nil
     if raws[i] then
@@ -38,18 +40,19 @@ local function append_histories(entries, worker, terminal, reason, counted, dead
       e.failures = counted and 1 or 0
       local record = '{"a":' .. e.attempt .. (e.c and (',"c":' .. cjson.encode(e.c)) or '') .. tail
       if e.dies or (dead_at and e.failures >= dead_at) then dying = '[' .. record .. ']' end
-      value = '{"f":' .. e.failures .. ',"h":[' .. record .. ']}'
+      value = '{' .. (stale and '"s":1,' or '') .. '"f":' .. e.failures .. ',"h":[' .. record .. ']}'
     else
       if type(h.h) ~= 'table' then h.h = {} end
       local f = tonumber(h.f) or 0
       if f ~= f or f == math.huge or f == -math.huge then f = 0 end  -- garbage: a NaN or infinite count
       h.f = f + (counted and 1 or 0)
+      if stale then h.s = (tonumber(h.s) or 0) + 1 end
       e.failures = h.f
       table.insert(h.h, {a = e.attempt, w = worker, t = terminal, r = reason, ms = now, c = e.c})
       while #h.h > HISTORY_CAP do table.remove(h.h, 1) end
       local ok, encoded = pcall(cjson.encode, h)
       if not ok then  -- garbage that decodes but cannot encode (a number past 1e308): keep the count
-        h = {f = h.f, h = {h.h[#h.h]}}
+        h = {f = h.f, s = tonumber(h.s), h = {h.h[#h.h]}}
         encoded = cjson.encode(h)
       end
       if e.dies or (dead_at and e.failures >= dead_at) then dying = cjson.encode(h.h) end

@@ -6,6 +6,7 @@
 -- @include buffer_score
 -- @include ledger
 -- @include payloads
+-- @include stale_protected
 --[[
 buffer_completion: executing -> completed for one attempt whose receipt and outputs were checked,
 with complete's overflow rule. Returns complete's reply: {'ok', 'buffered', evicted ID or ''} or
@@ -14,12 +15,21 @@ Uses: K.counters, K.buffer, K.bufver and what evict_buffered, requeue_entry, flu
 payload is already at payload_key(id, attempt) (staged by the caller's MULTI): buffering only indexes
 the entry; a group that evicts itself drops its payload.
 Why: DESIGN, Capacity: a completion that overflows the buffer evicts the stalest of the buffered and
-arriving groups (ties: earliest arrival) back to ready. The buffer's size is counted in Lua across a
+arriving groups (ties: earliest arrival) back to ready. `min_version` is the version the group is
+judged by (parse_min_version), raised to the current one for a group the fairness rule protects
+(stale_protected); bufver and the lease record keep it. The buffer's size is counted in Lua across a
 batch (pending members included); before an eviction decision the pending writes are flushed, so the
 victim is chosen among exactly the groups N separate complete calls would have buffered by then.
 The attempt's executing capacity and the counters are released through the batch (one write per call).
 ]]
+local function judged_version(cfg, id, judged)
+  -- The fairness rule: a group evicted for staleness k times is judged at the version it completes
+  -- under (its bound widens to fit). One HGET, only while the version is past the group's.
+  if judged < cfg.version_eff and stale_protected({id}, cfg)[id] then return cfg.version_eff end
+  return judged
+end
 local function buffer_completion(b, cfg, id, attempt, worker, min_version, n, tokens)
+  min_version = judged_version(cfg, id, min_version)
   b.delta.executing_groups = b.delta.executing_groups - 1
   b.delta.executing_samples = b.delta.executing_samples - n
   b.released = true

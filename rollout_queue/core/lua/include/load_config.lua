@@ -13,7 +13,7 @@ local COUNTERS = {'arrivals', 'committed', 'completed_total', 'config_changes', 
   'filtered_reasons', 'workers_reaped', 'partial_bytes', 'partial_saved', 'partial_continued', 'partial_stale',
   'parked', 'leased_reclaimed', 'counters_repaired', 'tokens_generated', 'tokens_trained', 'tokens_stale',
   'tokens_overflow', 'tokens_rolled_back', 'tokens_expired', 'tokens_trainer_error', 'tokens_dead', 'tokens_filtered',
-  'tokens_aborted'}
+  'tokens_aborted', 'admission_waits'}
 local COUNTER_SET = {}
 for _, name in ipairs(COUNTERS) do COUNTER_SET[name] = true end
 local function is_integer(raw)
@@ -25,7 +25,7 @@ local function load_config()
     'max_completed_groups', 'max_staleness', 'batch_groups', 'buffer_order', 'lease_timeout_ms',
     'worker_timeout_ms', 'max_attempts', 'max_payload_bytes', 'hold_timeout_ms', 'commits_maxlen',
     'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms', 'max_partial_bytes',
-    'trainer_silence_ms')
+    'trainer_silence_ms', 'staleness_mode', 'max_stale_evictions')
   if not v[1] then
     bug('queue not initialised: open it with RolloutQueue.from_url first')
   end
@@ -49,21 +49,29 @@ local function load_config()
     settled_retention_ms = tonumber(v[17]),  -- 0 means None: settled lines are kept forever
     max_partial_bytes = tonumber(v[18]),     -- 0: no progress record is kept (partial rollouts off)
     trainer_silence_ms = tonumber(v[19]),    -- 0 means None: a beating lease's silence is not judged
+    staleness_mode = v[20],                  -- 'drop', 'continue' or 'pace' (DESIGN: Staleness modes)
+    max_stale_evictions = tonumber(v[21]),   -- 0: no fairness rule
   }
   -- Garbage written into meta must surface as a ROLLOUTQ error naming the field, never as a Lua
   -- runtime error deep in a script (or a HINCRBY refusal) that says nothing about the cause.
   local names = {'max_executing_samples', 'max_retained_groups', 'max_completed_groups', 'max_staleness',
     'batch_groups', 'lease_timeout_ms', 'worker_timeout_ms', 'max_attempts', 'max_payload_bytes',
     'hold_timeout_ms', 'commits_maxlen', 'version', 'lease_record_ttl_ms', 'checkpoint', 'settled_retention_ms',
-    'max_partial_bytes', 'trainer_silence_ms'}
+    'max_partial_bytes', 'trainer_silence_ms', 'max_stale_evictions'}
   for i, name in ipairs(names) do
-    local raw = v[i < 6 and i + 1 or i + 2]  -- v[1] is library, v[7] buffer_order
+    -- v[1] is library, v[7] buffer_order, v[20] staleness_mode
+    local raw = v[i < 6 and i + 1 or i < 18 and i + 2 or i + 3]
     local optional = name == 'version' or name == 'checkpoint'
     if (not raw and not optional) or not is_integer(raw) then
       bug('corrupt config in meta: ' .. name .. ' = ' .. tostring(raw) .. ' (see `rollout-queue config show`; repair it with `config set`)')
     end
   end
   if c.buffer_order ~= 'fifo' and c.buffer_order ~= 'lifo' then bug('corrupt config in meta: buffer_order') end
+  local mode = c.staleness_mode
+  if mode ~= 'drop' and mode ~= 'continue' and mode ~= 'pace' then
+    bug('corrupt config in meta: staleness_mode = ' .. tostring(mode)
+      .. ' (see `rollout-queue config show`; repair it with `config set`)')
+  end
   -- The worker role writes K.counters, so a credential can put garbage there. A counter that is no
   -- integer would fail the first HINCRBY of it, midway through some script (its earlier writes
   -- kept); failing every script here instead would let one HSET stop the queue. So it is reset to 0

@@ -10,7 +10,7 @@ reserve_backlog: backlog -> executing for the rest of one reserve call, within m
 and admission control. Returns a stop reason ('retained_full', 'admission', 'capacity') or nil.
 Appends {entry_id, 1, fields} to r.grants. `counters` = HMGET of executing_samples, retained,
 committed.
-Uses: K.src, K.counters, K.ready and what park_many uses (a dead reservation is parked: settle_parked finishes it).
+Uses: K.src, K.counters (admission_waits: a call admission control left with nothing), K.ready and what park_many uses (a dead reservation is parked: settle_parked finishes it).
 Why: the backlog is peeked first (XRANGE after the group's cursor), so a refusal leaves the cursor
 where it was; only what the peek accepted is delivered. A group too large for the caller cannot be
 left in the stream behind the cursor, so it is delivered and parked in ready at attempt 0 (owner
@@ -25,7 +25,11 @@ local function reserve_backlog(r, cfg, now, worker, counters)
   if cfg.batch_groups > 0 then
     local limit = (cfg.version_eff + cfg.staleness_bound + 1) * cfg.batch_groups
     local room = limit - retained - (tonumber(counters[3]) or 0)
-    if room <= 0 then return 'admission' end
+    if room <= 0 then
+      -- A call that gets nothing waits for admission: counted (what staleness_mode 'pace' measures).
+      if #r.grants == 0 then redis.call('HINCRBY', K.counters, 'admission_waits', 1) end
+      return 'admission'
+    end
     if room < allow then allow = room end
   end
   -- `allow` bounds the groups delivered (granted or parked: both become retained), r.groups the grants.
