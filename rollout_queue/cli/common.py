@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterable, TypeVar, overload
 from urllib.parse import urlsplit
 
 import orjson
@@ -28,6 +28,9 @@ from rollout_queue.ops.logs import fields
 from rollout_queue.core.policy import Durability, RetryPolicy
 from rollout_queue.ops import views
 from rollout_queue.ops.views import QueueView
+
+#: the namespace a caller passes to parse_known_args (filled and returned as it is)
+_N = TypeVar("_N")
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_DENIED = 0, 1, 2, 3, 4, 5, 6
 #: A CLI should fail fast when Redis is down, not retry for the library default of 30 s.
@@ -62,8 +65,18 @@ class CommandParser(argparse.ArgumentParser):
         self.separator_optional = separator_optional
         self._intermixing = False
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    # argparse's own overloads (typeshed's): a namespace passed in is the one filled and returned.
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]: ...
+
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
         if self._intermixing:  # a pass of parse_known_intermixed_args (some Python versions call back here)
             return super().parse_known_args(args, namespace)
         words = list(sys.argv[1:] if args is None else args)

@@ -40,6 +40,9 @@ from rollout_queue.ops.view_models import (
 )
 
 SPARKS = "▁▂▃▄▅▆▇█"
+#: A table row before ``section`` cleans it: text, or a count (shown as its digits). A table whose
+#: layout varies (a partition column, a "... N more" row) builds its rows as this.
+Cells = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -262,8 +265,11 @@ def edge_text(edge: float | None, edges: Sequence[float], seconds: bool = False)
 
 def samples_rows(snap: Snapshot) -> list[tuple[str, int, str, str, str, str]]:
     """(what, samples, p50, p90, p99, max) of sample lengths and durations."""
-    return [(what, d.count, *(edge_text(v, d.edges, secs) for v in (d.p50, d.p90, d.p99, d.max)))
-            for what, d, secs in (("tokens", snap.sample_tokens, False), ("seconds", snap.sample_seconds, True))]
+    rows = []
+    for what, d, secs in (("tokens", snap.sample_tokens, False), ("seconds", snap.sample_seconds, True)):
+        p50, p90, p99, top = (edge_text(v, d.edges, secs) for v in (d.p50, d.p90, d.p99, d.max))
+        rows.append((what, d.count, p50, p90, p99, top))
+    return rows
 
 
 def samples_section(snap: Snapshot) -> Section:
@@ -288,6 +294,7 @@ def workers_section(ws: Sequence[WorkerView], limit: int = 20, partitioned: bool
     with a partition column, and the title counts each worker once (alive: alive in every partition
     it is registered in)."""
     columns = ("worker", "status", "last heartbeat", "executing", "oldest attempt", "groups/s", "tokens/s")
+    rows: list[Cells]
     if not partitioned:
         alive = sum(1 for w in ws if w.alive)
         rows = [(w.worker_id, worker_status(w), duration(w.silent_ms), w.executing_groups) + _speed(w)
@@ -322,6 +329,7 @@ def worker_status(w: WorkerView) -> str:
 
 def leases_section(ls: Sequence[LeaseView], limit: int = 20, partitioned: bool = False) -> Section:
     """One row per lease; on a partitioned queue one per member lease, with a partition column."""
+    rows: list[Cells]
     if not partitioned:
         rows = [(lv.lease_id, lv.trainer, lv.groups, "?" if lv.version is None else lv.version, _holder(lv),
                  _deadline(lv)) for lv in ls[:limit]]
@@ -338,6 +346,7 @@ def stragglers_section(attempts: Sequence[AttemptView], truncated: bool, partiti
     """The oldest executing attempts first: which entry, on which worker, for how long."""
     title = f"stragglers: the {len(attempts)} oldest executing attempts" + (
         " (of the first entries of a large PEL)" if truncated else "")
+    rows: list[Cells]
     if partitioned:
         rows = [(a.entry_id, a.partition, a.worker_id, duration(a.age_ms), a.attempt) for a in attempts]
         return section(title, ("entry", "partition", "worker", "age", "attempt"), rows, whole=(0,), ids=(2,))

@@ -233,7 +233,10 @@ def decode_columns(blob: bytes) -> SampleColumns:
         turns = tuple(_turns(row[7]) if len(row) > 7 else () for row in rows)
         metadata = tuple(row[8] if len(row) > 7 else None for row in rows)
         segments = tuple(_segments(row[9]) if len(row) == 10 else () for row in rows)
-        return SampleColumns(tokens, logprobs, *zip(*(row[:7] for row in rows)), turns if any(turns) else (),
+        # The seven per-sample columns by name (_count checked every row has them), then the others.
+        slots, counts, has_logprobs, rewards, versions, reasons, version_lists = zip(*(row[:7] for row in rows))
+        return SampleColumns(tokens, logprobs, slots, counts, has_logprobs, rewards, versions, reasons,
+                             version_lists, turns if any(turns) else (),
                              metadata if any(m is not None for m in metadata) else (),
                              segments if any(segments) else ())
     except (TypeError, ValueError) as exc:  # a non-list versions; InvalidInput is a ValueError

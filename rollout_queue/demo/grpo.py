@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from rollout_queue.api.queue import RolloutQueue
 from rollout_queue.rl.trainer import (
@@ -98,7 +98,10 @@ def lora_model(model: Any, rank: int, alpha: float | None = None) -> Any:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise RuntimeError("training a LoRA adapter needs peft: pip install peft") from exc
-    config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=0.0,
+    # peft annotates lora_alpha as int, yet only divides by it (scaling = lora_alpha / r) and writes it to
+    # adapter_config.json as given: a float alpha (--lora-alpha 24.5) is one peft takes, and one
+    # weights/lora.py reads back; the cast states peft's real contract, not ours.
+    config = LoraConfig(r=rank, lora_alpha=cast(int, alpha if alpha is not None else 2 * rank), lora_dropout=0.0,
                         target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     return get_peft_model(model, config)
 
@@ -131,7 +134,10 @@ class GrpoTrainer:
         torch.manual_seed(settings.seed)
         torch.set_num_threads(max(1, settings.threads))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(settings.device)
+        # Held as the torch Module it is: transformers declares its ``to`` through functools.wraps, which
+        # the type checker reads as an unbound function (wanting the model again as its first argument).
+        loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model: Any = loaded.to(settings.device)
         if settings.lora_rank > 0:
             self.model = lora_model(self.model, settings.lora_rank, settings.lora_alpha)
         self.model.train()

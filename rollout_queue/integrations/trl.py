@@ -90,7 +90,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 # Only that warning, only from TRL's modules, is silenced; one line of ours says why (vllm_note).
 warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning,
                         module=r"trl(\.|$)")
-from trl import GRPOTrainer  # after the filter above, which must see TRL's import
+from trl import GRPOConfig, GRPOTrainer  # after the filter above, which must see TRL's import
 
 from rollout_queue.api.lease import error_reason
 from rollout_queue.api.queue import RolloutQueue
@@ -151,9 +151,20 @@ def worker_reward(completions: list[Any], worker_reward: list[float | None] | No
     return list(worker_reward)
 
 
-def _rollout(prompts: list[Any], trainer: "QueueGRPOTrainer") -> dict[str, list[Any]]:
-    """TRL's ``rollout_func``: the completions of the lease being served (set just before)."""
+def _rollout(prompts: list[str], trainer: GRPOTrainer) -> dict[str, Any]:
+    """TRL's ``rollout_func``: the completions of the lease being served (set just before). TRL calls
+    it with the trainer it was given to, always a QueueGRPOTrainer (the only one passing it)."""
+    if not isinstance(trainer, QueueGRPOTrainer):
+        raise IntegrationConfigError(f"rollout_queue's rollout_func serves QueueGRPOTrainer only, not "
+                                     f"{type(trainer).__name__}: use QueueGRPOTrainer")
     return trainer._serve(prompts)
+
+
+def _given(value: int | None, name: str) -> int:
+    """A GRPOConfig size typed ``int | None`` that TRL needs set (it fills steps_per_generation in)."""
+    if value is None:
+        raise IntegrationConfigError(f"GRPOConfig.{name} is None: set it to a positive integer")
+    return value
 
 
 class QueueGRPOTrainer(GRPOTrainer):
@@ -171,6 +182,10 @@ class QueueGRPOTrainer(GRPOTrainer):
     storage fetch ``weights_dir`` from: ``https://...``, ``s3://...``), ``stale_tokens`` (``"mask"``
     or ``"correct"``: what becomes of a token older than the queue's bound, module docstring item 5).
     """
+
+    #: What GRPOTrainer makes of its ``args`` (a GRPOConfig, built when none is given); transformers'
+    #: Trainer declares the attribute as the TrainingArguments it is a subclass of.
+    args: GRPOConfig
 
     def __init__(self, model: Any, reward_funcs: Any, *, queue: RolloutQueue, feed: bool = True,
                  producer_name: str = "trl", max_backlog: int = 0, weights_dir: str | None = None,
@@ -205,7 +220,12 @@ class QueueGRPOTrainer(GRPOTrainer):
         self.feed_dataset = feed
         self.producer_name = producer_name
         self.max_backlog = max_backlog
-        self.weights_dir = weights_dir or os.path.join(self.args.output_dir, "queue-weights")
+        if not weights_dir:
+            if self.args.output_dir is None:  # TrainingArguments fills it in, unless set to None after
+                raise IntegrationConfigError("QueueGRPOTrainer needs weights_dir, or args.output_dir to keep "
+                                             "queue-weights under")
+            weights_dir = os.path.join(self.args.output_dir, "queue-weights")
+        self.weights_dir = weights_dir
         self.publish_every = publish_every
         self.publisher = WeightPublisher(queue, self.weights_dir, transport=weights_transport,
                                          uri_base=weights_uri_base)
@@ -213,15 +233,20 @@ class QueueGRPOTrainer(GRPOTrainer):
         self.feed: DatasetFeed | None = None
         trainer_id = trainer_id or f"trl-{os.getpid()}"
         self.ranked: RankedStream | None = None
+        #: the leases' stream: None on a rank other than 0 (the ranked stream leases on rank 0 only)
+        self.stream: TrainingStream | None
+        #: who acks, checkpoints and restores: the ranked stream (a collective) or the plain one
+        self._settler: TrainingStream | RankedStream
         groups = self.accelerator.num_processes * self._groups_per_generation()  # one lease, every rank's
         if self.accelerator.num_processes > 1:  # rank 0 leases and commits, each rank trains its share
-            self.ranked = RankedStream(queue, groups_per_step=groups, wait_s=wait_s,
-                                       lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
-                                       exhausted=self._exhausted, publish_every=None, fleet_grace_s=fleet_grace_s)
-        self.stream = (self.ranked.stream if self.ranked is not None else
-                       TrainingStream(queue, groups_per_step=groups, wait_s=wait_s, lease_timeout_s=lease_timeout_s,
-                                      trainer_id=trainer_id, exhausted=self._exhausted, publish_every=None,
-                                      fleet_grace_s=fleet_grace_s))
+            self.ranked = self._settler = RankedStream(
+                queue, groups_per_step=groups, wait_s=wait_s, lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
+                exhausted=self._exhausted, publish_every=None, fleet_grace_s=fleet_grace_s)
+            self.stream = self.ranked.stream
+        else:
+            self.stream = self._settler = TrainingStream(
+                queue, groups_per_step=groups, wait_s=wait_s, lease_timeout_s=lease_timeout_s, trainer_id=trainer_id,
+                exhausted=self._exhausted, publish_every=None, fleet_grace_s=fleet_grace_s)
         if self.accelerator.is_main_process and queue.config.batch_groups is DERIVED:
             # Admission control (module docstring, item 6): the groups committed per published version.
             # _step_end publishes on a lease's last step that is a multiple of publish_every: every
@@ -251,12 +276,12 @@ class QueueGRPOTrainer(GRPOTrainer):
     def _check_config(self) -> int:
         """The lease span in optimizer steps; raises for a setting exactly-once cannot survive."""
         args = self.args
-        if self.accelerator.num_processes > 1 and (args.per_device_train_batch_size * args.steps_per_generation
-                                                   % self.num_generations):
+        steps_per_generation, n = self._steps_per_generation, self._generations
+        if self.accelerator.num_processes > 1 and (args.per_device_train_batch_size * steps_per_generation % n):
             raise IntegrationConfigError(
                 f"with {self.accelerator.num_processes} processes each must hold whole groups: "
                 f"per_device_train_batch_size * steps_per_generation ({args.per_device_train_batch_size} * "
-                f"{args.steps_per_generation}) must be a multiple of num_generations ({self.num_generations})")
+                f"{steps_per_generation}) must be a multiple of num_generations ({n})")
         if _value(getattr(args, "eval_strategy", "no")) != "no":
             raise IntegrationConfigError("evaluation during training would lease training groups: set "
                                          "eval_strategy='no' and evaluate a saved checkpoint on its own")
@@ -264,7 +289,7 @@ class QueueGRPOTrainer(GRPOTrainer):
             raise IntegrationConfigError("loss_type='vespo' folds every token's importance ratio into one sequence "
                                          "weight, masked tokens included, so a stale token cannot be taken out: pick "
                                          "another loss_type")
-        generate_every = args.steps_per_generation * self.num_iterations
+        generate_every = steps_per_generation * self.num_iterations
         accumulate = args.gradient_accumulation_steps
         if generate_every % accumulate and accumulate % generate_every:
             raise IntegrationConfigError(
@@ -278,13 +303,18 @@ class QueueGRPOTrainer(GRPOTrainer):
     # -- the training lifecycle (called by _QueueCallback) --------------------------------------
 
     @property
-    def _settler(self) -> "TrainingStream | RankedStream":
-        """Who acks, checkpoints and restores: the ranked stream (a collective) or the plain one."""
-        return self.ranked if self.ranked is not None else self.stream
+    def _generations(self) -> int:
+        """TRL's num_generations: a group's samples (GRPOConfig types it ``int | None``)."""
+        return _given(self.num_generations, "num_generations")
+
+    @property
+    def _steps_per_generation(self) -> int:
+        """GRPOConfig's steps_per_generation, which its __post_init__ fills in when left None."""
+        return _given(self.args.steps_per_generation, "steps_per_generation")
 
     def _groups_per_generation(self) -> int:
         """Groups one process trains per generation batch (its rows / num_generations)."""
-        return max(1, self.args.per_device_train_batch_size * self.args.steps_per_generation // self.num_generations)
+        return max(1, self.args.per_device_train_batch_size * self._steps_per_generation // self._generations)
 
     def _begin(self, state: TrainerState) -> None:
         # TRL has resolved save_steps and max_steps now (a ratio of an epoch-based run was unknown at
@@ -312,9 +342,9 @@ class QueueGRPOTrainer(GRPOTrainer):
                                          "(dataset.map with tokenizer.apply_chat_template(..., tokenize=False))")
         rows_per_step = (self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
                          * self.accelerator.num_processes)  # rank 0 feeds every process's groups
-        groups_per_step = rows_per_step / (self.num_generations * self.num_iterations)
+        groups_per_step = rows_per_step / (self._generations * self.num_iterations)
         epochs = max(1, math.ceil(state.max_steps * groups_per_step / len(dataset)))
-        plan = ProducePlan(name=self.producer_name, n=self.num_generations, prompt_field="prompt", epochs=epochs,
+        plan = ProducePlan(name=self.producer_name, n=self._generations, prompt_field="prompt", epochs=epochs,
                            shuffle=bool(getattr(self.args, "shuffle_dataset", True)), seed=int(self.args.seed))
         self.feed = DatasetFeed(self.queue, dataset, plan, max_backlog=self.max_backlog,
                                 tokenize=self._tokenize).start()
@@ -359,12 +389,13 @@ class QueueGRPOTrainer(GRPOTrainer):
     # -- one generation batch -------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        n = self.num_generations
+        n = self._generations
         started = time.monotonic()
-        if self.ranked is not None:
-            groups = list(self.ranked.next(self.state.global_step + 1).groups)
+        settler = self._settler
+        if isinstance(settler, RankedStream):
+            groups = list(settler.next(self.state.global_step + 1).groups)
         else:
-            groups = list(self.stream.next(max(1, len(inputs) // n)).groups)
+            groups = list(settler.next(max(1, len(inputs) // n)).groups)
         waited = time.monotonic() - started
         rows = [self._row(group) for group in groups for _ in range(n)]
         for group in groups:

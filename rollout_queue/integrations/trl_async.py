@@ -82,7 +82,10 @@ def rollout_samples(lease: Lease, group_ids: Iterator[int], *, scale_by_std: boo
     """TRL's RolloutSamples of a lease: per sample ``input_ids`` = prompt + completion,
     ``completion_mask`` 0 on the prompt (and on a trajectory's observations), ``old_log_probs`` the behaviour
     logprobs (0 on the prompt),
-    the GRPO advantage within its group, the sample's policy version and one ``group_id`` per group."""
+    the GRPO advantage within its group, the sample's policy version and one ``group_id`` per group.
+    ``prompt`` and ``completion`` are chat messages, as TRL declares them (its trace logging concatenates
+    them): the group's prompt text as one user message, and no completion message (the samples are
+    token ids; nothing here decodes them)."""
     out = []
     now = time.time()
     for group in lease.groups:
@@ -91,16 +94,16 @@ def rollout_samples(lease: Lease, group_ids: Iterator[int], *, scale_by_std: boo
             raise InvalidInput(f"group {group.entry_id} has no prompt_token_ids: submit tokenized prompts for "
                                "TRL's token-level samples (the producer's tokenize=, e.g. "
                                "run_producer(..., tokenize=tok.encode))")
-        rewards = [s.reward for s in group.samples]
-        if any(r is None for r in rewards):
+        rewards = [s.reward for s in group.samples if s.reward is not None]
+        if len(rewards) != len(group.samples):
             raise InvalidInput(f"group {group.entry_id} has samples without a reward: configure the workers' --reward")
-        (advantages,) = grpo_advantages([[float(r) for r in rewards]], scale_by_std=scale_by_std)  # type: ignore[arg-type]
+        (advantages,) = grpo_advantages([[float(r) for r in rewards]], scale_by_std=scale_by_std)
         gid = next(group_ids)
         for sample, advantage in zip(group.samples, advantages):
             ids = list(prompt) + list(sample.token_ids)
             logprobs = list(sample.logprobs) if sample.logprobs else [0.0] * len(sample.token_ids)
             out.append(RolloutSample(
-                prompt=group.group.prompt, completion="", input_ids=np.asarray(ids, dtype=np.int64),
+                prompt=[{"role": "user", "content": group.group.prompt}], completion=[], input_ids=np.asarray(ids, dtype=np.int64),
                 completion_mask=np.asarray([0] * len(prompt) + list(sample.loss_mask), dtype=np.int64),
                 old_log_probs=np.asarray([0.0] * len(prompt) + logprobs, dtype=np.float32),
                 advantage=float(advantage), model_version=int(sample.version), group_id=gid,
@@ -298,14 +301,16 @@ class QueueRolloutWorker:
         step are not fixed, so nothing is derived (logged: set batch_groups on the queue yourself)."""
         if self.queue.config.batch_groups is not DERIVED:
             return
-        sizes = [getattr(args, name, None) for name in ("num_generations", "weight_sync_steps")]
+        # AsyncGRPOConfig's fields, read by name: a plain TrainingArguments has none of them.
+        given_generations, given_sync_steps = (getattr(args, name, None) for name in ("num_generations",
+                                                                                       "weight_sync_steps"))
         budget = getattr(args, "token_budget", None)
-        if None in sizes or budget is None or budget > 0:
+        if given_generations is None or given_sync_steps is None or budget is None or budget > 0:
             log.warning("admission control not derived: the groups per weight sync are not fixed (token budgeting, "
                         "or not an AsyncGRPOConfig); open the queue with QueueConfig(batch_groups=<groups per "
                         "weight sync>)", extra=fields(queue=self.queue.name, token_budget=budget))
             return
-        generations, sync_steps = (max(1, int(v)) for v in sizes)  # type: ignore[arg-type]
+        generations, sync_steps = max(1, int(given_generations)), max(1, int(given_sync_steps))
         samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
         derive_admission(self.queue, -(-samples // generations) * sync_steps)
 

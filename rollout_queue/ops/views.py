@@ -35,7 +35,7 @@ from rollout_queue.core.histograms import SECOND_BUCKETS, TOKEN_BUCKETS, bucket_
 from rollout_queue.core.keys import KEY_SUFFIXES, QueueKeys
 from rollout_queue.core.models import DeadLetter, QueueStats, SourceGroup, check_entry_id
 from rollout_queue.core.policy import Durability, RetryPolicy
-from rollout_queue.drivers.transport import SyncDriver
+from rollout_queue.drivers.transport import SyncClient, SyncDriver
 from rollout_queue.scale.layout import Layout
 from rollout_queue.ops.view_models import (
     DRAIN_HOLD,
@@ -705,7 +705,7 @@ class QueueView:
     than one, ``layout.keys[i]`` are the partitions' keys and ops/partition_views.py runs the views
     on each of them."""
 
-    def __init__(self, client: redis.Redis, name: str, retry: RetryPolicy | None = None,
+    def __init__(self, client: SyncClient, name: str, retry: RetryPolicy | None = None,
                  clock: Clock = time.monotonic, durability: Durability | None = None, partitions: int = 1) -> None:
         self.name, self.client, self.clock = name, client, clock
         self.layout = Layout(name, partitions)

@@ -87,7 +87,10 @@ def _checksum(algorithm: str, data: np.ndarray) -> str:
     if algorithm == "xxh3-128":
         import xxhash
 
-        return str(xxhash.xxh3_128(data).hexdigest())
+        # ``data.data``: the array's own bytes as a memoryview, no copy (numpy's stubs make an ndarray a
+        # Buffer only from Python 3.12; the arrays here are uint8 and contiguous, so the bytes hashed
+        # are the same).
+        return str(xxhash.xxh3_128(data.data).hexdigest())
     if algorithm == "blake3":
         import blake3
 

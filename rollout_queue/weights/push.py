@@ -51,7 +51,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
 import orjson
 
@@ -66,6 +66,13 @@ if TYPE_CHECKING:
     from rollout_queue.api.queue import RolloutQueue
 
 log = logging.getLogger("rollout_queue.weights.push")
+
+
+class _Cloneable(Protocol):
+    """A torch.distributed Store as it is at run time: ``clone()`` opens a new client of the same
+    store (its own connection), a method torch's stubs do not declare."""
+
+    def clone(self) -> "torch.distributed.Store": ...
 
 #: Bytes per broadcast: large enough that per-call latency vanishes, small enough to bound the
 #: extra copy of each side to one bucket (64 MiB).
@@ -323,7 +330,9 @@ class WeightPush:
 
         _use_device(next(iter(tensors.values())).device)
         wd.stage = "connecting to the rendezvous store"
-        client = self.store.clone()  # rule 1: a store call blocked here must not hold the caller's client
+        # rule 1: a store call blocked here must not hold the caller's client. Store.clone is a documented method
+        # of torch's C++ binding, but torch's stubs leave it out: hence the cast to what it is.
+        client = cast(_Cloneable, self.store).clone()
         client.set_timeout(datetime.timedelta(seconds=max(0.1, left())))
         scope = _scope(client, epoch)
         # Every member at the store before the group: gloo waits for each peer in turn, each wait

@@ -15,9 +15,25 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Sequence
+from typing import Any, ClassVar, Protocol
 
-from rollout_queue import AsyncWorker, Receipt, Sample
+from rollout_queue import Receipt, Sample
+
+
+class Settles(Protocol):
+    """What a verdict is sent to: the four settling calls of the asyncio worker facade (AsyncWorker),
+    which ServedQueues (served.py) also offers, routing each receipt to the queue it came from. A
+    Protocol, not ``AsyncWorker | ServedQueues``, so the settler types whichever it is given."""
+
+    def complete(self, receipt: Receipt, samples: Sequence[Sample]) -> Awaitable[str]: ...
+
+    def filter(self, receipt: Receipt, reason: str, tokens: int = 0) -> Awaitable[str]: ...
+
+    def fail(self, receipt: Receipt, reason: str) -> Awaitable[str]: ...
+
+    def abort(self, receipt: Receipt, reason: str = "aborted", progress: Sequence[Sample] = (),
+              discarded: int = 0) -> Awaitable[str]: ...
 
 
 @dataclass(frozen=True)
@@ -31,7 +47,7 @@ class Verdict:
         """What a log line shows of the verdict (never the samples)."""
         return {}
 
-    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+    async def send(self, worker: Settles, receipt: Receipt) -> str:
         """Settle ``receipt`` on ``worker``; returns the script's outcome word."""
         raise NotImplementedError
 
@@ -44,7 +60,7 @@ class Complete(Verdict):
     counter: ClassVar[str] = "completed"
     log_level: ClassVar[int] = logging.DEBUG
 
-    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+    async def send(self, worker: Settles, receipt: Receipt) -> str:
         return await worker.complete(receipt, list(self.samples))
 
 
@@ -67,7 +83,7 @@ class Filter(_Explained):
     #: The tokens generated for the group, counted as the queue's waste (counters.tokens_filtered).
     tokens: int = 0
 
-    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+    async def send(self, worker: Settles, receipt: Receipt) -> str:
         return await worker.filter(receipt, self.reason, self.tokens)
 
 
@@ -77,7 +93,7 @@ class Fail(_Explained):
 
     counter: ClassVar[str] = "failed"
 
-    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+    async def send(self, worker: Settles, receipt: Receipt) -> str:
         return await worker.fail(receipt, self.reason)
 
 
@@ -96,7 +112,7 @@ class Abort(_Explained):
         tokens = sum(len(s.token_ids) for s in self.progress)
         return {**super().log_fields(), **({"progress_tokens": tokens} if tokens else {})}
 
-    async def send(self, worker: AsyncWorker, receipt: Receipt) -> str:
+    async def send(self, worker: Settles, receipt: Receipt) -> str:
         if self.progress:
             return await worker.abort(receipt, self.reason, progress=list(self.progress))
         return await worker.abort(receipt, self.reason, discarded=self.discarded)

@@ -90,15 +90,16 @@ class WeightSettings:
         """From verl's engine kwargs; ``url``/``queue`` fall back to the environment
         (``queue_address``). Raises IntegrationConfigError naming the key to set or fix."""
         given = cls.check_names(kwargs)
-        given["url"], given["queue"] = queue_address(given.get("url"), given.get("queue"),
-                                                     needs="the queue's checkpoint engine",
-                                                     keys=(f"{_KWARGS}.url", f"{_KWARGS}.queue"))
+        url, queue = queue_address(given.pop("url", None), given.pop("queue", None),
+                                   needs="the queue's checkpoint engine", keys=(f"{_KWARGS}.url", f"{_KWARGS}.queue"))
         missing = [name for name in ("root", "model_path") if not given.get(name)]
         if missing:
             raise IntegrationConfigError(
                 f"the queue's checkpoint engine needs {', '.join(f'{_KWARGS}.{m}' for m in missing)} (model_path "
                 "is usually ${actor_rollout_ref.model.path})")
-        settings = cls(**{k: (str(v) if k in ("url", "queue", "root", "model_path") else v) for k, v in given.items()})
+        # The paths as text; the other values are verl's config as given (its kwargs are untyped).
+        settings = cls(url=url, queue=queue, root=str(given.pop("root")), model_path=str(given.pop("model_path")),
+                       **given)
         if settings.transport not in ("folder", "delta"):
             raise IntegrationConfigError(f"{_KWARGS}.transport must be 'folder' or 'delta', got {settings.transport!r} "
                                          "(WeightPublisher's 'dist' pushes a model object, which verl does not send)")
@@ -162,9 +163,10 @@ class SentVersion:
     def save_pretrained(self, folder: str | os.PathLike[str], safe_serialization: bool = True) -> None:
         from huggingface_hub import save_torch_state_dict
 
+        folder = Path(folder)
         save_torch_state_dict(self.tensors, folder, safe_serialization=safe_serialization)
         for path in self.files:
-            shutil.copy2(path, Path(folder) / path.name)
+            shutil.copy2(path, folder / path.name)
 
 
 async def _items(weights: Any) -> AsyncIterator[tuple[str, torch.Tensor]]:
