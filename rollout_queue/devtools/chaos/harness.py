@@ -107,9 +107,9 @@ class RunConfig:
     env_step_timeout_s: float = 1.0           # their --env-step-timeout; a hostile hang lasts 3 x it
     # Partial rollouts: the shipped workers save progress this often, and a model turn takes latency
     # plus up to jitter seconds, so an attempt of 2-3 turns outlives a save and a kill finds records.
-    save_progress_every_s: float = 0.1
-    traj_latency_s: float = 0.06
-    traj_jitter_s: float = 0.12
+    save_progress_every_s: float = 0.05
+    traj_latency_s: float = 0.03
+    traj_jitter_s: float = 0.06
     pushes: bool = False                      # a pusher publishes the versions (trainer 0 then does not)
     publish_interval_s: float = 3.0           # pusher: seconds between versions
     push_every: int = 1                       # pusher: every k-th version also goes by torch.distributed push
