@@ -20,6 +20,9 @@ entries invented in ready and the buffer, forged counters and commands the rules
 HSET leased, the clock, meta). Not forged parked records: with an XCLAIM to @dead they dead-letter a
 group the worker does not hold, the one settlement a worker credential can still force
 (docs/OPERATIONS.md); the long runs send them (docs/CHAOS.md).
+Partial rollouts run under it: the shipped workers save progress every 0.1 s and continue their
+trajectories from it, the nemesis kills and pauses shipped workers that own entries with progress
+records, and the checker replays every trained sample (versions, no token twice, no record left).
 The long runs are documented in docs/CHAOS.md.
 """
 
@@ -71,6 +74,10 @@ def test_short_chaos_run_loses_nothing_and_trains_nothing_twice(tmp_path) -> Non
     assert summary["shipped"]["settled"].get("complete_ok", 0) >= 1, summary["shipped"]
     assert set(summary["charges"]) & {h.name for h in HOSTILITIES}, summary["charges"]
     assert "innocent" not in summary["charges"], summary["charges"]
+    # Partial rollouts ran under the faults: attempts continued earlier ones' progress records, the
+    # trained trajectories were replayed token by token (samples.py), and no record was left.
+    assert summary["partials"]["continued"] > 0 and summary["partials"]["left"] == 0, summary["partials"]
+    assert summary["trained_samples"]["trajectories"] >= 1, summary["trained_samples"]
     # Versions went by push rounds, and an id that never heartbeat was refused a rank.
     assert summary["pushes"]["pushes"] >= 1 and summary["pushes"]["invented_refused"] >= 1, summary["pushes"]
     # The worker credential ran commands and was refused others, and the queue kept its promise.

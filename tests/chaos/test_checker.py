@@ -12,8 +12,15 @@ from typing import Any
 
 import pytest
 
+from rollout_queue import Receipt, Reservation, SourceGroup
+from rollout_queue.demo.walkthrough import test_engine_generate as engine_generate
 from rollout_queue.devtools.chaos.checker import Spec, _up_s, check
-from rollout_queue.devtools.chaos.roles import source_id
+from rollout_queue.devtools.chaos.roles import prompt_of, source_id, weights_uri
+from rollout_queue.devtools.chaos.samples import ENGINE_TOKENS, MAX_TOKENS, TRAJECTORY_TOKENS, sample_record
+from rollout_queue.workers.attempt import sampling_for
+from rollout_queue.workers.engines.base import SamplingConfig
+from rollout_queue.workers.engines.scripted import ScriptedEngine
+from rollout_queue.workers.trajectory import _turn_params
 from rollout_queue.devtools.chaos.truth import Truth
 
 SEED = 9
@@ -571,3 +578,135 @@ def test_a_violation_about_an_entry_an_adversary_command_touched_names_the_comma
     lost = [v for v in report.violations if f"group {S1} was neither committed nor dead-lettered" in v]
     assert lost and "[the adversary's XACK rollout:{q}:src rollout" in lost[0]
     assert report.adversary["violations_blamed"] >= 1
+
+
+# -- partial rollouts: what is trained, token by token (samples.py) -----------------------------------
+
+
+def _test_sample(sid: str, i: int, attempt: int, slot: int = 0, version: int = 0) -> dict[str, Any]:
+    """The test engine's sample for (group i, slot, attempt), as the trainer logs it."""
+    probe = Reservation(Receipt("0-0", attempt, W), SourceGroup(sid, prompt_of(SEED, i), n=1), version)
+    return sample_record(engine_generate(probe, slot))
+
+
+def _trajectory(sid: str, i: int, versions: tuple[int, ...], slot: int = 0) -> dict[str, Any]:
+    """A healthy shipped worker's trajectory of group ``i`` (1 + i % 3 model turns, ``<oK>`` after
+    model turn K), model turn K generated under ``versions[K]``: what the scripted engine gives."""
+    eng = ScriptedEngine("", tokens=ENGINE_TOKENS)
+    base = sampling_for(SamplingConfig(max_tokens=MAX_TOKENS, seed=SEED), sid, slot)
+    context, tokens, turns, segments = eng.encode(prompt_of(SEED, i)), [], [], []
+    for k in range(1 + i % 3):
+        eng.weights_uri = weights_uri(versions[k]) if versions[k] else ""
+        out = list(eng.tokens_for("", eng.decode(context), _turn_params(base, k, TRAJECTORY_TOKENS - len(tokens))))
+        if not segments or segments[-1][1] != versions[k]:
+            segments.append([len(tokens), versions[k]])
+        turns.append(["model", len(out), versions[k]])
+        tokens += out
+        if k < i % 3:
+            obs = list(eng.encode_continuation(f"<o{k}>"))
+            turns.append(["observation", len(obs), 0])
+            tokens += obs
+        context = eng.encode(prompt_of(SEED, i)) + tokens
+    return {"slot": slot, "tokens": tokens, "version": versions[0], "versions": sorted(set(versions)),
+            "segments": segments if len(segments) > 1 else [], "turns": turns, "finish": "stop"}
+
+
+def _trained(records: list[dict[str, Any]], *groups: list[Any]) -> list[dict[str, Any]]:
+    return records + [rec("trained", 3.0, "trainer", lease="L1", groups=list(groups))]
+
+
+def _sample_violations(records: list[dict[str, Any]], truth: Truth) -> list[str]:
+    return [v for v in violations(records, truth) if "trained sample" in v or "progress record" in v]
+
+
+def _shipped_attempt(records: list[dict[str, Any]], eid: str, versions_applied: tuple[tuple[float, int], ...]
+                     ) -> list[dict[str, Any]]:
+    """Shipped worker T reserved ``eid`` (attempt 1) at t=2.0 and applied these (t, version)s; the
+    publishers recorded each version 0.1 s before it was applied."""
+    out = shipped(records) + [{**rec("reserve_ok", 2.0, "traj", worker=T, shipped=True,
+                                     grants=[[eid, 1, None, 1]]), "pid": 7}]
+    for t, v in versions_applied:
+        out += [rec("publish_record", t - 0.1, "pusher", version=v, uri=weights_uri(v)),
+                {**rec("weights_applied", t, "traj", worker=T, shipped=True, version=v, uri=weights_uri(v)), "pid": 7}]
+    return out
+
+
+def test_trained_samples_that_are_what_their_engines_generated_pass() -> None:
+    records, truth = clean_history()
+    records = _shipped_attempt(records, E1, ((2.5, 1),))
+    found = _sample_violations(_trained(records, [E0, 1, S0, [_test_sample(S0, 0, 1)]],
+                                        [E1, 1, S1, [_trajectory(S1, 1, (0, 1))]]), truth)
+    assert found == []
+
+
+def test_a_continuation_that_repeats_its_prefix_is_tokens_trained_twice() -> None:
+    records, truth = clean_history()
+    records = _shipped_attempt(records, E1, ())
+    good = _trajectory(S1, 1, (0, 0))
+    first = good["turns"][0][1] + good["turns"][1][1]  # model turn 0 and its observation: the checkpoint
+    repeated = {**good, "tokens": good["tokens"][:first] * 2 + good["tokens"][first:],
+                "turns": good["turns"][:2] * 2 + good["turns"][2:]}
+    found = _sample_violations(_trained(records, [E1, 1, S1, [repeated]]), truth)
+    assert any("trained twice" in v for v in found), found
+    # A test-engine sample with a prefix repeated, and one longer than the engine's output.
+    one = _test_sample(S0, 0, 1)
+    for tokens in (one["tokens"][:3] + one["tokens"], one["tokens"] + one["tokens"][:2]):
+        found = _sample_violations(_trained(clean_history()[0], [E0, 1, S0, [{**one, "tokens": tokens}]]), truth)
+        assert any("trained twice" in v or "beyond what the engine generated" in v for v in found), found
+
+
+def test_a_model_turn_longer_than_max_tokens_fails() -> None:
+    records, truth = clean_history()
+    good = _trajectory(S1, 1, (0, 0))
+    n0 = good["turns"][0][1]
+    long = {**good, "tokens": good["tokens"][:n0] * 2 + good["tokens"][n0:],
+            "turns": [["model", 2 * n0, 0]] + good["turns"][1:]}
+    found = _sample_violations(_trained(records, [E1, 1, S1, [long]]), truth)
+    assert any("more than max_tokens" in v for v in found), found
+
+
+def test_versions_a_sample_could_not_have_run_under_fail() -> None:
+    records, truth = clean_history()
+    # Version 3 was never published: its tokens replay the same (its weights URI is named), its version does not.
+    never = _trajectory(S1, 1, (0, 3))
+    found = _sample_violations(_trained(_shipped_attempt(records, E1, ((2.5, 1),)), [E1, 1, S1, [never]]), truth)
+    assert any("claims version 3, which was never published" in v for v in found), found
+    # Published after the lease: too late for any attempt of it.
+    late = _shipped_attempt(records, E1, ((2.5, 1),)) + [rec("publish_record", 3.5, "pusher", version=2, uri="x")]
+    found = _sample_violations(_trained(late, [E1, 1, S1, [_trajectory(S1, 1, (0, 2))]]), truth)
+    assert any("claims version 2, which was only published at 3.500" in v for v in found), found
+    # Published in time, but the worker holding the attempt never loaded it.
+    unloaded = _shipped_attempt(records, E1, ()) + [rec("publish_record", 2.2, "pusher", version=1, uri="x")]
+    found = _sample_violations(_trained(unloaded, [E1, 1, S1, [_trajectory(S1, 1, (0, 1))]]), truth)
+    assert any("that no shipped worker holding an attempt of it had loaded" in v for v in found), found
+    # Stamped with the new version though generated under the old one: the replay tells them apart.
+    stamped = {**_trajectory(S1, 1, (0, 0)), "version": 1, "versions": [1]}
+    stamped["turns"] = [[role, n, 1 if role == "model" else 0] for role, n, _ in stamped["turns"]]
+    found = _sample_violations(_trained(_shipped_attempt(records, E1, ((1.9, 1),)), [E1, 1, S1, [stamped]]), truth)
+    assert any("not the scripted engine's output after its prefix under version 1" in v for v in found), found
+    # A test-engine sample at another version than its reservation's.
+    reserved = [{**r, "version": 0} if r["op"] == "reserve_ok" else r for r in records]
+    found = _sample_violations(_trained(reserved + [rec("publish_record", 1.5, "trainer", version=1, uri="x")],
+                                        [E0, 1, S0, [_test_sample(S0, 0, 1, version=1)]]), truth)
+    assert any("its test-engine attempt was reserved at version 0" in v for v in found), found
+
+
+@pytest.mark.parametrize("segments,why", [([[0, 1], [3, 0]], "goes back from version 1 to 0"),
+                                          ([[2, 0]], "offsets must rise from 0"),
+                                          ([[0, 0], [99, 1]], "offsets must rise from 0"),
+                                          ([[0, 1]], "is not its version 0")])
+def test_malformed_segments_fail(segments: list[list[int]], why: str) -> None:
+    records, truth = clean_history()
+    records += [rec("publish_record", 1.0, "trainer", version=1, uri="x")]
+    forged = {**_test_sample(S0, 0, 1), "segments": segments}
+    found = _sample_violations(_trained(records, [E0, 1, S0, [forged]]), truth)
+    assert any(why in v for v in found), found
+
+
+def test_a_progress_record_left_after_its_group_settled_fails() -> None:
+    records, truth = clean_history()
+    truth.partial_heads = {E0: f"1|6|0|120|{T}"}
+    found = _sample_violations(records, truth)
+    assert any(f"progress record of {E0}" in v and "left after its group was committed" in v for v in found), found
+    truth.partial_heads = {}
+    assert _sample_violations(records, truth) == []

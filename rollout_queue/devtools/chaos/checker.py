@@ -38,6 +38,10 @@ what Redis holds at the end (commits stream, ledger, PEL, indexes, dlq). The che
    publisher recorded, every live shipped worker ends on the last recorded version.
 10. a worker credential used adversarially (adversary.check_adversary): what the rules refuse is
    refused, and every violation names the command that ran against its entry.
+11. partial rollouts (samples.py): every trained sample's per-token versions are ones it could have
+   run under (published by then, loaded by a worker that held an attempt of it, well formed), no
+   token is trained twice within a sample (each engine's output is replayed exactly), and no
+   progress record is left for a group that settled.
 It only reads; it never changes Redis or the logs.
 """
 
@@ -48,7 +52,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from rollout_queue.devtools.chaos import adversary, pushes
+from rollout_queue.devtools.chaos import adversary, pushes, samples
 from rollout_queue.devtools.chaos.charges import Charges
 from rollout_queue.devtools.chaos.envs import hostile_kind
 from rollout_queue.devtools.chaos.progress import Gap, Progress
@@ -114,6 +118,8 @@ class Report:
     pushes: dict[str, Any] = field(default_factory=dict)
     adversary: dict[str, Any] = field(default_factory=dict)
     counters_forged: dict[str, Any] = field(default_factory=dict)  # counters skewed by the adversary's own writes
+    samples: dict[str, int] = field(default_factory=dict)      # trained samples replayed (samples.py)
+    partials: dict[str, Any] = field(default_factory=dict)     # the progress-record counters and what was left
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -232,6 +238,7 @@ class Checker:
                       self.check_groups, self.check_stuck, self.check_ledger, self.check_settlements,
                       self.check_late_commits, self.check_counters, self.check_downtime, self.check_bounds,
                       self.check_trainer_refusals, self.check_progress, self.check_charges, self.check_shipped,
+                      self.check_samples, self.check_leftover_partials,
                       self.check_pushes, self.check_adversary):  # the adversary last: it blames the others
             check()
         return self.report
@@ -640,6 +647,14 @@ class Checker:
                    if rec.get("shipped")]
         r.shipped = {"settled": dict(Counter(rec["op"] for rec in shipped)), "exits": dict(exits),
                      "reserved": sum(len(rec["grants"]) for rec in h.by_op["reserve_ok"] if rec.get("shipped"))}
+
+    # -- 14. partial rollouts: versions, tokens trained once, no record left (samples.py) ----------
+
+    def check_samples(self) -> None:
+        samples.check_samples(self)
+
+    def check_leftover_partials(self) -> None:
+        samples.check_leftover(self)
 
     def check_pushes(self) -> None:
         if self.h.by_op["push_invoke"] or self.h.by_op["weights_applied"]:

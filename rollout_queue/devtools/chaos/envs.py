@@ -114,6 +114,17 @@ class ChaosEnv:
         meta = group.metadata
         self.kind, self.turns, self.hang_s = meta.get("hostile"), int(meta.get("turns", 1)), float(meta.get("hang_s", 0))
 
+    def snapshot(self) -> dict[str, Any]:
+        """The state after a step (environments.py rule 5): with it a trajectory cut short (an abort at
+        a weight update, a drain, a kill after a periodic save) continues from its last complete turn
+        in the next attempt, so chaos runs exercise partial rollouts (samples.py checks them)."""
+        return {"kind": self.kind, "turns": self.turns, "hang_s": self.hang_s}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """In place of ``reset`` in a later attempt: what ``step`` needs is all in the state (the turn
+        index comes with each ModelTurn)."""
+        self.kind, self.turns, self.hang_s = state["kind"], int(state["turns"]), float(state["hang_s"])
+
     def step(self, turn: ModelTurn) -> Any:
         kind, last = self.kind, turn.index + 1 >= self.turns
         if kind == "hang":

@@ -18,6 +18,7 @@ import redis
 from rollout_queue.core.keys import QueueKeys
 from rollout_queue.devtools.chaos.envs import POISON_MARK
 from rollout_queue.devtools.chaos.oplog import read_log
+from rollout_queue.devtools.chaos.samples import ENGINE_TOKENS, MAX_TOKENS, TRAJECTORY_TOKENS
 from rollout_queue.devtools.chaos.supervisor import Slot
 from rollout_queue.ops.acl import role_rules, user_name
 
@@ -45,9 +46,11 @@ def role_argv(role: str, url: str, queue: str, cfg: "RunConfig", index: int, *ta
 def shipped_options(cfg: "RunConfig", index: int) -> list[str]:
     """The shipped worker's own options: the scripted engine (poison prompts fail in it, and with
     pushes it takes part in them), the chaos environment and reward, short step deadlines. Worker 0
-    aborts its trajectories at a weight update, worker 1 continues them (both paths run)."""
-    engine = {"max_concurrency": cfg.traj_slots, "latency_s": 0.003, "jitter_s": 0.02, "tokens": 6,
-              "fail_prompt": POISON_MARK}
+    aborts its trajectories at a weight update, worker 1 continues them (both paths run). Each saves
+    its progress every ``save_progress_every_s``, and each model turn takes ``traj_latency_s`` plus
+    up to ``traj_jitter_s``, so kills land while progress records exist and attempts continue them."""
+    engine: dict[str, object] = {"max_concurrency": cfg.traj_slots, "latency_s": cfg.traj_latency_s, "jitter_s": cfg.traj_jitter_s,
+              "tokens": ENGINE_TOKENS, "fail_prompt": POISON_MARK}
     if cfg.pushes:
         engine["push"] = "true"
     out = ["--engine", "scripted"]
@@ -55,7 +58,8 @@ def shipped_options(cfg: "RunConfig", index: int) -> list[str]:
         out += ["--engine-arg", f"{k}={v}"]
     return out + ["--env", "rollout_queue.devtools.chaos.envs:ChaosEnv",
                   "--reward", "rollout_queue.devtools.chaos.envs:chaos_reward",
-                  "--max-turns", "4", "--max-tokens", "8", "--trajectory-tokens", "256",
+                  "--max-turns", "4", "--max-tokens", str(MAX_TOKENS), "--trajectory-tokens", str(TRAJECTORY_TOKENS),
+                  "--save-progress-every-s", str(cfg.save_progress_every_s),
                   "--env-step-timeout", str(cfg.env_step_timeout_s), "--trajectory-timeout", "30",
                   "--max-samples", str(cfg.traj_slots), "--drain-timeout", "3", "--seed", str(cfg.seed),
                   "--weights-mode", ("abort", "continue")[index % 2], "--json-logs"]

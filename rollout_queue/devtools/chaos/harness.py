@@ -33,14 +33,21 @@ from rollout_queue.devtools.local_server import LocalServer
 
 from rollout_queue.devtools.chaos import checker, fleet
 from rollout_queue.devtools.chaos.aof import AofTail
-from rollout_queue.devtools.chaos.nemesis import DEFAULT_WEIGHTS, FAULT_KINDS, PUSH_KINDS, Nemesis, NemesisConfig
+from rollout_queue.devtools.chaos.nemesis import (
+    DEFAULT_WEIGHTS,
+    FAULT_KINDS,
+    PARTIAL_KINDS,
+    PUSH_KINDS,
+    Nemesis,
+    NemesisConfig,
+)
 from rollout_queue.devtools.chaos.oplog import LogTail, OpLog, read_logs
 from rollout_queue.devtools.chaos.progress import Progress, bound_for, replay
 from rollout_queue.devtools.chaos.roles import DEFAULT_SIZES
 from rollout_queue.devtools.chaos.supervisor import Slot, Supervisor
 from rollout_queue.devtools.chaos.truth import Truth
 from rollout_queue.devtools.chaos.truth import load as load_truth
-from rollout_queue.devtools.chaos.truth import observe
+from rollout_queue.devtools.chaos.truth import observe, stream_lines
 from rollout_queue.devtools.chaos.truth import save as save_truth
 
 #: the folder that holds the rollout_queue package (chaos lives inside it, at devtools/chaos)
@@ -98,6 +105,11 @@ class RunConfig:
     traj_slots: int = 8                       # their --max-samples (and the scripted engine's concurrency)
     hostile_every: int = 11                   # every k-th group is hostile to them (envs.hostile_kind; 0: none)
     env_step_timeout_s: float = 1.0           # their --env-step-timeout; a hostile hang lasts 3 x it
+    # Partial rollouts: the shipped workers save progress this often, and a model turn takes latency
+    # plus up to jitter seconds, so an attempt of 2-3 turns outlives a save and a kill finds records.
+    save_progress_every_s: float = 0.05
+    traj_latency_s: float = 0.03
+    traj_jitter_s: float = 0.06
     pushes: bool = False                      # a pusher publishes the versions (trainer 0 then does not)
     publish_interval_s: float = 3.0           # pusher: seconds between versions
     push_every: int = 1                       # pusher: every k-th version also goes by torch.distributed push
@@ -109,10 +121,11 @@ class RunConfig:
     adversary_commands: str = ""              # only these attacks ("xack src,del meta"; '': every one)
 
     def nemesis_weights(self) -> dict[str, float]:
-        """The kinds the nemesis draws: ``credential`` paces the adversary instead, and the push
-        faults need a pusher."""
+        """The kinds the nemesis draws: ``credential`` paces the adversary instead, the push
+        faults need a pusher and the partial faults shipped workers."""
         return {k: v for k, v in self.weights.items()
-                if v > 0 and k != "credential" and (self.pushes or k not in PUSH_KINDS)}
+                if v > 0 and k != "credential" and (self.pushes or k not in PUSH_KINDS)
+                and (self.traj_workers > 0 or k not in PARTIAL_KINDS)}
 
     def max_outage_s(self) -> float:
         """The longest Redis is down in this run (a long outage if that fault is drawn, else a kill)."""
@@ -173,6 +186,7 @@ class RunResult:
             "dead_hostile": r.dead_hostile, "charges": r.charges, "shipped": r.shipped, "pushes": r.pushes,
             "adversary": r.adversary,
             "counters_forged": r.counters_forged,
+            "partials": r.partials, "trained_samples": r.samples,
             "acks_lost": len(lost_acks),
             "acks_lost_by_kind": dict(Counter(a["kind"] for a in lost_acks)),
             "acks_lost_unexplained": sum(not a["explained"] for a in lost_acks),
@@ -277,7 +291,8 @@ class Run:
         self.nemesis = Nemesis(self.sup, self.server, self.log, self.rng, NemesisConfig(
             interval_s=cfg.fault_interval_s, weights=cfg.nemesis_weights(), worker_timeout_s=cfg.worker_timeout_s,
             loss_window_s=cfg.loss_window_s if cfg.mode == "everysec" else None,
-            outage_factor=cfg.outage_factor), self.aof, push_keys=(keys["push"], keys["push_members"]))
+            outage_factor=cfg.outage_factor), self.aof, push_keys=(keys["push"], keys["push_members"]),
+            partial_keys=(keys["partial_head"], keys["src"]))
         self.watch = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
         self.progress = Progress(cfg.progress_bound_s())
         self.tail = LogTail(self.log_dir)
@@ -294,11 +309,9 @@ class Run:
         for stream in ("commits", "dlq"):
             try:
                 while True:
-                    lines = self.watch.xrange(keys[stream], min=f"({self.stream_at[stream]}", count=1000)
-                    for stream_id, fields in lines:
-                        sid = stream_id.decode()
-                        self.progress.settle_line(stream, sid, {k.decode(): v.decode(errors="replace")
-                                                                for k, v in fields.items()})
+                    lines = stream_lines(self.watch.xrange(keys[stream], min=f"({self.stream_at[stream]}", count=1000))
+                    for sid, fields in lines:
+                        self.progress.settle_line(stream, sid, fields)
                         self.stream_at[stream] = sid
                     if len(lines) < 1000:
                         break

@@ -22,6 +22,13 @@ Kinds (DESIGN, Failure handling; issue 6):
                 sealed, not yet closed): the round ends for the others by its deadline, its retry
                 reaches the live members that missed it (waits up to PUSH_AIM_S for such a round)
   push_member_pause  the same with SIGSTOP, SIGCONT after worker_timeout_s + 1-2.5 s
+  partial_kill  SIGKILL a shipped worker while it owns an entry that has a progress record (a save of
+                its own attempt, or the record it is continuing): the next attempt must continue
+                from the last save, and the record must be dropped when the group settles (waits up
+                to PARTIAL_AIM_S for such a worker)
+  partial_pause the same with SIGSTOP past worker_timeout_s: the reaper requeues the entry while the
+                paused worker's periodic save is due, so the save races the reaper and the next
+                attempt (the receipt must fence it)
 The worker faults (worker_kill, worker_pause) hit test-engine and shipped workers alike. The
 ``credential`` weight is not drawn here: it paces the adversary process (adversary.py; harness.py).
 Every fault is written to the harness log with its wall-clock time; the checker uses them.
@@ -47,12 +54,15 @@ from rollout_queue.devtools.chaos.oplog import OpLog
 from rollout_queue.devtools.chaos.supervisor import Slot, Supervisor
 
 FAULT_KINDS = ("worker_kill", "worker_pause", "trainer_kill", "reaper_kill", "redis_kill", "redis_outage",
-               "conn_kill", "push_member_kill", "push_member_pause", "credential")
+               "conn_kill", "push_member_kill", "push_member_pause", "partial_kill", "partial_pause", "credential")
 #: Kinds that need a role of the run: the push faults a pusher, credential the adversary (its pace).
 PUSH_KINDS = ("push_member_kill", "push_member_pause")
+#: Kinds aimed at shipped workers holding progress records (partial rollouts).
+PARTIAL_KINDS = ("partial_kill", "partial_pause")
 DEFAULT_WEIGHTS: Mapping[str, float] = {"worker_kill": 3, "worker_pause": 2, "trainer_kill": 2,
                                         "reaper_kill": 1, "redis_kill": 1.2, "redis_outage": 0.6, "conn_kill": 3,
-                                        "push_member_kill": 0.5, "push_member_pause": 0.5, "credential": 0}
+                                        "push_member_kill": 0.5, "push_member_pause": 0.5, "partial_kill": 1,
+                                        "partial_pause": 0.5, "credential": 0}
 #: Roles whose processes the worker faults hit: the test-engine workers and the shipped ones.
 WORKER_ROLES = ("worker", "traj")
 #: Two Redis kills at least this far apart: each restart must replay and settle before the next.
@@ -64,6 +74,8 @@ REDIS_OUTAGE_SPACING_S = 8.0
 OUTAGE_AIM_S = 5.0
 #: A drawn push-member fault waits up to this long for a round with a shipped worker as a member.
 PUSH_AIM_S = 15.0
+#: A drawn partial fault waits up to this long for a shipped worker owning an entry with a record.
+PARTIAL_AIM_S = 15.0
 
 
 @dataclass
@@ -77,9 +89,10 @@ class NemesisConfig:
     cover_all: bool = True                     # begin with one fault of every kind (in seeded order)
 
 
-def _member_pid(worker_id: bytes) -> int | None:
+def _member_pid(worker_id: object) -> int | None:
     """The pid in a shipped worker's id (``chaos-t<i>:<pid>:<nonce>``), or None for any other member."""
-    parts = worker_id.decode(errors="replace").split(":")
+    text = worker_id.decode(errors="replace") if isinstance(worker_id, bytes) else str(worker_id)
+    parts = text.split(":")
     return int(parts[1]) if len(parts) == 3 and parts[0].startswith("chaos-t") and parts[1].isdigit() else None
 
 
@@ -100,7 +113,8 @@ def _last_op(slot: Slot) -> str | None:
 
 class Nemesis:
     def __init__(self, sup: Supervisor, server: LocalServer, log: OpLog, rng: random.Random,
-                 cfg: NemesisConfig, aof: AofTail | None = None, push_keys: tuple[str, str] = ("", "")) -> None:
+                 cfg: NemesisConfig, aof: AofTail | None = None, push_keys: tuple[str, str] = ("", ""),
+                 partial_keys: tuple[str, str] = ("", "")) -> None:
         self.sup, self.server, self.log, self.rng, self.cfg, self.aof = sup, server, log, rng, cfg, aof
         self.push_keys = push_keys  # the queue's push and push:members keys (read raw, never written)
         self.counts: Counter[str] = Counter()
@@ -115,6 +129,9 @@ class Nemesis:
         rng.shuffle(self.outage_kinds)  # which the first outage is comes from the seed; then they alternate
         self.outages: list[dict[str, object]] = []  # every finished outage: how, planned and real length
         self.push_aim: tuple[str, float] | None = None  # (kind, until): a push-member fault waiting for a round
+        self.partial_keys = partial_keys  # the queue's partial:head and source stream keys (read raw)
+        self.partial_aim: tuple[str, float] | None = None  # (kind, until): a partial fault waiting for a target
+        self.partial_polled = 0.0
         self.push_polled = 0.0
         self.admin = redis.Redis.from_url(server.url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self.cover = [k for k in FAULT_KINDS if cfg.cover_all and cfg.weights.get(k, 0) > 0]
@@ -135,6 +152,9 @@ class Nemesis:
         if self.push_aim is not None and now - self.push_polled >= 0.05:
             self.push_polled = now
             self._try_push_member(now)
+        if self.partial_aim is not None and now - self.partial_polled >= 0.05:
+            self.partial_polled = now
+            self._try_partial(now)
         if active and now >= self.next_at:
             kind = self._next_kind()
             landed = getattr(self, f"_{kind}")(now)
@@ -227,6 +247,53 @@ class Nemesis:
         epoch_n = int(epoch or 0)
         landed = (self.sup.signal(slot, signal.SIGKILL, kind, epoch=epoch_n) if kind == "push_member_kill"
                   else self._pause(slot, now, kind, epoch=epoch_n))
+        if landed:
+            self.counts[kind] += 1
+
+    def _partial_kill(self, now: float) -> bool | None:
+        return self._aim_partial("partial_kill", now)
+
+    def _partial_pause(self, now: float) -> bool | None:
+        return self._aim_partial("partial_pause", now)
+
+    def _aim_partial(self, kind: str, now: float) -> bool | None:
+        if self.partial_aim is not None or not self.sup.running("traj"):
+            return False
+        self.partial_aim = (kind, now + PARTIAL_AIM_S)
+        return None  # counted when it lands (see _try_partial)
+
+    def _partial_owners(self) -> dict[int, str]:
+        """pid -> an entry with a progress record that the shipped worker of that pid owns now."""
+        head_key, src = self.partial_keys
+        out: dict[int, str] = {}
+        try:
+            for entry in self.admin.hkeys(head_key)[:32]:
+                eid = entry.decode() if isinstance(entry, bytes) else str(entry)
+                pending = self.admin.xpending_range(src, "rollout", eid, eid, 1)
+                pid = _member_pid(pending[0]["consumer"]) if pending else None
+                if pid is not None:
+                    out[pid] = eid
+        except redis.RedisError:
+            return {}
+        return out
+
+    def _try_partial(self, now: float) -> None:
+        """The aimed partial fault, once a running shipped worker owns an entry with a progress record."""
+        assert self.partial_aim is not None
+        kind, until = self.partial_aim
+        owners = self._partial_owners()
+        targets = [(s, owners[s.pid]) for s in self.sup.running("traj") if s.pid in owners]
+        if not targets:
+            if now > until:
+                self.partial_aim = None
+                self.skipped[kind] += 1
+                if kind in self.cover and not self.counts[kind]:
+                    self.first_round.insert(0, kind)
+            return
+        self.partial_aim = None
+        slot, eid = self.rng.choice(targets)
+        landed = (self.sup.signal(slot, signal.SIGKILL, kind, entry=eid) if kind == "partial_kill"
+                  else self._pause(slot, now, kind, entry=eid))
         if landed:
             self.counts[kind] += 1
 

@@ -64,6 +64,7 @@ from rollout_queue.demo.walkthrough import test_engine_generate
 
 from rollout_queue.devtools.chaos.envs import POISON_MARK, hostile_kind, trajectory_mismatch
 from rollout_queue.devtools.chaos.oplog import OpLog
+from rollout_queue.devtools.chaos.samples import sample_record
 
 #: Longer than any Redis restart or outage of a run (kill, clean stop, down for up to 3 x
 #: worker_timeout_s, AOF replay, LOADING), so an outage is a pause to every role, never an exit.
@@ -107,10 +108,16 @@ def source_group(seed: int, i: int, poison_every: int, sizes: Sequence[int] | No
     (envs.py; a test-engine worker completes it like any other). ``turns``: the model turns of its
     trajectory when a shipped worker runs it; ``hang_s``: how long a hanging tool call of it hangs."""
     poison = is_poison(i, poison_every)
-    prompt = f"chaos prompt {seed}/{i}" + (f" {POISON_MARK}" if poison else "")
+    prompt = prompt_of(seed, i, poison)
     hostile = None if poison else hostile_kind(i, hostile_every)
     return SourceGroup(source_id(seed, i), prompt, n=group_n(seed, i, sizes),
                        metadata={"i": i, "poison": poison, "hostile": hostile, "turns": 1 + i % 3, "hang_s": hang_s})
+
+
+def prompt_of(seed: int, i: int, poison: bool = False) -> str:
+    """Group ``i``'s prompt: a function of (seed, i), so the checker can replay what an engine
+    generated for it from the source id alone (samples.py)."""
+    return f"chaos prompt {seed}/{i}" + (f" {POISON_MARK}" if poison else "")
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -338,6 +345,10 @@ def _train_one(q: RolloutQueue, trainer_id: str, step: int, args: argparse.Names
         return False
     members = [[g.entry_id, g.attempt, g.group.source_id, g.min_version] for g in lease.groups]
     log.write("lease_ok", lease=lease.lease_id, members=members, version=lease.version)
+    # What is trained, token by token with its versions: the checker replays it (samples.py).
+    log.write("trained", lease=lease.lease_id, groups=[[g.entry_id, g.attempt, g.group.source_id,
+                                                        [sample_record(s) for s in g.samples]]
+                                                       for g in lease.groups])
     bad = _payload_mismatches(lease)
     if bad:
         log.write("payload_mismatch", lease=lease.lease_id, ids=list(bad), why=bad)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import orjson
 import redis
@@ -17,8 +17,23 @@ import redis
 from rollout_queue.core.keys import QueueKeys
 
 
-def _s(value: Any) -> str:
+#: An XRANGE reply as redis-py types it (None only for a client in pipeline or async mode).
+RawLines = Sequence[tuple[bytes | str | None, Mapping[bytes | str, bytes | str] | None]] | None
+
+
+def _s(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def stream_lines(reply: RawLines) -> list[tuple[str, dict[str, str]]]:
+    """An XRANGE reply as text: (stream id, fields)."""
+    return [(_s(i), hash_text(f)) for i, f in (reply or [])]
+
+
+def hash_text(reply: object) -> dict[str, str]:
+    """An HGETALL reply (or a stream line's fields) as text; anything but a mapping reads as empty
+    (redis-py types a synchronous client's reply as possibly awaitable)."""
+    return {_s(k): _s(v) for k, v in reply.items()} if isinstance(reply, Mapping) else {}
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
@@ -44,6 +59,8 @@ class Truth:
     history: dict[str, dict[str, Any]] = field(default_factory=dict)
     reaped: list[dict[str, str]] = field(default_factory=list)  # the reaped stream: worker, ids, terminal, stream_id
     push: dict[str, str] = field(default_factory=dict)          # the last push round's record
+    # entry_id -> the head of its progress record (attempt|tokens|min_version|bytes|worker), if one is left
+    partial_heads: dict[str, str] = field(default_factory=dict)
 
     @property
     def backlog(self) -> list[str]:
@@ -52,21 +69,20 @@ class Truth:
         return [i for i in self.stream_ids if _id_key(i) > cursor and i not in self.pel]
 
 
-def _dlq_line(fields: dict[bytes, bytes], stream_id: Any = b"") -> dict[str, Any]:
-    f = {_s(k): v for k, v in fields.items()}
+def _dlq_line(f: dict[str, str], stream_id: str = "") -> dict[str, Any]:
     try:
-        history = orjson.loads(f.get("history", b"[]") or b"[]")
+        history = orjson.loads(f.get("history", "[]") or "[]")
     except orjson.JSONDecodeError:
         history = None
     if isinstance(history, dict):  # {"f": counted failures, "h": attempts} or the bare list
         history = history.get("h")
-    return {"entry_id": _s(f.get("entry_id", b"")), "source_id": _s(f.get("source_id", b"")),
-            "reason": _s(f.get("reason", b"")), "attempt": int(f.get("attempt", b"0") or 0),
-            "worker": _s(f.get("worker", b"")), "history": history if isinstance(history, list) else [],
+    return {"entry_id": f.get("entry_id", ""), "source_id": f.get("source_id", ""),
+            "reason": f.get("reason", ""), "attempt": int(f.get("attempt", "0") or 0),
+            "worker": f.get("worker", ""), "history": history if isinstance(history, list) else [],
             "stream_id": _s(stream_id)}
 
 
-def _history(raw: bytes) -> dict[str, Any]:
+def _history(raw: str) -> dict[str, Any]:
     """One entry's history value ({"f": counted failures, "h": attempts}); garbage reads as none."""
     try:
         value = orjson.loads(raw)
@@ -89,26 +105,26 @@ def observe(url: str, queue: str) -> Truth:
         group = [g for g in r.xinfo_groups(src) if _s(g["name"]) == "rollout"]
         records = {}
         for key in r.scan_iter(match=keys.lease("*"), count=1000):
-            records[_s(key)[len(keys.lease("")):]] = {_s(k): _s(v) for k, v in r.hgetall(key).items()}
+            records[_s(key)[len(keys.lease("")):]] = hash_text(r.hgetall(key))
         return Truth(
             pel=pel,
-            stream_ids=[_s(i) for i, _ in r.xrange(src)],
+            stream_ids=[i for i, _ in stream_lines(r.xrange(src))],
             last_delivered=_s(group[0]["last-delivered-id"]) if group else "0-0",
             ready=[_s(x) for x in r.zrange(keys["ready"], 0, -1)],
             buffer=[_s(x) for x in r.zrange(keys["buffer"], 0, -1)],
             leases=[_s(x) for x in r.zrange(keys["leases"], 0, -1)],
             lease_records=records,
-            ledger={_s(k): _s(v) for k, v in r.hgetall(keys["ledger"]).items()},
-            ids={_s(k): _s(v) for k, v in r.hgetall(keys["ids"]).items()},
+            ledger=hash_text(r.hgetall(keys["ledger"])),
+            ids=hash_text(r.hgetall(keys["ids"])),
             # stream_id: the Redis time of the settlement (the progress watchdog's clock for it).
-            commits=[{**{_s(k): _s(v) for k, v in f.items()}, "stream_id": _s(i)}
-                     for i, f in r.xrange(keys["commits"])],
-            dlq=[_dlq_line(f, i) for i, f in r.xrange(keys["dlq"])],
+            commits=[{**f, "stream_id": i} for i, f in stream_lines(r.xrange(keys["commits"]))],
+            dlq=[_dlq_line(f, i) for i, f in stream_lines(r.xrange(keys["dlq"]))],
             # meta and counters as one mapping (the counters left meta in data layout 4; no name is in both)
-            meta={_s(k): _s(v) for key in (keys["meta"], keys["counters"]) for k, v in r.hgetall(key).items()},
-            history={_s(k): _history(v) for k, v in r.hgetall(keys["history"]).items()},
-            reaped=[{**{_s(k): _s(v) for k, v in f.items()}, "stream_id": _s(i)} for i, f in r.xrange(keys["reaped"])],
-            push={_s(k): _s(v) for k, v in r.hgetall(keys["push"]).items()},
+            meta={**hash_text(r.hgetall(keys["meta"])), **hash_text(r.hgetall(keys["counters"]))},
+            history={k: _history(v) for k, v in hash_text(r.hgetall(keys["history"])).items()},
+            reaped=[{**f, "stream_id": i} for i, f in stream_lines(r.xrange(keys["reaped"]))],
+            push=hash_text(r.hgetall(keys["push"])),
+            partial_heads=hash_text(r.hgetall(keys["partial_head"])),
         )
     finally:
         r.close()
