@@ -1,4 +1,5 @@
 -- @include hmget_many
+-- @include claim_counted
 --[[
 leased_guard: an entry K.leased names belongs to that lease until the lease's own transition
 (commit, rollback, expiry) ends it, whatever the PEL says owns it. K.leased maps entry ID ->
@@ -22,33 +23,20 @@ local function leased_record(value)
   return lease, tonumber(attempt)
 end
 
--- hand_back: each {id =, lease =, attempt =} to its lease's consumer; returns the ids still pending.
+-- hand_back: each {id =, lease =, attempt =} to its lease's consumer (claim_counted per lease: one
+-- XCLAIM per distinct (lease, count)), counted in leased_reclaimed.
 local function hand_back(rows)
-  local groups, order, pending = {}, {}, {}
+  local by_lease, order = {}, {}
   for _, row in ipairs(rows) do
-    local key = row.lease .. '|' .. row.attempt
-    if not groups[key] then
-      groups[key] = {lease = row.lease, attempt = row.attempt, ids = {}}
-      table.insert(order, key)
+    if not by_lease[row.lease] then
+      by_lease[row.lease] = {}
+      table.insert(order, row.lease)
     end
-    table.insert(groups[key].ids, row.id)
+    table.insert(by_lease[row.lease], row)
   end
   local n = 0
-  for _, key in ipairs(order) do
-    local g = groups[key]
-    for start = 1, #g.ids, 1000 do
-      local args = {'XCLAIM', K.src, 'rollout', '@lease:' .. g.lease, 0}
-      for i = start, math.min(#g.ids, start + 999) do table.insert(args, g.ids[i]) end
-      table.insert(args, 'RETRYCOUNT')
-      table.insert(args, g.attempt)
-      table.insert(args, 'JUSTID')
-      local got = redis.call(unpack(args))
-      for _, id in ipairs(got) do pending[id] = true end
-      n = n + #got
-    end
-  end
+  for _, lease in ipairs(order) do n = n + claim_counted('@lease:' .. lease, by_lease[lease]) end
   if n > 0 then redis.call('HINCRBY', K.counters, 'leased_reclaimed', n) end
-  return pending
 end
 
 -- unleased: the records of `rows` ({id = ...}) that no lease holds, in order; the others are
