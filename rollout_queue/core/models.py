@@ -708,7 +708,9 @@ class QueueStats:
     #: count); None before the first commit. A growing value with groups completed means the trainer
     #: is stalled.
     since_commit_ms: int | None = None
-    #: The buffer by oldest sample version: (min_version, completed groups) pairs, oldest first
+    #: The buffer by the version each group is judged by (its oldest sample version; in
+    #: staleness_mode 'continue' its samples' newest, DESIGN: Staleness modes): (version, completed
+    #: groups) pairs, oldest first
     #: (stats.lua lists at most 64 distinct versions; newer groups are counted at the 65th).
     buffer_versions: tuple[tuple[int, int], ...] = ()
     #: Progress records of unfinished attempts (partial rollouts) now kept; their bytes are
