@@ -156,21 +156,26 @@ def lease_lines(ls: Sequence[LeaseView], room: int, width: int = 80, more: str =
     """The lease rows, the first due first (a silent holder's before the rest), in ``room`` lines of
     ``width`` (also `leases`' concise view). The lease ID is never cut: it is what `inspect` and
     `leases rollback` take. HOLDER is its holder's last beat (SILENT after two missed beats), or
-    OVERDUE past the deadline; the policy version is left to `--full`, so that the trainer's host and
-    pid:nonce both fit 80 columns."""
+    OVERDUE past the deadline. DUE is when the reaper takes it back: its deadline while its holder
+    beats, the silence bound once it went silent (a dead trainer's lease goes back in seconds, not at
+    a deadline minutes away: the column must not say otherwise). The policy version is left to
+    `--full`, so that the trainer's host and pid:nonce both fit 80 columns."""
     if room <= 0:
         return []
     lid = max([16] + [len(lv.lease_id) for lv in ls])
-    # The indent, groups, holder (SILENT 42.0s) and a deadline (23h59m ago) take 32.
+    # The indent, groups, holder (SILENT 42.0s) and when it is due (23h59m ago) take 32.
     tid = max(12, width - lid - 32)
     silent = sum(1 for lv in ls if lv.holder_silent)
     head = [f"leases: {len(ls)} active" + (f", {silent} with a SILENT holder" if silent else ""),
-            f"  {'LEASE':<{lid}} {'TRAINER':<{tid}} {'GRPS':>4} {'HOLDER':<12} DEADLINE"]
+            f"  {'LEASE':<{lid}} {'TRAINER':<{tid}} {'GRPS':>4} {'HOLDER':<12} DUE"]
     body = []
     for lv in sorted(ls, key=lambda x: (x.due_ms is None, x.due_ms or 0)):
         late = lv.remaining_ms is not None and lv.remaining_ms < 0
-        left = "?" if lv.remaining_ms is None else (
-            f"{duration(-lv.remaining_ms)} ago" if late else f"in {duration(lv.remaining_ms)}")
+        if lv.holder_silent and lv.due_in_ms is not None and not late:
+            left = "now" if lv.due_in_ms < 0 else f"in {duration(lv.due_in_ms)}"
+        else:
+            left = "?" if lv.remaining_ms is None else (
+                f"{duration(-lv.remaining_ms)} ago" if late else f"in {duration(lv.remaining_ms)}")
         body.append(f"  {lv.lease_id:<{lid}} {middle(lv.trainer, tid):<{tid}} {lv.groups:>4} "
                     f"{'OVERDUE' if late else holder_text(lv):<12} {left}")
     return _fit(head, body, room, more)

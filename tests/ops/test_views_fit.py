@@ -164,6 +164,8 @@ def test_leases_at_80x24(realistic: Realistic) -> None:
     dead = next(line for line in lines if realistic.dead.lease_id in line)
     live = next(line for line in lines if realistic.lease.lease_id in line)
     assert "SILENT" in dead and "trainer-node-0002" in dead and DEAD_TRAINER.split(":", 1)[1] in dead
+    # DUE: when the reaper takes it, by its holder's silence (seconds), not its deadline (minutes away).
+    assert lines[1].rstrip().endswith(" DUE") and re.search(r" (now|in \d+ms|in \d\.\ds)$", dead), dead
     assert " beat " in live and "SILENT" not in live
     assert lines.index(dead) < lines.index(live), "the lease due first comes first"
     full = "\n".join(screen_of(realistic.url, realistic.queue, "leases", "--full", width=WIDTH, height=HEIGHT))
