@@ -29,8 +29,9 @@ RATE_LABELS = ("in/s (submitted)", "completed/s", "out/s (committed)")
 SHORT = {"backlog": "backlog", "ready": "ready", "executing": "exec", "completed": "done", "leased": "leased"}
 #: The smallest frame laid out; a smaller terminal gets this many lines cut to its width.
 MIN_HEIGHT, MIN_WIDTH = 12, 40
-#: The widest a worker or trainer ID is in an urgent line: the line's end (what it holds) stays on 80 columns.
-URGENT_ID = 32
+#: The narrowest a worker or trainer ID is cut to in an urgent line: the ID gets what the rest of the
+#: line leaves, because the rest (how long silent, what it holds, when it goes back) is the news.
+URGENT_ID = 12
 #: The narrowest ID column of the worker and lease rows (wider terminals give it the rest of the line).
 ID_COLUMN = 24
 
@@ -39,10 +40,12 @@ def _per_s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def urgent_lines(snap: Snapshot) -> list[str]:
+def urgent_lines(snap: Snapshot, width: int = 80) -> list[str]:
     """One line per condition an operator must look at now, most urgent first (empty: all is well).
     Whole-queue conditions (admission, partitions) come before per-row ones, and many silent
-    workers or overdue leases collapse into a count, so one cause never pushes the others away."""
+    workers or overdue leases collapse into a count, so one cause never pushes the others away.
+    A worker or trainer ID is cut from its middle to what its line leaves of ``width``: the frame
+    cuts every line at the width, and the end of an alarm (when a lease goes back) must survive it."""
     out = [f"! partition {name} UNREACHABLE: its groups are left out below" for name in snap.unreachable]
     if snap.drain.active:
         out.append(f"! DRAINING ({snap.drain.reason or 'no reason given'}), {snap.drain.executing_groups} "
@@ -56,10 +59,11 @@ def urgent_lines(snap: Snapshot) -> list[str]:
     for w in silent:
         what = "unregistered PEL consumer" if w.last_heartbeat_ms is None and not w.garbage else (
             f"{worker_status(w)} for {duration(w.silent_ms)}")
-        lines.append(f"! worker {middle(w.worker_id, URGENT_ID)} {what}, holding {w.executing_groups} group(s)"
-                     + (f", oldest {duration(w.oldest_attempt_ms)}" if w.oldest_attempt_ms is not None else ""))
+        tail = f" {what}, holding {w.executing_groups} group(s)" + (
+            f", oldest {duration(w.oldest_attempt_ms)}" if w.oldest_attempt_ms is not None else "")
+        lines.append(_with_id("! worker ", w.worker_id, tail, width))
     out += _collapsed(lines, "workers silent or unregistered")
-    out += _collapsed([_lease_alarm(lv) for lv in snap.leases if lv.holder_silent or lv.overdue],
+    out += _collapsed([_lease_alarm(lv, width) for lv in snap.leases if lv.holder_silent or lv.overdue],
                       "leases silent or overdue")
     st = snap.stats
     if st.completed and st.since_commit_ms is not None and st.since_commit_ms > snap.stall_after_ms:
@@ -71,15 +75,28 @@ def urgent_lines(snap: Snapshot) -> list[str]:
     return out
 
 
-def _lease_alarm(lv: LeaseView) -> str:
-    """A lease whose holder stopped beating (likely dead: it goes back at its due time), or overdue."""
-    who = f"({middle(lv.trainer, URGENT_ID)}, {lv.groups} group(s))"
+def _with_id(head: str, ident: str, tail: str, width: int) -> str:
+    """``head + ident + tail`` in ``width`` characters where it can be: the ID cut from its middle to
+    the room the rest leaves (never below URGENT_ID; the frame then cuts the line's end)."""
+    return head + middle(ident, max(URGENT_ID, width - len(head) - len(tail))) + tail
+
+
+def _lease_alarm(lv: LeaseView, width: int = 80) -> str:
+    """A lease whose holder stopped beating (likely dead: it goes back at its due time), or overdue:
+    its ID (what `leases rollback` takes), then how long silent or late, its groups and when the
+    reaper takes it back; its trainer (the lease rows name it too) only where the width leaves room."""
+    groups = f"{lv.groups} group(s)"
     if lv.holder_silent:
-        when = ("the reaper rolls it back" if lv.overdue else
-                f"rolled back in {duration(lv.due_in_ms)}" if lv.due_in_ms is not None else "")
-        return f"! lease {lv.lease_id} holder SILENT {duration(lv.silent_ms)} {who}: {when}"
-    late = lv.remaining_ms if lv.remaining_ms is not None and lv.remaining_ms < 0 else lv.due_in_ms
-    return f"! lease {lv.lease_id} OVERDUE by {duration(-(late or 0))} {who}: the reaper rolls it back"
+        when = (": reaper rolls it back" if lv.overdue else
+                f": rolled back in {duration(lv.due_in_ms)}" if lv.due_in_ms is not None else "")
+        rest = f"holder SILENT {duration(lv.silent_ms)}, {groups}{when}"
+    else:
+        late = lv.remaining_ms if lv.remaining_ms is not None and lv.remaining_ms < 0 else lv.due_in_ms
+        rest = f"OVERDUE by {duration(-(late or 0))}, {groups}: reaper rolls it back"
+    head, tail = f"! lease {lv.lease_id} (", f") {rest}"
+    if width - len(head) - len(tail) >= min(len(lv.trainer), URGENT_ID):
+        return _with_id(head, lv.trainer, tail, width)
+    return f"! lease {lv.lease_id} {rest}"
 
 
 def holder_text(lv: LeaseView) -> str:
@@ -139,21 +156,26 @@ def lease_lines(ls: Sequence[LeaseView], room: int, width: int = 80, more: str =
     """The lease rows, the first due first (a silent holder's before the rest), in ``room`` lines of
     ``width`` (also `leases`' concise view). The lease ID is never cut: it is what `inspect` and
     `leases rollback` take. HOLDER is its holder's last beat (SILENT after two missed beats), or
-    OVERDUE past the deadline; the policy version is left to `--full`, so that the trainer's host and
-    pid:nonce both fit 80 columns."""
+    OVERDUE past the deadline. DUE is when the reaper takes it back: its deadline while its holder
+    beats, the silence bound once it went silent (a dead trainer's lease goes back in seconds, not at
+    a deadline minutes away: the column must not say otherwise). The policy version is left to
+    `--full`, so that the trainer's host and pid:nonce both fit 80 columns."""
     if room <= 0:
         return []
     lid = max([16] + [len(lv.lease_id) for lv in ls])
-    # The indent, groups, holder (SILENT 42.0s) and a deadline (23h59m ago) take 32.
+    # The indent, groups, holder (SILENT 42.0s) and when it is due (23h59m ago) take 32.
     tid = max(12, width - lid - 32)
     silent = sum(1 for lv in ls if lv.holder_silent)
     head = [f"leases: {len(ls)} active" + (f", {silent} with a SILENT holder" if silent else ""),
-            f"  {'LEASE':<{lid}} {'TRAINER':<{tid}} {'GRPS':>4} {'HOLDER':<12} DEADLINE"]
+            f"  {'LEASE':<{lid}} {'TRAINER':<{tid}} {'GRPS':>4} {'HOLDER':<12} DUE"]
     body = []
     for lv in sorted(ls, key=lambda x: (x.due_ms is None, x.due_ms or 0)):
         late = lv.remaining_ms is not None and lv.remaining_ms < 0
-        left = "?" if lv.remaining_ms is None else (
-            f"{duration(-lv.remaining_ms)} ago" if late else f"in {duration(lv.remaining_ms)}")
+        if lv.holder_silent and lv.due_in_ms is not None and not late:
+            left = "now" if lv.due_in_ms < 0 else f"in {duration(lv.due_in_ms)}"
+        else:
+            left = "?" if lv.remaining_ms is None else (
+                f"{duration(-lv.remaining_ms)} ago" if late else f"in {duration(lv.remaining_ms)}")
         body.append(f"  {lv.lease_id:<{lid}} {middle(lv.trainer, tid):<{tid}} {lv.groups:>4} "
                     f"{'OVERDUE' if late else holder_text(lv):<12} {left}")
     return _fit(head, body, room, more)
@@ -191,7 +213,7 @@ def top_lines(snap: Snapshot, rates: Mapping[str, float | None] | None, spark: S
     version = st.version if st.version_published else "none"
     hint = "(Ctrl-C quits)" if rates is not None else "(--full: every table)"
     lines = [f"rollout-queue {command}  queue {queue}  policy v{version}  {hint}"]
-    urgent = urgent_lines(snap)
+    urgent = urgent_lines(snap, width)
     counts = {"backlog": st.backlog, "ready": st.ready, "executing": st.executing_groups,
               "completed": st.completed, "leased": st.leased}
     in_s, done_s, out_s = (None if rates is None else rates.get(label) for label in RATE_LABELS)

@@ -256,14 +256,20 @@ class TrainingStream:
         if save is not None:
             save(step)
         limit = wait_s if wait_s is not None else (self.lease_timeout_s or self.queue.config.lease_timeout_s) + 30.0
-        deadline = time.monotonic() + limit
-        may_reap = True
+        started = time.monotonic()
+        deadline = started + limit
+        may_reap, waited = True, False
         while True:
             try:
-                return int(self.queue.checkpoint(step))
-            except LeasesOpen:
+                dropped = int(self.queue.checkpoint(step))
+            except LeasesOpen as refused:
                 if time.monotonic() >= deadline:
                     raise
+                if not waited:  # a pause of up to a lease's bound, else silent: the log says why training stopped
+                    waited = True
+                    log.info("checkpoint waits for leases other trainers hold (a killed earlier run's go back at their "
+                             "deadline, or trainer_silence_s after their last beat)", extra=fields(
+                                 queue=self.queue.name, step=step, leased=refused.leased, wait_s=round(limit, 1)))
                 if may_reap:
                     try:
                         self.queue.reap()  # an expired lease of a dead incarnation goes back to ready now
@@ -272,6 +278,11 @@ class TrainingStream:
                         log.info("cannot reap with this credential; waiting for the reaper", exc_info=exc,
                                  extra=fields(queue=self.queue.name, step=step))
                 time.sleep(0.5)
+                continue
+            if waited:
+                log.info("checkpoint done: the open leases went back", extra=fields(
+                    queue=self.queue.name, step=step, waited_s=round(time.monotonic() - started, 1)))
+            return dropped
 
     def restore(self, step: int) -> int:
         """The trainer resumed from its checkpoint ``step`` (0: from scratch): roll back this stream's

@@ -3,6 +3,7 @@ of its docstring, checked on Redis truth (stats, the commits stream), not on the
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -71,14 +72,22 @@ def test_checkpoint_runs_save_first_and_refuses_while_its_own_lease_is_open(q: R
     assert saved == [1]
 
 
-def test_checkpoint_waits_out_a_dead_incarnations_lease_then_gives_up(redis_url: str, queue_name: str) -> None:
+def test_checkpoint_waits_out_a_dead_incarnations_lease_then_gives_up(redis_url: str, queue_name: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
     q = RolloutQueue.from_url(redis_url, queue_name, QueueConfig(max_staleness=4, lease_timeout_s=1.0))
     fill(q, 2)
     q.lease(groups=1, timeout_s=1.0)  # a trainer that died holding it
     stream = TrainingStream(q, groups_per_step=1, wait_s=5)
     started = time.monotonic()
-    stream.checkpoint(0, wait_s=20)  # the reaper (called by checkpoint) requeues it at its deadline
+    with caplog.at_level(logging.INFO, logger="rollout_queue.integrations.stream"):
+        stream.checkpoint(0, wait_s=20)  # the reaper (called by checkpoint) requeues it at its deadline
     assert time.monotonic() - started < 15 and q.stats().leased == 0
+    # The pause is logged once as it starts (a resumed TRL run stopped up to a minute, unexplained), and its end.
+    said = [r.getMessage() for r in caplog.records if r.name == "rollout_queue.integrations.stream"]
+    assert len([m for m in said if m.startswith("checkpoint waits for leases other trainers hold")]) == 1, said
+    assert [m for m in said if m.startswith("checkpoint done")], said
+    waits = next(r for r in caplog.records if r.getMessage().startswith("checkpoint waits"))
+    assert getattr(waits, "fields", {}).get("leased") == 1, waits.__dict__
     q.lease(groups=1, timeout_s=60.0)
     with pytest.raises(LeasesOpen):
         stream.checkpoint(1, wait_s=0.5)  # a new step: the same one again only finishes the recorded one

@@ -7,6 +7,7 @@ of their own instead of wrapping them, and says how to see the rest (``--full``,
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -163,6 +164,8 @@ def test_leases_at_80x24(realistic: Realistic) -> None:
     dead = next(line for line in lines if realistic.dead.lease_id in line)
     live = next(line for line in lines if realistic.lease.lease_id in line)
     assert "SILENT" in dead and "trainer-node-0002" in dead and DEAD_TRAINER.split(":", 1)[1] in dead
+    # DUE: when the reaper takes it, by its holder's silence (seconds), not its deadline (minutes away).
+    assert lines[1].rstrip().endswith(" DUE") and re.search(r" (now|in \d+ms|in \d\.\ds)$", dead), dead
     assert " beat " in live and "SILENT" not in live
     assert lines.index(dead) < lines.index(live), "the lease due first comes first"
     full = "\n".join(screen_of(realistic.url, realistic.queue, "leases", "--full", width=WIDTH, height=HEIGHT))
@@ -198,3 +201,20 @@ def test_verify_at_80x24(realistic: Realistic) -> None:
     text = fits(screen_of(realistic.url, realistic.queue, "verify", width=WIDTH, height=HEIGHT))
     assert "verify: the 100 groups of queue" in text and "PASS: the 100 submitted groups" in text
     assert "committed again after a restore" in text
+
+
+def test_stats_alarms_keep_their_end_at_80x24(realistic: Realistic) -> None:
+    """An urgent line ends with the news (what a silent worker holds, when a dead trainer's lease goes
+    back), so a long ID is what gets cut, from its middle, and never the end of the line."""
+    realistic.dead_holder_silent()
+    wait_until(lambda: realistic.q.stats().workers_silent >= len(realistic.alive), timeout=30, interval=0.1,
+               message="the live workers, no longer beaten, show silent")
+    text = fits(screen_of(realistic.url, realistic.queue, "stats", width=WIDTH, height=HEIGHT))
+    lines = text.split("\n")
+    dead = next(line for line in lines if line.startswith(f"! lease {realistic.dead.lease_id} "))
+    assert "holder SILENT" in dead and re.search(r"(rolled back in \S+|reaper rolls it back)$", dead), dead
+    workers = [line for line in lines if line.startswith("! worker ")]
+    assert workers, text
+    for line in workers:
+        assert "…" in line and re.search(r"SILENT for \S+, holding \d+ group\(s\)(, oldest \S+)?$", line), line
+    realistic.beat()
