@@ -144,7 +144,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     # run at most max_staleness + 1 steps ahead (DESIGN: Capacity); --no-admission-control: none.
     config = QueueConfig(max_staleness=None if args.max_staleness < 0 else args.max_staleness,
                          batch_groups=None if args.no_admission_control else args.batch_groups,
-                         max_completed_groups=args.max_completed_groups, lease_timeout_s=args.lease_timeout)
+                         max_completed_groups=args.max_completed_groups, lease_timeout_s=args.lease_timeout,
+                         staleness_mode=args.staleness_mode, max_stale_evictions=args.max_stale_evictions)
     # The trainer is the process that creates the queue (with --partitions P on a Redis Cluster).
     q = RolloutQueue(client(args), args.queue, config, partitions=partitions(args), durability=durability(args))
     settings = GrpoSettings(steps=args.steps, batch_groups=args.batch_groups, lr=args.lr,
@@ -257,6 +258,12 @@ def _add_train(sub: Any) -> None:
                    help="create the queue without admission control (batch_groups none): generation may then "
                         "run ahead of training without bound, and groups that go stale are generated again")
     p.add_argument("--max-staleness", type=int, default=2, help="-1: strictly on-policy")
+    p.add_argument("--staleness-mode", choices=["drop", "continue", "pace"], default="drop",
+                   help="what goes stale (docs/DESIGN.md#staleness-modes): drop regenerates it; continue judges a "
+                        "group by its newest tokens and keeps every prefix; pace evicts nothing and paces admission")
+    p.add_argument("--max-stale-evictions", type=int, default=2,
+                   help="fairness: a group evicted for staleness this many times is judged fresh at its next "
+                        "completion (0: off)")
     p.add_argument("--max-completed-groups", type=int, default=256)
     p.add_argument("--lease-timeout", type=float, default=600.0, help="seconds a lease may outlast its step")
     p.add_argument("--lr", type=float, default=1e-6)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
+from rollout_queue.core.errors import QueueNotFound
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -127,4 +128,22 @@ def test_the_train_command_creates_its_queue_with_admission_control(redis_url: s
                  *flags])
     q = RolloutQueue.from_url(redis_url, queue_name, create=False)
     assert code == 0 and q.config.batch_groups == expected
+    q.close()
+
+
+def test_the_train_command_sets_the_staleness_mode(redis_url: str, queue_name: str, model_dir: Path,
+                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30 section 2: the trainer's queue takes the staleness mode and the fairness bound it is given;
+    pace without admission control is refused before any queue exists, naming the setting."""
+    from rollout_queue.cli import main
+
+    base = ["--url", redis_url, "--queue", queue_name, "train", "--model", str(model_dir),
+            "--weights-dir", str(tmp_path / "w"), "--steps", "0", "--batch-groups", "2", "--threads", "1"]
+    assert main([*base, "--staleness-mode", "pace", "--no-admission-control"]) != 0
+    assert "batch_groups" in capsys.readouterr().err
+    with pytest.raises(QueueNotFound):
+        RolloutQueue.from_url(redis_url, queue_name, create=False)
+    assert main([*base, "--staleness-mode", "continue", "--max-stale-evictions", "3"]) == 0
+    q = RolloutQueue.from_url(redis_url, queue_name, create=False)
+    assert (q.config.staleness_mode, q.config.max_stale_evictions) == ("continue", 3)
     q.close()
