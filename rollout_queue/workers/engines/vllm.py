@@ -118,6 +118,7 @@ class VLLMEngine:
         enable_prefix_caching: bool = True,
         engine_args: Mapping[str, Any] | None = None,
         kv_on_update: str = "recompute",
+        progress_every_tokens: int = 32,
     ) -> None:
         """``dtype`` defaults to float32 on CPU (the CPU kernels' exact path, and what the torch
         cross-check needs) and to the checkpoint's dtype on a GPU. ``engine_args`` passes any other
@@ -129,7 +130,18 @@ class VLLMEngine:
         ``keep`` each request's prefix-cache key is salted with the weights it starts on, so a new
         request never reuses blocks computed by older weights, and no cache reset is needed.
         On vLLM's CPU build chunked prefill is off unless given, and ``ValueError`` refuses
-        ``enable_chunked_prefill=True`` or a ``long_prefill_token_threshold`` (rule 5)."""
+        ``enable_chunked_prefill=True`` or a ``long_prefill_token_threshold`` (rule 5).
+        ``progress_every_tokens``: vLLM hands a request's new tokens over every this many
+        (``RequestOutputKind.DELTA`` with a ``stream_interval``), so ``partial`` knows what a request
+        in flight has so far and a worker's periodic progress save keeps it (a worker killed
+        mid-request loses at most that interval); 0: only the final output is handed over
+        (``FINAL_ONLY``) and ``partial`` is always None."""
+        if isinstance(progress_every_tokens, bool) or not isinstance(progress_every_tokens, int) \
+                or progress_every_tokens < 0:
+            raise ValueError(f"progress_every_tokens must be an integer >= 0, got {progress_every_tokens!r}")
+        self._progress_every = progress_every_tokens
+        # request id -> (tokens, behaviour logprobs) handed over so far (progress_every_tokens > 0)
+        self._so_far: dict[str, tuple[list[int], list[float]]] = {}
         if kv_on_update not in ("recompute", "keep"):
             raise ValueError(f"kv_on_update must be 'recompute' or 'keep', got {kv_on_update!r}")
         self._keep_kv = kv_on_update == "keep"
@@ -230,11 +242,18 @@ class VLLMEngine:
             final = None
             lora = self._lora.current  # the adapter this request starts on, kept resident until it ends
             self._lora.users[lora.lora_int_id if lora else 0] += 1
+            so_far: tuple[list[int], list[float]] = ([], [])
+            if self._progress_every:
+                self._so_far[request_id] = so_far
             try:
-                async for output in engine.generate(prompt, _sampling_params(params), request_id, lora_request=lora):
+                sampling = _sampling_params(params, self._progress_every)
+                async for output in engine.generate(prompt, sampling, request_id, lora_request=lora):
                     final = output
+                    if self._progress_every and output.outputs:
+                        _take_delta(request_id, output.outputs[0], so_far)
             finally:
                 self._lora.users[lora.lora_int_id if lora else 0] -= 1
+                self._so_far.pop(request_id, None)
         except (VLLMValidationError, EngineGenerateError) as exc:
             raise RequestFailed(f"vLLM refused request {request_id!r}: {exc}") from exc
         except EngineDeadError as exc:
@@ -244,13 +263,19 @@ class VLLMEngine:
             self._abort_requested.discard(request_id)
         if final is None or not final.outputs:
             raise EngineError(f"vLLM ended request {request_id!r} without an output")
+        if self._progress_every:
+            return _sample_output(request_id, final.outputs[0], so_far)
         return _sample_output(request_id, final.outputs[0])
 
     def partial(self, request_id: str) -> SampleOutput | None:
-        """Always None: requests run with ``RequestOutputKind.FINAL_ONLY``, so vLLM hands over no token
-        before the request ends (streaming every step would wake each request's coroutine once per
-        token). A request's tokens so far are known only when it ends or is aborted."""
-        return None
+        """The tokens and behaviour logprobs vLLM has handed over for a request in flight (every
+        ``progress_every_tokens``, and its first at once), ``finish_reason="abort"``; None for an
+        unknown or finished request, or with ``progress_every_tokens=0`` (then vLLM hands over
+        nothing before the end: streaming every step would wake each request's coroutine per token)."""
+        so_far = self._so_far.get(request_id)
+        if so_far is None or not so_far[0]:
+            return None
+        return SampleOutput(tuple(so_far[0]), tuple(so_far[1]), "abort")
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; vLLM answers its ``generate`` at once with the tokens so far.
@@ -440,7 +465,8 @@ def _never_split_prefills(settings: dict[str, Any]) -> None:
                          f"prefills: {why}; leave long_prefill_token_threshold unset (0)")
 
 
-def _sampling_params(params: SamplingConfig) -> SamplingParams:
+def _sampling_params(params: SamplingConfig, progress_every: int = 0) -> SamplingParams:
+    """vLLM's parameters for one sample: FINAL_ONLY, or DELTA every ``progress_every`` tokens."""
     return SamplingParams(
         n=1,
         max_tokens=params.max_tokens,
@@ -449,28 +475,41 @@ def _sampling_params(params: SamplingConfig) -> SamplingParams:
         stop=list(params.stop) or None,
         seed=params.seed,
         logprobs=1,
-        output_kind=RequestOutputKind.FINAL_ONLY,
+        output_kind=RequestOutputKind.DELTA if progress_every else RequestOutputKind.FINAL_ONLY,
+        stream_interval=progress_every or None,
     )
 
 
-def _sample_output(request_id: str, completion: Any) -> SampleOutput:
+def _sampled_logprobs(request_id: str, token_ids: Sequence[int], positions: Any) -> list[float]:
+    """The sampled token's logprob at each position (each position's dict holds the top-k tokens plus
+    the sampled one). A length mismatch is an EngineError."""
+    # strict=False: a length mismatch is reported below as an EngineError, not a ValueError.
+    logprobs = [p[token].logprob for token, p in zip(token_ids, positions or [], strict=False)]
+    if len(logprobs) != len(token_ids):
+        raise EngineError(f"vLLM returned {len(token_ids)} tokens but {len(logprobs)} logprobs for {request_id!r}")
+    return logprobs
+
+
+def _take_delta(request_id: str, completion: Any, so_far: tuple[list[int], list[float]]) -> None:
+    """Append one DELTA output's new tokens and their logprobs to what the request has so far."""
+    token_ids = list(completion.token_ids)
+    so_far[1].extend(_sampled_logprobs(request_id, token_ids, completion.logprobs))
+    so_far[0].extend(token_ids)
+
+
+def _sample_output(request_id: str, completion: Any,
+                   so_far: tuple[list[int], list[float]] | None = None) -> SampleOutput:
+    """The sample of a finished request: its final output (FINAL_ONLY), or every DELTA handed over
+    (``so_far``: the final output's own tokens were appended already)."""
     reason = str(completion.finish_reason)
     if reason == "error":
         raise RequestFailed(f"vLLM reported a request-level error for {request_id!r}")
     if reason not in _FINISH_REASONS:
         raise EngineError(f"vLLM finished {request_id!r} with unknown reason {reason!r}")
-    token_ids = list(completion.token_ids)
-    positions = completion.logprobs or []
-    # Each position's dict holds the top-k tokens plus the sampled one; take the sampled one.
-    # strict=False: a length mismatch is reported below as an EngineError, not a ValueError.
-    logprobs = [p[token].logprob for token, p in zip(token_ids, positions, strict=False)]
-    if len(logprobs) != len(token_ids):
-        raise EngineError(
-            f"vLLM returned {len(token_ids)} tokens but {len(logprobs)} logprobs for {request_id!r}"
-        )
-    return SampleOutput(
-        token_ids=tuple(token_ids), logprobs=tuple(logprobs), finish_reason=_FINISH_REASONS[reason]
-    )
+    if so_far is None:
+        token_ids = list(completion.token_ids)
+        so_far = (token_ids, _sampled_logprobs(request_id, token_ids, completion.logprobs))
+    return SampleOutput(token_ids=tuple(so_far[0]), logprobs=tuple(so_far[1]), finish_reason=_FINISH_REASONS[reason])
 
 
 @contextlib.contextmanager
