@@ -4,16 +4,27 @@ real ``DataSource`` ABC when ``$SLIME_SRC`` imports (scripts/test_frameworks.sh 
 
 from __future__ import annotations
 
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue
+from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
 from rollout_queue.core.errors import IntegrationConfigError
 from rollout_queue.integrations.convert.slime import THIS_ROLLOUT_FUNCTION, QueueDataSource, generate_rollout
+from tests.helpers import wait_until
 from tests.integrations.framework_src import add_source, stub_sglang
-from tests.integrations.helpers import fill
+from tests.integrations.helpers import committed_steps, fill
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -38,16 +49,25 @@ def test_data_source_serves_rollouts_and_checkpoints(q: RolloutQueue) -> None:
     for rollout_id in range(3):
         groups = generate_rollout(args(), rollout_id, source)
         assert len(groups) == 2 and all(len(g) == 2 for g in groups)
-    assert q.stats().committed == 2  # ack_lag 1: asking for rollout 2 means rollout 0 was trained
-    source.save(2)
-    assert q.stats().committed == 6 and q.stats().leased == 0
+        # committed at hand-out with the rollout's id: nothing is left leased across slime's model save
+        assert q.stats().leased == 0
+    assert committed_steps(q) == [(1, 2), (2, 2), (3, 2)]  # rollout k is queue step k + 1
+    source.save(1)
     assert len(source) == 4
+    source.load(1)  # a resume from the checkpoint at rollout 1: rollout 2 comes back, once
+    assert (q.stats().committed, q.stats().ready, q.stats().completed) == (4, 2, 4)  # requeued to generate again
 
 
 def test_evaluation_is_refused_at_start_with_the_fix(q: RolloutQueue) -> None:
     with pytest.raises(IntegrationConfigError, match="--eval-function-path slime.rollout.sglang_rollout"):
         QueueDataSource(args(eval_interval=5))
     QueueDataSource(args(eval_interval=5, eval_function_path="slime.rollout.sglang_rollout.generate_rollout"))
+
+
+def test_without_slimes_global_dataset_it_refuses_at_start(q: RolloutQueue) -> None:
+    """slime calls the data source's save/load only with its global dataset on (its default)."""
+    with pytest.raises(IntegrationConfigError, match="--disable-rollout-global-dataset"):
+        QueueDataSource(args(rollout_global_dataset=False))
 
 
 def test_rollout_function_needs_the_queue_data_source() -> None:
@@ -66,3 +86,63 @@ def test_real_slime_data_source_abc(q: RolloutQueue) -> None:
     assert isinstance(checked, real.DataSource)
     with pytest.raises(IntegrationConfigError, match="rollout-function-path"):
         checked.get_samples(1)
+
+
+def test_sigkilled_at_random_points_nothing_skipped_nothing_trained_twice(q: RolloutQueue, private_redis_url: str,
+                                                                         tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """NeMo-RL #3599's count (prompts skipped or trained twice across save/restore) for slime: a
+    train.py-shaped trainer (tests/integrations/slime_trainer.py) killed once between its model's save
+    and its data source's, then SIGKILLed at random points, while a real worker regenerates what comes
+    back: every prompt in the surviving lineage exactly once."""
+    from tests.integrations.test_hang_to_error import bench
+
+    # a lease lives from hand-out to its commit; one a killed incarnation held comes back in 5 s
+    monkeypatch.setenv("ROLLOUT_SLIME_LEASE_TIMEOUT_S", "5")
+    prompts, rollouts, per_rollout = 24, 12, 2
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(prompts)])
+    worker = bench.spawn_worker(private_redis_url, q.name, "w1", tmp_path / "w1.log", "--reward", "length_reward",
+                                "--engine", "scripted", "--engine-arg", "latency_s=0.02")
+    out, ckpt = tmp_path / "trained.jsonl", tmp_path / "ckpt"
+    cmd = [sys.executable, str(REPO / "tests/integrations/slime_trainer.py"), "--out", str(out),
+           "--checkpoints", str(ckpt), "--num-rollout", str(rollouts), "--groups", str(per_rollout),
+           "--save-interval", "3", "--step-s", "0.2"]
+    rng = random.Random(31)
+    kills = 0
+    try:
+        # the first incarnation dies between actor_model.save_model(2) and the data source's save(2)
+        first = subprocess.run([*cmd, "--die-after-model-save", "2"], cwd=REPO, capture_output=True, timeout=300)
+        assert first.returncode == -signal.SIGKILL, first.stdout.decode(errors="replace")[-3000:]
+        while True:
+            resumed = _resumes(out)
+            child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            if kills < 3:
+                wait_until(lambda: _resumes(out) > resumed or child.poll() is not None, timeout=120)
+                time.sleep(rng.uniform(0.0, 2.0))
+                if child.poll() is None:
+                    child.send_signal(signal.SIGKILL)
+                    kills += 1
+                    child.wait(60)
+                    q.reap()   # the reaper's part: a lease the dead incarnation never committed goes back
+                    continue
+            output = child.communicate(timeout=300)[0].decode(errors="replace")
+            assert child.returncode == 0, output[-3000:]
+            break
+    finally:
+        bench.kill_all([worker])
+    kept: dict[int, list[str]] = {}
+    for line in out.read_text().splitlines():
+        rec = json.loads(line)
+        if "resume" in rec:   # what a lost incarnation trained after this checkpoint died with its weights
+            kept = {r: p for r, p in kept.items() if r <= rec["resume"]}
+        elif "rollout" in rec:
+            kept[rec["rollout"]] = rec["prompts"]
+    trained = Counter(p for ps in kept.values() for p in ps)
+    assert sorted(kept) == list(range(rollouts))
+    assert [p for p, c in trained.items() if c > 1] == []                  # none trained twice
+    assert len(trained) == prompts                                          # none skipped
+    assert kills >= 1 and _resumes(out) >= 3 and q.stats().leased == 0
+
+
+def _resumes(out: Path) -> int:
+    return out.read_text().count('"resume"') if out.exists() else 0

@@ -59,21 +59,24 @@ class QueueRollout:
     """The queue behind slime's rollout function and data-source checkpoints.
 
     ``generate_rollout`` leases ``groups`` completed groups per rollout (default
-    ``args.rollout_batch_size``); a rollout's lease is committed (``step = rollout_id``) once the
-    trainer has certainly trained it: when rollout ``k`` is asked for, every rollout up to
-    ``k - 1 - ack_lag`` (``ack_lag`` 0 for slime's ``train.py``, 1 for ``train_async.py``, whose
-    generation of ``k + 1`` overlaps training ``k``), and at ``save(k)`` every rollout up to ``k``.
-    ``save(k)`` then checkpoints the queue (deferred to a later save while a later rollout is still
-    leased: its payloads are kept a little longer, nothing more); ``load(k)`` restores it.
-    Leases must outlive the rollouts they wait through (``lease_timeout_s``).
+    ``args.rollout_batch_size``) and commits the lease at once, before slime trains it, as queue step
+    ``rollout_id + 1`` (slime's rollout ids start at 0 and it resumes with ``load(start_rollout_id -
+    1)``, -1 on a fresh start; the queue's steps start at 0, "nothing trained"). Why at hand-out, not once the rollout is known trained: slime saves its model
+    (``actor_model.save_model(k)``) before it calls ``DataSource.save(k)``, with nothing between, so
+    a commit deferred to ``save(k)`` leaves a window (a kill between the two) in which rollouts
+    trained into checkpoint ``k`` are still leased, come back at their deadline and are trained
+    twice. A commit at hand-out is exactly-once relative to checkpoints either way: a checkpoint at
+    ``k >= rollout_id`` covers it, and the resume from an earlier one (``load(c)``, ``c < rollout_id``)
+    requeues it. A kill between the lease and its commit leaves the lease to its deadline (nothing
+    was trained). ``save(k)`` lets the queue drop the data checkpoint ``k`` covers (queue step
+    ``k + 1``); ``load(k)`` restores the queue to it.
     """
 
-    def __init__(self, queue: RolloutQueue, *, groups: int | None = None, ack_lag: int = 0, tokenizer: Any = None,
+    def __init__(self, queue: RolloutQueue, *, groups: int | None = None, tokenizer: Any = None,
                  wait_s: float = 600.0, lease_timeout_s: float | None = None) -> None:
-        self.queue, self.groups, self.ack_lag, self.tokenizer = queue, groups, ack_lag, tokenizer
+        self.queue, self.groups, self.tokenizer = queue, groups, tokenizer
         self.stream = TrainingStream(queue, groups_per_step=groups or 1, wait_s=wait_s,
                                      lease_timeout_s=lease_timeout_s)
-        self.leased: dict[int, Lease] = {}  # rollout_id -> its lease, until committed
 
     def generate_rollout(self, args: Any, rollout_id: int, data_source: Any = None,
                          evaluation: bool = False) -> list[list[Any]]:
@@ -81,35 +84,27 @@ class QueueRollout:
         if evaluation:
             raise IntegrationConfigError("evaluation rollouts are not served from the training queue: set "
                                          f"--eval-function-path {SLIME_EVAL_FUNCTION} (slime's own, on its engines)")
-        self._commit_through(rollout_id - 1 - self.ack_lag)
         want = self.groups or int(getattr(args, "rollout_batch_size"))
-        lease = self.stream.take(want)  # committed per rollout here, not by the stream's ack()
+        lease = self.stream.take(want)  # committed here, not by the stream's ack()
         assert lease is not None  # take() returns None only when a stop event is set
-        self.leased[rollout_id] = lease
-        n = 0
         out = []
+        n = 0
         for gi, group in enumerate(lease.groups):
             out.append(to_samples(group, self.tokenizer, group_index=gi, first_index=n))
             n += len(out[-1])
+        lease.commit(step=rollout_id + 1)
         return out
 
-    def _commit_through(self, last: int) -> None:
-        for rollout_id in sorted(r for r in self.leased if r <= last):
-            self.leased.pop(rollout_id).commit(step=rollout_id)
-
     def save(self, rollout_id: int) -> None:
-        """``DataSource.save``: the model of rollout ``rollout_id`` is saved; settle and checkpoint."""
-        self._commit_through(rollout_id)
-        if not self.leased:
-            self.stream.checkpoint(rollout_id)
+        """``DataSource.save``: the model of rollout ``rollout_id`` is saved; the queue drops what it covers."""
+        self.stream.checkpoint(rollout_id + 1)
 
     def load(self, rollout_id: int | None = None) -> None:
-        """``DataSource.load``: resumed from ``rollout_id`` (None: a fresh start, nothing to restore)."""
-        for lease in self.leased.values():
-            lease.rollback()
-        self.leased.clear()
+        """``DataSource.load``: resumed from ``rollout_id`` (slime passes ``start_rollout_id - 1``, so
+        -1 on a fresh start: every group an earlier, crashed run committed is requeued; None: nothing
+        to restore)."""
         if rollout_id is not None:
-            self.stream.restore(rollout_id)
+            self.stream.restore(rollout_id + 1)
 
 
 # -- by configuration: slime's --data-source-path and --rollout-function-path ------------------------
@@ -127,12 +122,13 @@ class QueueDataSource(_SourceBase):
     Read at THUDM/slime@624b824a (``slime/rollout/data_source.py``: the ``DataSource`` ABC,
     ``get_samples``, ``add_samples``, ``save``, ``load``, ``__len__``; ``slime/ray/rollout.py``
     builds it as ``cls(args)`` and hands it to the rollout function). The queue comes from
-    ``REDIS_URL`` / ``ROLLOUT_QUEUE``; ``ROLLOUT_SLIME_ACK_LAG`` (default 1: right for ``train.py``
-    and ``train_async.py`` both, a lease then spans two rollouts) and ``ROLLOUT_SLIME_LEASE_TIMEOUT_S``
-    tune ``QueueRollout``. Evaluation rollouts are not served from the training queue: with
-    ``--eval-interval`` set, ``--eval-function-path`` must name another function (slime's own,
-    ``slime.rollout.sglang_rollout.generate_rollout``, evaluates on slime's engines), else this
-    refuses at start rather than at the first evaluation.
+    ``REDIS_URL`` / ``ROLLOUT_QUEUE``; ``ROLLOUT_SLIME_LEASE_TIMEOUT_S`` tunes ``QueueRollout``.
+    Refused at start rather than at the first evaluation or resume: evaluation rollouts, which are
+    not served from the training queue (with ``--eval-interval`` set, ``--eval-function-path`` must
+    name another function: slime's own, ``slime.rollout.sglang_rollout.generate_rollout``, evaluates
+    on slime's engines); and ``--disable-rollout-global-dataset``, because slime then calls neither
+    ``save`` nor ``load`` (``train.py``, ``slime/ray/placement_group.py``), so a resumed run would
+    train again what its checkpoint covers and skip what the lost steps trained.
     """
 
     def __init__(self, args: Any, *, queue: RolloutQueue | None = None) -> None:
@@ -143,12 +139,15 @@ class QueueDataSource(_SourceBase):
             raise IntegrationConfigError(
                 "evaluation rollouts are not served from the training queue (they would consume training groups): "
                 f"add --eval-function-path {SLIME_EVAL_FUNCTION} (slime's own, on its engines) or drop --eval-interval")
+        if getattr(args, "rollout_global_dataset", True) is False:
+            raise IntegrationConfigError(
+                "--disable-rollout-global-dataset is set: slime then never calls the data source's save/load, so "
+                "the queue could not be restored to the checkpoint a resumed run starts from: drop that flag")
         if queue is None:
             queue = RolloutQueue.from_url(*queue_address(needs="QueueDataSource"), create=False)
         timeout = os.environ.get("ROLLOUT_SLIME_LEASE_TIMEOUT_S")
         self.args = args
-        self.rollout = QueueRollout(queue, ack_lag=int(os.environ.get("ROLLOUT_SLIME_ACK_LAG") or 1),
-                                    lease_timeout_s=float(timeout) if timeout else None)
+        self.rollout = QueueRollout(queue, lease_timeout_s=float(timeout) if timeout else None)
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
         raise IntegrationConfigError("the queue's workers generate the samples: set --rollout-function-path "
