@@ -140,7 +140,7 @@ def worker_lines(ws: Sequence[WorkerView], room: int, width: int = 80, more: str
     rows = sorted(ws, key=_worker_order)
     alive = sum(1 for w in ws if w.alive)
     wid = max(ID_COLUMN, width - 47)  # the indent and the other columns take 47 characters
-    head = [f"workers: {alive} alive, {len(ws) - alive} not", f"  {'WORKER':<{wid}} {'STATUS':<8} {'BEAT':>7} "
+    head = [f"workers: {alive} alive, {len(ws) - alive} silent", f"  {'WORKER':<{wid}} {'STATUS':<8} {'BEAT':>7} "
             f"{'EXEC':>4} {'OLDEST':>7} {'GRP/S':>6} {'TOK/S':>7}"]
     body = []
     for w in rows:

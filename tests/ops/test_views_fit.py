@@ -144,7 +144,7 @@ def test_stats_at_80x24(realistic: Realistic) -> None:
 def test_workers_at_80x24(realistic: Realistic) -> None:
     realistic.beat()
     text = fits(screen_of(realistic.url, realistic.queue, "workers", width=WIDTH, height=HEIGHT))
-    assert "workers: 28 alive, 0 not" in text or "workers: " in text and "SILENT" in text
+    assert "workers: 28 alive, 0 silent" in text or "workers: " in text and "SILENT" in text
     assert "(--full lists all)" in text
     shown = [line.split()[0] for line in text.split("\n")[2:] if line.startswith("  gpu-node")]
     assert len(shown) == len(set(shown)) and all(s.startswith("gpu-node-") and "…" in s for s in shown)
