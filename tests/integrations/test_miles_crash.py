@@ -66,10 +66,12 @@ def test_a_group_commits_as_it_is_handed_out_and_async_save_keeps_what_a_resume_
 def test_sigkilled_at_random_points_nothing_skipped_nothing_trained_twice(
         q: RolloutQueue, private_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         async_save: bool) -> None:
-    """A train_async.py-shaped trainer killed once where a deferred commit or an early checkpoint
-    would lose count (between its model's save and the rollout manager's; with --async-save, after
-    the rollout manager's save while the model's checkpoint is still being written), then SIGKILLed
-    three times at random points: every prompt in the surviving lineage trained exactly once."""
+    """A train_async.py-shaped trainer killed once where the earlier ledger failed: between its
+    model's save and the rollout manager's (a commit deferred to save(k) trained 2 prompts twice), or
+    with --async-save after the rollout manager's save while the model's checkpoint was still being
+    written (a queue checkpoint at k refused the resume from the previous one: CheckpointPruned);
+    then SIGKILLed three times at random points: every prompt in the surviving lineage trained
+    exactly once."""
     from tests.integrations.test_hang_to_error import bench
 
     # a lease lives from get's lease to its hand-out; one a killed incarnation held comes back in 5 s
