@@ -37,7 +37,7 @@ for fw in "${@:-verl areal}"; do
         PYTHONPATH="$PWD" ROLLOUT_TEST_SERVERS=redis HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
           "$ROOT/verl/bin/python" -m pytest -q -p no:cacheprovider -rs tests/integrations/test_convert.py \
           tests/integrations/test_verl_sampler.py tests/integrations/test_verl_weights.py \
-          tests/integrations/test_verl_message_queue.py ;;
+          tests/integrations/test_verl_message_queue.py tests/integrations/test_framework_seams.py ;;
       areal) run areal "torch==2.13.0" "--no-deps areal==1.0.4" \
         "numpy 'transformers>=5.0,<=5.3.0' pillow aiohttp httpx colorlog tenacity flask torchdata lark uvloop hydra-core ray numba einops aiofiles openai" ;;
       slime) TESTS="tests/integrations/test_convert.py tests/integrations/test_slime.py" \

@@ -17,8 +17,9 @@ What it keeps of miles' ``DefaultDataBuffer`` (same filters, same metric names):
 
 What the queue adds: a group ``put`` stores is the completion of the reservation its prompt came
 from (``QueueDataSource``), checked against that exact receipt, so it survives the rollout process;
-``get`` leases it, and the lease commits when miles has trained it (ledger.py, rules 1-5): killed
-at any point, a group is trained exactly once relative to the checkpoint miles resumes from.
+``get`` leases it and commits the lease as it hands the group out, as the queue step of the rollout
+being drawn (ledger.py, rules 1-5): killed at any point, a group is trained exactly once relative to
+the checkpoint miles resumes from, since that resume requeues every rollout after the checkpoint.
 Differences, on purpose: an aborted or stale group is requeued in the queue (a new attempt) rather
 than recycled through the data source (whose ``add_samples`` ignores the queue's own prompts), and
 with ``--async-unused-samples-handler drop`` an aborted group is settled ``filtered`` (recorded,
@@ -34,7 +35,7 @@ import threading
 from typing import Any
 
 from rollout_queue.api.lease import Lease
-from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, OwnershipLost
+from rollout_queue.core.errors import IntegrationConfigError, InvalidInput, LeaseLost, OwnershipLost
 from rollout_queue.core.models import Receipt
 from rollout_queue.integrations.convert import framework_class
 from rollout_queue.integrations.miles.codec import receipt_of, to_miles_group, to_queue_samples
@@ -146,18 +147,26 @@ class QueueDataBuffer(_Base):
     async def get(self, current_version: int | None = None, **_: Any) -> Any:
         if current_version is not None:
             self._current_version = current_version
-        await asyncio.to_thread(self._ledger.begin_drain)
         bound = getattr(self._args, "max_weight_staleness", None)
         while True:
             lease = await self._lease()
             self._estimate = max(0, self._estimate - 1)
             prompts, group = to_miles_group(lease.groups[0], self._sample_cls)
             oldest = _miles("group_oldest_weight_version")(group)
-            if oldest is None or current_version is None:
-                return _miles("DataBufferInput")(prompt_group=prompts, group=group)
-            staleness = current_version - oldest
-            self._consumed.append(staleness)
-            if bound is None or staleness <= bound:
+            staleness = None if oldest is None or current_version is None else current_version - oldest
+            if staleness is not None:
+                self._consumed.append(staleness)
+            if staleness is None or bound is None or staleness <= bound:
+                # committed here, with no await before the return (ledger rule 2): a get cancelled
+                # after this point has already returned, so no group is committed and not handed out
+                try:
+                    self._ledger.hand_out(lease)
+                except LeaseLost as exc:  # its deadline passed first: the queue has it back, miles must not train it
+                    log.warning("a leased group was lost before hand-out; leasing another", exc_info=exc,
+                                extra=fields(queue=self._ledger.queue.name))
+                    if staleness is not None:
+                        self._consumed.pop()  # not consumed after all
+                    continue
                 return _miles("DataBufferInput")(prompt_group=prompts, group=group)
             log.info(f"Filtered stale group ({staleness=} > max={bound})")
             self._stale += 1

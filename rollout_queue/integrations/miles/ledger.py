@@ -5,30 +5,43 @@ miles builds its data source (``--data-source-path``) and its fully-async buffer
 (``--custom-async-data-buffer-path``) separately, inside its ``RolloutManager`` actor, and hands
 neither to the other; both need the same worker identity (the receipts of the data source's
 reservations are settled by the buffer's ``put``) and the same leases (the data source's ``save``
-commits what the buffer handed out). So each process keeps one ``MilesLedger`` per queue
+checkpoints the queue, which it must not do under a lease the buffer holds). So each process keeps one ``MilesLedger`` per queue
 (``ledger_for``), opened from the environment like every other process of this project
 (``REDIS_URL``, ``ROLLOUT_QUEUE``).
 
 When a lease commits, read at radixark/miles@31f1ca96 (``train_async.py``,
-``miles/rollout/fully_async_rollout.py``, ``miles/ray/rollout/rollout_manager.py``):
+``miles/rollout/fully_async_rollout.py``, ``miles/ray/rollout/rollout_manager.py``,
+``miles/ray/placement_group.py``, ``miles/backends/megatron_utils/actor.py``):
 
 1. Rollout ``k``'s batch is one ``_drain`` of the rollout function: ``rollout_batch_size`` calls of
    the buffer's ``get`` and then exactly one ``get_metrics``. The drains run in rollout order from
-   ``args.start_rollout_id``, so the buffer counts them (``begin_drain`` / ``end_drain``).
-2. ``train_async.py`` starts generating rollout ``k + 1`` before it trains ``k``, and starts
-   ``k + 2`` only after ``train(k)`` returned. So when drain ``k`` begins, every rollout up to
-   ``k - 2`` is trained (``ack_lag`` 1, as slime's ``train_async.py``): their leases commit there.
-3. ``RolloutManager.save(k)`` runs after the model of rollout ``k`` is saved: every open lease
-   commits there (those of ``k + 1``, handed out but not trained yet, too: a resume from ``k``
-   requeues every group committed after ``k``, so committing early is safe), then the queue drops
-   what the checkpoint covers (its checkpoint refuses while any group is leased, so leasing waits
-   on the same lock). ``load(k)`` (``start_rollout_id - 1``) hands back what this process held and
+   ``args.start_rollout_id``, so the buffer counts them (``end_drain``).
+2. A group's lease commits as ``get`` hands it out, as queue step ``rollout_id + 1`` (``hand_out``),
+   before miles trains it. Why not once it is known trained: ``train_async.py`` (lines 96-103) saves
+   the model (``save_training_model(actor_model, k)``) and only then calls
+   ``rollout_manager.save(k)``, so a commit deferred to the data source's ``save(k)`` (or to a later
+   drain) leaves rollouts trained into checkpoint ``k`` leased when the process dies between the
+   two: they come back at their deadline and are trained twice. A commit at hand-out is exactly-once
+   relative to checkpoints: checkpoint ``k`` covers rollouts up to ``k`` (generation of ``k + 1``,
+   started before ``train(k)`` at line 81, is committed as step ``k + 2``, beyond it), and the
+   resume from an earlier one requeues it. A kill between the lease and its commit leaves the lease
+   to its deadline (nothing was trained). The commit runs without an ``await`` before ``get``
+   returns, so a cancelled ``get`` never commits a group it does not return.
+3. ``RolloutManager.save(k)`` runs after the model of rollout ``k`` is saved: the queue drops what
+   the checkpoint covers (queue step ``k + 1``; deferred to a later save while a group is leased,
+   since the queue's checkpoint refuses then: payloads are kept longer, nothing else). With
+   ``--async-save`` miles' checkpoint ``k`` is only written when the next ``save_model`` finalises
+   it (``actor.py`` ``save_model``: ``maybe_finalize_async_save(blocking=True)`` first), so a kill
+   after ``save(k)`` resumes from the previous checkpoint: the queue then drops only what the
+   previous save covers, never what a resume from it must requeue. ``load(k)``
+   (``start_rollout_id - 1``, ``placement_group.py``) hands back what this process held and
    requeues every group committed after rollout ``k``.
 4. Queue steps are rollout ids plus one, so a fresh start (miles' ``load(-1)``) restores step 0:
    every group a crashed earlier run committed is trained again, since its weights are gone.
-5. A lease that is never committed goes back: rolled back by ``load``, or by the reaper at its
-   deadline when this process dies. While the process lives a thread heartbeats its reservations
-   and extends its open leases, so neither times out under a long step.
+5. A lease lives from ``get``'s lease to its commit (or its rollback, for a group stale at
+   consumption): a lease that is never committed goes back, rolled back by ``load`` or by the
+   reaper at its deadline when this process dies. While the process lives a thread heartbeats its
+   reservations and extends its open leases, so neither times out.
 6. Hang-to-error (issue 31, section 5): that heartbeat registers this process as a worker, so the
    queue's own fleet rule (core/liveness.py) would count it alive for as long as miles runs and a
    ``get`` waiting for groups from rollout-queue workers that all died would wait for ever. The
@@ -105,20 +118,24 @@ class OthersWatch(FleetWatch):
 class MilesLedger:
     """The reservations and leases of one miles rollout process (module docstring, rules 1-6)."""
 
-    def __init__(self, queue: RolloutQueue, args: Any, *, ack_lag: int = 1, tick_s: float | None = None) -> None:
+    def __init__(self, queue: RolloutQueue, args: Any, *, tick_s: float | None = None) -> None:
         if queue.driver.is_async:
             raise IntegrationConfigError("MilesLedger drives a sync queue (RolloutQueue.from_url)")
-        self.queue, self.args, self.ack_lag = queue, args, ack_lag
+        self.queue, self.args = queue, args
         self.worker: Worker = queue.worker(default_process_id())
         self.lease_timeout_s = float(os.environ.get("ROLLOUT_MILES_LEASE_TIMEOUT_S") or queue.config.lease_timeout_s)
-        #: rollout id -> the leases handed out for it, until committed
-        self.open: dict[int, list[Lease]] = {}
+        #: leases taken by ``get`` and neither handed out (committed) nor given back yet (rule 5)
+        self.open: list[Lease] = []
+        #: the rollout whose drain the buffer's ``get`` serves (rule 1)
         self.rollout_id = int(getattr(args, "start_rollout_id", None) or 0)
-        self.in_drain = False
+        #: with ``--async-save``: the last rollout miles saved or resumed from; written once the next
+        #: ``save_model`` has returned (rule 3)
+        self.async_save = bool(getattr(args, "async_save", False))
+        self.previous_save: int | None = None
         #: entry_id -> the prompt record its reservation carried, from reserve to put (what a stored
         #: sample need not repeat; codec rule 1)
         self.sources: dict[str, dict[str, Any]] = {}
-        #: serialises leasing against save's commit-then-checkpoint (rule 3) and guards ``open``
+        #: serialises leasing and hand-out against save's checkpoint (rule 3) and guards ``open``
         self.lock = threading.RLock()
         #: the buffer's view of whether the rollout-queue workers are gone (rule 6)
         self.fleet = OthersWatch(self)
@@ -130,64 +147,60 @@ class MilesLedger:
 
     # -- the buffer's side ------------------------------------------------------------------------
 
-    def begin_drain(self) -> None:
-        """The first ``get`` of a rollout's drain: rollouts up to ``rollout_id - 1 - ack_lag`` are trained."""
-        with self.lock:
-            if not self.in_drain:
-                self.in_drain = True
-                self.commit_through(self.rollout_id - 1 - self.ack_lag)
-
     def end_drain(self) -> None:
-        """``get_metrics``: the drain of ``rollout_id`` is complete; the next get starts the next one."""
+        """``get_metrics``: the drain of ``rollout_id`` is complete; the next get serves the next one."""
         with self.lock:
-            self.in_drain = False
             self.rollout_id += 1
 
     def lease_one(self, block_ms: int) -> Lease | None:
-        """One completed group, leased for the current rollout (None when none came in ``block_ms``)."""
+        """One completed group, leased until ``hand_out`` or ``give_back`` (None when none came in ``block_ms``)."""
         with self.lock:
             lease = self.queue.lease(groups=1, timeout_s=self.lease_timeout_s, block_ms=0,
                                      trainer_id=self.worker.worker_id)
             if lease is not None:
-                self.open.setdefault(self.rollout_id, []).append(lease)
+                self.open.append(lease)
                 return lease
         if block_ms:  # wait outside the lock (save must not wait behind an idle lease call), then try once more
             lease = self.queue.lease(groups=1, timeout_s=self.lease_timeout_s, block_ms=block_ms,
                                      trainer_id=self.worker.worker_id, fleet=self.fleet)  # WorkersGone: rule 6
             if lease is not None:
                 with self.lock:
-                    self.open.setdefault(self.rollout_id, []).append(lease)
+                    self.open.append(lease)
         return lease
+
+    def hand_out(self, lease: Lease) -> int:
+        """``get`` returns this group to miles: commit it now as queue step ``rollout_id + 1`` (rule 2).
+        Returns the step. LeaseLost propagates: the group went back to the queue and must not be trained."""
+        with self.lock:
+            if lease in self.open:
+                self.open.remove(lease)
+            step = self.rollout_id + 1
+            lease.commit(step=step)
+            return step
 
     def give_back(self, lease: Lease) -> None:
         """A leased group miles will not train (stale at consumption, or its get was cancelled):
         requeued to be generated again (an uncounted rollback)."""
         with self.lock:
-            for leases in self.open.values():
-                if lease in leases:
-                    leases.remove(lease)
+            if lease in self.open:
+                self.open.remove(lease)
         lease.rollback()
-
-    def commit_through(self, last: int) -> None:
-        """Commit every open lease of rollouts up to ``last`` with step ``rollout + 1`` (rule 4)."""
-        with self.lock:
-            for rollout_id in sorted(r for r in self.open if r <= last):
-                leases = self.open[rollout_id]
-                while leases:
-                    leases[0].commit(step=rollout_id + 1)  # LeaseLost propagates: the group went back
-                    leases.pop(0)
-                del self.open[rollout_id]
 
     # -- the data source's side -------------------------------------------------------------------
 
     def save(self, rollout_id: int) -> int:
         """``DataSource.save``: rollout ``rollout_id``'s model is saved (rule 3). Returns how many
-        payloads the queue dropped (0 when another trainer's lease deferred the checkpoint)."""
+        payloads the queue dropped (0 when a lease deferred the checkpoint, or, with ``--async-save``,
+        when no earlier checkpoint is known written)."""
         with self.lock:
-            self.commit_through(max(self.open, default=rollout_id))
+            covered = rollout_id
+            if self.async_save:  # checkpoint rollout_id may be unwritten yet; the one before it is written
+                covered, self.previous_save = (self.previous_save if self.previous_save is not None else -1), rollout_id
+                if covered < 0:
+                    return 0
             try:
-                return int(self.queue.checkpoint(rollout_id + 1))
-            except LeasesOpen as exc:  # leased meanwhile (another trainer, or a get waiting outside the lock):
+                return int(self.queue.checkpoint(covered + 1))
+            except LeasesOpen as exc:  # leased meanwhile (another trainer, or a get between lease and hand-out):
                 # nothing was written; the next save checkpoints further
                 log.warning("queue checkpoint deferred: groups are leased", exc_info=exc,
                             extra=fields(queue=self.queue.name, rollout_id=rollout_id))
@@ -197,11 +210,12 @@ class MilesLedger:
         """``DataSource.load``: miles resumed from rollout ``rollout_id`` (``-1``/None: from scratch).
         Returns how many groups were requeued."""
         with self.lock:
-            for leases in self.open.values():
-                for lease in leases:
-                    lease.rollback()
+            for lease in self.open:
+                lease.rollback()
             self.open.clear()
             self.rollout_id = (rollout_id if rollout_id is not None else -1) + 1
+            # the checkpoint resumed from is written; with --async-save it is what the next save covers
+            self.previous_save = rollout_id if rollout_id is not None and rollout_id >= 0 else None
             return int(self.queue.restore(max(0, self.rollout_id)))
 
     # -- liveness ---------------------------------------------------------------------------------
@@ -220,7 +234,7 @@ class MilesLedger:
                 self.worker.heartbeat()
                 self._beat_at = started
                 with self.lock:
-                    leases = [lease for group in self.open.values() for lease in group]
+                    leases = list(self.open)
                 for lease in leases:
                     if lease.closed is None:
                         lease.extend(self.lease_timeout_s)
