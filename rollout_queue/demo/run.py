@@ -50,7 +50,7 @@ class DemoOptions:
     worker_start_timeout_s: float = 300.0
     label: str = "async"
     task: str = "digits"  # demo/task.py: digits, tools (multi-turn trajectories against an environment), tools-heavy
-    staleness_mode: StalenessMode | None = None  # QueueConfig.staleness_mode (drop, continue, pace); None: the queue's default
+    staleness_mode: StalenessMode | None = None  # QueueConfig.staleness_mode; None: the queue's default (drop)
     pin_cpus: bool = False  # --compare: trainer and workers on disjoint CPUs, like separate GPU pools
 
 
@@ -138,10 +138,14 @@ class RunResult:
 
 def queue_config(options: DemoOptions) -> QueueConfig:
     """Admission control at ``batch_groups``: generation runs at most max_staleness + 1 batches ahead.
-    ``staleness_mode`` only when given: otherwise the queue's default, as a user's queue would have."""
+    ``staleness_mode`` only when given: otherwise the queue's default, as a user's queue would have.
+    ``worker_timeout_s`` 3 s when a worker is to be killed (the recovery shows within seconds), else
+    10 s: with no kill planned (``--compare``), a worker starved of its CPU by other work on a shared
+    machine is not dead (a --compare run here lost both workers at load average 10 with 3 s)."""
     mode = QueueConfig.staleness_mode if options.staleness_mode is None else options.staleness_mode
+    silence = 3.0 if options.kill_worker_after else 10.0
     return QueueConfig(max_staleness=options.max_staleness, batch_groups=options.batch_groups,
-                       max_completed_groups=4 * options.batch_groups, worker_timeout_s=3.0, lease_timeout_s=120.0,
+                       max_completed_groups=4 * options.batch_groups, worker_timeout_s=silence, lease_timeout_s=120.0,
                        hold_timeout_s=options.worker_start_timeout_s + 60, staleness_mode=mode)
 
 
