@@ -180,23 +180,37 @@ def print_comparison(console: Any, results: list[RunResult]) -> None:
 
     table = Table(title="strictly on-policy vs. async (same task, steps and workers; trainer idle = waiting for data)",
                   title_justify="left")
-    heavy = any(r.long_sources for r in results)
-    columns = ["mode", "steps to target", "s to target", "train time", "s/step", "trainer idle", "reward end",
-               "max staleness (bound)"]
-    for col in columns + (["long trained (by target)", "stale evictions"] if heavy else []):
+    for col in ("mode", "steps to target", "s to target", "train time", "s/step", "trainer idle", "reward end",
+                "max staleness (bound)"):
         table.add_column(col, justify="right")
     for r in results:
         reached = r.reached()
         bound = "none" if r.options.max_staleness is None else str(r.options.max_staleness)
         per_step = r.training_s / max(1, len(r.records))
         idle = sum(x.wait_s for x in r.records[1:]) / max(1e-9, r.training_s)
-        row = [r.options.label, str(reached.step) if reached else "-",
-               f"{reached.elapsed_s:.1f}" if reached else "-", f"{r.training_s:.1f}s", f"{per_step:.2f}",
-               f"{idle:.0%}", f"{r.reward_at(True):.3f}", f"{r.max_staleness_seen} ({bound})"]
-        if heavy:
-            row += [f"{r.long_trained()}/{len(r.long_sources)} ({r.long_trained(reached.step) if reached else '-'})",
-                    str(r.stale_evictions)]
-        table.add_row(*row)
+        table.add_row(r.options.label, str(reached.step) if reached else "-",
+                      f"{reached.elapsed_s:.1f}" if reached else "-", f"{r.training_s:.1f}s", f"{per_step:.2f}",
+                      f"{idle:.0%}", f"{r.reward_at(True):.3f}", f"{r.max_staleness_seen} ({bound})")
+    console.print(table)
+    if any(r.long_sources for r in results):
+        print_long_comparison(console, results)
+
+
+def print_long_comparison(console: Any, results: list[RunResult]) -> None:
+    """A heavy-tailed task's long trajectories in each mode: how soon they were trained, what keeping
+    the bound cost (groups regenerated), and how far apart their turns were."""
+    from rich.table import Table
+
+    table = Table(title="long trajectories (the slow tool's) in each mode", title_justify="left")
+    for col in ("mode", "staleness mode", "trained", "by the target", "stale evictions", "versions spanned (max)",
+                "tokens generated / trained"):
+        table.add_column(col, justify="right")
+    for r in results:
+        reached = r.reached()
+        table.add_row(r.options.label, "-" if r.options.max_staleness is None else r.staleness_mode,
+                      f"{r.long_trained()} / {len(r.long_sources)}",
+                      str(r.long_trained(reached.step)) if reached else "-", str(r.stale_evictions),
+                      str(r.long_span_max()), "-" if r.tokens_per_trained is None else f"{r.tokens_per_trained:.2f}")
     console.print(table)
 
 
