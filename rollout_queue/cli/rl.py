@@ -182,7 +182,7 @@ def _run_demo(args: argparse.Namespace, run_demo: Any, Console: Any) -> int:
                     n=args.n, max_tokens=args.max_tokens, lr=args.lr,
                     max_staleness=None if args.on_policy else args.max_staleness,
                     kill_worker_after=args.kill_worker_after or None, compare=args.compare, target=args.target,
-                    seed=args.seed, keep=args.keep, task=args.task,
+                    seed=args.seed, keep=args.keep, task=args.task, staleness_mode=args.staleness_mode,
                     console=Console() if sys.stdout.isatty() else Console(width=110))  # logs: no wrapped tables
 
 
@@ -279,7 +279,8 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--engine", choices=["auto", "vllm", "torch"], default="auto",
                    help="worker engine (auto: vllm when installed, else torch)")
     p.add_argument("--steps", type=int, default=None,
-                   help="optimizer steps (default: the task's, 80 digits, 120 tools; e.g. --steps 5 for CI)")
+                   help="optimizer steps (default: the task's, 80 digits, 120 tools and tools-heavy; "
+                        "e.g. --steps 5 for CI)")
     p.add_argument("--batch-groups", type=int, default=8, help="groups per step")
     p.add_argument("--n", type=int, default=8, help="samples per group")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per model turn (default: 16 digits, 3 tools)")
@@ -291,9 +292,12 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--compare", action="store_true", help="run strictly on-policy, then async; compare them")
     p.add_argument("--target", type=float, default=None,
                    help="reward the comparison measures time to (default: the task's, 0.8)")
-    p.add_argument("--task", choices=["digits", "tools"], default="digits",
+    p.add_argument("--task", choices=["digits", "tools", "tools-heavy"], default="digits",
                    help="digits: answer in digits (one turn); tools: ask a tool in what to answer and obey it "
-                        "(two model turns around the tool's observation, only the model's turns trained)")
+                        "(two model turns around the tool's observation, only the model's turns trained); "
+                        "tools-heavy: tools with a slow tool (10-30x the median) on about one prompt in ten")
+    p.add_argument("--staleness-mode", choices=["drop", "continue", "pace"], default=None,
+                   help="the async queue's staleness_mode (default: the queue's, drop; DESIGN.md: Staleness modes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the run folder (worker logs, weights, checkpoints)")
     p.set_defaults(func=cmd_demo)

@@ -79,6 +79,15 @@ class StepRecord:
     #: s from publishing the newest version to this lease, when it is the first to bring samples
     #: generated (at least partly) on that version; None otherwise
     version_lag_s: float | None = None
+    #: the trained groups' source_ids, in lease order: what a demo counts its long groups by
+    sources: tuple[str, ...] = ()
+    #: per group (as ``sources``): the most policy versions one of its samples spanned (its newest
+    #: tokens' version minus its oldest's; 0: generated on one version)
+    spans: tuple[int, ...] = ()
+    #: the largest staleness of a sample's newest tokens (a trajectory's last model turn): what
+    #: staleness_mode 'continue', and the fairness rule once it widened a group's bound, keep within
+    #: the bound while the older tokens (``staleness_max``) may be past it (masked in the loss)
+    newest_staleness_max: int = 0
 
 
 @dataclass
@@ -206,7 +215,8 @@ class GrpoTrainer:
         record = StepRecord(step, time.monotonic() - self.state.started_at, float(batch.rewards.mean()),
                             len(batch.entry_ids), batch.num_response_tokens, int(staleness.max()),
                             float(staleness.mean()), metrics["loss"], metrics["ratio_mean"], batch.entry_ids,
-                            wait_s, computed - began, time.monotonic() - computed, _task_metric(lease.groups), lag)
+                            wait_s, computed - began, time.monotonic() - computed, _task_metric(lease.groups), lag,
+                            *_versions_seen(lease))
         with self.state.lock:
             self.state.records.append(record)
         if self.on_step:
@@ -266,6 +276,14 @@ def load_optimizer(optimizer: Any, folder: Path) -> None:
 
 
 __all__ = ["GrpoSettings", "GrpoTrainer", "StepRecord", "TrainerState", "load_optimizer", "save_optimizer"]
+
+
+def _versions_seen(lease: Any) -> tuple[tuple[str, ...], tuple[int, ...], int]:
+    """(source_ids, version span per group, newest-token staleness max) of a lease's groups."""
+    sources = tuple(g.group.source_id for g in lease.groups)
+    spans = tuple(max((max(0, s.newest_version - s.version) for s in g.samples), default=0) for g in lease.groups)
+    newest = max((max(0, lease.version - s.newest_version) for g in lease.groups for s in g.samples), default=0)
+    return sources, spans, newest
 
 
 def _task_metric(groups: Any) -> float | None:

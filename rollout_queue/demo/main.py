@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rollout_queue.core.config import StalenessMode
 from rollout_queue.devtools.local_server import LocalServer
 from rollout_queue.demo.fleet import vllm_available
 from rollout_queue.demo.run import DemoOptions, DemoRun, RunResult
@@ -51,8 +52,10 @@ def build_model(run_dir: Path) -> Path:
 
 def run_demo(*, url: str | None, engine: str, steps: int | None, batch_groups: int, n: int, max_tokens: int | None,
              lr: float, max_staleness: int | None, kill_worker_after: float | None, compare: bool,
-             target: float | None, seed: int, keep: bool, console: Any, task: str = "digits") -> int:
-    """Run the demo; returns the exit status. ``steps``, ``max_tokens`` and ``target`` None: the task's."""
+             target: float | None, seed: int, keep: bool, console: Any, task: str = "digits",
+             staleness_mode: StalenessMode | None = None) -> int:
+    """Run the demo; returns the exit status. ``steps``, ``max_tokens`` and ``target`` None: the task's;
+    ``staleness_mode`` None: the queue's default."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
         os.environ.setdefault(name, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -74,7 +77,8 @@ def run_demo(*, url: str | None, engine: str, steps: int | None, batch_groups: i
         model_dir = build_model(run_dir)
         base = DemoOptions(url=url, engine=chosen, model_dir=model_dir, run_dir=run_dir, steps=steps,
                            batch_groups=batch_groups, n=n, max_tokens=max_tokens, lr=lr, max_staleness=max_staleness,
-                           kill_worker_after=kill_worker_after, target=target, seed=seed, task=task)
+                           kill_worker_after=kill_worker_after, target=target, seed=seed, task=task,
+                           staleness_mode=staleness_mode)
         for options in plan_runs(base, compare):
             results.append(DemoRun(options, console).execute())
         for result in results:
@@ -98,11 +102,13 @@ def run_demo(*, url: str | None, engine: str, steps: int | None, batch_groups: i
 def plan_runs(base: DemoOptions, compare: bool) -> list[DemoOptions]:
     """One run, or --compare's two: strictly on-policy, then async. In both, no worker kill (it would
     skew the timing being compared) and the trainer and the workers on disjoint CPUs, the stand-in
-    for separate GPU pools (it slows vLLM's start-up, which the timing excludes)."""
+    for separate GPU pools (it slows vLLM's start-up, which the timing excludes). A staleness mode
+    is the async run's: strictly on-policy nothing may be stale, whatever the mode would allow."""
     if not compare:
-        return [base if base.max_staleness is not None else replace(base, label="on-policy")]
+        return [base if base.max_staleness is not None else replace(base, label="on-policy", staleness_mode=None)]
     bound = base.max_staleness if base.max_staleness is not None else 2
-    return [replace(base, max_staleness=None, kill_worker_after=None, pin_cpus=True, label="on-policy"),
+    return [replace(base, max_staleness=None, kill_worker_after=None, pin_cpus=True, label="on-policy",
+                    staleness_mode=None),
             replace(base, max_staleness=bound, kill_worker_after=None, pin_cpus=True, label="async")]
 
 
@@ -113,7 +119,7 @@ def print_summary(console: Any, r: RunResult) -> None:
     table = Table(title=f"demo summary ({o.label}, {o.engine} workers)", title_justify="left")
     table.add_column("")
     table.add_column("", justify="right")
-    bound = "none (on-policy)" if o.max_staleness is None else str(o.max_staleness)
+    bound = "none (on-policy)" if o.max_staleness is None else f"{o.max_staleness}, {r.staleness_mode}"
     reached = r.reached()
     rows = [
         ("reward at start (mean of first 3 steps)", f"{r.reward_at(False):.3f}"),
@@ -124,7 +130,9 @@ def print_summary(console: Any, r: RunResult) -> None:
         ("optimizer steps", f"{len(r.records)} of {o.steps}"),
         ("groups trained (committed)", str(sum(x.groups for x in r.records))),
         ("samples trained", str(sum(x.groups for x in r.records) * o.n)),
-        ("largest staleness in any lease (bound)", f"{r.max_staleness_seen} ({bound})"),
+        ("largest staleness in any lease: oldest / newest tokens (bound, mode)",
+         f"{r.max_staleness_seen} / {r.newest_staleness_seen} ({bound})"),
+        *_long_rows(r),
         ("worker start-up / training time", f"{r.startup_s:.1f}s / {r.training_s:.1f}s"),
         ("workers killed / attempts requeued as lost", f"{', '.join(r.killed) or 'none'} / {r.lost_attempts}"),
     ]
@@ -143,6 +151,19 @@ def print_summary(console: Any, r: RunResult) -> None:
     for label, value in rows:
         table.add_row(label, value)
     console.print(table)
+
+
+def _long_rows(r: RunResult) -> list[tuple[str, str]]:
+    """A heavy-tailed task's long groups: how many were trained (by the target too), how many versions
+    their samples spanned, and what the queue regenerated to keep the bound."""
+    if not r.long_sources:
+        return []
+    reached = r.reached()
+    by_target = f", {r.long_trained(reached.step)} by the target" if reached else ""
+    waste = "-" if r.tokens_per_trained is None else f"{r.tokens_per_trained:.2f}"
+    return [("long trajectories trained / enqueued", f"{r.long_trained()} / {len(r.long_sources)}{by_target}"),
+            ("most policy versions a trained long sample spanned", str(r.long_span_max())),
+            ("stale evictions / tokens generated per token trained", f"{r.stale_evictions} / {waste}")]
 
 
 def _metric_rows(r: RunResult) -> list[tuple[str, str]]:
@@ -170,6 +191,26 @@ def print_comparison(console: Any, results: list[RunResult]) -> None:
         table.add_row(r.options.label, str(reached.step) if reached else "-",
                       f"{reached.elapsed_s:.1f}" if reached else "-", f"{r.training_s:.1f}s", f"{per_step:.2f}",
                       f"{idle:.0%}", f"{r.reward_at(True):.3f}", f"{r.max_staleness_seen} ({bound})")
+    console.print(table)
+    if any(r.long_sources for r in results):
+        print_long_comparison(console, results)
+
+
+def print_long_comparison(console: Any, results: list[RunResult]) -> None:
+    """A heavy-tailed task's long trajectories in each mode: how soon they were trained, what keeping
+    the bound cost (groups regenerated), and how far apart their turns were."""
+    from rich.table import Table
+
+    table = Table(title="long trajectories (the slow tool's) in each mode", title_justify="left")
+    for col in ("mode", "staleness mode", "trained", "by the target", "stale evictions", "versions spanned (max)",
+                "tokens generated / trained"):
+        table.add_column(col, justify="right")
+    for r in results:
+        reached = r.reached()
+        table.add_row(r.options.label, "-" if r.options.max_staleness is None else r.staleness_mode,
+                      f"{r.long_trained()} / {len(r.long_sources)}",
+                      str(r.long_trained(reached.step)) if reached else "-", str(r.stale_evictions),
+                      str(r.long_span_max()), "-" if r.tokens_per_trained is None else f"{r.tokens_per_trained:.2f}")
     console.print(table)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import redis
 
 from rollout_queue.api.queue import RolloutQueue
-from rollout_queue.core.config import QueueConfig
+from rollout_queue.core.config import QueueConfig, StalenessMode
 from rollout_queue.rl.producer import GroupBuilder, ProducePlan, load_records, run_producer
 from rollout_queue.ops.reaper import run_reaper
 from rollout_queue.demo.dashboard import Dashboard, Events
@@ -49,7 +49,8 @@ class DemoOptions:
     seed: int = 0
     worker_start_timeout_s: float = 300.0
     label: str = "async"
-    task: str = "digits"  # demo/task.py: digits, or tools (multi-turn trajectories against an environment)
+    task: str = "digits"  # demo/task.py: digits, tools (multi-turn trajectories against an environment), tools-heavy
+    staleness_mode: StalenessMode | None = None  # QueueConfig.staleness_mode; None: the queue's default (drop)
     pin_cpus: bool = False  # --compare: trainer and workers on disjoint CPUs, like separate GPU pools
 
 
@@ -66,6 +67,10 @@ class RunResult:
     lost_attempts: int = 0
     killed: list[str] = field(default_factory=list)
     error: str | None = None
+    #: source_ids of the task's long groups (a heavy-tailed task's slow tools) among those enqueued
+    long_sources: frozenset[str] = frozenset()
+    stale_evictions: int = 0  # completed groups the queue sent back to be generated again as too stale
+    tokens_per_trained: float | None = None  # tokens generated per token trained (1.0: nothing thrown away)
 
     @property
     def rewards(self) -> list[float]:
@@ -83,7 +88,40 @@ class RunResult:
 
     @property
     def max_staleness_seen(self) -> int:
+        """The oldest token's staleness, largest over every lease."""
         return max((r.staleness_max for r in self.records), default=0)
+
+    @property
+    def newest_staleness_seen(self) -> int:
+        """The newest tokens' staleness (a trajectory's last model turn), largest over every lease."""
+        return max((r.newest_staleness_max for r in self.records), default=0)
+
+    @property
+    def staleness_mode(self) -> str:
+        return self.options.staleness_mode or QueueConfig.staleness_mode
+
+    def long_trained(self, until_step: int | None = None) -> int:
+        """Long groups trained (committed), all steps or up to ``until_step``."""
+        return sum(1 for r in self.records if until_step is None or r.step <= until_step
+                   for source in r.sources if source in self.long_sources)
+
+    def long_span_max(self) -> int:
+        """The most policy versions a trained long group's sample spanned."""
+        return max((span for r in self.records for source, span in zip(r.sources, r.spans)
+                    if source in self.long_sources), default=0)
+
+    def within_bound(self) -> bool:
+        """No lease held a group staler than the queue's mode allows. On-policy: nothing stale at all.
+        ``drop``: every token within the bound, except in groups the fairness rule widened (only once a
+        group was evicted for staleness), whose newest tokens must be; ``continue``: the newest tokens
+        within the bound (older ones past it are masked in the loss); ``pace`` bounds nothing."""
+        bound = self.options.max_staleness
+        if bound is None:
+            return self.max_staleness_seen == 0
+        if self.staleness_mode == "pace" or self.max_staleness_seen <= bound:
+            return True
+        widened = self.staleness_mode == "drop" and self.stale_evictions > 0
+        return (self.staleness_mode == "continue" or widened) and self.newest_staleness_seen <= bound
 
     def reached(self) -> StepRecord | None:
         """The first step at which the mean reward of the last 3 steps reached the target."""
@@ -95,17 +133,20 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        bound = self.options.max_staleness
-        seen = self.max_staleness_seen
-        within = seen == 0 if bound is None else seen <= bound
-        return self.error is None and self.ledger is not None and self.ledger.ok and within
+        return self.error is None and self.ledger is not None and self.ledger.ok and self.within_bound()
 
 
 def queue_config(options: DemoOptions) -> QueueConfig:
-    """Admission control at ``batch_groups``: generation runs at most max_staleness + 1 batches ahead."""
+    """Admission control at ``batch_groups``: generation runs at most max_staleness + 1 batches ahead.
+    ``staleness_mode`` only when given: otherwise the queue's default, as a user's queue would have.
+    ``worker_timeout_s`` 3 s when a worker is to be killed (the recovery shows within seconds), else
+    10 s: with no kill planned (``--compare``), a worker starved of its CPU by other work on a shared
+    machine is not dead (a --compare run here lost both workers at load average 10 with 3 s)."""
+    mode = QueueConfig.staleness_mode if options.staleness_mode is None else options.staleness_mode
+    silence = 3.0 if options.kill_worker_after else 10.0
     return QueueConfig(max_staleness=options.max_staleness, batch_groups=options.batch_groups,
-                       max_completed_groups=4 * options.batch_groups, worker_timeout_s=3.0, lease_timeout_s=120.0,
-                       hold_timeout_s=options.worker_start_timeout_s + 60)
+                       max_completed_groups=4 * options.batch_groups, worker_timeout_s=silence, lease_timeout_s=120.0,
+                       hold_timeout_s=options.worker_start_timeout_s + 60, staleness_mode=mode)
 
 
 def _thread(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
@@ -144,7 +185,8 @@ class DemoRun:
         stats_q = self.queue()
         bound = o.max_staleness
         facts = {"queue": self.name, "redis": o.url, "engine": f"{o.engine} x{o.workers}",
-                 "mode": "strictly on-policy" if bound is None else f"async, max_staleness {bound}"}
+                 "mode": "strictly on-policy" if bound is None else
+                 f"async, max_staleness {bound}, staleness_mode {self.result.staleness_mode}"}
         dashboard = Dashboard(self.console, f"rollout-queue demo: GRPO on a tiny model ({o.label})", facts,
                               self.state, self.events, self.fleet, stats_q.stats, o.steps, bound).start()
         threads: list[threading.Thread] = []
@@ -202,7 +244,12 @@ class DemoRun:
         path = task.write_dataset(o.run_dir / self.name / "prompts.jsonl", o.steps * o.batch_groups, o.seed)
         plan = ProducePlan(name="demo", n=o.n, prompt_field="prompt", shuffle=True, seed=o.seed,
                            metadata_fields=task.metadata_fields)
-        return load_records(path), plan, AutoTokenizer.from_pretrained(o.model_dir)
+        records = load_records(path)
+        if task.is_long is not None:
+            builder = GroupBuilder(plan, records)
+            groups = (builder.group(k) for k in range(builder.total))
+            self.result.long_sources = frozenset(g.source_id for g in groups if task.is_long(g.metadata))
+        return records, plan, AutoTokenizer.from_pretrained(o.model_dir)
 
     def _produce(self, records: Any, plan: ProducePlan, tokenizer: Any) -> None:
         report = run_producer(self.queue(), records, plan, max_backlog=4 * self.o.batch_groups,
@@ -273,6 +320,8 @@ class DemoRun:
             os.sched_setaffinity(0, self._affinity)
         stats = q.stats()
         self.result.lost_attempts = stats.terminals["lost"]
+        self.result.stale_evictions = stats.evictions.get("stale", 0)
+        self.result.tokens_per_trained = stats.waste.per_trained
         client = redis.Redis.from_url(self.o.url)
         try:
             trained = [e for r in self.result.records for e in r.entry_ids]

@@ -1,4 +1,5 @@
-"""The demo's tasks: ``digits`` (the default, below) and ``tools`` (multi-turn, tools_task.py).
+"""The demo's tasks: ``digits`` (the default, below), ``tools`` (multi-turn, tools_task.py) and
+``tools-heavy`` (``tools`` with a slow tool on about one prompt in ten: a heavy-tailed workload).
 
 The ``digits`` task: teach a randomly initialised tiny model to answer in digits.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import orjson
@@ -65,6 +67,8 @@ class DemoTask:
     env: str | None = None                          # the workers' --env
     steps: int = 80                                 # default optimizer steps
     max_tokens: int = 16                            # default tokens per model turn
+    #: whether a group (by its metadata) is one of a heavy-tailed task's long ones; None: none is
+    is_long: Callable[[Mapping[str, Any]], bool] | None = None
 
     def worker_args(self, max_tokens: int) -> list[str]:
         """The task's worker options beyond the demo's own (a multi-turn task's environment and limits)."""
@@ -73,17 +77,25 @@ class DemoTask:
         return ["--env", self.env, "--max-turns", "2", "--trajectory-tokens", str(2 * max_tokens + 64)]
 
 
-def _tools() -> DemoTask:
+def _tools(heavy: bool) -> DemoTask:
     from rollout_queue.demo import tools_task
 
+    if heavy:
+        return DemoTask("tools-heavy", tools_task.HEAVY_TASK,
+                        lambda path, count, seed: tools_task.write_dataset(path, count, seed, heavy=True),
+                        ("id", "mode", "tool_s"), None, 0.8, tools_task.METRIC, tools_task.HEAVY_ENV_SPEC,
+                        steps=120, max_tokens=3, is_long=tools_task.is_long)
     return DemoTask("tools", tools_task.TASK, tools_task.write_dataset, ("id", "mode"), None, 0.8,
                     tools_task.METRIC, tools_task.ENV_SPEC, steps=120, max_tokens=3)
 
 
+TASKS = ("digits", "tools", "tools-heavy")
+
+
 def demo_task(name: str) -> DemoTask:
-    """The task called ``name`` (``digits`` or ``tools``); ValueError for any other."""
+    """The task called ``name`` (one of TASKS); ValueError for any other."""
     if name == "digits":
         return DemoTask("digits", TASK, lambda path, count, seed: write_dataset(path, count), ("id",), REWARD_SPEC, 0.8)
-    if name == "tools":
-        return _tools()
-    raise ValueError(f"unknown demo task {name!r}: choose digits or tools")
+    if name in ("tools", "tools-heavy"):
+        return _tools(name == "tools-heavy")
+    raise ValueError(f"unknown demo task {name!r}: choose {', '.join(TASKS)}")

@@ -16,13 +16,22 @@ within a demo's few dozen steps (continue in the class it just read); the first 
 repeat a secret digit, which a 2-layer model from random weights did not learn in 80 steps (it
 settled on one favourite digit: 0.1 of the answers right, chance).
 
-Imported by the worker processes (``--env rollout_queue.demo.tools_task:ModeTool``), so it must stay
-importable without torch.
+``--task tools-heavy`` is the same task with a heavy tail: the tool answers about one prompt in ten
+(``LONG_SHARE``) 10-30x slower than the median (``MEDIAN_TOOL_S``), the latency drawn per prompt from
+the seed and carried in the group's metadata (``tool_s``), so a long trajectory's two model turns lie
+several policy versions apart, as an agent's slow tool call (a test suite, a web search) does. It is
+what the queue's staleness modes and fairness rule are for: on-policy, the trainer waits for the
+slowest trajectory of every batch; async, short work keeps it fed while the long ones run.
+
+Imported by the worker processes (``--env rollout_queue.demo.tools_task:ModeTool``, or
+``:SlowModeTool``), so it must stay importable without torch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +40,12 @@ import orjson
 from rollout_queue.workers.environments import ModelTurn, Step
 
 ENV_SPEC = "rollout_queue.demo.tools_task:ModeTool"
+HEAVY_ENV_SPEC = "rollout_queue.demo.tools_task:SlowModeTool"
+HEAVY_TASK = ("tools-heavy: the tools task with a heavy-tailed tool: about one prompt in ten waits 10-30x the "
+              "median tool latency between its two model turns, so it spans several policy versions")
+MEDIAN_TOOL_S = 0.15  # a short prompt's tool latency is drawn from 0.5-1.5x this (its median)
+LONG_SHARE = 0.1      # the share of prompts whose tool is slow
+LONG_FACTOR = (10.0, 30.0)  # a slow tool's latency, in medians (1.5-4.5 s: under the worker's 30 s step deadline)
 TASK = ("tools: ask a tool in what to answer (digits or letters, hidden in its reply), then answer in it; "
         "reward = share of the answer in the asked class (ignoring the tool: 0.5 at most); only the model's "
         "turns are trained")
@@ -78,17 +93,67 @@ class ModeTool:
         return Step(reward=wanted, done=True, info={"metric": 1.0 if wanted > unwanted else 0.0})
 
 
-def records(count: int, seed: int = 0) -> list[dict[str, Any]]:
-    """The task's first ``count`` prompt records: ``{"id", "prompt", "mode"}``."""
+class SlowModeTool:
+    """``ModeTool`` behind a tool that takes the group's ``tool_s`` seconds to answer (``--task tools-heavy``).
+
+    The wait is ``asyncio.sleep`` (the runtime awaits an ``async`` step on its loop), so a slow tool
+    holds no thread and stalls neither generation nor the heartbeat, as a real remote tool call would
+    not. The latency is recorded in the step's info, so a trained sample shows what it waited for."""
+
+    def __init__(self) -> None:
+        self.tool = ModeTool()
+        self.tool_s = 0.0
+
+    def reset(self, group: Any, slot: int) -> None:
+        self.tool.reset(group, slot)
+        tool_s = group.metadata.get("tool_s")
+        if isinstance(tool_s, bool) or not isinstance(tool_s, (int, float)) or not 0 <= tool_s < 30:
+            raise ValueError(f"group {group.source_id!r} has no metadata['tool_s'] (the tool's latency in seconds, "
+                             "0 to 30): write its dataset with tools_task.write_dataset(..., heavy=True)")
+        self.tool_s = float(tool_s)
+
+    async def step(self, turn: ModelTurn) -> Step:
+        answer = self.tool.step(turn)
+        if turn.index != 0:
+            return answer
+        await asyncio.sleep(self.tool_s)
+        return Step(observation=answer.observation, info={"tool": "mode", "tool_s": round(self.tool_s, 3)})
+
+
+def tool_latency(seed: int, index: int) -> float:
+    """Prompt ``index``'s tool latency in seconds: its own seeded draw, so the same prompts are slow in
+    every run and mode of one seed (and adding prompts changes no earlier prompt's)."""
+    rng = random.Random(f"tool-latency:{seed}:{index}")
+    if rng.random() < LONG_SHARE:
+        return round(MEDIAN_TOOL_S * rng.uniform(*LONG_FACTOR), 3)
+    return round(MEDIAN_TOOL_S * rng.uniform(0.5, 1.5), 3)
+
+
+def is_long(metadata: Mapping[str, Any]) -> bool:
+    """Whether a group's tool is one of the slow ones (at least LONG_FACTOR[0] medians)."""
+    tool_s = metadata.get("tool_s")
+    return isinstance(tool_s, (int, float)) and tool_s >= MEDIAN_TOOL_S * LONG_FACTOR[0]
+
+
+def records(count: int, seed: int = 0, heavy: bool = False) -> list[dict[str, Any]]:
+    """The task's first ``count`` prompt records: ``{"id", "prompt", "mode"}``, and ``tool_s`` (the
+    tool's latency) when ``heavy``; the modes are the same either way."""
     rng = random.Random(seed)
-    return [{"id": f"t{i}", "prompt": _QUESTIONS[i % len(_QUESTIONS)].format(i=i), "mode": rng.choice(sorted(MODES))}
-            for i in range(count)]
+    out: list[dict[str, Any]] = []
+    for i in range(count):
+        record: dict[str, Any] = {"id": f"t{i}", "prompt": _QUESTIONS[i % len(_QUESTIONS)].format(i=i),
+                                  "mode": rng.choice(sorted(MODES))}
+        if heavy:
+            record["tool_s"] = tool_latency(seed, i)
+        out.append(record)
+    return out
 
 
-def write_dataset(path: Path, count: int, seed: int = 0) -> Path:
-    """``count`` records as JSONL, the producer's input (``mode`` rides in each group's metadata)."""
+def write_dataset(path: Path, count: int, seed: int = 0, heavy: bool = False) -> Path:
+    """``count`` records as JSONL, the producer's input (``mode``, and ``tool_s`` when ``heavy``, ride in
+    each group's metadata)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        for record in records(count, seed):
+        for record in records(count, seed, heavy):
             f.write(orjson.dumps(record) + b"\n")
     return path
