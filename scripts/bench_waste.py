@@ -69,7 +69,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from rollout_queue.workers.environments import ModelTurn, Step
 
@@ -166,11 +166,15 @@ WORKLOADS = {"heavy": Workload("bench_waste:Turns", heavy_records, 30),
 
 @dataclass(frozen=True)
 class Arm:
-    """One configuration. ``queue``: QueueConfig fields over the bench's own; ``admission``: admission
-    control sized from the lease (``batch_groups``) under the staleness bound."""
+    """One configuration. ``weights_mode``: the workers' ``--weights-mode`` (None: not passed, the
+    worker's own default). ``queue``: QueueConfig fields over the bench's own (``staleness_mode``,
+    ``max_stale_evictions``, ...: any field, as JSON). ``admission``: admission control off (False),
+    ``batch_groups`` = the lease size under the staleness bound (True), or ``"derived"``: left DERIVED,
+    the QueueConfig default, and sized by the trainer as the trainer-side helpers do
+    (``integrations.stream.derive_admission``, the groups it commits per published version)."""
 
-    weights_mode: str = "abort"
-    admission: bool = False
+    weights_mode: str | None = "abort"
+    admission: bool | Literal["derived"] = False
     updates: bool = True
     queue: Mapping[str, Any] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
@@ -179,12 +183,27 @@ class Arm:
     listed: bool = True
 
 
+#: Every arm but ``new-default`` names what it depends on, so a later change of a default does not
+#: change what an arm measures; ``new-default`` is the shipped defaults of a trainer-created queue,
+#: whatever they are when it runs (each row records the settings in force: ``config``).
 ARMS: dict[str, Arm] = {
     "reference": Arm(updates=False),
-    "default": Arm(),  # today's defaults: --weights-mode abort, no admission control
-    "continue": Arm(weights_mode="continue"),
-    "keep-kv": Arm(weights_mode="keep-kv", engines=("vllm",)),
-    "admission": Arm(admission=True),
+    # What shipped before issue 30: abort mode, no admission control, no fairness rule.
+    "old-default": Arm(queue={"max_stale_evictions": 0}),
+    # Issue 30's staleness modes (DESIGN: Staleness modes), each with continue mode and admission control.
+    "fair-drop": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "drop", "max_stale_evictions": 2}),
+    "modes-continue": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "continue"}),
+    "modes-pace": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "pace"}),
+    # The shipped defaults: the worker's --weights-mode, batch_groups DERIVED and derived by the
+    # trainer, QueueConfig's staleness_mode and max_stale_evictions.
+    "new-default": Arm(weights_mode=None, admission="derived"),
+    # Earlier arms (issue 30's baseline table), run when named; without the fairness rule, as then.
+    "continue": Arm(weights_mode="continue", queue={"max_stale_evictions": 0}, listed=False),
+    "keep-kv": Arm(weights_mode="keep-kv", queue={"max_stale_evictions": 0}, engines=("vllm",), listed=False),
+    "admission": Arm(admission=True, queue={"max_stale_evictions": 0}, listed=False),
+    # fair-drop without the fairness rule: what the rule itself changes.
+    "drop-k0": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "drop", "max_stale_evictions": 0},
+                   listed=False),
     # Partial rollouts (issue 30 section 1): abort mode, progress records off, then on.
     "abort": Arm(weights_mode="abort", queue={"max_partial_bytes": 0}, listed=False),
     "abort-partial": Arm(weights_mode="abort", listed=False),
@@ -271,10 +290,26 @@ def worker_argv(cell: Cell, queue: str, index: int) -> list[str]:
     workload = WORKLOADS[cell.workload]
     turns = ["--env", workload.env, "--max-turns", str(workload.max_turns)] if workload.env else []
     tokens = cell.sizes.turn_tokens * (1 if workload.env else SINGLE_TURNS)
+    weights_mode = [] if cell.arm.weights_mode is None else ["--weights-mode", cell.arm.weights_mode]
     return [sys.executable, "-m", "rollout_queue.workers", "--url", cell.url, "--queue", queue,
             "--worker-id", f"{queue}-w{index}", "--engine", cell.engine, "--json-logs", "--seed", "0",
-            "--temperature", "1.0", "--max-tokens", str(tokens), *turns, "--weights-mode", cell.arm.weights_mode,
+            "--temperature", "1.0", "--max-tokens", str(tokens), *turns, *weights_mode,
             "--drain-timeout", "60", "--block-ms", "250", *engine_args(cell), *cell.arm.worker_args]
+
+
+def queue_config(arm: Arm, sizes: Sizes) -> Any:
+    """The arm's QueueConfig: the bench's bounds (``max_staleness``, short worker and long lease
+    timeouts), its admission setting, then the arm's ``queue`` fields over them. Raises InvalidInput
+    (a ValueError) for a combination QueueConfig refuses (``pace`` with admission off)."""
+    from rollout_queue import QueueConfig
+    from rollout_queue.core.config import DERIVED
+
+    if arm.admission not in (True, False, "derived"):
+        raise ValueError(f"admission must be true, false or \"derived\", got {arm.admission!r}")
+    admission = {True: sizes.batch_groups, False: None, "derived": DERIVED}[arm.admission]
+    base: dict[str, Any] = {"max_staleness": sizes.max_staleness, "worker_timeout_s": 10.0,
+                            "lease_timeout_s": 300.0, "batch_groups": admission}
+    return QueueConfig(**{**base, **arm.queue})
 
 
 def parse_arm(spec: str) -> tuple[str, Arm]:
@@ -324,6 +359,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown {', '.join(sorted(unknown))} (arms: {', '.join(arms)}; engines at these sizes: "
                  f"{', '.join(a.sizes.engines)}; workloads: {', '.join(WORKLOADS)})")
+    for name in chosen:  # a config the queue refuses fails here, not after the arms before it ran
+        try:
+            queue_config(arms[name], a.sizes)
+        except (ValueError, TypeError) as exc:  # InvalidInput is a ValueError; TypeError: no such field
+            ap.error(f"arm {name}: {exc}")
     a.arm_list = [(name, arms[name]) for name in sorted(chosen, key=lambda x: x != "reference")]
     return a
 

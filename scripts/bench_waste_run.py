@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import percentile
-from bench_waste import WORKLOADS, Cell
+from bench_waste import WORKLOADS, Arm, Cell, queue_config
 
 from rollout_queue import CompletedGroup, QueueConfig, RolloutQueue
 from rollout_queue.demo.fleet import WorkerProcess
+from rollout_queue.integrations.stream import derive_admission
 from rollout_queue.ops.reaper import run_reaper
 from rollout_queue.rl.producer import GroupBuilder, ProducePlan, ProduceReport, load_records, run_producer
 
@@ -53,6 +54,8 @@ class Record:
     leftover_groups: int = 0
     leftover_tokens: int = 0
     evictions: dict[str, int] = field(default_factory=dict)
+    admission_waits: int = 0  # reserves admission control sent away with nothing (the queue's counter)
+    config: dict[str, Any] = field(default_factory=dict)  # the settings in force (effective_config)
     steps: int = 0
     wall_s: float = 0.0
     stalled: bool = False
@@ -102,15 +105,12 @@ class ArmRun:
         self.queues.append(q)
         return q
 
-    def config(self) -> QueueConfig:
-        s, arm = self.cell.sizes, self.cell.arm
-        base: dict[str, Any] = {"max_staleness": s.max_staleness, "worker_timeout_s": 10.0, "lease_timeout_s": 300.0,
-                                "batch_groups": s.batch_groups if arm.admission else None}
-        return QueueConfig(**{**base, **arm.queue})
-
     def run(self) -> Record:
-        q = self.queue(self.config())
+        q = self.queue(queue_config(self.cell.arm, self.cell.sizes))
         hold = q.hold(timeout_s=600, reason="bench: until every worker is up")
+        if self.cell.arm.admission == "derived":  # as TrainingStream does: the groups per published version
+            derive_admission(q, self.cell.sizes.batch_groups)
+        self.record.config = effective_config(q.config, self.cell.arm)
         records, plan, builder = self.dataset()
         self.fleet = fleet = self.start_fleet()
         threads: list[threading.Thread] = []
@@ -129,7 +129,9 @@ class ArmRun:
             self.count_leftover(q)
             for t in threads:
                 t.join(30)
-            self.record.evictions = dict(q.stats().evictions)
+            stats = q.stats()
+            self.record.evictions = dict(stats.evictions)
+            self.record.admission_waits = int(stats.counters.get("admission_waits", 0))
             for each in self.queues:
                 each.close()
         return self.record
@@ -238,6 +240,19 @@ class ArmRun:
             lease.rollback()
 
 
+def effective_config(config: QueueConfig, arm: Arm) -> dict[str, Any]:
+    """What an arm really runs with, as the queue and the workers see it (an arm that leaves a setting
+    to its default gets whatever the default is today): the workers' weights mode, and the queue's
+    admission, staleness mode, fairness bound and progress-record limit once the trainer sized it."""
+    from rollout_queue.workers.cli import defaults
+
+    return {"weights_mode": arm.weights_mode or str(defaults()["weights_mode"]),
+            "batch_groups": config.batch_groups if isinstance(config.batch_groups, int) or config.batch_groups is None
+            else str(config.batch_groups),  # DERIVED: not sized (derive_admission was refused or unanswered)
+            "staleness_mode": config.staleness_mode, "max_stale_evictions": config.max_stale_evictions,
+            "max_staleness": config.max_staleness, "max_partial_bytes": config.max_partial_bytes}
+
+
 def trained(g: CompletedGroup, step: int) -> Trained:
     return Trained(g.group.source_id, str(g.group.metadata.get("kind", "short")), step,
                    [s.model_tokens for s in g.samples])
@@ -283,8 +298,9 @@ def row(cell: Cell, rec: Record, reference: list[int] | None) -> dict[str, Any]:
     first_long = [sid for sid in rec.first if rec.kinds.get(sid) == "long"]
     return {
         "engine": cell.engine, "workload": cell.workload, "arm": cell.arm_name,
-        "weights_mode": cell.arm.weights_mode, "admission": cell.arm.admission, "updates": cell.arm.updates,
-        "queue": dict(cell.arm.queue), "worker_args": list(cell.arm.worker_args),
+        "weights_mode": rec.config.get("weights_mode", cell.arm.weights_mode), "admission": cell.arm.admission,
+        "updates": cell.arm.updates, "queue": dict(cell.arm.queue), "worker_args": list(cell.arm.worker_args),
+        "config": rec.config, "admission_waits": rec.admission_waits,
         "steps": rec.steps, "versions": rec.versions, "wall_s": rec.wall_s,
         "s_per_step": rec.wall_s / rec.steps if rec.steps else float("nan"),
         "trained_groups": len(rec.trained), "trained_tokens": trained_tokens,
