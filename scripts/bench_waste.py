@@ -10,13 +10,20 @@ closed until every worker is up. After the last step the producer stops, the wor
 (SIGTERM: what is in flight finishes into the buffer) and whatever fresh completion is still
 buffered is *left over*: leased once more (a lease evicts what went stale) and rolled back.
 
-Arms differ by configuration only (``ARMS``; ``--arm NAME=JSON`` adds one): the workers'
-``--weights-mode`` and any other worker options, changes to the queue's config (``admission``:
-``batch_groups`` = the lease size, under the staleness bound) and whether versions are published.
+Arms differ by configuration only (``ARMS``; ``--arm NAME=JSON`` adds one, its fields as JSON): the
+workers' ``--weights-mode`` (null: the worker's default) and any other worker options, the queue's
+config (``queue``: any QueueConfig field, ``staleness_mode`` and ``max_stale_evictions`` included;
+``admission``: ``batch_groups`` = the lease size under the staleness bound, or ``"derived"``: left to
+the trainer, which sizes it as TrainingStream does) and whether versions are published. Every arm
+but ``new-default`` names each setting it depends on, so a later change of a default leaves what it
+measures alone: ``old-default`` is what shipped before issue 30 (abort, no admission control, no
+fairness rule); ``fair-drop``, ``modes-continue`` and ``modes-pace`` run continue mode with admission
+control under each staleness mode; ``new-default`` sets nothing, so it runs whatever a trainer-created
+queue gets today. Each row records the settings in force (``config``).
 ``reference`` publishes none: nothing is aborted, goes stale or is evicted, and it trains on until
 every one of the plan's first ``steps x batch_groups`` groups is trained; their lengths are what the
 other arms' trained lengths are compared with (the same prompts, no updates). keep-kv runs on vLLM
-only: the torch engine keeps its KV in every mode and the scripted engine has none.
+only (when named): the torch engine keeps its KV in every mode and the scripted engine has none.
 
 Workloads, multi-turn so that every engine runs them (``--env``, the classes below):
 ``heavy``: one group in ten is 10-30 model turns, the others one (10-30x the median length);
@@ -35,6 +42,10 @@ Figures per arm (bench_tables.py renders them into docs/PERFORMANCE.md):
   filtered, stale receipts). With progress records (``abort-partial``) an aborted attempt's tokens are
   continued, not thrown away: they count under ``aborted`` when generated and are trained later, so
   ``evicted`` (completed tokens less those trained) goes negative by as much; ``gen/trained`` is exact.
+- ``past bound``: the trained model tokens generated more than ``max_staleness`` versions before the
+  version their lease was taken at (per token, by ``Sample.token_versions``), per trained token: what
+  the trainer has to mask or importance-correct (``grpo_loss``'s ``stale_tokens``, the same rule). 0
+  in ``drop`` mode without the fairness rule; ``continue`` and ``pace`` trade eviction for these.
 - ``KS``: the two-sample Kolmogorov-Smirnov distance between the trained samples' lengths (model
   tokens) and the reference's lengths of the plan's first ``steps x batch_groups`` groups;
   ``long decile``: the share of trained samples at or above the reference's 90th percentile length,
@@ -43,6 +54,8 @@ Figures per arm (bench_tables.py renders them into docs/PERFORMANCE.md):
   trained it, max and p99 over the groups trained; ``never``: of the plan's first ``steps x
   batch_groups`` groups (what a waste-free FIFO run trains), those not trained by the end; ``long``:
   of the long ones among them, those trained.
+- ``admission waits``: the queue's ``admission_waits`` counter at the end, reserves admission control
+  sent away with nothing (how often generation waited for training; 0 without admission control).
 
 Tokens count over an arm's whole run; lengths, waits and groups never trained over its first
 ``steps`` steps (the reference trains on past them only for its lengths). An arm whose trainer has
@@ -50,9 +63,10 @@ not done its steps after twice their own time plus a minute is ended there, ``st
 workers all exited ends at once, and a worker that did not drain cleanly shows its exit code.
 
     python scripts/bench_waste.py --results benchmarks/results.json   # full run (~12 min on 2 cores)
-    python scripts/bench_waste.py --quick                             # scripted arms only, < 1 min
-    python scripts/bench_waste.py --engines scripted --arms reference,default --steps 20
-    python scripts/bench_waste.py --arm 'pace={"weights_mode": "continue", "queue": {"batch_groups": 4}}'
+    python scripts/bench_waste.py --quick                             # scripted arms only, ~1 min
+    python scripts/bench_waste.py --engines scripted --arms reference,old-default,new-default --steps 20
+    python scripts/bench_waste.py --arm 'pace-k0={"weights_mode": "continue", "admission": true,
+                                           "queue": {"staleness_mode": "pace", "max_stale_evictions": 0}}'
     python scripts/bench_waste.py --quick --workloads single --arms reference,abort,abort-partial
 
 vLLM's throughput through the queue with a version every 2 s is scripts/bench_engine.py's
@@ -71,7 +85,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from rollout_queue.workers.environments import ModelTurn, Step
+#: This checkout's package, here and in the workers (run_cells puts it on their PYTHONPATH): an
+#: installed rollout_queue of another version would disagree with the queue's stored library.
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from rollout_queue.workers.environments import ModelTurn, Step  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a bar per published version otherwise
@@ -191,7 +211,8 @@ ARMS: dict[str, Arm] = {
     # What shipped before issue 30: abort mode, no admission control, no fairness rule.
     "old-default": Arm(queue={"max_stale_evictions": 0}),
     # Issue 30's staleness modes (DESIGN: Staleness modes), each with continue mode and admission control.
-    "fair-drop": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "drop", "max_stale_evictions": 2}),
+    "fair-drop": Arm(weights_mode="continue", admission=True,
+                     queue={"staleness_mode": "drop", "max_stale_evictions": 2}),
     "modes-continue": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "continue"}),
     "modes-pace": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "pace"}),
     # The shipped defaults: the worker's --weights-mode, batch_groups DERIVED and derived by the

@@ -28,6 +28,7 @@ from rollout_queue.demo.fleet import WorkerProcess
 from rollout_queue.integrations.stream import derive_admission
 from rollout_queue.ops.reaper import run_reaper
 from rollout_queue.rl.producer import GroupBuilder, ProducePlan, ProduceReport, load_records, run_producer
+from rollout_queue.rl.trainer import staleness_bound
 
 #: An arm that has not trained its steps after twice their own time plus this many seconds is called
 #: stalled and ended there (its row says so): generation that never delivers must not hold the run.
@@ -40,6 +41,7 @@ class Trained:
     kind: str
     step: int
     lengths: list[int]
+    past_bound: int = 0  # model tokens more than max_staleness versions behind the lease's version
 
 
 @dataclass
@@ -191,6 +193,7 @@ class ArmRun:
         """Lease, "train", commit, publish, for ``steps`` steps; the reference goes on until it has
         trained the plan's first groups. Ends early, stalled, past its time budget (STALL_S)."""
         s, spec = self.cell.sizes, self.cell.spec
+        bound = staleness_bound(q)  # as grpo_loss judges a token
         deadline = time.monotonic() + 2 * s.steps * spec.train_s + STALL_S
         while self.step < s.steps or (not self.cell.arm.updates and not self.covered()):
             if time.monotonic() > deadline:
@@ -202,7 +205,7 @@ class ArmRun:
                     break  # no worker left to generate: the exit codes say why
                 continue
             for g in lease.groups:
-                self.record.trained.append(trained(g, self.step))
+                self.record.trained.append(trained(g, self.step, lease.version, bound))
             time.sleep(spec.train_s)  # the optimizer step: the pace generation has to keep
             lease.commit()
             self.step += 1
@@ -253,9 +256,13 @@ def effective_config(config: QueueConfig, arm: Arm) -> dict[str, Any]:
             "max_staleness": config.max_staleness, "max_partial_bytes": config.max_partial_bytes}
 
 
-def trained(g: CompletedGroup, step: int) -> Trained:
+def trained(g: CompletedGroup, step: int, version: int, bound: int) -> Trained:
+    """A leased group as trained at ``step``; ``past_bound`` counts its model tokens generated more than
+    ``bound`` versions before the lease's ``version`` (per token, by ``Sample.token_versions``): the
+    ones a trainer masks or importance-corrects (grpo_loss's ``stale_tokens``, the same rule)."""
+    past = sum(1 for s in g.samples for v, m in zip(s.token_versions, s.loss_mask) if m and version - v > bound)
     return Trained(g.group.source_id, str(g.group.metadata.get("kind", "short")), step,
-                   [s.model_tokens for s in g.samples])
+                   [s.model_tokens for s in g.samples], past)
 
 
 # -- figures ------------------------------------------------------------------------------------------
@@ -311,6 +318,7 @@ def row(cell: Cell, rec: Record, reference: list[int] | None) -> dict[str, Any]:
         # completed tokens neither trained nor left over: evicted (stale, overflow, a lease's eviction)
         "evicted_per_trained": per(completed - trained_tokens - rec.leftover_tokens),
         "other_per_trained": per(generated - completed - aborted), "evictions": rec.evictions,
+        "past_bound_per_trained": per(sum(t.past_bound for t in rec.trained)),
         "ks": ks_distance(lengths, reference) if reference else float("nan"),
         "long_decile": decile_share(lengths, reference) if reference else float("nan"),
         "wait_max": max(waits, default=0), "wait_p99": percentile([float(w) for w in waits], 99),
@@ -328,8 +336,10 @@ def run_cells(a: Any) -> list[dict[str, Any]]:
 
     from rollout_queue.devtools.local_server import LocalServer
 
-    # The workers import this directory's bench_waste for their --env.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    # The workers import this directory's bench_waste for their --env, and this checkout's package
+    # (as this process does: bench_waste.REPO), wherever they run.
+    here = Path(__file__).resolve().parent
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), str(here.parent), os.environ.get("PYTHONPATH")]))
     rows: list[dict[str, Any]] = []
     with LocalServer(a.kind, appendfsync="everysec") as server, tempfile.TemporaryDirectory(prefix="bench-waste-") as d:
         if a.keep:
