@@ -62,7 +62,7 @@ Tokens count over an arm's whole run; lengths, waits and groups never trained ov
 not done its steps after twice their own time plus a minute is ended there, ``stalled``; one whose
 workers all exited ends at once, and a worker that did not drain cleanly shows its exit code.
 
-    python scripts/bench_waste.py --results benchmarks/results.json   # full run (~12 min on 2 cores)
+    python scripts/bench_waste.py --results benchmarks/results.json   # full run (~18 min on 2 shared cores)
     python scripts/bench_waste.py --quick                             # scripted arms only, ~1 min
     python scripts/bench_waste.py --engines scripted --arms reference,old-default,new-default --steps 20
     python scripts/bench_waste.py --arm 'pace-k0={"weights_mode": "continue", "admission": true,
