@@ -267,7 +267,8 @@ def render_weights(results: dict[str, Any]) -> str:
 # -- scripts/bench_waste.py ------------------------------------------------------------------------
 
 WASTE_HEAD = ("engine", "workload", "arm", "steps", "s/step", "trained tokens", "gen / trained", "aborted",
-              "evicted", "other", "KS", "long decile", "wait max", "wait p99", "never trained", "long trained")
+              "evicted", "other", "past bound", "KS", "long decile", "wait max", "wait p99", "never trained",
+              "long trained", "admission waits")
 
 
 def waste_cells(r: dict[str, Any]) -> list[str]:
@@ -283,9 +284,10 @@ def waste_cells(r: dict[str, Any]) -> list[str]:
              + (f" (worker exit {', '.join(map(str, exits))})" if exits else ""))
     return [r["engine"], r["workload"], r["arm"] + flags, str(r["steps"]), f(r["s_per_step"]),
             f"{r['trained_tokens']:,}", f(r["gen_per_trained"]), f(r["aborted_per_trained"]),
-            f(r["evicted_per_trained"]), f(r["other_per_trained"]), f(r["ks"]), f(r["long_decile"]),
+            f(r["evicted_per_trained"]), f(r["other_per_trained"]),
+            f(r.get("past_bound_per_trained", float("nan"))), f(r["ks"]), f(r["long_decile"]),
             str(r["wait_max"]), f(r["wait_p99"], 1), str(r["never_trained"]),
-            f"{r['long_trained']} / {r['long_first']}"]
+            f"{r['long_trained']} / {r['long_first']}", str(r.get("admission_waits", "n/a"))]
 
 
 def render_waste(results: dict[str, Any]) -> str:

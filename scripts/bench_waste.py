@@ -10,13 +10,20 @@ closed until every worker is up. After the last step the producer stops, the wor
 (SIGTERM: what is in flight finishes into the buffer) and whatever fresh completion is still
 buffered is *left over*: leased once more (a lease evicts what went stale) and rolled back.
 
-Arms differ by configuration only (``ARMS``; ``--arm NAME=JSON`` adds one): the workers'
-``--weights-mode`` and any other worker options, changes to the queue's config (``admission``:
-``batch_groups`` = the lease size, under the staleness bound) and whether versions are published.
+Arms differ by configuration only (``ARMS``; ``--arm NAME=JSON`` adds one, its fields as JSON): the
+workers' ``--weights-mode`` (null: the worker's default) and any other worker options, the queue's
+config (``queue``: any QueueConfig field, ``staleness_mode`` and ``max_stale_evictions`` included;
+``admission``: ``batch_groups`` = the lease size under the staleness bound, or ``"derived"``: left to
+the trainer, which sizes it as TrainingStream does) and whether versions are published. Every arm
+but ``new-default`` names each setting it depends on, so a later change of a default leaves what it
+measures alone: ``old-default`` is what shipped before issue 30 (abort, no admission control, no
+fairness rule); ``fair-drop``, ``modes-continue`` and ``modes-pace`` run continue mode with admission
+control under each staleness mode; ``new-default`` sets nothing, so it runs whatever a trainer-created
+queue gets today. Each row records the settings in force (``config``).
 ``reference`` publishes none: nothing is aborted, goes stale or is evicted, and it trains on until
 every one of the plan's first ``steps x batch_groups`` groups is trained; their lengths are what the
 other arms' trained lengths are compared with (the same prompts, no updates). keep-kv runs on vLLM
-only: the torch engine keeps its KV in every mode and the scripted engine has none.
+only (when named): the torch engine keeps its KV in every mode and the scripted engine has none.
 
 Workloads, multi-turn so that every engine runs them (``--env``, the classes below):
 ``heavy``: one group in ten is 10-30 model turns, the others one (10-30x the median length);
@@ -35,6 +42,10 @@ Figures per arm (bench_tables.py renders them into docs/PERFORMANCE.md):
   filtered, stale receipts). With progress records (``abort-partial``) an aborted attempt's tokens are
   continued, not thrown away: they count under ``aborted`` when generated and are trained later, so
   ``evicted`` (completed tokens less those trained) goes negative by as much; ``gen/trained`` is exact.
+- ``past bound``: the trained model tokens generated more than ``max_staleness`` versions before the
+  version their lease was taken at (per token, by ``Sample.token_versions``), per trained token: what
+  the trainer has to mask or importance-correct (``grpo_loss``'s ``stale_tokens``, the same rule). 0
+  in ``drop`` mode without the fairness rule; ``continue`` and ``pace`` trade eviction for these.
 - ``KS``: the two-sample Kolmogorov-Smirnov distance between the trained samples' lengths (model
   tokens) and the reference's lengths of the plan's first ``steps x batch_groups`` groups;
   ``long decile``: the share of trained samples at or above the reference's 90th percentile length,
@@ -43,16 +54,19 @@ Figures per arm (bench_tables.py renders them into docs/PERFORMANCE.md):
   trained it, max and p99 over the groups trained; ``never``: of the plan's first ``steps x
   batch_groups`` groups (what a waste-free FIFO run trains), those not trained by the end; ``long``:
   of the long ones among them, those trained.
+- ``admission waits``: the queue's ``admission_waits`` counter at the end, reserves admission control
+  sent away with nothing (how often generation waited for training; 0 without admission control).
 
 Tokens count over an arm's whole run; lengths, waits and groups never trained over its first
 ``steps`` steps (the reference trains on past them only for its lengths). An arm whose trainer has
 not done its steps after twice their own time plus a minute is ended there, ``stalled``; one whose
 workers all exited ends at once, and a worker that did not drain cleanly shows its exit code.
 
-    python scripts/bench_waste.py --results benchmarks/results.json   # full run (~12 min on 2 cores)
-    python scripts/bench_waste.py --quick                             # scripted arms only, < 1 min
-    python scripts/bench_waste.py --engines scripted --arms reference,default --steps 20
-    python scripts/bench_waste.py --arm 'pace={"weights_mode": "continue", "queue": {"batch_groups": 4}}'
+    python scripts/bench_waste.py --results benchmarks/results.json   # full run (~18 min on 2 shared cores)
+    python scripts/bench_waste.py --quick                             # scripted arms only, ~1 min
+    python scripts/bench_waste.py --engines scripted --arms reference,old-default,new-default --steps 20
+    python scripts/bench_waste.py --arm 'pace-k0={"weights_mode": "continue", "admission": true,
+                                           "queue": {"staleness_mode": "pace", "max_stale_evictions": 0}}'
     python scripts/bench_waste.py --quick --workloads single --arms reference,abort,abort-partial
 
 vLLM's throughput through the queue with a version every 2 s is scripts/bench_engine.py's
@@ -69,9 +83,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
-from rollout_queue.workers.environments import ModelTurn, Step
+#: This checkout's package, here and in the workers (run_cells puts it on their PYTHONPATH): an
+#: installed rollout_queue of another version would disagree with the queue's stored library.
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from rollout_queue.workers.environments import ModelTurn, Step  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a bar per published version otherwise
@@ -166,11 +186,15 @@ WORKLOADS = {"heavy": Workload("bench_waste:Turns", heavy_records, 30),
 
 @dataclass(frozen=True)
 class Arm:
-    """One configuration. ``queue``: QueueConfig fields over the bench's own; ``admission``: admission
-    control sized from the lease (``batch_groups``) under the staleness bound."""
+    """One configuration. ``weights_mode``: the workers' ``--weights-mode`` (None: not passed, the
+    worker's own default). ``queue``: QueueConfig fields over the bench's own (``staleness_mode``,
+    ``max_stale_evictions``, ...: any field, as JSON). ``admission``: admission control off (False),
+    ``batch_groups`` = the lease size under the staleness bound (True), or ``"derived"``: left DERIVED,
+    the QueueConfig default, and sized by the trainer as the trainer-side helpers do
+    (``integrations.stream.derive_admission``, the groups it commits per published version)."""
 
-    weights_mode: str = "abort"
-    admission: bool = False
+    weights_mode: str | None = "abort"
+    admission: bool | Literal["derived"] = False
     updates: bool = True
     queue: Mapping[str, Any] = field(default_factory=dict)
     worker_args: tuple[str, ...] = ()
@@ -179,12 +203,28 @@ class Arm:
     listed: bool = True
 
 
+#: Every arm but ``new-default`` names what it depends on, so a later change of a default does not
+#: change what an arm measures; ``new-default`` is the shipped defaults of a trainer-created queue,
+#: whatever they are when it runs (each row records the settings in force: ``config``).
 ARMS: dict[str, Arm] = {
     "reference": Arm(updates=False),
-    "default": Arm(),  # today's defaults: --weights-mode abort, no admission control
-    "continue": Arm(weights_mode="continue"),
-    "keep-kv": Arm(weights_mode="keep-kv", engines=("vllm",)),
-    "admission": Arm(admission=True),
+    # What shipped before issue 30: abort mode, no admission control, no fairness rule.
+    "old-default": Arm(queue={"max_stale_evictions": 0}),
+    # Issue 30's staleness modes (DESIGN: Staleness modes), each with continue mode and admission control.
+    "fair-drop": Arm(weights_mode="continue", admission=True,
+                     queue={"staleness_mode": "drop", "max_stale_evictions": 2}),
+    "modes-continue": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "continue"}),
+    "modes-pace": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "pace"}),
+    # The shipped defaults: the worker's --weights-mode, batch_groups DERIVED and derived by the
+    # trainer, QueueConfig's staleness_mode and max_stale_evictions.
+    "new-default": Arm(weights_mode=None, admission="derived"),
+    # Earlier arms (issue 30's baseline table), run when named; without the fairness rule, as then.
+    "continue": Arm(weights_mode="continue", queue={"max_stale_evictions": 0}, listed=False),
+    "keep-kv": Arm(weights_mode="keep-kv", queue={"max_stale_evictions": 0}, engines=("vllm",), listed=False),
+    "admission": Arm(admission=True, queue={"max_stale_evictions": 0}, listed=False),
+    # fair-drop without the fairness rule: what the rule itself changes.
+    "drop-k0": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "drop", "max_stale_evictions": 0},
+                   listed=False),
     # Partial rollouts (issue 30 section 1): abort mode, progress records off, then on.
     "abort": Arm(weights_mode="abort", queue={"max_partial_bytes": 0}, listed=False),
     "abort-partial": Arm(weights_mode="abort", listed=False),
@@ -271,10 +311,26 @@ def worker_argv(cell: Cell, queue: str, index: int) -> list[str]:
     workload = WORKLOADS[cell.workload]
     turns = ["--env", workload.env, "--max-turns", str(workload.max_turns)] if workload.env else []
     tokens = cell.sizes.turn_tokens * (1 if workload.env else SINGLE_TURNS)
+    weights_mode = [] if cell.arm.weights_mode is None else ["--weights-mode", cell.arm.weights_mode]
     return [sys.executable, "-m", "rollout_queue.workers", "--url", cell.url, "--queue", queue,
             "--worker-id", f"{queue}-w{index}", "--engine", cell.engine, "--json-logs", "--seed", "0",
-            "--temperature", "1.0", "--max-tokens", str(tokens), *turns, "--weights-mode", cell.arm.weights_mode,
+            "--temperature", "1.0", "--max-tokens", str(tokens), *turns, *weights_mode,
             "--drain-timeout", "60", "--block-ms", "250", *engine_args(cell), *cell.arm.worker_args]
+
+
+def queue_config(arm: Arm, sizes: Sizes) -> Any:
+    """The arm's QueueConfig: the bench's bounds (``max_staleness``, short worker and long lease
+    timeouts), its admission setting, then the arm's ``queue`` fields over them. Raises InvalidInput
+    (a ValueError) for a combination QueueConfig refuses (``pace`` with admission off)."""
+    from rollout_queue import QueueConfig
+    from rollout_queue.core.config import DERIVED
+
+    if arm.admission not in (True, False, "derived"):
+        raise ValueError(f"admission must be true, false or \"derived\", got {arm.admission!r}")
+    admission = {True: sizes.batch_groups, False: None, "derived": DERIVED}[arm.admission]
+    base: dict[str, Any] = {"max_staleness": sizes.max_staleness, "worker_timeout_s": 10.0,
+                            "lease_timeout_s": 300.0, "batch_groups": admission}
+    return QueueConfig(**{**base, **arm.queue})
 
 
 def parse_arm(spec: str) -> tuple[str, Arm]:
@@ -324,6 +380,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown {', '.join(sorted(unknown))} (arms: {', '.join(arms)}; engines at these sizes: "
                  f"{', '.join(a.sizes.engines)}; workloads: {', '.join(WORKLOADS)})")
+    for name in chosen:  # a config the queue refuses fails here, not after the arms before it ran
+        try:
+            queue_config(arms[name], a.sizes)
+        except (ValueError, TypeError) as exc:  # InvalidInput is a ValueError; TypeError: no such field
+            ap.error(f"arm {name}: {exc}")
     a.arm_list = [(name, arms[name]) for name in sorted(chosen, key=lambda x: x != "reference")]
     return a
 

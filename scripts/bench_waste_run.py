@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import percentile
-from bench_waste import WORKLOADS, Cell
+from bench_waste import WORKLOADS, Arm, Cell, queue_config
 
 from rollout_queue import CompletedGroup, QueueConfig, RolloutQueue
 from rollout_queue.demo.fleet import WorkerProcess
+from rollout_queue.integrations.stream import derive_admission
 from rollout_queue.ops.reaper import run_reaper
 from rollout_queue.rl.producer import GroupBuilder, ProducePlan, ProduceReport, load_records, run_producer
+from rollout_queue.rl.trainer import staleness_bound
 
 #: An arm that has not trained its steps after twice their own time plus this many seconds is called
 #: stalled and ended there (its row says so): generation that never delivers must not hold the run.
@@ -39,6 +41,7 @@ class Trained:
     kind: str
     step: int
     lengths: list[int]
+    past_bound: int = 0  # model tokens more than max_staleness versions behind the lease's version
 
 
 @dataclass
@@ -53,6 +56,8 @@ class Record:
     leftover_groups: int = 0
     leftover_tokens: int = 0
     evictions: dict[str, int] = field(default_factory=dict)
+    admission_waits: int = 0  # reserves admission control sent away with nothing (the queue's counter)
+    config: dict[str, Any] = field(default_factory=dict)  # the settings in force (effective_config)
     steps: int = 0
     wall_s: float = 0.0
     stalled: bool = False
@@ -102,15 +107,12 @@ class ArmRun:
         self.queues.append(q)
         return q
 
-    def config(self) -> QueueConfig:
-        s, arm = self.cell.sizes, self.cell.arm
-        base: dict[str, Any] = {"max_staleness": s.max_staleness, "worker_timeout_s": 10.0, "lease_timeout_s": 300.0,
-                                "batch_groups": s.batch_groups if arm.admission else None}
-        return QueueConfig(**{**base, **arm.queue})
-
     def run(self) -> Record:
-        q = self.queue(self.config())
+        q = self.queue(queue_config(self.cell.arm, self.cell.sizes))
         hold = q.hold(timeout_s=600, reason="bench: until every worker is up")
+        if self.cell.arm.admission == "derived":  # as TrainingStream does: the groups per published version
+            derive_admission(q, self.cell.sizes.batch_groups)
+        self.record.config = effective_config(q.config, self.cell.arm)
         records, plan, builder = self.dataset()
         self.fleet = fleet = self.start_fleet()
         threads: list[threading.Thread] = []
@@ -129,7 +131,9 @@ class ArmRun:
             self.count_leftover(q)
             for t in threads:
                 t.join(30)
-            self.record.evictions = dict(q.stats().evictions)
+            stats = q.stats()
+            self.record.evictions = dict(stats.evictions)
+            self.record.admission_waits = int(stats.counters.get("admission_waits", 0))
             for each in self.queues:
                 each.close()
         return self.record
@@ -189,6 +193,7 @@ class ArmRun:
         """Lease, "train", commit, publish, for ``steps`` steps; the reference goes on until it has
         trained the plan's first groups. Ends early, stalled, past its time budget (STALL_S)."""
         s, spec = self.cell.sizes, self.cell.spec
+        bound = staleness_bound(q)  # as grpo_loss judges a token
         deadline = time.monotonic() + 2 * s.steps * spec.train_s + STALL_S
         while self.step < s.steps or (not self.cell.arm.updates and not self.covered()):
             if time.monotonic() > deadline:
@@ -200,7 +205,7 @@ class ArmRun:
                     break  # no worker left to generate: the exit codes say why
                 continue
             for g in lease.groups:
-                self.record.trained.append(trained(g, self.step))
+                self.record.trained.append(trained(g, self.step, lease.version, bound))
             time.sleep(spec.train_s)  # the optimizer step: the pace generation has to keep
             lease.commit()
             self.step += 1
@@ -238,9 +243,26 @@ class ArmRun:
             lease.rollback()
 
 
-def trained(g: CompletedGroup, step: int) -> Trained:
+def effective_config(config: QueueConfig, arm: Arm) -> dict[str, Any]:
+    """What an arm really runs with, as the queue and the workers see it (an arm that leaves a setting
+    to its default gets whatever the default is today): the workers' weights mode, and the queue's
+    admission, staleness mode, fairness bound and progress-record limit once the trainer sized it."""
+    from rollout_queue.workers.cli import defaults
+
+    return {"weights_mode": arm.weights_mode or str(defaults()["weights_mode"]),
+            "batch_groups": config.batch_groups if isinstance(config.batch_groups, int) or config.batch_groups is None
+            else str(config.batch_groups),  # DERIVED: not sized (derive_admission was refused or unanswered)
+            "staleness_mode": config.staleness_mode, "max_stale_evictions": config.max_stale_evictions,
+            "max_staleness": config.max_staleness, "max_partial_bytes": config.max_partial_bytes}
+
+
+def trained(g: CompletedGroup, step: int, version: int, bound: int) -> Trained:
+    """A leased group as trained at ``step``; ``past_bound`` counts its model tokens generated more than
+    ``bound`` versions before the lease's ``version`` (per token, by ``Sample.token_versions``): the
+    ones a trainer masks or importance-corrects (grpo_loss's ``stale_tokens``, the same rule)."""
+    past = sum(1 for s in g.samples for v, m in zip(s.token_versions, s.loss_mask) if m and version - v > bound)
     return Trained(g.group.source_id, str(g.group.metadata.get("kind", "short")), step,
-                   [s.model_tokens for s in g.samples])
+                   [s.model_tokens for s in g.samples], past)
 
 
 # -- figures ------------------------------------------------------------------------------------------
@@ -283,8 +305,9 @@ def row(cell: Cell, rec: Record, reference: list[int] | None) -> dict[str, Any]:
     first_long = [sid for sid in rec.first if rec.kinds.get(sid) == "long"]
     return {
         "engine": cell.engine, "workload": cell.workload, "arm": cell.arm_name,
-        "weights_mode": cell.arm.weights_mode, "admission": cell.arm.admission, "updates": cell.arm.updates,
-        "queue": dict(cell.arm.queue), "worker_args": list(cell.arm.worker_args),
+        "weights_mode": rec.config.get("weights_mode", cell.arm.weights_mode), "admission": cell.arm.admission,
+        "updates": cell.arm.updates, "queue": dict(cell.arm.queue), "worker_args": list(cell.arm.worker_args),
+        "config": rec.config, "admission_waits": rec.admission_waits,
         "steps": rec.steps, "versions": rec.versions, "wall_s": rec.wall_s,
         "s_per_step": rec.wall_s / rec.steps if rec.steps else float("nan"),
         "trained_groups": len(rec.trained), "trained_tokens": trained_tokens,
@@ -295,6 +318,7 @@ def row(cell: Cell, rec: Record, reference: list[int] | None) -> dict[str, Any]:
         # completed tokens neither trained nor left over: evicted (stale, overflow, a lease's eviction)
         "evicted_per_trained": per(completed - trained_tokens - rec.leftover_tokens),
         "other_per_trained": per(generated - completed - aborted), "evictions": rec.evictions,
+        "past_bound_per_trained": per(sum(t.past_bound for t in rec.trained)),
         "ks": ks_distance(lengths, reference) if reference else float("nan"),
         "long_decile": decile_share(lengths, reference) if reference else float("nan"),
         "wait_max": max(waits, default=0), "wait_p99": percentile([float(w) for w in waits], 99),
@@ -312,8 +336,10 @@ def run_cells(a: Any) -> list[dict[str, Any]]:
 
     from rollout_queue.devtools.local_server import LocalServer
 
-    # The workers import this directory's bench_waste for their --env.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    # The workers import this directory's bench_waste for their --env, and this checkout's package
+    # (as this process does: bench_waste.REPO), wherever they run.
+    here = Path(__file__).resolve().parent
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), str(here.parent), os.environ.get("PYTHONPATH")]))
     rows: list[dict[str, Any]] = []
     with LocalServer(a.kind, appendfsync="everysec") as server, tempfile.TemporaryDirectory(prefix="bench-waste-") as d:
         if a.keep:
