@@ -258,7 +258,7 @@ def _add_train(sub: Any) -> None:
                    help="create the queue without admission control (batch_groups none): generation may then "
                         "run ahead of training without bound, and groups that go stale are generated again")
     p.add_argument("--max-staleness", type=int, default=2, help="-1: strictly on-policy")
-    p.add_argument("--staleness-mode", choices=["drop", "continue", "pace"], default="drop",
+    p.add_argument("--staleness-mode", choices=["drop", "continue", "pace"], default="continue",
                    help="what goes stale (docs/DESIGN.md#staleness-modes): drop regenerates it; continue judges a "
                         "group by its newest tokens and keeps every prefix; pace evicts nothing and paces admission")
     p.add_argument("--max-stale-evictions", type=int, default=2,
@@ -297,7 +297,7 @@ def _add_demo(sub: Any) -> None:
                         "(two model turns around the tool's observation, only the model's turns trained); "
                         "tools-heavy: tools with a slow tool (10-30x the median) on about one prompt in ten")
     p.add_argument("--staleness-mode", choices=["drop", "continue", "pace"], default=None,
-                   help="the async queue's staleness_mode (default: the queue's, drop; DESIGN.md: Staleness modes)")
+                   help="the async queue's staleness_mode (default: the queue's, continue; DESIGN.md: Staleness modes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the run folder (worker logs, weights, checkpoints)")
     p.set_defaults(func=cmd_demo)

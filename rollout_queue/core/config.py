@@ -102,7 +102,7 @@ class QueueConfig:
     #: samples has a token within the bound is evicted. ``pace``: nothing finished is evicted for
     #: staleness and no progress dropped; admission control (``batch_groups``) paces generation,
     #: and ``admission_waits`` counts how often a reserve found it closed.
-    staleness_mode: StalenessMode = "drop"
+    staleness_mode: StalenessMode = "continue"
     #: Fairness: a group evicted for staleness this many times is not evicted for staleness again:
     #: its next completion is judged at the version it completes under (its bound widens to fit)
     #: and its progress is kept, so the longest rollouts are never starved by the short ones.

@@ -86,7 +86,7 @@ class StepRecord:
     spans: tuple[int, ...] = ()
     #: the largest staleness of a sample's newest tokens (a trajectory's last model turn): what
     #: staleness_mode 'continue', and the fairness rule once it widened a group's bound, keep within
-    #: the bound while the older tokens (``staleness_max``) may be past it (masked in the loss)
+    #: the bound while the older tokens (``staleness_max``) may be past it (importance-corrected in the loss, or masked: grpo_loss stale_tokens)
     newest_staleness_max: int = 0
 
 

@@ -50,7 +50,7 @@ class DemoOptions:
     worker_start_timeout_s: float = 300.0
     label: str = "async"
     task: str = "digits"  # demo/task.py: digits, tools (multi-turn trajectories against an environment), tools-heavy
-    staleness_mode: StalenessMode | None = None  # QueueConfig.staleness_mode; None: the queue's default (drop)
+    staleness_mode: StalenessMode | None = None  # QueueConfig.staleness_mode; None: the queue's default (continue)
     pin_cpus: bool = False  # --compare: trainer and workers on disjoint CPUs, like separate GPU pools
 
 

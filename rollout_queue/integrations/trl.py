@@ -39,9 +39,11 @@ How the pieces map (docs/integrations/trl.md):
    ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max`` (the workers' logprobs reach it
    per token, so a sample whose generation spanned weight updates is corrected token by token). A
    token older than the queue's bound (``policy_version - max_staleness``, by its own version,
-   ``Sample.segments``) is masked out of TRL's loss through ``env_mask`` (``stale_tokens="mask"``,
-   the default) or left to that correction (``"correct"``; masked anyway where nothing can correct
-   it: correction off, or a sample without logprobs). Metrics ``queue/*`` report staleness per
+   ``Sample.segments``) is left to that correction (``stale_tokens="correct"``, the default: the
+   queue's default staleness mode, ``continue``, hands over samples whose prefix is older than the
+   bound, and masking them would throw those tokens away; masked anyway where nothing can correct
+   it: correction off, or a sample without logprobs) or masked out of TRL's loss through
+   ``env_mask`` (``"mask"``). Metrics ``queue/*`` report staleness per
    sample and per token, the stale tokens masked or corrected, lease waits, the queue's state and
    where the workers' tokens went (``queue/tokens_generated``, ``_trained``, ``_discarded``,
    ``_continued`` and ``_generated_per_trained``: run totals of the queue's token counters);
@@ -179,8 +181,8 @@ class QueueGRPOTrainer(GRPOTrainer):
     queue's worker_timeout_s; docs/integrations/trl.md), ``lease_timeout_s``,
     ``weights_transport`` (``"folder"``: every version in full; ``"delta"``: only the changed
     tensors, see ``rollout_queue.weights``), ``weights_uri_base`` (where workers without shared
-    storage fetch ``weights_dir`` from: ``https://...``, ``s3://...``), ``stale_tokens`` (``"mask"``
-    or ``"correct"``: what becomes of a token older than the queue's bound, module docstring item 5).
+    storage fetch ``weights_dir`` from: ``https://...``, ``s3://...``), ``stale_tokens`` (``"correct"``,
+    the default, or ``"mask"``: what becomes of a token older than the queue's bound, module docstring item 5).
     """
 
     #: What GRPOTrainer makes of its ``args`` (a GRPOConfig, built when none is given); transformers'
@@ -191,7 +193,7 @@ class QueueGRPOTrainer(GRPOTrainer):
                  producer_name: str = "trl", max_backlog: int = 0, weights_dir: str | None = None,
                  publish_every: int = 1, wait_s: float = 600.0, lease_timeout_s: float | None = None,
                  trainer_id: str | None = None, weights_transport: Transport = "folder", weights_uri_base: str | None = None,
-                 stale_tokens: str = "mask", fleet_grace_s: float | None = None, **kwargs: Any) -> None:
+                 stale_tokens: str = "correct", fleet_grace_s: float | None = None, **kwargs: Any) -> None:
         if kwargs.get("rollout_func") is not None:
             raise IntegrationConfigError("QueueGRPOTrainer generates through the queue: drop rollout_func")
         if getattr(kwargs.get("args"), "use_vllm", False):

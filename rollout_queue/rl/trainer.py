@@ -286,7 +286,7 @@ def grpo_loss(logprobs: "torch.Tensor", batch: PolicyBatch, *, clip_eps: float =
               clip_eps_high: float | None = None, decoupled: bool = True,
               max_importance_weight: float | None = 2.0, min_importance_weight: float | None = None,
               importance_sampling_mode: str = "token_truncate", max_staleness: int | None = None,
-              stale_tokens: str = "mask") -> tuple["torch.Tensor", dict[str, float]]:
+              stale_tokens: str = "correct") -> tuple["torch.Tensor", dict[str, float]]:
     """The clipped policy-gradient loss of GRPO, averaged over the tokens trained (DAPO's token mean).
 
     ``decoupled`` (AReaL's decoupled PPO, the default): the trust region is taken around the current
@@ -299,9 +299,10 @@ def grpo_loss(logprobs: "torch.Tensor", batch: PolicyBatch, *, clip_eps: float =
     away. ``decoupled=False``: classic PPO clipping against the behaviour policy, no weight.
 
     Staleness per token: a token whose version is more than ``max_staleness`` (default: the batch's,
-    its lease's queue's bound) behind ``batch.version`` is masked (``stale_tokens="mask"``: out of the
-    loss and its token count) or corrected (``"correct"``: trained under the correction above, like
-    every token). Without behaviour logprobs nothing can be corrected: the data is treated as
+    its lease's queue's bound) behind ``batch.version`` is corrected (``stale_tokens="correct"``, the
+    default: trained under the correction above, like every token; the queue's default staleness
+    mode, ``continue``, hands over samples whose prefix is past the bound, DESIGN: Staleness modes)
+    or masked (``"mask"``: out of the loss and its token count). Without behaviour logprobs nothing can be corrected: the data is treated as
     on-policy, and a stale token is masked whatever ``stale_tokens`` says. Returns (loss, metrics):
     ``ratio_mean`` (of the raw ratio), ``weight_mean`` (the weight applied), ``masked_fraction``
     (tokens trained with weight 0 by the importance mask), ``stale_masked_fraction`` and
@@ -322,6 +323,9 @@ def grpo_loss(logprobs: "torch.Tensor", batch: PolicyBatch, *, clip_eps: float =
     stale = stale_tokens_of(staleness, response, bound)
     masking = stale_tokens == "mask" or batch.behaviour_logprobs is None
     mask = response * ~stale if masking else response  # the tokens trained
+    if batch.behaviour_logprobs is not None:
+        # A token the behaviour policy gave probability 0 (-inf) has no importance weight: never trained.
+        mask = mask * torch.isfinite(batch.behaviour_logprobs)
     log_ratio = _log_ratio(current, behaviour, mask)
     drift = torch.exp(log_ratio)
     weight = _importance_weight(log_ratio, importance_sampling_mode, *weights) if decoupled else None

@@ -241,7 +241,7 @@ def test_a_lost_worker_leaves_its_saved_progress_to_the_next_attempt(open_queue,
 
 
 def test_a_prefix_already_stale_is_dropped_at_reserve(open_queue, raw: redis.Redis, queue_name: str) -> None:
-    q = open_queue(CFG)  # max_staleness=1
+    q = open_queue(CFG.replace(staleness_mode="drop", max_stale_evictions=0))  # max_staleness=1
     q.publish_version(1)
     q.submit([group("stale", n=2)])
     w = q.worker("w1")

@@ -89,6 +89,11 @@ def test_pace_never_evicts_finished_work_for_staleness(open_queue, raw, queue_na
     assert q.stats().evictions["stale"] == 0
 
 
+def test_continue_is_the_default() -> None:
+    """Chosen by scripts/bench_waste.py (DESIGN: Staleness modes): it wastes the least with the bound kept."""
+    assert (QueueConfig().staleness_mode, QueueConfig().max_stale_evictions) == ("continue", 2)
+
+
 def test_pace_needs_admission_control() -> None:
     with pytest.raises(InvalidInput, match="batch_groups"):
         QueueConfig(staleness_mode="pace", batch_groups=None)
@@ -108,7 +113,7 @@ def test_admission_waits_count_the_reserves_admission_turned_away(open_queue, ra
 
 
 def test_fairness_rule_stops_evicting_a_group_after_k_stale_evictions(open_queue, raw, queue_name) -> None:
-    q = open_queue(QueueConfig(max_staleness=0, max_stale_evictions=2, max_attempts=1))
+    q = open_queue(QueueConfig(max_staleness=0, max_stale_evictions=2, max_attempts=1, staleness_mode="drop"))
     q.submit([group("long", n=1)])
     for evictions in (1, 2):
         q.publish_version(evictions)
@@ -126,7 +131,7 @@ def test_fairness_rule_stops_evicting_a_group_after_k_stale_evictions(open_queue
 
 
 def test_no_fairness_rule_with_k_zero(open_queue, raw, queue_name) -> None:
-    q = open_queue(QueueConfig(max_staleness=0, max_stale_evictions=0))
+    q = open_queue(QueueConfig(max_staleness=0, max_stale_evictions=0, staleness_mode="drop"))
     q.submit([group("long", n=1)])
     for evictions in (1, 2, 3):
         q.publish_version(evictions)
@@ -155,7 +160,7 @@ def test_a_stale_prefix_is_dropped_only_in_drop_mode(open_queue, raw, queue_name
 
 
 def test_a_protected_group_keeps_its_stale_prefix_in_drop_mode(open_queue, raw, queue_name) -> None:
-    q = open_queue(QueueConfig(max_staleness=0, max_stale_evictions=1))
+    q = open_queue(QueueConfig(max_staleness=0, max_stale_evictions=1, staleness_mode="drop"))
     q.publish_version(1)
     q.submit([group("x", n=2)])
     w = q.worker("w1")
@@ -179,7 +184,7 @@ def test_config_set_parses_the_modes() -> None:
 
 
 def test_config_set_changes_the_mode_for_every_client(open_queue, raw, queue_name) -> None:
-    q = open_queue(QueueConfig(max_staleness=1))
+    q = open_queue(QueueConfig(max_staleness=1, staleness_mode="drop"))
     q.publish_version(3)
     old, new, changed = q.run(actions.set_config(q.keys, {"staleness_mode": "continue"}))
     assert (old["staleness_mode"], new.staleness_mode, changed) == ("drop", "continue", 1)
@@ -189,3 +194,14 @@ def test_config_set_changes_the_mode_for_every_client(open_queue, raw, queue_nam
     lease = q.lease(1, block_ms=0)
     assert lease is not None
     lease.commit()
+
+
+@pytest.mark.parametrize("mode", ["continue", "pace"])
+def test_strictly_on_policy_overrides_the_mode(open_queue, raw, queue_name, mode: str) -> None:
+    """max_staleness=None: no token of an older version is trained, whatever staleness_mode says."""
+    q = open_queue(QueueConfig(max_staleness=None, staleness_mode=mode, batch_groups=4))  # type: ignore[arg-type]
+    q.publish_version(1)
+    q.submit([group("o", n=1)])
+    eid = complete_one(q, "w1", [spanning(0, (0, 1))])  # newest at the current version, oldest not
+    assert q.lease(1, block_ms=0) is None
+    assert owners(raw, queue_name, [eid]) == ["@ready"]

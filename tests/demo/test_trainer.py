@@ -259,7 +259,7 @@ def test_a_token_older_than_the_bound_is_masked_not_trained_as_on_policy() -> No
     b = lease_batch(spanning_lease())
     current = (b.behaviour_logprobs + torch.tensor(DELTAS) * b.response_mask).requires_grad_(True)
     loss, metrics = grpo_loss(current, b, max_staleness=2, importance_sampling_mode="sequence_truncate",
-                              min_importance_weight=0.5)
+                              min_importance_weight=0.5, stale_tokens="mask")
     want, grad = _hand_loss(b, [[0.0, 0.5, 0.5], [2.0, 2.0]], [[0, 1, 1], [1, 1]])
     assert loss.item() == pytest.approx(want, abs=1e-5)
     loss.backward()
@@ -438,3 +438,18 @@ def test_only_errors_the_data_may_cause_count() -> None:
     assert error_reason(InvalidInput("group 1-0 has samples without a reward")) == (
         "InvalidInput: group 1-0 has samples without a reward")
     assert error_reason(RuntimeError("CUDA out of memory")) == "RuntimeError: CUDA out of memory"
+
+
+@pytest.mark.parametrize("stale_tokens", ["correct", "mask"])
+def test_a_token_the_behaviour_policy_gave_probability_zero_is_never_trained(stale_tokens: str) -> None:
+    """A -inf behaviour logprob has no importance weight (its ratio is infinite): the token is left out of
+    the loss whether it is fresh or stale, so the loss and every gradient stay finite."""
+    a = Sample(0, (10, 11, 12), (-0.5, -math.inf, -2.0), reward=1.0, version=5)
+    b = lease_batch(FakeLease([group("1-0", [5], [a, Sample(1, (13,), (-1.0,), reward=0.0, version=5)])], version=5))
+    for decoupled in (True, False):
+        current = torch.full((2, 3), -1.0, requires_grad=True)
+        loss, metrics = grpo_loss(current, b, decoupled=decoupled, stale_tokens=stale_tokens)
+        loss.backward()
+        assert math.isfinite(loss.item()) and all(math.isfinite(v) for v in metrics.values()), metrics
+        assert torch.isfinite(current.grad).all() and current.grad[0, 1].item() == 0.0
+        assert current.grad[0, 0].item() != 0.0

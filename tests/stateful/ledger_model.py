@@ -63,15 +63,20 @@ class LedgerModel(TrainerModel):
     def staleness_bound(self) -> int:
         return self.cfg.max_staleness or 0
 
+    @property
+    def mode(self) -> str:
+        """load_config.lua: strictly on-policy (max_staleness None) judges as 'drop', whatever is stored."""
+        return "drop" if self.cfg.max_staleness is None else self.cfg.staleness_mode
+
     def stale_floor(self) -> int | None:
         """lua/include/stale_floor.lua: none before a version is published, or in 'pace'."""
-        if not self.published or self.cfg.staleness_mode == "pace":
+        if not self.published or self.mode == "pace":
             return None
         return self.version - self.staleness_bound
 
     def protected(self, e: Entry) -> bool:
         """lua/include/stale_protected.lua: the fairness rule protects e from further stale evictions."""
-        return 0 < self.cfg.max_stale_evictions <= e.stale_evictions
+        return self.cfg.max_staleness is not None and 0 < self.cfg.max_stale_evictions <= e.stale_evictions
 
     def in_state(self, *states: str) -> list[Entry]:
         return sorted((e for e in self.entries.values() if e.state in states), key=lambda e: id_key(e.entry_id))
@@ -206,7 +211,7 @@ class LedgerModel(TrainerModel):
         e.handed = ()
         if p is None:
             return
-        if (self.published and self.cfg.staleness_mode == "drop" and not self.protected(e)
+        if (self.published and self.mode == "drop" and not self.protected(e)
                 and self.version - p.min_version > self.staleness_bound):
             self.counters["partial_stale"] += p.tokens
             e.stale_evictions += 1  # count_stale: a dropped prefix counts toward the fairness rule
@@ -306,7 +311,7 @@ class LedgerModel(TrainerModel):
         e.continued_from, e.handed = e.handed, ()
         # parse_min_version.lua: the version the group is judged by; buffer_completion.lua: raised to
         # the current one for a group the fairness rule protects.
-        if self.cfg.staleness_mode == "continue":
+        if self.mode == "continue":
             min_version = min(s.newest_version for s in samples)
         else:
             min_version = min(s.version for s in samples)

@@ -112,11 +112,11 @@ class TrainerSteps(Steps):
             # Invariant 5: no lease ever holds a group staler than max_staleness, as its mode judges
             # it (its oldest token in 'drop', its samples' newest in 'continue', never in 'pace'; the
             # fairness rule's judged version for a protected one).
-            if self.model.cfg.staleness_mode != "pace":
+            if self.model.mode != "pace":
                 assert lease.version - e.min_version <= self.model.staleness_bound, (
                     f"lease {lease.lease_id} holds {g.entry_id} judged at {e.min_version}, policy {lease.version}")
             if e.min_version != g.min_version:
-                event(f"leased a group judged apart from its oldest token ({self.model.cfg.staleness_mode})")
+                event(f"leased a group judged apart from its oldest token ({self.model.mode})")
         self.model.leased(lease.lease_id, members, lease)
 
     def commit(self, data: st.DataObject) -> None:

@@ -92,6 +92,11 @@ local function load_config()
   c.has_version = c.version ~= nil
   c.version_eff = c.version or 0
   c.staleness_bound = c.max_staleness
-  if c.staleness_bound < 0 then c.staleness_bound = 0 end
+  if c.staleness_bound < 0 then
+    -- Strictly on-policy (None): no token of an older version is ever trained, so whatever the
+    -- stored mode, a group is judged by its oldest token, no prefix is kept past a publish and the
+    -- fairness rule widens nothing (DESIGN: Staleness modes).
+    c.staleness_bound, c.staleness_mode, c.max_stale_evictions = 0, 'drop', 0
+  end
   return c
 end
