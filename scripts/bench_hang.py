@@ -17,6 +17,9 @@ last heartbeat plus two waits (``block_ms``); the figure printed beside each is 
 - ``nemo-rl``: NeMo-RL's ``create_sampler`` over the queue sampler (integrations/nemo_rl), its own
   ``TQReplayBuffer`` and data plane, two scripted-engine workers (needs NeMo-RL: run it in the side
   environment of scripts/test_frameworks.sh nemo-rl);
+- ``verl``: verl 0.9.1's V1 sampler (``QueueReplayBuffer.sample``, built by verl from the documented
+  config, TransferQueue on a local Ray), two scripted-engine workers (needs verl: run it in the side
+  environment of scripts/test_frameworks.sh verl);
 - ``trl``: examples/trl_grpo.py (TRL's GRPOTrainer on CPU, the tiny model), two torch-engine
   workers; timed to WorkersGone in the trainer's log (its traceback, as train() raised it), and to
   the process's exit (``kill_to_exit_s``, its teardown included).
@@ -343,6 +346,65 @@ def measure_miles(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps
         q.close()
 
 
+def measure_verl(url: str, name: str, logs: Path, timeout_s: float = 2.0, steps: int = 3) -> dict[str, Any]:
+    """verl 0.9.1's V1 sampler over the queue (``QueueReplayBuffer``, integrations/verl) in this
+    process: built by verl's own ``PPOTrainer._build_replay_buffer`` from the config block of
+    docs/integrations/verl.md, writing each batch into real TransferQueue on a local Ray, and driven as
+    ``fit`` drives it (``sample(global_steps=g, "train", 2)``, the batch read back and cleared); two
+    scripted workers SIGKILLed after ``steps`` steps; timed to the error ``sample`` raises. The lease
+    goes through TrainingStream, so the grace is its default (``worker_timeout_s``): the sampler's
+    ``sampler_kwargs`` has no key for it. Needs verl (scripts/test_frameworks.sh verl)."""
+    import re
+
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    text = (REPO / "docs" / "integrations" / "verl.md").read_text()
+    block = re.search(r"^<!-- verl-config:.*?-->\n```yaml\n(.*?)^```$", text, re.S | re.M)
+    if block is None:
+        raise AssertionError("docs/integrations/verl.md lost its verl-config block")
+    cfg = OmegaConf.create(block.group(1))
+    cfg.trainer.v1.trainer_mode = "separate_async"
+    cfg.trainer.v1.separate_async = {"parameter_sync_step": 1}
+    cfg.trainer.v1.sampler.sampler_kwargs.update(url=url, queue=name, wait_s=600)  # the documented wait
+    # the documented pairing: max_off_policy_threshold 2 is the queue's max_staleness 1
+    q = RolloutQueue.from_url(url, name, QueueConfig(worker_timeout_s=timeout_s, max_staleness=1))
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {"data_source": "toy"}, (1, 2, 3)) for i in range(GROUPS)])
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        tq.init()
+    workers = [spawn_worker(url, name, f"w{i}", logs / f"{name}-w{i}.log", "--reward", "length_reward")
+               for i in (1, 2)]
+    try:
+        trainer = object.__new__(PPOTrainerSeparateAsync)
+        trainer.config, trainer.trainer_mode = cfg, cfg.trainer.v1.trainer_mode
+        buffer = trainer._build_replay_buffer()
+
+        def step(g: int) -> None:
+            meta, _ = buffer.sample(global_steps=g, partition_id="train", batch_size=2)
+            tq.kv_batch_get(keys=meta.keys, partition_id="train")
+            tq.kv_clear(keys=meta.keys, partition_id="train")
+
+        for g in range(1, steps + 1):
+            step(g)
+        killed = kill_all(workers)
+        try:
+            for g in range(steps + 1, 10_000):
+                step(g)
+            raise AssertionError("the sampler never raised")
+        except WorkersGone as exc:
+            return result("verl", timeout_s, buffer.stream.fleet.grace(timeout_s), time.time() - killed, str(exc))
+    finally:
+        kill_all(workers)
+        if own_ray:
+            tq.close()
+            ray.shutdown()
+        q.close()
+
+
 def _exists(url: str, name: str) -> bool:
     from rollout_queue.core.errors import QueueNotFound
 
@@ -378,6 +440,8 @@ def main() -> int:
                     rows.append(measure_slime(url, name, logs, a.worker_timeout))
                 elif scenario == "miles":
                     rows.append(measure_miles(url, name, logs, a.worker_timeout))
+                elif scenario == "verl":
+                    rows.append(measure_verl(url, name, logs, a.worker_timeout))
                 elif scenario == "nemo-rl":
                     rows.append(measure_nemo_rl(url, name, logs, a.worker_timeout, a.grace))
                 elif scenario == "trl":

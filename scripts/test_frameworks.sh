@@ -5,7 +5,8 @@
 #   bash scripts/test_frameworks.sh [verl areal slime miles prime-rl nemo-rl]  (default: verl areal)
 # verl is layered over the project's .venv (scripts/install_verl.sh) and also runs its own tests
 # (tests/integrations/test_verl*.py: the sampler on TransferQueue and a local Ray with scripted
-# workers; the checkpoint engine on two gloo ranks with a torch worker; fully_async's MessageQueue).
+# workers; the checkpoint engine on two gloo ranks with a torch worker; fully_async's MessageQueue;
+# the sampler's hang-to-error bound).
 # AReaL installs from PyPI; slime, miles, prime-rl and NeMo-RL have no PyPI package (PyPI's nemo-rl
 # is an empty placeholder): point SLIME_SRC, MILES_SRC, PRIME_RL_SRC and NEMO_RL_SRC at checkouts
 # (THUDM/slime@624b824a, radixark/miles@31f1ca96, PrimeIntellect-ai/prime-rl@559b4477,
@@ -37,7 +38,8 @@ for fw in "${@:-verl areal}"; do
         PYTHONPATH="$PWD" ROLLOUT_TEST_SERVERS=redis HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled \
           "$ROOT/verl/bin/python" -m pytest -q -p no:cacheprovider -rs tests/integrations/test_convert.py \
           tests/integrations/test_verl_sampler.py tests/integrations/test_verl_weights.py \
-          tests/integrations/test_verl_message_queue.py tests/integrations/test_framework_seams.py ;;
+          tests/integrations/test_verl_message_queue.py tests/integrations/test_framework_seams.py \
+          tests/integrations/test_hang_to_error.py::test_verls_v1_sampler_raises_workers_gone_within_the_bound ;;
       areal) run areal "torch==2.13.0" "--no-deps areal==1.0.4" \
         "numpy 'transformers>=5.0,<=5.3.0' pillow aiohttp httpx colorlog tenacity flask torchdata lark uvloop hydra-core ray numba einops aiofiles openai" ;;
       slime) TESTS="tests/integrations/test_convert.py tests/integrations/test_slime.py" \

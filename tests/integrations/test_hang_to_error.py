@@ -71,6 +71,17 @@ def test_miles_buffer_raises_workers_gone_though_its_own_process_heartbeats(priv
     within_bound(row)
 
 
+def test_verls_v1_sampler_raises_workers_gone_within_the_bound(private_redis_url: str, fresh_name: str,
+                                                              tmp_path: Path) -> None:
+    """verl's V1 trainer leases through TrainingStream (QueueReplayBuffer): its ``sample`` raises once
+    the workers are gone, though sampler_kwargs.wait_s is 600 s."""
+    pytest.importorskip("rollout_queue.integrations.verl.sampler",
+                        reason="verl 0.9.1 is not installed (scripts/test_frameworks.sh verl)")
+    row = bench.measure_verl(private_redis_url, fresh_name, tmp_path, timeout_s=1.0)
+    within_bound(row)
+    assert "no worker has been alive" in row["error"] and "w1 (last heartbeat" in row["error"], row["error"]
+
+
 @pytest.mark.torch
 def test_ranks_whose_workers_are_killed_all_raise_within_the_bound(private_redis_url: str, fresh_name: str,
                                                                    tmp_path: Path) -> None:
