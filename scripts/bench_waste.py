@@ -209,7 +209,7 @@ class Arm:
 ARMS: dict[str, Arm] = {
     "reference": Arm(updates=False),
     # What shipped before issue 30: abort mode, no admission control, no fairness rule.
-    "old-default": Arm(queue={"max_stale_evictions": 0}),
+    "old-default": Arm(queue={"staleness_mode": "drop", "max_stale_evictions": 0}),
     # Issue 30's staleness modes (DESIGN: Staleness modes), each with continue mode and admission control.
     "fair-drop": Arm(weights_mode="continue", admission=True,
                      queue={"staleness_mode": "drop", "max_stale_evictions": 2}),
@@ -219,15 +219,16 @@ ARMS: dict[str, Arm] = {
     # trainer, QueueConfig's staleness_mode and max_stale_evictions.
     "new-default": Arm(weights_mode=None, admission="derived"),
     # Earlier arms (issue 30's baseline table), run when named; without the fairness rule, as then.
-    "continue": Arm(weights_mode="continue", queue={"max_stale_evictions": 0}, listed=False),
-    "keep-kv": Arm(weights_mode="keep-kv", queue={"max_stale_evictions": 0}, engines=("vllm",), listed=False),
-    "admission": Arm(admission=True, queue={"max_stale_evictions": 0}, listed=False),
+    "continue": Arm(weights_mode="continue", queue={"staleness_mode": "drop", "max_stale_evictions": 0}, listed=False),
+    "keep-kv": Arm(weights_mode="keep-kv", queue={"staleness_mode": "drop", "max_stale_evictions": 0},
+                   engines=("vllm",), listed=False),
+    "admission": Arm(admission=True, queue={"staleness_mode": "drop", "max_stale_evictions": 0}, listed=False),
     # fair-drop without the fairness rule: what the rule itself changes.
     "drop-k0": Arm(weights_mode="continue", admission=True, queue={"staleness_mode": "drop", "max_stale_evictions": 0},
                    listed=False),
     # Partial rollouts (issue 30 section 1): abort mode, progress records off, then on.
-    "abort": Arm(weights_mode="abort", queue={"max_partial_bytes": 0}, listed=False),
-    "abort-partial": Arm(weights_mode="abort", listed=False),
+    "abort": Arm(weights_mode="abort", queue={"staleness_mode": "drop", "max_partial_bytes": 0}, listed=False),
+    "abort-partial": Arm(weights_mode="abort", queue={"staleness_mode": "drop"}, listed=False),
 }
 
 
