@@ -9,13 +9,10 @@ regenerates what comes back. tests/integrations/test_miles.py runs the real clas
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
 import sys
-import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +22,7 @@ import pytest
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
 from rollout_queue.integrations.miles.ledger import MilesLedger
 from tests.helpers import wait_until
+from tests.integrations.crash_runs import kill_until_done, resumes, trained_lineage
 from tests.integrations.helpers import committed_steps, fill
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,46 +83,19 @@ def test_sigkilled_at_random_points_nothing_skipped_nothing_trained_twice(
            "--checkpoints", str(ckpt), "--num-rollout", str(rollouts), "--groups", str(per_rollout),
            "--save-interval", "3", "--step-s", "0.2", *(["--async-save"] if async_save else [])]
     first_kill = ["--die-after-save", "5"] if async_save else ["--die-after-model-save", "2"]
-    rng = random.Random(31)
-    kills = 0
     try:
         first = subprocess.run([*cmd, *first_kill], cwd=REPO, capture_output=True, timeout=300)
         assert first.returncode == -signal.SIGKILL, first.stdout.decode(errors="replace")[-3000:]
-        while True:
-            _back_in_queue(q)
-            resumed = _resumes(out)
-            child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            if kills < 3:
-                wait_until(lambda: _resumes(out) > resumed or child.poll() is not None, timeout=120)
-                time.sleep(rng.uniform(0.0, 2.0))
-                if child.poll() is None:
-                    child.send_signal(signal.SIGKILL)
-                    kills += 1
-                    child.wait(60)
-                    continue
-            output = child.communicate(timeout=300)[0].decode(errors="replace")
-            assert child.returncode == 0, output[-3000:]
-            break
+        kills = kill_until_done(cmd, out, random.Random(31), 3, before_start=lambda: _back_in_queue(q))
     finally:
         bench.kill_all([worker])
-    kept: dict[int, list[str]] = {}
-    for line in out.read_text().splitlines():
-        rec = json.loads(line)
-        if "resume" in rec:   # what a lost incarnation trained after this checkpoint died with its weights
-            kept = {r: p for r, p in kept.items() if r <= rec["resume"]}
-        elif "rollout" in rec:
-            kept[rec["rollout"]] = rec["prompts"]
-    trained = Counter(p for ps in kept.values() for p in ps)
+    kept, trained = trained_lineage(out, "rollout", "prompts")
     assert sorted(kept) == list(range(rollouts))
     assert [p for p, c in trained.items() if c > 1] == []                  # none trained twice
     assert len(trained) == prompts                                          # none skipped
-    assert kills >= 1 and _resumes(out) >= 3 and q.stats().leased == 0
+    assert kills >= 1 and resumes(out) >= 3 and q.stats().leased == 0
 
 
 def _back_in_queue(q: RolloutQueue) -> None:
     """The reaper's part: a lease a dead incarnation never handed out goes back at its deadline."""
     wait_until(lambda: q.reap() is not None and q.stats().leased == 0, timeout=30)
-
-
-def _resumes(out: Path) -> int:
-    return out.read_text().count('"resume"') if out.exists() else 0

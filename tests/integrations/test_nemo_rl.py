@@ -9,13 +9,8 @@ signatures in the default suite."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import signal
-import subprocess
 import sys
-import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +21,7 @@ from rollout_queue import QueueConfig, RolloutQueue, Sample, SourceGroup
 from rollout_queue.core.errors import IntegrationConfigError, InvalidInput
 from tests.helpers import wait_until
 from tests.integrations.framework_src import add_source
+from tests.integrations.crash_runs import kill_until_done, trained_lineage
 from tests.integrations.helpers import committed_steps, fill
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,34 +176,12 @@ def test_sigkilled_at_random_points_nothing_skipped_nothing_trained_twice(
     cmd = [sys.executable, str(REPO / "tests/integrations/nemo_rl_trainer.py"), "--url", private_redis_url,
            "--queue", q.name, "--out", str(out), "--checkpoints", str(ckpt), "--steps", str(steps),
            "--groups", str(per_step), "--save", "3", "--step-s", "0.2"]
-    rng = random.Random(31)
-    kills = 0
     try:
-        while True:
-            resumed = _resumes(out)
-            child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            if kills < 4:
-                wait_until(lambda: _resumes(out) > resumed or child.poll() is not None, timeout=120)
-                time.sleep(rng.uniform(0.0, 2.0))
-                if child.poll() is None:
-                    child.send_signal(signal.SIGKILL)
-                    kills += 1
-                    child.wait(60)
-                    q.reap()   # the reaper's part: the dead incarnation's lease goes back at its deadline
-                    continue
-            output = child.communicate(timeout=300)[0].decode(errors="replace")
-            assert child.returncode == 0, output[-3000:]
-            break
+        # the reaper's part: the dead incarnation's lease goes back at its deadline
+        kills = kill_until_done(cmd, out, random.Random(31), 4, after_kill=q.reap)
     finally:
         bench.kill_all([worker])
-    kept: dict[int, list[str]] = {}
-    for line in out.read_text().splitlines():
-        rec = json.loads(line)
-        if "resume" in rec:   # what the lost incarnation trained after this checkpoint died with its weights
-            kept = {s: e for s, e in kept.items() if s <= rec["resume"]}
-        elif "step" in rec:
-            kept[rec["step"]] = rec["entries"]
-    trained = Counter(e for entries in kept.values() for e in entries)
+    kept, trained = trained_lineage(out, "step", "entries")
     assert sorted(kept) == list(range(1, steps + 1))
     assert [e for e, c in trained.items() if c > 1] == []                  # none trained twice
     assert len(trained) == groups                                           # none skipped

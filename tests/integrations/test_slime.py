@@ -4,13 +4,10 @@ real ``DataSource`` ABC when ``$SLIME_SRC`` imports (scripts/test_frameworks.sh 
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
 import sys
-import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,8 +17,8 @@ import pytest
 from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
 from rollout_queue.core.errors import IntegrationConfigError
 from rollout_queue.integrations.convert.slime import THIS_ROLLOUT_FUNCTION, QueueDataSource, generate_rollout
-from tests.helpers import wait_until
 from tests.integrations.framework_src import add_source, stub_sglang
+from tests.integrations.crash_runs import kill_until_done, resumes, trained_lineage
 from tests.integrations.helpers import committed_steps, fill
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,42 +104,16 @@ def test_sigkilled_at_random_points_nothing_skipped_nothing_trained_twice(q: Rol
     cmd = [sys.executable, str(REPO / "tests/integrations/slime_trainer.py"), "--out", str(out),
            "--checkpoints", str(ckpt), "--num-rollout", str(rollouts), "--groups", str(per_rollout),
            "--save-interval", "3", "--step-s", "0.2"]
-    rng = random.Random(31)
-    kills = 0
     try:
         # the first incarnation dies between actor_model.save_model(2) and the data source's save(2)
         first = subprocess.run([*cmd, "--die-after-model-save", "2"], cwd=REPO, capture_output=True, timeout=300)
         assert first.returncode == -signal.SIGKILL, first.stdout.decode(errors="replace")[-3000:]
-        while True:
-            resumed = _resumes(out)
-            child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            if kills < 3:
-                wait_until(lambda: _resumes(out) > resumed or child.poll() is not None, timeout=120)
-                time.sleep(rng.uniform(0.0, 2.0))
-                if child.poll() is None:
-                    child.send_signal(signal.SIGKILL)
-                    kills += 1
-                    child.wait(60)
-                    q.reap()   # the reaper's part: a lease the dead incarnation never committed goes back
-                    continue
-            output = child.communicate(timeout=300)[0].decode(errors="replace")
-            assert child.returncode == 0, output[-3000:]
-            break
+        # the reaper's part: a lease the dead incarnation never committed goes back
+        kills = kill_until_done(cmd, out, random.Random(31), 3, after_kill=q.reap)
     finally:
         bench.kill_all([worker])
-    kept: dict[int, list[str]] = {}
-    for line in out.read_text().splitlines():
-        rec = json.loads(line)
-        if "resume" in rec:   # what a lost incarnation trained after this checkpoint died with its weights
-            kept = {r: p for r, p in kept.items() if r <= rec["resume"]}
-        elif "rollout" in rec:
-            kept[rec["rollout"]] = rec["prompts"]
-    trained = Counter(p for ps in kept.values() for p in ps)
+    kept, trained = trained_lineage(out, "rollout", "prompts")
     assert sorted(kept) == list(range(rollouts))
     assert [p for p, c in trained.items() if c > 1] == []                  # none trained twice
     assert len(trained) == prompts                                          # none skipped
-    assert kills >= 1 and _resumes(out) >= 3 and q.stats().leased == 0
-
-
-def _resumes(out: Path) -> int:
-    return out.read_text().count('"resume"') if out.exists() else 0
+    assert kills >= 1 and resumes(out) >= 3 and q.stats().leased == 0

@@ -1,0 +1,64 @@
+"""The crash tests' shared loop (issue 31: loss accounting across a crash, counted the way NeMo-RL #3599
+counted it): run a framework-shaped trainer until it finishes, SIGKILLing it at random points, then
+count what the surviving lineage trained. Each trainer (slime_trainer.py, miles_trainer.py,
+nemo_rl_trainer.py) appends one JSON line per step it trained (``{step_key: k, items_key: [...]}``)
+and one ``{"resume": k}`` line when it resumes from checkpoint k.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tests.helpers import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def resumes(out: Path) -> int:
+    """How many times a trainer resumed (its ``{"resume": k}`` lines)."""
+    return out.read_text().count('"resume"') if out.exists() else 0
+
+
+def kill_until_done(cmd: Sequence[str], out: Path, rng: random.Random, kills: int,
+                    after_kill: Callable[[], None] = lambda: None,
+                    before_start: Callable[[], None] = lambda: None) -> int:
+    """Start ``cmd`` again and again: each of the first ``kills`` incarnations is SIGKILLed a random
+    0-2 s after it resumed (or left alone if it ended first), ``after_kill`` runs after each kill
+    (the reaper's part), and the last one must finish with exit 0. Returns the kills done."""
+    done = 0
+    while True:
+        before_start()
+        resumed = resumes(out)
+        child = subprocess.Popen(list(cmd), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if done < kills:
+            wait_until(lambda: resumes(out) > resumed or child.poll() is not None, timeout=120)
+            time.sleep(rng.uniform(0.0, 2.0))
+            if child.poll() is None:
+                child.send_signal(signal.SIGKILL)
+                done += 1
+                child.wait(60)
+                after_kill()
+                continue
+        output = child.communicate(timeout=300)[0].decode(errors="replace")
+        assert child.returncode == 0, output[-3000:]
+        return done
+
+
+def trained_lineage(out: Path, step_key: str, items_key: str) -> tuple[dict[int, list[str]], Counter[str]]:
+    """(step -> items trained at it, item -> times trained) over the surviving lineage: what an
+    incarnation trained after the checkpoint the next one resumed from died with its weights."""
+    kept: dict[int, list[str]] = {}
+    for line in out.read_text().splitlines():
+        rec = json.loads(line)
+        if "resume" in rec:
+            kept = {k: v for k, v in kept.items() if k <= rec["resume"]}
+        elif step_key in rec:
+            kept[rec[step_key]] = rec[items_key]
+    return kept, Counter(item for items in kept.values() for item in items)
