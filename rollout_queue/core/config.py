@@ -96,8 +96,8 @@ class QueueConfig:
     trainer_silence_s: float | None = 60.0
     #: What goes stale, and what is kept (DESIGN: Staleness modes). ``drop``: a group is judged by
     #: its oldest token, and a stale one (a completed group or an unfinished attempt's progress) is
-    #: generated again from its prompt. ``continue``: a group is judged by each sample's newest
-    #: tokens (the oldest of their last segments): tokens past the bound are the trainer's to mask or
+    #: generated again from its prompt. ``continue``: a group is judged by its newest tokens (the
+    #: newest of its samples' last segments): tokens past the bound are the trainer's to mask or
     #: importance-correct, progress is never dropped for staleness, and only a group none of whose
     #: samples has a token within the bound is evicted. ``pace``: nothing finished is evicted for
     #: staleness and no progress dropped; admission control (``batch_groups``) paces generation,

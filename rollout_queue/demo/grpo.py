@@ -84,9 +84,10 @@ class StepRecord:
     #: per group (as ``sources``): the most policy versions one of its samples spanned (its newest
     #: tokens' version minus its oldest's; 0: generated on one version)
     spans: tuple[int, ...] = ()
-    #: the largest staleness of a sample's newest tokens (a trajectory's last model turn): what
-    #: staleness_mode 'continue', and the fairness rule once it widened a group's bound, keep within
-    #: the bound while the older tokens (``staleness_max``) may be past it (importance-corrected in the loss, or masked: grpo_loss stale_tokens)
+    #: the largest staleness of a group's newest tokens (the newest any of its samples has, a
+    #: trajectory's last model turn): what staleness_mode 'continue', and the fairness rule once it
+    #: widened a group's bound, keep within the bound while older tokens (``staleness_max``) may be
+    #: past it (importance-corrected in the loss, or masked: grpo_loss stale_tokens)
     newest_staleness_max: int = 0
 
 
@@ -282,7 +283,9 @@ def _versions_seen(lease: Any) -> tuple[tuple[str, ...], tuple[int, ...], int]:
     """(source_ids, version span per group, newest-token staleness max) of a lease's groups."""
     sources = tuple(g.group.source_id for g in lease.groups)
     spans = tuple(max((max(0, s.newest_version - s.version) for s in g.samples), default=0) for g in lease.groups)
-    newest = max((max(0, lease.version - s.newest_version) for g in lease.groups for s in g.samples), default=0)
+    # A group's newest tokens are the newest any of its samples has: what the queue's 'continue' judges.
+    newest = max((max(0, lease.version - max(s.newest_version for s in g.samples)) for g in lease.groups
+                  if g.samples), default=0)
     return sources, spans, newest
 
 

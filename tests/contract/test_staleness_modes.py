@@ -1,7 +1,7 @@
 """Staleness modes and the fairness rule (DESIGN: Staleness modes), against real servers.
 
 ``drop`` judges a group by its oldest token and regenerates stale work; ``continue`` judges it by
-its samples' newest tokens and keeps every prefix; ``pace`` evicts nothing finished for staleness
+its newest tokens and keeps every prefix; ``pace`` evicts nothing finished for staleness
 and counts the reserves admission control turned away. In every mode but ``pace`` a group evicted
 for staleness ``max_stale_evictions`` times is judged at the version it completes under: the
 longest rollouts are trained, not regenerated for ever.
@@ -57,7 +57,7 @@ def test_continue_judges_a_group_by_its_samples_newest_tokens(open_queue, raw, q
     q = open_queue(QueueConfig(max_staleness=1, staleness_mode="continue"))
     q.publish_version(3)
     q.submit([group("c", n=2)])
-    complete_one(q, "w1", [spanning(0, (0, 3)), spanning(1, (1, 2))])  # newest: 3 and 2, judged by 2
+    complete_one(q, "w1", [spanning(0, (0, 3)), spanning(1, (1,))])  # newest: 3 and 1, judged by 3
     lease = q.lease(1, block_ms=0)
     assert lease is not None
     [g] = lease.groups
@@ -70,7 +70,7 @@ def test_continue_evicts_a_group_none_of_whose_samples_is_fresh(open_queue, raw,
     q = open_queue(QueueConfig(max_staleness=1, staleness_mode="continue"))
     q.publish_version(4)
     q.submit([group("c", n=2)])
-    eid = complete_one(q, "w1", [spanning(0, (0, 4)), spanning(1, (1, 2))])  # judged by 2: 4 - 2 > 1
+    eid = complete_one(q, "w1", [spanning(0, (0, 2)), spanning(1, (1, 2))])  # judged by 2: 4 - 2 > 1
     assert q.lease(1, block_ms=0) is None
     assert owners(raw, queue_name, [eid]) == ["@ready"]
     assert q.stats().evictions["stale"] == 1

@@ -312,7 +312,7 @@ class LedgerModel(TrainerModel):
         # parse_min_version.lua: the version the group is judged by; buffer_completion.lua: raised to
         # the current one for a group the fairness rule protects.
         if self.mode == "continue":
-            min_version = min(s.newest_version for s in samples)
+            min_version = max(s.newest_version for s in samples)
         else:
             min_version = min(s.version for s in samples)
         if self.protected(e) and min_version < self.version:

@@ -73,7 +73,7 @@ def test_items_are_sent_in_order_with_every_slot_and_the_oldest_version() -> Non
     # each item names its payload's size; the payload itself is staged at the attempt's payload key
     # (SET in the call's MULTI); an item with no samples has size '' and stages nothing; the last value
     # of each item is its token count (every sample's token ids)
-    assert call.args == ("w1", "1-0", 1, len(encode_completion(out)), "2", "1,0,1", 3, "2-0", 2, "", "0", "", 0)
+    assert call.args == ("w1", "1-0", 1, len(encode_completion(out)), "2:4", "1,0,1", 3, "2-0", 2, "", "0", "", 0)
     assert call.stage == ((KEYS.payload("1-0", 1), encode_completion(out)),)
 
 

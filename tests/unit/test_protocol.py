@@ -330,11 +330,13 @@ def test_complete_flow_sends_every_outputs_slot_and_the_oldest_version() -> None
     samples = [Sample(1, (1,), version=4), Sample(0, (2,), version=2), Sample(1, (3,), version=9)]
     call = next(flows.complete(KEYS, Receipt("1-0", 1, "w1"), samples, 10_000))
     argv = dict(zip([a for a in call.script.argv], call.args))
-    assert (argv["min_version"], argv["slots"]) == ("2", "1,0,1")
-    # A sample that spanned updates: the oldest of the samples' newest versions rides along.
-    spanning = [Sample(0, (1, 2), version=2, segments=((0, 2), (1, 7))), Sample(1, (3,), version=9)]
+    # The oldest sample version, and the newest any sample's tokens have (what 'continue' judges by).
+    assert (argv["min_version"], argv["slots"]) == ("2:9", "1,0,1")
+    spanning = [Sample(0, (1, 2), version=2, segments=((0, 2), (1, 7))), Sample(1, (3,), version=2)]
     spanned = next(flows.complete(KEYS, Receipt("1-0", 1, "w1"), spanning, 10_000))
     assert dict(zip(spanned.script.argv, spanned.args))["min_version"] == "2:7"
+    same = next(flows.complete(KEYS, Receipt("1-0", 1, "w1"), [Sample(0, (1,), version=3)], 10_000))
+    assert dict(zip(same.script.argv, same.args))["min_version"] == "3"  # one version: no newest sent
     # the payload is not in ARGV: it is staged (SET in the call's MULTI) at the attempt's payload key
     payload = encode_completion(samples)
     assert "payload" not in argv and argv["size"] == len(payload)

@@ -130,15 +130,15 @@ def complete(keys: QueueKeys, receipt: Receipt, samples: Sequence[Sample], max_p
 
 def _completion_args(receipt: Receipt, samples: Sequence[Sample], max_payload_bytes: int) -> tuple[bytes, str, str]:
     """(payload, min_version, slots) as complete.lua takes them; no samples: (b'', '0', '') (the script
-    ends such an attempt malformed). min_version is 'oldest' or 'oldest:newest' (the oldest of the
-    samples' newest versions, when it differs: what staleness_mode 'continue' judges the group by).
+    ends such an attempt malformed). min_version is 'oldest' or 'oldest:newest' (the newest version
+    any sample's tokens have, when it differs: what staleness_mode 'continue' judges the group by).
     Raises PayloadTooLarge before anything is sent."""
     if not samples:
         return b"", "0", ""
     payload = encode_completion(samples)
     if len(payload) > max_payload_bytes:
         raise PayloadTooLarge(f"completion of {receipt.entry_id}", len(payload), max_payload_bytes)
-    oldest, newest = min(x.version for x in samples), min(x.newest_version for x in samples)
+    oldest, newest = min(x.version for x in samples), max(x.newest_version for x in samples)
     versions = str(oldest) if newest == oldest else f"{oldest}:{newest}"
     return payload, versions, ",".join(str(x.slot) for x in samples)
 

@@ -23,7 +23,7 @@ ARGV:
   size         the payload's length in bytes ('' : no outputs, nothing staged); the payload itself
                (codec.py) was SET at rollout:{q}:payload:<entry_id>:<attempt> in this call's MULTI
   min_version  'oldest' or 'oldest:newest': the oldest policy version any sample was generated with,
-               and the oldest of the samples' newest versions (their last segments); the group is
+               and the newest version any sample's tokens were generated with (its last segment); the group is
                judged by oldest, or by newest in staleness_mode 'continue' (parse_min_version)
   slots        comma-separated parent slot of every output, in payload order ('' : no outputs)
   tokens       count, the tokens of every output (sum of their token ids; 0 with no outputs):

@@ -2,8 +2,8 @@
 --[[
 parse_min_version: a completion's ARGV min_version, 'oldest' or 'oldest:newest', as the version the
 queue judges the group by (a number), or a ROLLOUTQ error.
-oldest is the oldest policy version any sample was generated with; newest, the oldest of the
-samples' newest versions (each sample's last segment; oldest when absent).
+oldest is the oldest policy version any sample was generated with; newest, the newest one any
+sample's tokens were (its last segment, a trajectory's newest model turn; oldest when absent).
 Uses: cfg.staleness_mode. Why: versions are integers < 2^21 (docs/DESIGN.md; the bufver score packs
 them exactly), and Sample refuses anything else, so any other value is a client bug, refused before
 the first write. 'drop' and 'pace' judge a group by its oldest token; 'continue' by its samples'
