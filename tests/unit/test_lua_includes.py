@@ -196,3 +196,19 @@ def test_reserve_is_a_dispatcher_over_its_two_paths() -> None:
     assert len(text.splitlines()) < 80
     assert not re.search(r"\b(for|while|repeat)\b", _code(text[text.index("]]"):]))
     assert {"reserve_ready", "reserve_backlog"} <= set(INCLUDE.findall(text))
+
+
+def test_the_text_config_fields_are_one_table_the_client_agrees_with() -> None:
+    """load_config refuses a stored text field outside its values and config_set a new one, both from
+    text_fields.lua, and that table says what QueueConfig.TEXT_FIELDS says: no script spells them."""
+    from rollout_queue.core.config import TEXT_FIELDS
+
+    table = _code(INCLUDE_TEXTS["text_fields"])
+    in_lua = {name: set(re.findall(r"(\w+) = true", values))
+              for name, values in re.findall(r"(\w+) = \{([^{}]*)\}", table)}
+    assert in_lua == {name: set(values) for name, values in TEXT_FIELDS.items()}
+    users = sorted(name for name in FILES if "TEXT_FIELDS" in _code(_text(name)) and name != "include/text_fields")
+    assert users == ["config_set", "include/load_config"]
+    # Neither checks a value by spelling it (load_config may still set one: strictly on-policy is 'drop').
+    for name in users:
+        assert not re.search(r"~= '(fifo|lifo|drop|continue|pace)'", _without_comments(_text(name))), name

@@ -20,12 +20,11 @@ Invariant:
   fifo or lifo, staleness_mode drop, continue or pace), so the stored config decodes afterwards.
 ]]
 -- @include bug
+-- @include text_fields
 local FIELDS = {max_executing_samples = 1, max_retained_groups = 1, max_completed_groups = 1, max_staleness = 1,
   batch_groups = 1, buffer_order = 1, lease_timeout_ms = 1, worker_timeout_ms = 1, max_attempts = 1,
   max_payload_bytes = 1, hold_timeout_ms = 1, commits_maxlen = 1, lease_record_ttl_ms = 1, settled_retention_ms = 1,
   max_partial_bytes = 1, trainer_silence_ms = 1, staleness_mode = 1, max_stale_evictions = 1}
--- The fields stored as text, with their values; every other one is a decimal integer.
-local TEXT = {buffer_order = {fifo = true, lifo = true}, staleness_mode = {drop = true, continue = true, pace = true}}
 local library = redis.call('HGET', K.meta, 'library')
 if not library then bug('queue not initialised: open it with RolloutQueue.from_url first') end
 local f = A.fields
@@ -34,7 +33,7 @@ if library ~= A.library then return {'config_mismatch', 'library', library, A.li
 for i = 1, #f, 3 do
   if not FIELDS[f[i]] then bug('unknown config field: ' .. f[i]) end
   local valid
-  if TEXT[f[i]] then valid = TEXT[f[i]][f[i + 2]] else valid = string.match(f[i + 2], '^%-?%d+$') end
+  if TEXT_FIELDS[f[i]] then valid = TEXT_FIELDS[f[i]][f[i + 2]] else valid = string.match(f[i + 2], '^%-?%d+$') end
   if not valid then bug('bad value for ' .. f[i] .. ': ' .. f[i + 2]) end
   local stored = redis.call('HGET', K.meta, f[i]) or ''
   if stored ~= f[i + 1] then return {'config_changed', f[i], stored, f[i + 1]} end

@@ -1,4 +1,5 @@
 -- @include bug
+-- @include text_fields
 --[[
 load_config: the queue's stored config and policy version, from K.meta; checks that the counters
 (K.counters) are integers, so garbage there is a named error before any script moves one.
@@ -66,11 +67,11 @@ local function load_config()
       bug('corrupt config in meta: ' .. name .. ' = ' .. tostring(raw) .. ' (see `rollout-queue config show`; repair it with `config set`)')
     end
   end
-  if c.buffer_order ~= 'fifo' and c.buffer_order ~= 'lifo' then bug('corrupt config in meta: buffer_order') end
-  local mode = c.staleness_mode
-  if mode ~= 'drop' and mode ~= 'continue' and mode ~= 'pace' then
-    bug('corrupt config in meta: staleness_mode = ' .. tostring(mode)
-      .. ' (see `rollout-queue config show`; repair it with `config set`)')
+  for name, allowed in pairs(TEXT_FIELDS) do
+    if not allowed[c[name]] then
+      bug('corrupt config in meta: ' .. name .. ' = ' .. tostring(c[name])
+        .. ' (see `rollout-queue config show`; repair it with `config set`)')
+    end
   end
   -- The worker role writes K.counters, so a credential can put garbage there. A counter that is no
   -- integer would fail the first HINCRBY of it, midway through some script (its earlier writes
