@@ -717,11 +717,11 @@ class QueueStats:
     #: ``counters['partial_bytes']``, the tokens handed to a next attempt instead of generated again
     #: ``counters['partial_continued']`` and those dropped as already stale ``counters['partial_stale']``.
     partial_records: int = 0
-    #: The queue's ``QueueConfig.staleness_mode`` (``drop``, ``continue`` or ``pace``; what a stored
-    #: value that is none of them says, as stored). Reserves admission control turned away are
-    #: ``counters['admission_waits']``, groups the fairness rule widened the bound of are not counted
-    #: apart (their evictions are ``evictions['stale']``).
-    staleness_mode: str = "drop"
+    #: The queue's ``QueueConfig.staleness_mode`` (``drop``, ``continue`` or ``pace``; a stored value
+    #: that is none of them as stored, '' when none is stored). Reserves admission control turned
+    #: away are ``counters['admission_waits']``, groups the fairness rule widened the bound of are
+    #: not counted apart (their evictions are ``evictions['stale']``).
+    staleness_mode: str = "continue"
 
     @property
     def waste(self) -> TokenWaste:

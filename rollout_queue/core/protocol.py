@@ -657,7 +657,7 @@ def parse_stats(reply: Any) -> QueueStats:
         buffer_versions=buffered,
         evictions=evictions, terminals=terminals, filtered_by_reason=filtered_by, counters=counters,
         ledger_lines=f["ledger_lines"], source_ids=f["source_ids"], outages=f["outages"],
-        partial_records=f["partial_records"], staleness_mode=meta.get("staleness_mode", "drop")[:16],
+        partial_records=f["partial_records"], staleness_mode=meta.get("staleness_mode", "")[:16],
         since_commit_ms=None if last_commit is None else max(0, f["server_ms"] - last_commit),
     )
 

@@ -114,7 +114,7 @@ class RunResult:
         """No lease held a group staler than the queue's mode allows. On-policy: nothing stale at all.
         ``drop``: every token within the bound, except in groups the fairness rule widened (only once a
         group was evicted for staleness), whose newest tokens must be; ``continue``: the newest tokens
-        within the bound (older ones past it are masked in the loss); ``pace`` bounds nothing."""
+        within the bound (older ones past it are importance-corrected in the loss, or masked); ``pace`` bounds nothing."""
         bound = self.options.max_staleness
         if bound is None:
             return self.max_staleness_seen == 0

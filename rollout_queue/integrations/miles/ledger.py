@@ -168,12 +168,16 @@ class MilesLedger:
                     self.open.append(lease)
         return lease
 
+    def _forget(self, lease: Lease) -> None:
+        """``lease`` is no longer open (handed out or given back); call under ``lock``."""
+        if lease in self.open:
+            self.open.remove(lease)
+
     def hand_out(self, lease: Lease) -> int:
         """``get`` returns this group to miles: commit it now as queue step ``rollout_id + 1`` (rule 2).
         Returns the step. LeaseLost propagates: the group went back to the queue and must not be trained."""
         with self.lock:
-            if lease in self.open:
-                self.open.remove(lease)
+            self._forget(lease)
             step = self.rollout_id + 1
             lease.commit(step=step)
             return step
@@ -182,8 +186,7 @@ class MilesLedger:
         """A leased group miles will not train (stale at consumption, or its get was cancelled):
         requeued to be generated again (an uncounted rollback)."""
         with self.lock:
-            if lease in self.open:
-                self.open.remove(lease)
+            self._forget(lease)
         lease.rollback()
 
     # -- the data source's side -------------------------------------------------------------------
@@ -193,11 +196,11 @@ class MilesLedger:
         payloads the queue dropped (0 when a lease deferred the checkpoint, or, with ``--async-save``,
         when no earlier checkpoint is known written)."""
         with self.lock:
-            covered = rollout_id
+            covered: int | None = rollout_id
             if self.async_save:  # checkpoint rollout_id may be unwritten yet; the one before it is written
-                covered, self.previous_save = (self.previous_save if self.previous_save is not None else -1), rollout_id
-                if covered < 0:
-                    return 0
+                covered, self.previous_save = self.previous_save, rollout_id
+            if covered is None:
+                return 0
             try:
                 return int(self.queue.checkpoint(covered + 1))
             except LeasesOpen as exc:  # leased meanwhile (another trainer, or a get between lease and hand-out):

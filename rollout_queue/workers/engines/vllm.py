@@ -263,9 +263,7 @@ class VLLMEngine:
             self._abort_requested.discard(request_id)
         if final is None or not final.outputs:
             raise EngineError(f"vLLM ended request {request_id!r} without an output")
-        if self._progress_every:
-            return _sample_output(request_id, final.outputs[0], so_far)
-        return _sample_output(request_id, final.outputs[0])
+        return _sample_output(request_id, final.outputs[0], so_far if self._progress_every else None)
 
     def partial(self, request_id: str) -> SampleOutput | None:
         """The tokens and behaviour logprobs vLLM has handed over for a request in flight (every

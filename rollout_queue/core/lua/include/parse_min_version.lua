@@ -17,10 +17,7 @@ local function parse_version(raw, whole)
 end
 local function parse_min_version(raw, cfg)
   local oldest, newest = string.match(tostring(raw), '^(%d+):(%d+)$')
-  if not oldest then
-    local v = parse_version(raw, raw)
-    return v
-  end
+  if not oldest then return parse_version(raw, raw) end
   oldest, newest = parse_version(oldest, raw), parse_version(newest, raw)
   if newest < oldest then bug('bad min_version: ' .. raw .. ' (newest below oldest)') end
   if cfg.staleness_mode == 'continue' then return newest end
