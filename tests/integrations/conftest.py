@@ -4,10 +4,11 @@ private redis-server per module instead of the suite's server kinds."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from rollout_queue import QueueConfig, RolloutQueue
 from rollout_queue.devtools.local_server import LocalServer
 
 
@@ -25,3 +26,23 @@ def private_redis_url() -> Iterator[str]:
 def fresh_name() -> str:
     """A queue name no other test of the module uses."""
     return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def env_queue(private_redis_url: str, fresh_name: str,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[QueueConfig], RolloutQueue]]:
+    """Opens the test's queue with a config and names it in REDIS_URL / ROLLOUT_QUEUE, where the
+    adapters a framework builds by configuration find it; what it opened is closed after the test
+    (after the fixtures that use it are torn down)."""
+    opened: list[RolloutQueue] = []
+
+    def open_queue(config: QueueConfig) -> RolloutQueue:
+        queue = RolloutQueue.from_url(private_redis_url, fresh_name, config)
+        opened.append(queue)
+        monkeypatch.setenv("REDIS_URL", private_redis_url)
+        monkeypatch.setenv("ROLLOUT_QUEUE", fresh_name)
+        return queue
+
+    yield open_queue
+    for queue in opened:
+        queue.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from argparse import Namespace
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -34,13 +34,9 @@ N = 2  # miles' tests' N_SAMPLES_PER_PROMPT
 
 
 @pytest.fixture
-def q(private_redis_url: str, fresh_name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RolloutQueue]:
-    queue = RolloutQueue.from_url(private_redis_url, fresh_name, QueueConfig(max_staleness=100))
-    monkeypatch.setenv("REDIS_URL", private_redis_url)
-    monkeypatch.setenv("ROLLOUT_QUEUE", fresh_name)
-    yield queue
-    forget_ledgers()
-    queue.close()
+def q(env_queue: Callable[[QueueConfig], RolloutQueue]) -> Iterator[RolloutQueue]:
+    yield env_queue(QueueConfig(max_staleness=100))
+    forget_ledgers()  # before env_queue closes the queue
 
 
 def submit(q: RolloutQueue, count: int, start: int = 0) -> None:

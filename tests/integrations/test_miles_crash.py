@@ -13,7 +13,7 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,12 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def q(private_redis_url: str, fresh_name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RolloutQueue]:
-    queue = RolloutQueue.from_url(private_redis_url, fresh_name, QueueConfig(max_staleness=8))
-    monkeypatch.setenv("REDIS_URL", private_redis_url)
-    monkeypatch.setenv("ROLLOUT_QUEUE", fresh_name)
-    yield queue
-    queue.close()
+def q(env_queue: Callable[[QueueConfig], RolloutQueue]) -> RolloutQueue:
+    return env_queue(QueueConfig(max_staleness=8))
 
 
 def test_a_group_commits_as_it_is_handed_out_and_async_save_keeps_what_a_resume_needs(q: RolloutQueue) -> None:

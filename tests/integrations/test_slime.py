@@ -8,7 +8,7 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,12 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def q(private_redis_url: str, fresh_name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RolloutQueue]:
-    queue = RolloutQueue.from_url(private_redis_url, fresh_name, QueueConfig(max_staleness=8))
-    monkeypatch.setenv("REDIS_URL", private_redis_url)
-    monkeypatch.setenv("ROLLOUT_QUEUE", fresh_name)
-    yield queue
-    queue.close()
+def q(env_queue: Callable[[QueueConfig], RolloutQueue]) -> RolloutQueue:
+    return env_queue(QueueConfig(max_staleness=8))
 
 
 def args(**extra: object) -> SimpleNamespace:
