@@ -2,23 +2,49 @@
 counted it): run a framework-shaped trainer until it finishes, SIGKILLing it at random points, then
 count what the surviving lineage trained. Each trainer (slime_trainer.py, miles_trainer.py,
 nemo_rl_trainer.py) appends one JSON line per step it trained (``{step_key: k, items_key: [...]}``)
-and one ``{"resume": k}`` line when it resumes from checkpoint k.
+and one ``{"resume": k}`` line when it resumes from checkpoint k (``trained_log``), and resumes from
+the newest checkpoint folder it finalised (``newest_checkpoint``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def newest_checkpoint(ckpt: Path, prefix: str, default: int) -> int:
+    """The highest ``k`` of the finalised ``{prefix}{k}`` folders in ``ckpt`` (created if missing), else
+    ``default``: the checkpoint a trainer incarnation resumes from."""
+    ckpt.mkdir(parents=True, exist_ok=True)
+    pattern = re.compile(re.escape(prefix) + r"(\d+)")
+    return max((int(m.group(1)) for p in ckpt.iterdir() if (m := pattern.fullmatch(p.name))), default=default)
+
+
+@contextmanager
+def trained_log(path: str | Path) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """A writer of the trainer's JSON lines: each is flushed and fsynced before it returns, so a
+    SIGKILL right after loses none (a step is logged before the checkpoint that covers it)."""
+    with open(path, "a") as out:
+        def write(line: dict[str, Any]) -> None:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+        yield write
 
 
 def resumes(out: Path) -> int:

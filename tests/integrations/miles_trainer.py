@@ -30,20 +30,18 @@ before the model's save), with a ``resume`` line per incarnation, so the test ca
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import signal
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rollout_queue.integrations.miles.ledger import MilesLedger, ledger_for  # noqa: E402
+from tests.integrations.crash_runs import newest_checkpoint, trained_log  # noqa: E402
 
 
 def drain(ledger: MilesLedger, groups: int) -> list[str]:
@@ -67,21 +65,14 @@ def finalise(ckpt: Path) -> None:
 
 def run(a: argparse.Namespace) -> None:
     ckpt = Path(a.checkpoints)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    saved = [int(m.group(1)) for p in ckpt.iterdir() if (m := re.fullmatch(r"rollout_(\d+)", p.name))]
-    start = max(saved, default=-1) + 1
+    start = newest_checkpoint(ckpt, "rollout_", default=-1) + 1
     for stale in ckpt.glob("tmp_rollout_*"):   # an async save the killed incarnation never finalised
         stale.rmdir()
     args = SimpleNamespace(start_rollout_id=start, rollout_batch_size=a.groups, async_save=a.async_save)
     ledger = ledger_for(args)
     ledger.load(start - 1)
     pool = ThreadPoolExecutor(1)   # the RolloutManager actor
-    with open(a.out, "a") as out:
-        def write(line: dict[str, Any]) -> None:
-            out.write(json.dumps(line) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
+    with trained_log(a.out) as write:
         def save_model(rollout_id: int) -> None:
             finalise(ckpt)
             (ckpt / f"tmp_rollout_{rollout_id}").mkdir()

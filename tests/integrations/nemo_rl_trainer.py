@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.integrations.crash_runs import newest_checkpoint, trained_log  # noqa: E402
 from tests.integrations.framework_src import add_source  # noqa: E402
 
 add_source("NEMO_RL_SRC")
@@ -37,9 +36,7 @@ async def run(a: argparse.Namespace) -> None:
     from nemo_rl.data_plane.adapters.noop import NoOpDataPlaneClient
 
     ckpt = Path(a.checkpoints)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    steps = [int(m.group(1)) for p in ckpt.iterdir() if (m := re.fullmatch(r"step_(\d+)", p.name))]
-    current = max(steps, default=0)
+    current = newest_checkpoint(ckpt, "step_", default=0)
     dp = NoOpDataPlaneClient()
     dp.register_partition(partition_id="train", fields=["input_ids"], num_samples=4096, consumer_tasks=["train"])
     buffer = TQReplayBuffer(dp, "train", pad_value_dict={"token_ids": 0})
@@ -47,12 +44,7 @@ async def run(a: argparse.Namespace) -> None:
         target="rollout_queue.integrations.nemo_rl.sampler:QueueSampler", url=a.url, queue=a.queue,
         wait_s=a.wait_s, checkpoint_dir=str(ckpt), block_ms=200))
     sampler.set_dispatch_index(current)
-    with open(a.out, "a") as out:
-        def write(line: dict) -> None:
-            out.write(json.dumps(line) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
+    with trained_log(a.out) as write:
         write({"resume": current, "pid": os.getpid()})
         while current < a.steps:
             await sampler.evict(current_train_weight=current)

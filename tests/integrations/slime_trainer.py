@@ -15,9 +15,7 @@ trained into the weights that survive.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import signal
 import sys
 import time
@@ -28,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rollout_queue.integrations.convert.slime import THIS_ROLLOUT_FUNCTION, QueueDataSource, generate_rollout  # noqa: E402
+from tests.integrations.crash_runs import newest_checkpoint, trained_log  # noqa: E402
 
 
 def source_id(sample: Any) -> str:
@@ -38,19 +37,12 @@ def source_id(sample: Any) -> str:
 
 def run(a: argparse.Namespace) -> None:
     ckpt = Path(a.checkpoints)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    saved = [int(m.group(1)) for p in ckpt.iterdir() if (m := re.fullmatch(r"rollout_(\d+)", p.name))]
-    start = max(saved, default=-1) + 1
+    start = newest_checkpoint(ckpt, "rollout_", default=-1) + 1
     args = SimpleNamespace(rollout_batch_size=a.groups, rollout_function_path=THIS_ROLLOUT_FUNCTION,
                            eval_interval=None, eval_function_path=None, rollout_global_dataset=True)
     source = QueueDataSource(args)
     source.load(start - 1)
-    with open(a.out, "a") as out:
-        def write(line: dict) -> None:
-            out.write(json.dumps(line) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
+    with trained_log(a.out) as write:
         write({"resume": start - 1, "pid": os.getpid()})
         for rollout_id in range(start, a.num_rollout):
             groups = generate_rollout(args, rollout_id, source)
