@@ -161,10 +161,23 @@ class Nemesis:
             if landed is True:
                 self.counts[kind] += 1
             elif landed is False:
-                self.skipped[kind] += 1
-                if kind in self.cover and not self.counts[kind]:
-                    self.first_round.insert(0, kind)  # the cover round retries it after the others
+                self._skip(kind)
             self.next_at = now + self.rng.expovariate(1 / self.cfg.interval_s)
+
+    def _skip(self, kind: str) -> None:
+        """A fault that could not be injected (no target now, or none came in its aim's time): counted
+        skipped, and retried by the cover round after the others while it never landed."""
+        self.skipped[kind] += 1
+        if kind in self.cover and not self.counts[kind]:
+            self.first_round.insert(0, kind)
+
+    def _land(self, slot: Slot, kind: str, now: float, **extra: object) -> None:
+        """An aimed fault lands on ``slot``: SIGKILL for a ``*_kill`` kind, else a pause past
+        worker_timeout_s; counted when the signal was sent."""
+        landed = (self.sup.signal(slot, signal.SIGKILL, kind, **extra) if kind.endswith("_kill")
+                  else self._pause(slot, now, kind, **extra))
+        if landed:
+            self.counts[kind] += 1
 
     def _next_kind(self) -> str:
         """With ``cover_all``, a seeded round of every kind comes first; then draws by weight."""
@@ -238,17 +251,10 @@ class Nemesis:
         if not targets:
             if now > until:
                 self.push_aim = None
-                self.skipped[kind] += 1
-                if kind in self.cover and not self.counts[kind]:
-                    self.first_round.insert(0, kind)  # the cover round tries it again after the others
+                self._skip(kind)
             return
         self.push_aim = None
-        slot = self.rng.choice(targets)
-        epoch_n = int(epoch or 0)
-        landed = (self.sup.signal(slot, signal.SIGKILL, kind, epoch=epoch_n) if kind == "push_member_kill"
-                  else self._pause(slot, now, kind, epoch=epoch_n))
-        if landed:
-            self.counts[kind] += 1
+        self._land(self.rng.choice(targets), kind, now, epoch=int(epoch or 0))
 
     def _partial_kill(self, now: float) -> bool | None:
         return self._aim_partial("partial_kill", now)
@@ -286,16 +292,11 @@ class Nemesis:
         if not targets:
             if now > until:
                 self.partial_aim = None
-                self.skipped[kind] += 1
-                if kind in self.cover and not self.counts[kind]:
-                    self.first_round.insert(0, kind)
+                self._skip(kind)
             return
         self.partial_aim = None
         slot, eid = self.rng.choice(targets)
-        landed = (self.sup.signal(slot, signal.SIGKILL, kind, entry=eid) if kind == "partial_kill"
-                  else self._pause(slot, now, kind, entry=eid))
-        if landed:
-            self.counts[kind] += 1
+        self._land(slot, kind, now, entry=eid)
 
     def _trainer_kill(self, now: float) -> bool | None:
         if self.trainer_kill_until is not None or not self.sup.running("trainer"):
@@ -308,9 +309,7 @@ class Nemesis:
         if slot is None:
             if self.trainer_kill_until is not None and now > self.trainer_kill_until:
                 self.trainer_kill_until = None  # no trainer ran in time: not injected
-                self.skipped["trainer_kill"] += 1
-                if "trainer_kill" in self.cover and not self.counts["trainer_kill"]:
-                    self.first_round.insert(0, "trainer_kill")
+                self._skip("trainer_kill")
             return
         in_window = _last_op(slot) == "train_begin"
         if in_window or now > (self.trainer_kill_until or 0):
