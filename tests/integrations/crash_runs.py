@@ -14,6 +14,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rollout_queue import SourceGroup
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,6 +77,32 @@ def kill_until_done(cmd: Sequence[str], out: Path, rng: random.Random, kills: in
         output = child.communicate(timeout=300)[0].decode(errors="replace")
         assert child.returncode == 0, output[-3000:]
         return done
+
+
+def rollout_crash_run(q: Any, url: str, tmp_path: Path, trainer: str, first_kill: Sequence[str],
+                      extra: Sequence[str] = (), after_kill: Callable[[], None] = lambda: None,
+                      before_start: Callable[[], None] = lambda: None,
+                      prompts: int = 24, rollouts: int = 12, per_rollout: int = 2) -> tuple[int, Path]:
+    """A rollout-shaped trainer (``tests/integrations/<trainer>``: slime_trainer.py, miles_trainer.py)
+    over ``prompts`` groups while one real scripted worker regenerates what comes back: its first
+    incarnation killed where ``first_kill`` says (it must die by SIGKILL), then 3 more SIGKILLed at
+    random points, the last left to finish. Returns (kills, the trained log) for the caller's count."""
+    from tests.integrations.test_hang_to_error import bench
+
+    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(prompts)])
+    worker = bench.spawn_worker(url, q.name, "w1", tmp_path / "w1.log", "--reward", "length_reward",
+                                "--engine", "scripted", "--engine-arg", "latency_s=0.02")
+    out, ckpt = tmp_path / "trained.jsonl", tmp_path / "ckpt"
+    cmd = [sys.executable, str(REPO / "tests/integrations" / trainer), "--out", str(out),
+           "--checkpoints", str(ckpt), "--num-rollout", str(rollouts), "--groups", str(per_rollout),
+           "--save-interval", "3", "--step-s", "0.2", *extra]
+    try:
+        first = subprocess.run([*cmd, *first_kill], cwd=REPO, capture_output=True, timeout=300)
+        assert first.returncode == -signal.SIGKILL, first.stdout.decode(errors="replace")[-3000:]
+        kills = kill_until_done(cmd, out, random.Random(31), 3, after_kill=after_kill, before_start=before_start)
+    finally:
+        bench.kill_all([worker])
+    return kills, out
 
 
 def trained_lineage(out: Path, step_key: str, items_key: str) -> tuple[dict[int, list[str]], Counter[str]]:

@@ -9,23 +9,17 @@ regenerates what comes back. tests/integrations/test_miles.py runs the real clas
 
 from __future__ import annotations
 
-import random
-import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
+from rollout_queue import QueueConfig, RolloutQueue
 from rollout_queue.integrations.miles.ledger import MilesLedger
 from tests.helpers import wait_until
-from tests.integrations.crash_runs import kill_until_done, resumes, trained_lineage
+from tests.integrations.crash_runs import resumes, rollout_crash_run, trained_lineage
 from tests.integrations.helpers import committed_steps, fill
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -66,25 +60,13 @@ def test_sigkilled_at_random_points_nothing_skipped_nothing_trained_twice(
     written (a queue checkpoint at k refused the resume from the previous one: CheckpointPruned);
     then SIGKILLed three times at random points: every prompt in the surviving lineage trained
     exactly once."""
-    from tests.integrations.test_hang_to_error import bench
-
     # a lease lives from get's lease to its hand-out; one a killed incarnation held comes back in 5 s
     monkeypatch.setenv("ROLLOUT_MILES_LEASE_TIMEOUT_S", "5")
-    prompts, rollouts, per_rollout = 24, 12, 2
-    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(prompts)])
-    worker = bench.spawn_worker(private_redis_url, q.name, "w1", tmp_path / "w1.log", "--reward", "length_reward",
-                                "--engine", "scripted", "--engine-arg", "latency_s=0.02")
-    out, ckpt = tmp_path / "trained.jsonl", tmp_path / "ckpt"
-    cmd = [sys.executable, str(REPO / "tests/integrations/miles_trainer.py"), "--out", str(out),
-           "--checkpoints", str(ckpt), "--num-rollout", str(rollouts), "--groups", str(per_rollout),
-           "--save-interval", "3", "--step-s", "0.2", *(["--async-save"] if async_save else [])]
+    prompts, rollouts = 24, 12
     first_kill = ["--die-after-save", "5"] if async_save else ["--die-after-model-save", "2"]
-    try:
-        first = subprocess.run([*cmd, *first_kill], cwd=REPO, capture_output=True, timeout=300)
-        assert first.returncode == -signal.SIGKILL, first.stdout.decode(errors="replace")[-3000:]
-        kills = kill_until_done(cmd, out, random.Random(31), 3, before_start=lambda: _back_in_queue(q))
-    finally:
-        bench.kill_all([worker])
+    kills, out = rollout_crash_run(q, private_redis_url, tmp_path, "miles_trainer.py", first_kill,
+                                   ["--async-save"] if async_save else [], before_start=lambda: _back_in_queue(q),
+                                   prompts=prompts, rollouts=rollouts)
     kept, trained = trained_lineage(out, "rollout", "prompts")
     assert sorted(kept) == list(range(rollouts))
     assert [p for p, c in trained.items() if c > 1] == []                  # none trained twice

@@ -4,24 +4,18 @@ real ``DataSource`` ABC when ``$SLIME_SRC`` imports (scripts/test_frameworks.sh 
 
 from __future__ import annotations
 
-import random
-import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from rollout_queue import QueueConfig, RolloutQueue, SourceGroup
+from rollout_queue import QueueConfig, RolloutQueue
 from rollout_queue.core.errors import IntegrationConfigError
 from rollout_queue.integrations.convert.slime import THIS_ROLLOUT_FUNCTION, QueueDataSource, generate_rollout
 from tests.integrations.framework_src import add_source, stub_sglang
-from tests.integrations.crash_runs import kill_until_done, resumes, trained_lineage
+from tests.integrations.crash_runs import resumes, rollout_crash_run, trained_lineage
 from tests.integrations.helpers import committed_steps, fill
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -88,26 +82,13 @@ def test_sigkilled_at_random_points_nothing_skipped_nothing_trained_twice(q: Rol
     train.py-shaped trainer (tests/integrations/slime_trainer.py) killed once between its model's save
     and its data source's, then SIGKILLed at random points, while a real worker regenerates what comes
     back: every prompt in the surviving lineage exactly once."""
-    from tests.integrations.test_hang_to_error import bench
-
     # a lease lives from hand-out to its commit; one a killed incarnation held comes back in 5 s
     monkeypatch.setenv("ROLLOUT_SLIME_LEASE_TIMEOUT_S", "5")
-    prompts, rollouts, per_rollout = 24, 12, 2
-    q.submit([SourceGroup(f"s{i}", f"prompt {i}", 2, {}, (1, 2, 3)) for i in range(prompts)])
-    worker = bench.spawn_worker(private_redis_url, q.name, "w1", tmp_path / "w1.log", "--reward", "length_reward",
-                                "--engine", "scripted", "--engine-arg", "latency_s=0.02")
-    out, ckpt = tmp_path / "trained.jsonl", tmp_path / "ckpt"
-    cmd = [sys.executable, str(REPO / "tests/integrations/slime_trainer.py"), "--out", str(out),
-           "--checkpoints", str(ckpt), "--num-rollout", str(rollouts), "--groups", str(per_rollout),
-           "--save-interval", "3", "--step-s", "0.2"]
-    try:
-        # the first incarnation dies between actor_model.save_model(2) and the data source's save(2)
-        first = subprocess.run([*cmd, "--die-after-model-save", "2"], cwd=REPO, capture_output=True, timeout=300)
-        assert first.returncode == -signal.SIGKILL, first.stdout.decode(errors="replace")[-3000:]
-        # the reaper's part: a lease the dead incarnation never committed goes back
-        kills = kill_until_done(cmd, out, random.Random(31), 3, after_kill=q.reap)
-    finally:
-        bench.kill_all([worker])
+    prompts, rollouts = 24, 12
+    # the first incarnation dies between actor_model.save_model(2) and the data source's save(2); after
+    # each later kill, the reaper's part: a lease the dead incarnation never committed goes back
+    kills, out = rollout_crash_run(q, private_redis_url, tmp_path, "slime_trainer.py", ["--die-after-model-save", "2"],
+                                   after_kill=q.reap, prompts=prompts, rollouts=rollouts)
     kept, trained = trained_lineage(out, "rollout", "prompts")
     assert sorted(kept) == list(range(rollouts))
     assert [p for p, c in trained.items() if c > 1] == []                  # none trained twice
